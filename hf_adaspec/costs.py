@@ -1,0 +1,177 @@
+"""Measured cost table: what a verification forward and a draft token cost on this machine.
+
+Design: the controller never assumes a cost model. At first use we time the target's forward over
+n = 1..k_max+1 new tokens and the draft's 1-token forward on a fixed context (warm-up, then the median
+of a few repeats, sizes interleaved), and cache the table as JSON, keyed by the model pair, dtype,
+quantization, device and library versions. On CPU with NF4 the curve is flat up to ~4 tokens and not
+linear, which is exactly what a fitted line would get wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import hf_compat
+from .assets import cache_dir
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Median latencies in ms: ``verify_ms[n-1]`` for a target forward over n new tokens, and
+    ``draft_ms`` for proposing one draft token (0 for drafters that need no forward)."""
+
+    verify_ms: tuple[float, ...]
+    draft_ms: float
+    context: int = 128
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.verify_ms or any(t <= 0 for t in self.verify_ms):
+            raise ValueError(f"verify_ms must be non-empty and positive, got {self.verify_ms}")
+        if self.draft_ms < 0:
+            raise ValueError(f"draft_ms must be >= 0, got {self.draft_ms}")
+
+    @property
+    def max_tokens(self) -> int:
+        """Largest measured verification width (new tokens)."""
+        return len(self.verify_ms)
+
+    def t_verify(self, n: int) -> float:
+        """Latency (ms) of a target forward over n ≥ 1 new tokens; linear extrapolation past the table."""
+        if n < 1:
+            raise ValueError(f"a verification covers at least 1 token, got {n}")
+        if n <= self.max_tokens:
+            return self.verify_ms[n - 1]
+        slope = (self.verify_ms[-1] - self.verify_ms[0]) / max(self.max_tokens - 1, 1)
+        return self.verify_ms[-1] + max(slope, 0.0) * (n - self.max_tokens)
+
+    def with_draft_ms(self, draft_ms: float) -> CostTable:
+        """The same verification costs with another per-token draft cost (e.g. 0 for prompt lookup)."""
+        return CostTable(self.verify_ms, draft_ms, self.context, self.key)
+
+
+def _model_identity(model: torch.nn.Module) -> dict:
+    config = model.config
+    quant = getattr(config, "quantization_config", None)
+    quant_method = getattr(quant, "quant_method", None) if quant is not None else None
+    if isinstance(quant, dict):
+        quant_method = quant.get("quant_method")
+    return {
+        "name": str(getattr(config, "_name_or_path", type(model).__name__)),
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(model.dtype),
+        "quantization": str(quant_method),
+        "device": str(model.device),
+    }
+
+
+def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int) -> str:
+    """Stable cache key of a (target, draft) pair on this machine and library versions."""
+    import transformers
+
+    ident = {
+        "target": _model_identity(target),
+        "draft": _model_identity(draft) if draft is not None else None,
+        "n_max": n_max,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class _ForwardProbe:
+    """Times forwards over n new tokens on top of a fixed, prefilled ``context``-token cache."""
+
+    def __init__(self, model: torch.nn.Module, context: int, n_max: int) -> None:
+        vocab = model.get_input_embeddings().num_embeddings
+        gen = torch.Generator().manual_seed(0)
+        self.model, self.context = model, context
+        self.ids = torch.randint(0, vocab, (1, context + n_max), generator=gen).to(model.device)
+        self.cache = hf_compat.new_cache(model)
+        with torch.no_grad():
+            hf_compat.forward_logits(model, self.ids[:, :context], self.cache, keep=1)
+
+    @torch.no_grad()
+    def time_ms(self, n_new: int) -> float:
+        """Wall ms of one forward over ``n_new`` tokens; the cache is rolled back afterwards."""
+        start = time.perf_counter()
+        hf_compat.forward_logits(self.model, self.ids[:, self.context : self.context + n_new], self.cache, keep=n_new)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = (time.perf_counter() - start) * 1000.0
+        hf_compat.rollback(self.cache, self.context)
+        return elapsed
+
+
+def measure(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    n_max: int,
+    context: int = 128,
+    repeats: int = 3,
+) -> CostTable:
+    """Time target forwards over 1..n_max new tokens and the draft's 1-token forward (ms, medians).
+
+    One warm-up round, then ``repeats`` rounds with all sizes interleaved so drift hits them alike.
+    """
+    target_probe = _ForwardProbe(target, context, n_max)
+    draft_probe = _ForwardProbe(draft, context, 1) if draft is not None else None
+    verify: list[list[float]] = [[] for _ in range(n_max)]
+    drafts: list[float] = []
+    for _ in range(repeats + 1):
+        for n in range(1, n_max + 1):
+            verify[n - 1].append(target_probe.time_ms(n))
+        if draft_probe is not None:
+            drafts.append(draft_probe.time_ms(1))
+    verify_ms = tuple(statistics.median(v[1:]) for v in verify)
+    draft_ms = statistics.median(drafts[1:]) if drafts else 0.0
+    return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max))
+
+
+def _atomic_write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class CostCache:
+    """Cost tables cached per model pair under ``<cache>/costs/<key>.json``."""
+
+    root: Path = field(default_factory=lambda: cache_dir() / "costs")
+
+    def load_or_measure(
+        self, target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, log: Callable[[str], None]
+    ) -> CostTable:
+        """Return the cached table for this pair, or calibrate (a few seconds) and cache it."""
+        key = table_key(target, draft, n_max)
+        path = self.root / f"{key}.json"
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                return CostTable(tuple(data["verify_ms"]), data["draft_ms"], data["context"], data["key"])
+            except (ValueError, KeyError, TypeError):
+                log(f"hf-adaspec: ignoring unreadable cost table {path}; recalibrating")
+        log(f"hf-adaspec: calibrating step costs for this model pair (first use), cached at {path}")
+        table = measure(target, draft, n_max)
+        _atomic_write_json(path, {**asdict(table), "verify_ms": list(table.verify_ms)})
+        return table

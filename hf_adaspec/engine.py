@@ -1,0 +1,126 @@
+"""The speculative decoding loop (batch-shaped tensors; B = 1 until the batch scheduler lands).
+
+Each step: the controller picks k from what the drafter can offer; the drafter proposes k tokens; the
+target verifies [last token, d_1..d_k] in one forward; greedy or lossless speculative sampling keeps
+n ≤ k of them plus one bonus/correction token; both KV caches roll back to the accepted prefix.
+k = 0 is a plain decoding step. Invariant: the target cache holds every token but the last.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import hf_compat
+from .controller import Controller
+from .proposers.base import Proposal, Proposer
+from .stats import SpeculationStats, StepRecord
+from .verification import Verification, greedy_verify, speculative_sample
+
+
+@dataclass
+class DecodeSettings:
+    """What the loop needs from the generation config: processors, stopping, budget, sampling."""
+
+    logits_processor: object
+    stopping_criteria: object
+    max_length: int
+    do_sample: bool
+    k_max: int
+    streamer: object | None = None
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """sequences: [B, T + new] long (prompt included); stats: every step's decision."""
+
+    sequences: torch.Tensor
+    stats: SpeculationStats
+
+
+def _process(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Apply logits processors position by position: scores_i sees ids + d_<i. logits: [B, k+1, V]."""
+    if not processor:
+        return logits
+    rows = [processor(torch.cat([ids, draft[:, :i]], dim=1), logits[:, i]) for i in range(logits.shape[1])]
+    return torch.stack(rows, dim=1)  # [B, k+1, V]
+
+
+def _select(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from processed scores [B, V] → [B, 1]."""
+    if do_sample:
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
+    return scores.argmax(dim=-1, keepdim=True)
+
+
+def _verify(proposal: Proposal, scores: torch.Tensor, settings: DecodeSettings) -> Verification:
+    """Greedy or speculative-sampling verification of ``proposal`` against target scores [B, k+1, V]."""
+    if not settings.do_sample:
+        return greedy_verify(proposal.tokens, scores)
+    p = torch.softmax(scores, dim=-1)  # [B, k+1, V]
+    q = proposal.q
+    if q is None:  # deterministic drafter: q is one-hot on its tokens
+        q = torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype)  # [B, k, V]
+    return speculative_sample(proposal.tokens, q, p, settings.generator)
+
+
+def _append(ids: torch.Tensor, new: torch.Tensor, settings: DecodeSettings) -> tuple[torch.Tensor, bool]:
+    """Append new tokens [1, m] one at a time, stopping at the first token a criterion stops on."""
+    for i in range(new.shape[1]):
+        ids = torch.cat([ids, new[:, i : i + 1]], dim=1)
+        if bool(settings.stopping_criteria(ids, None).all()):
+            return ids, True
+    return ids, False
+
+
+@torch.no_grad()
+def speculative_decode(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    proposer: Proposer,
+    controller: Controller,
+    settings: DecodeSettings,
+) -> DecodeResult:
+    """Generate from ``target`` with speculation. input_ids: [1, T] long → DecodeResult."""
+    stats, start = SpeculationStats(), time.perf_counter()
+    prompt_len, cache = input_ids.shape[1], hf_compat.new_cache(target)
+    logits = hf_compat.forward_logits(target, input_ids, cache, keep=1)  # [1, 1, V]
+    token = _select(settings.logits_processor(input_ids, logits[:, -1]), settings.do_sample, settings.generator)
+    ids, done = _append(input_ids, token, settings)
+    stats.prefill_ms = (time.perf_counter() - start) * 1000.0
+    _stream(settings, ids[:, prompt_len:])
+    while not done:
+        length = ids.shape[1]
+        budget = settings.max_length - length - 1  # draft tokens that still fit before max_length
+        decision = controller.choose(max(0, min(budget, proposer.available(ids, settings.k_max))))
+        t0 = time.perf_counter()
+        proposal = proposer.propose(ids, decision.k) if decision.k else Proposal(ids[:, :0])
+        t1 = time.perf_counter()
+        step_ids = torch.cat([ids[:, -1:], proposal.tokens], dim=1)  # [1, k+1]
+        logits = hf_compat.forward_logits(target, step_ids, cache, keep=step_ids.shape[1])  # [1, k+1, V]
+        result = _verify(proposal, _process(settings.logits_processor, ids, proposal.tokens, logits), settings)
+        n = int(result.num_accepted[0])
+        hf_compat.rollback(cache, length + n)
+        proposer.rollback(length + n)
+        controller.observe(proposal.k, n)
+        new = torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1)  # [1, n+1]
+        ids, done = _append(ids, new, settings)
+        t2 = time.perf_counter()
+        _stream(settings, ids[:, length:])
+        stats.steps.append(
+            StepRecord(proposal.k, n, ids.shape[1] - length, proposer.name if proposal.k else "plain",
+                       (t1 - t0) * 1000.0, (t2 - t1) * 1000.0, decision.alpha, decision.predicted_goodput)
+        )
+    if settings.streamer is not None:
+        settings.streamer.end()
+    stats.wall_ms, stats.new_tokens = (time.perf_counter() - start) * 1000.0, ids.shape[1] - prompt_len
+    return DecodeResult(sequences=ids, stats=stats)
+
+
+def _stream(settings: DecodeSettings, tokens: torch.Tensor) -> None:
+    """Hand newly emitted tokens [1, m] to the streamer, if any."""
+    if settings.streamer is not None and tokens.numel():
+        settings.streamer.put(tokens.cpu())

@@ -1,0 +1,67 @@
+"""Goodput math: expected accepted length and the proposal length that maximises tokens per second.
+
+Notation (used throughout hf-adaspec): p = target distribution, q = draft distribution, k = proposal
+length, α = probability that one draft token is accepted (assumed i.i.d. per position).
+
+Sources: Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding", Eq. (1)
+(expected tokens per step); SmartSpec/TurboSpec, arXiv 2406.14066, §4 (goodput = generated tokens per
+unit time, proposal length chosen to maximise it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KChoice:
+    """A chosen proposal length k and its predicted goodput (tokens/s)."""
+
+    k: int
+    goodput: float
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[tokens per step | k, α] = (1 − α^(k+1)) / (1 − α)  (Leviathan et al. 2023, Eq. 1).
+
+    Counts accepted draft tokens plus the one bonus/correction token, so k=0 gives 1.0 (a plain step).
+
+    Raises:
+        ValueError: α outside [0, 1] or k < 0.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"acceptance rate alpha must be in [0, 1], got {alpha}")
+    if k < 0:
+        raise ValueError(f"proposal length k must be >= 0, got {k}")
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def step_time_ms(k: int, t_draft_ms: float, t_verify_ms: Callable[[int], float]) -> float:
+    """Predicted wall time of one step, ms: k·t_draft + t_verify(k+1); k=0 is one plain forward."""
+    return k * t_draft_ms + t_verify_ms(k + 1)
+
+
+def goodput(alpha: float, k: int, t_draft_ms: float, t_verify_ms: Callable[[int], float]) -> float:
+    """Goodput(k) = E[tokens | k, α] / (k·t_draft + t_verify(k+1)), in tokens per second.
+
+    ``t_verify_ms(n)`` is the measured latency (ms) of a target forward over n new tokens; ``t_draft_ms``
+    the cost of proposing one draft token (ms). SmartSpec (arXiv 2406.14066) Eq. for goodput.
+    """
+    return 1000.0 * expected_tokens(alpha, k) / step_time_ms(k, t_draft_ms, t_verify_ms)
+
+
+def best_k(
+    alpha: float,
+    k_max: int,
+    t_draft_ms: float,
+    t_verify_ms: Callable[[int], float],
+    candidates: Sequence[int] | None = None,
+) -> KChoice:
+    """The k ∈ {0..k_max} (or ``candidates``) with the highest goodput; ties pick the smaller k."""
+    ks = range(k_max + 1) if candidates is None else candidates
+    scored = [(goodput(alpha, k, t_draft_ms, t_verify_ms), -k) for k in ks]
+    rate, neg_k = max(scored)
+    return KChoice(k=-neg_k, goodput=rate)

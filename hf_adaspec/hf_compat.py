@@ -1,0 +1,43 @@
+"""Every touch of transformers internals lives here: caches, raw forwards, vocabulary size.
+
+Tested against transformers 5.x (see pyproject's pin). The engine calls only these functions, so a
+transformers upgrade that moves an internal breaks one module.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache(model: torch.nn.Module) -> DynamicCache:
+    """An empty KV cache for ``model``."""
+    return DynamicCache(config=model.config)
+
+
+def cache_length(cache: DynamicCache) -> int:
+    """Number of positions held by the cache (tokens)."""
+    return cache.get_seq_length()
+
+
+def rollback(cache: DynamicCache, length: int) -> None:
+    """Drop every cached position at or past ``length`` (keep the first ``length`` tokens)."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)  # transformers 5.x: a negative argument removes that many positions
+
+
+def forward_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, keep: int
+) -> torch.Tensor:
+    """Run ``model`` on new tokens appended to ``cache``; return float32 logits of the last ``keep``.
+
+    input_ids: [B, n] long → logits [B, keep, V] float32. Positions follow the cache length.
+    """
+    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    return out.logits[:, -keep:].float()
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the output head (the logits' last dim)."""
+    return model.get_output_embeddings().weight.shape[0]

@@ -1,0 +1,43 @@
+"""The drafter interface: every proposer turns the tokens so far into up to k draft tokens.
+
+Notation: q = draft distribution. A deterministic drafter (prompt lookup) returns ``q=None``, which
+verification treats as one-hot on its tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Draft tokens [B, k] long and, for sampling, their draft probabilities q [B, k, V] (else None)."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+
+    @property
+    def k(self) -> int:
+        """Proposal length (tokens)."""
+        return self.tokens.shape[1]
+
+
+class Proposer(Protocol):
+    """What the engine needs from a drafter."""
+
+    name: str
+
+    def available(self, tokens: torch.Tensor, k_max: int) -> int:
+        """Most draft tokens this drafter can offer now (≤ k_max). tokens: [B, T] long."""
+        ...
+
+    def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
+        """Draft up to ``k`` ≥ 1 tokens continuing ``tokens`` [B, T]."""
+        ...
+
+    def rollback(self, length: int) -> None:
+        """The first ``length`` tokens are confirmed; forget any state past them."""
+        ...

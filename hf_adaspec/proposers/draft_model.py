@@ -1,0 +1,65 @@
+"""Draft-model drafting: a small model with the target's vocabulary proposes k tokens autoregressively.
+
+The draft keeps its own KV cache. It lazily catches up on tokens it has not seen (the previous step's
+bonus/correction token, or many tokens after a run of plain steps) in one forward, then drafts one
+token per forward. Rolled back to the confirmed prefix after every verification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import hf_compat
+from .base import Proposal
+
+
+class DraftModelProposer:
+    """Drafts with a small causal LM; q are its processed probabilities (sampling) or argmax (greedy)."""
+
+    name = "draft_model"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        logits_processor,
+        do_sample: bool,
+        eos_token_ids: tuple[int, ...] = (),
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.model = model
+        self.logits_processor = logits_processor
+        self.do_sample = do_sample
+        self.eos = torch.tensor(eos_token_ids, dtype=torch.long)
+        self.generator = generator
+        self.cache = hf_compat.new_cache(model)
+
+    def available(self, tokens: torch.Tensor, k_max: int) -> int:
+        """A draft model can always offer k_max tokens."""
+        return k_max
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
+        """Draft up to k tokens, stopping after an EOS. tokens: [1, T] → Proposal [1, k'], q [1, k', V]."""
+        context = tokens.to(self.model.device)
+        pending = context[:, hf_compat.cache_length(self.cache) :]  # [1, m ≥ 1] not yet in the draft cache
+        drafted, probs = [], []
+        for _ in range(k):
+            logits = hf_compat.forward_logits(self.model, pending, self.cache, keep=1)[:, -1]  # [1, V]
+            scores = self.logits_processor(context, logits)  # [1, V]
+            if self.do_sample:
+                q = torch.softmax(scores, dim=-1)  # [1, V]
+                token = torch.multinomial(q, 1, generator=self.generator)  # [1, 1]
+                probs.append(q)
+            else:
+                token = scores.argmax(dim=-1, keepdim=True)  # [1, 1]
+            drafted.append(token)
+            context = torch.cat([context, token], dim=1)
+            pending = token
+            if self.eos.numel() and bool(torch.isin(token, self.eos.to(token.device)).any()):
+                break
+        q_all = torch.stack(probs, dim=1) if probs else None  # [1, k', V]
+        return Proposal(tokens=torch.cat(drafted, dim=1).to(tokens.device), q=q_all)
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first ``length`` positions of the draft cache."""
+        hf_compat.rollback(self.cache, length)

@@ -1,0 +1,85 @@
+"""Per-step decision records and the per-request summary (tokens/s, accepted length, k histogram)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One target forward: proposal length k, accepted draft tokens, tokens emitted, times (ms)."""
+
+    k: int
+    accepted: int
+    emitted: int
+    drafter: str
+    draft_ms: float
+    verify_ms: float
+    alpha: float
+    predicted_goodput: float
+
+
+@dataclass
+class SpeculationStats:
+    """All decisions of one request plus wall time; ``new_tokens`` counts the generated tokens."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    prefill_ms: float = 0.0
+    wall_ms: float = 0.0
+    new_tokens: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of wall time (prefill included)."""
+        return 1000.0 * self.new_tokens / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second after the prefill (1/TPOT)."""
+        decode_ms = self.wall_ms - self.prefill_ms
+        return 1000.0 * max(self.new_tokens - 1, 0) / decode_ms if decode_ms > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean tokens emitted per target forward after the prefill (1.0 for plain decoding)."""
+        return sum(s.emitted for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted draft tokens over the request (NaN when nothing was drafted)."""
+        drafted = sum(s.k for s in self.steps)
+        return sum(s.accepted for s in self.steps) / drafted if drafted else float("nan")
+
+    @property
+    def k_histogram(self) -> dict[int, int]:
+        """Steps per chosen k, sorted by k."""
+        return dict(sorted(Counter(s.k for s in self.steps).items()))
+
+    @property
+    def plain_share(self) -> float:
+        """Share of steps with k = 0 (plain decoding steps)."""
+        return sum(1 for s in self.steps if s.k == 0) / len(self.steps) if self.steps else 0.0
+
+    def summary(self) -> str:
+        """One line: tokens/s, mean accepted length, acceptance, k histogram, share of plain steps."""
+        hist = " ".join(f"{k}:{n}" for k, n in self.k_histogram.items())
+        return (
+            f"{self.new_tokens} tokens in {self.wall_ms / 1000:.2f} s = {self.tokens_per_s:.2f} tokens/s | "
+            f"mean accepted length {self.mean_accepted_length:.2f} | acceptance {self.acceptance_rate:.2f} | "
+            f"k histogram {{{hist}}} | plain steps {100 * self.plain_share:.0f}%"
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary plus every step."""
+        return {
+            "new_tokens": self.new_tokens,
+            "wall_ms": self.wall_ms,
+            "prefill_ms": self.prefill_ms,
+            "tokens_per_s": self.tokens_per_s,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_rate": self.acceptance_rate,
+            "k_histogram": self.k_histogram,
+            "plain_share": self.plain_share,
+            "steps": [asdict(s) for s in self.steps],
+        }

@@ -1,0 +1,74 @@
+"""Verification of a k-token proposal against the target: greedy and lossless speculative sampling.
+
+Notation: p = target distribution, q = draft distribution (Leviathan et al. 2023; Chen et al. 2023).
+Pure functions over tensors; batch-shaped ([B, ...]) although the engine runs B=1 for now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Outcome of verifying one proposal.
+
+    num_accepted: [B] long, accepted draft tokens n ∈ {0..k}.
+    next_token: [B] long, the token emitted after them: bonus (n = k) or correction (n < k).
+    """
+
+    num_accepted: torch.Tensor
+    next_token: torch.Tensor
+
+
+def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:
+    """Number of leading True values per row. accepted: [B, k] bool → [B] long."""
+    return accepted.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def greedy_verify(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> Verification:
+    """Accept while the draft token equals the target argmax, then emit the target's argmax.
+
+    draft_tokens: [B, k] long; target_scores: [B, k+1, V] processed target logits.
+    """
+    target_tokens = target_scores.argmax(dim=-1)  # [B, k+1]
+    n = _first_rejection(draft_tokens == target_tokens[:, :-1])  # [B]
+    next_token = target_tokens.gather(1, n[:, None]).squeeze(1)  # [B]
+    return Verification(num_accepted=n, next_token=next_token)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p − q)) over the last dim (Leviathan et al. 2023, Alg. 1); falls back to p where
+    the residual is all zero (then p = q and a rejection has probability 0). p, q: [..., V]."""
+    residual = (p - q).clamp_min(0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+
+
+def speculative_sample(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> Verification:
+    """Lossless speculative sampling (Leviathan et al. 2023 Alg. 1; Chen et al. 2023 Alg. 2).
+
+    Accept draft token x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection sample
+    from norm(max(0, p_i − q_i)); if all k are accepted, sample the bonus token from p_{k+1}.
+    The emitted tokens are distributed exactly as sampling from p.
+
+    draft_tokens: [B, k] long; q: [B, k, V] draft probabilities (one-hot for a deterministic drafter
+    such as prompt lookup); p: [B, k+1, V] target probabilities.
+    """
+    batch, k = draft_tokens.shape
+    p_tok = p[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
+    q_tok = q.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
+    r = torch.rand(batch, k, device=p.device, generator=generator)  # [B, k]
+    n = _first_rejection(r * q_tok < p_tok)  # [B]; r < p/q without dividing by q
+    q_pad = torch.cat([q, torch.zeros_like(p[:, :1])], dim=1)  # [B, k+1, V]; q_{k+1} = 0 → bonus from p
+    idx = n[:, None, None].expand(-1, 1, p.shape[-1])  # [B, 1, V]
+    dist = residual_distribution(p.gather(1, idx), q_pad.gather(1, idx)).squeeze(1)  # [B, V]
+    next_token = torch.multinomial(dist, 1, generator=generator).squeeze(1)  # [B]
+    return Verification(num_accepted=n, next_token=next_token)
