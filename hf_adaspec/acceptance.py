@@ -56,3 +56,26 @@ class AcceptanceEstimator:
         self.trials *= self.prior.decay
         self.successes += accepted
         self.trials += accepted + (1 if accepted < drafted else 0)
+
+
+class AcceptanceMemory:
+    """α carried across requests of one (target, drafter) pair: each request's prior mean is the
+    running acceptance of earlier requests, so a new request starts from what this pair achieved."""
+
+    def __init__(self, initial: AcceptancePrior | None = None, pseudo_tokens: float = 8.0) -> None:
+        self.initial = initial or AcceptancePrior()
+        self.pseudo_tokens = pseudo_tokens
+        self._mean: dict[str, float] = {}
+
+    def prior_for(self, key: str) -> AcceptancePrior:
+        """The prior for the next request with drafter ``key``."""
+        mean = self._mean.get(key, self.initial.mean)
+        return AcceptancePrior(mean, self.initial.strength, self.initial.decay)
+
+    def record(self, key: str, drafted: int, accepted: int) -> None:
+        """Blend one request's acceptance (accepted / drafted tokens) into the pair's running mean."""
+        if drafted <= 0:
+            return
+        old = self._mean.get(key, self.initial.mean)
+        weight = drafted / (drafted + self.pseudo_tokens)
+        self._mean[key] = min(0.95, max(0.05, (1 - weight) * old + weight * accepted / drafted))

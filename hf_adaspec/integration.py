@@ -20,7 +20,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import hf_compat
-from .acceptance import AcceptancePrior
+from .acceptance import AcceptanceMemory, AcceptancePrior
 from .controller import FixedController, GoodputController
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
@@ -43,7 +43,6 @@ class SpeculationConfig:
     num_speculative_tokens: int | None = None
     max_speculative_tokens: int = 8
     prompt_lookup_max_ngram: int = 3
-    prior: AcceptancePrior = AcceptancePrior()
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -74,6 +73,12 @@ class SpeculationRequest:
     draft_model: torch.nn.Module | None = None
     streamer: Any = None
     costs: CostTable | None = None
+    memory: AcceptanceMemory | None = None
+
+    @property
+    def drafter_key(self) -> str:
+        """Identifies the drafter for the pair's acceptance memory."""
+        return f"draft:{id(self.draft_model)}" if self.draft_model is not None else "prompt_lookup"
 
 
 @dataclass
@@ -116,7 +121,8 @@ def _build_controller(model, request: SpeculationRequest):
         costs = costs.with_draft_ms(0.0)
     if config.speculation == "fixed":
         return FixedController(config.k_max, costs)
-    return GoodputController(costs, config.prior)
+    prior = request.memory.prior_for(request.drafter_key) if request.memory else None
+    return GoodputController(costs, prior)
 
 
 def speculative_generate(
@@ -154,12 +160,15 @@ def speculative_generate(
         generator=generator,
     )
     result = speculative_decode(model, input_ids, proposer, _build_controller(model, request), settings)
+    if request.memory is not None:
+        steps = result.stats.steps
+        request.memory.record(request.drafter_key, sum(s.k for s in steps), sum(s.accepted for s in steps))
     if generation_config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
     return result.sequences
 
 
-def _speculative_entry(original, speculation=None, **kwargs):
+def _speculative_entry(original, memory: AcceptanceMemory, speculation=None, **kwargs):
     """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``."""
     if speculation is None:
         return original(**kwargs)
@@ -170,7 +179,8 @@ def _speculative_entry(original, speculation=None, **kwargs):
         max_speculative_tokens=kwargs.pop("max_speculative_tokens", 8),
         prompt_lookup_max_ngram=kwargs.pop("prompt_lookup_max_ngram", 3),
     )
-    request = SpeculationRequest(config, draft, kwargs.get("streamer"), kwargs.pop("speculation_costs", None))
+    costs = kwargs.pop("speculation_costs", None)
+    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory)
     return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
 
 
@@ -180,12 +190,13 @@ def enable(model) -> Any:
     if getattr(model, "_adaspec_enabled", False):
         return model
     original = model.generate
+    memory = AcceptanceMemory()
 
     @functools.wraps(original)
     def generate(inputs=None, speculation=None, **kwargs):
         if inputs is not None:
             kwargs["inputs"] = inputs
-        return _speculative_entry(original, speculation=speculation, **kwargs)
+        return _speculative_entry(original, memory, speculation=speculation, **kwargs)
 
     model.generate = generate
     model._adaspec_enabled = True

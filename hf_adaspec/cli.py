@@ -1,0 +1,110 @@
+"""``hf-adaspec`` command line: ``generate`` (stream text, then one stats line) and ``bench``."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import typer
+from tqdm.auto import tqdm
+
+from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
+
+app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
+
+DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
+SPEC_BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def _load_pair(target: str, draft: str, quantization: str, dtype: str):
+    from . import enable, load
+
+    tgt = load(target, quantization=quantization, dtype=dtype)
+    enable(tgt.model)
+    drf = load(draft, quantization=quantization, dtype=dtype) if draft != "none" else None
+    return tgt, drf
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(DEFAULT_PROMPT, help="User message; the chat template is applied."),
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' for prompt lookup."),
+    speculation: str = typer.Option("adaptive", help="adaptive | fixed | off (plain decoding)."),
+    k: int = typer.Option(5, help="Proposal length for --speculation fixed."),
+    max_new_tokens: int = typer.Option(256, min=1),
+    quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
+    do_sample: bool = typer.Option(False, help="Sample (lossless speculative sampling) instead of greedy."),
+    temperature: float = typer.Option(0.7),
+    top_p: float = typer.Option(0.9),
+) -> None:
+    """Generate for one prompt, streaming the text; then print one stats line."""
+    from transformers import TextStreamer
+
+    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    inputs = tgt.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    kwargs: dict = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "return_dict_in_generate": True}
+    if do_sample:
+        kwargs.update(temperature=temperature, top_p=top_p)
+    if speculation != "off":
+        kwargs.update(speculation=speculation, num_speculative_tokens=k if speculation == "fixed" else None)
+        if drf is not None:
+            kwargs["assistant_model"] = drf.model
+    streamer = TextStreamer(tgt.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    start = time.perf_counter()
+    out = tgt.model.generate(**inputs, streamer=streamer, **kwargs)
+    seconds = time.perf_counter() - start
+    stats = getattr(out, "speculation", None)
+    if stats is not None:
+        typer.echo(f"[hf-adaspec] {speculation}: {stats.summary()}")
+    else:
+        new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
+        typer.echo(f"[hf-adaspec] plain: {new} tokens in {seconds:.2f} s = {new / seconds:.2f} tokens/s")
+
+
+@app.command()
+def bench(
+    prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (fields category, turns)."),
+    per_category: int = typer.Option(1, min=1, help="Prompts per category."),
+    categories: str = typer.Option("", help="Comma-separated categories (default: all)."),
+    methods: str = typer.Option("plain,hf-assisted,hf-prompt-lookup,fixed-k,adaptive,adaptive-lookup"),
+    max_new_tokens: int = typer.Option(64, min=1),
+    fixed_k: int = typer.Option(5, min=1, help="k for the fixed-k method."),
+    target: str = typer.Option(DEFAULT_TARGET),
+    draft: str = typer.Option(DEFAULT_DRAFT),
+    quantization: str = typer.Option("nf4"),
+    dtype: str = typer.Option("bfloat16"),
+    output: Path = typer.Option(Path("benchmarks/results/bench.json"), help="JSON out; a .md table beside it."),
+) -> None:
+    """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
+    from . import bench as bm
+
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    for m in method_list:
+        bm.method_kwargs(m, None, fixed_k)  # raises ValueError naming the valid methods
+    if "plain" not in method_list:
+        raise typer.BadParameter("methods must include 'plain' (speedups are relative to it)")
+    selected = bm.load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None)
+    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    draft_model = drf.model if drf is not None else None
+    warm = bm.Prompt(-1, "warm-up", "Say hello.")
+    bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
+    runs = []
+    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
+    for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
+        runs += bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
+    summary = bm.summarize(runs, method_list)
+    meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": method_list,
+            "max_new_tokens": max_new_tokens, "per_category": per_category, "fixed_k": fixed_k,
+            "machine": platform.machine(), "prompts_file": str(prompts)}
+    bm.write_results(output, runs, summary, meta)
+    typer.echo(bm.markdown(summary, method_list))
+    overall = summary["table"]["overall"]
+    typer.echo(json.dumps({"output": str(output), "prompts": summary["prompts"],
+                           "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},
+                           "greedy_mismatches": summary["greedy_mismatches"]}))
