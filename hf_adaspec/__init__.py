@@ -12,7 +12,7 @@ the acceptance rate α. Greedy output is the target's greedy output; sampling is
 from .acceptance import AcceptanceEstimator, AcceptancePrior
 from .assets import AssetError
 from .costs import CostTable
-from .goodput import best_k, expected_tokens, goodput
+from .goodput import best_k, expected_tokens
 from .integration import SpeculationConfig, SpeculativeGenerateOutput, enable
 from .loading import LoadedModel, load
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
@@ -34,7 +34,6 @@ __all__ = [
     "best_k",
     "enable",
     "expected_tokens",
-    "goodput",
     "load",
 ]
 __version__ = "0.1.0"

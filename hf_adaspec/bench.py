@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from . import hf_compat
+
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup")
 
 
@@ -43,6 +45,7 @@ class Run:
     matches_plain: bool
     mean_accepted_length: float | None = None
     plain_share: float | None = None
+    divergence_gap: float | None = None
 
 
 def load_prompts(path: Path, per_category: int, categories: list[str] | None = None) -> list[Prompt]:
@@ -101,10 +104,27 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
         out, seconds = outputs[method]
         new = out.sequences.shape[1] - prompt_len
         stats = getattr(out, "speculation", None)
+        gap = divergence_gap(model, plain_seq, out.sequences) if plain_seq is not None else None
         runs.append(Run(prompt.question_id, prompt.category, method, new, seconds, new / seconds,
-                        plain_seq is not None and torch.equal(out.sequences, plain_seq),
-                        stats.mean_accepted_length if stats else None, stats.plain_share if stats else None))
+                        plain_seq is not None and gap is None,
+                        stats.mean_accepted_length if stats else None, stats.plain_share if stats else None,
+                        gap))
     return runs
+
+
+def divergence_gap(model, plain: torch.Tensor, other: torch.Tensor) -> float | None:
+    """Where ``other`` [1, T'] first differs from ``plain`` [1, T], the target's top-1 minus top-2
+    logit after the common prefix (a near-tie when small); None if neither differs; inf when one is a
+    strict prefix of the other (never a near-tie)."""
+    n = min(plain.shape[1], other.shape[1])
+    diff = (plain[0, :n] != other[0, :n]).nonzero()
+    if not diff.numel():
+        return None if plain.shape[1] == other.shape[1] else float("inf")
+    with torch.no_grad():
+        cache = hf_compat.new_cache(model)
+        logits = hf_compat.forward_logits(model, plain[:, : int(diff[0])], cache, keep=1)[0, -1]
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
 
 
 def _geomean(values: list[float]) -> float:
@@ -126,7 +146,9 @@ def summarize(runs: list[Run], methods: list[str]) -> dict:
             for m in methods
         }
     mismatches = {m: sum(1 for r in runs if r.method == m and not r.matches_plain) for m in methods}
-    return {"table": table, "greedy_mismatches": mismatches, "prompts": len(plain)}
+    gaps = {m: max((r.divergence_gap for r in runs if r.method == m and r.divergence_gap is not None),
+                   default=None) for m in methods}
+    return {"table": table, "greedy_mismatches": mismatches, "max_divergence_gap": gaps, "prompts": len(plain)}
 
 
 def markdown(summary: dict, methods: list[str]) -> str:

@@ -15,7 +15,7 @@ from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
-SPEC_BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+SPEC_BENCH = Path("../shared/data/spec_bench/question.jsonl")
 
 
 def _load_pair(target: str, draft: str, quantization: str, dtype: str):
@@ -23,7 +23,7 @@ def _load_pair(target: str, draft: str, quantization: str, dtype: str):
 
     tgt = load(target, quantization=quantization, dtype=dtype)
     enable(tgt.model)
-    drf = load(draft, quantization=quantization, dtype=dtype) if draft != "none" else None
+    drf = load(draft, quantization=quantization, dtype=dtype, quantize_lm_head=True) if draft != "none" else None
     return tgt, drf
 
 
@@ -107,4 +107,5 @@ def bench(
     overall = summary["table"]["overall"]
     typer.echo(json.dumps({"output": str(output), "prompts": summary["prompts"],
                            "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},
-                           "greedy_mismatches": summary["greedy_mismatches"]}))
+                           "greedy_mismatches": summary["greedy_mismatches"],
+                           "max_divergence_gap": summary["max_divergence_gap"]}))

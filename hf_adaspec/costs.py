@@ -28,19 +28,22 @@ from .assets import cache_dir
 
 @dataclass(frozen=True)
 class CostTable:
-    """Median latencies in ms: ``verify_ms[n-1]`` for a target forward over n new tokens, and
-    ``draft_ms`` for proposing one draft token (0 for drafters that need no forward)."""
+    """Median latencies in ms: ``verify_ms[n-1]`` for a target forward over n new tokens,
+    ``draft_ms`` for proposing one draft token (0 for drafters that need no forward), and
+    ``draft_catchup_ms`` per token the draft must ingest before drafting (its prompt, or the tokens
+    of a run of plain steps)."""
 
     verify_ms: tuple[float, ...]
     draft_ms: float
     context: int = 128
     key: str = ""
+    draft_catchup_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.verify_ms or any(t <= 0 for t in self.verify_ms):
             raise ValueError(f"verify_ms must be non-empty and positive, got {self.verify_ms}")
-        if self.draft_ms < 0:
-            raise ValueError(f"draft_ms must be >= 0, got {self.draft_ms}")
+        if self.draft_ms < 0 or self.draft_catchup_ms < 0:
+            raise ValueError(f"draft costs must be >= 0, got {self.draft_ms}, {self.draft_catchup_ms}")
 
     @property
     def max_tokens(self) -> int:
@@ -58,7 +61,7 @@ class CostTable:
 
     def with_draft_ms(self, draft_ms: float) -> CostTable:
         """The same verification costs with another per-token draft cost (e.g. 0 for prompt lookup)."""
-        return CostTable(self.verify_ms, draft_ms, self.context, self.key)
+        return CostTable(self.verify_ms, draft_ms, self.context, self.key, self.draft_catchup_ms)
 
 
 def _model_identity(model: torch.nn.Module) -> dict:
@@ -81,6 +84,7 @@ def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int
     import transformers
 
     ident = {
+        "schema": 2,
         "target": _model_identity(target),
         "draft": _model_identity(draft) if draft is not None else None,
         "n_max": n_max,
@@ -90,6 +94,9 @@ def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int
         "threads": torch.get_num_threads(),
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_CATCHUP_CHUNK = 32
 
 
 class _ForwardProbe:
@@ -121,24 +128,28 @@ def measure(
     draft: torch.nn.Module | None,
     n_max: int,
     context: int = 128,
-    repeats: int = 3,
+    repeats: int = 7,
 ) -> CostTable:
-    """Time target forwards over 1..n_max new tokens and the draft's 1-token forward (ms, medians).
+    """Time target forwards over 1..n_max new tokens, the draft's 1-token forward and its per-token
+    cost of ingesting a 32-token chunk (ms, medians).
 
     One warm-up round, then ``repeats`` rounds with all sizes interleaved so drift hits them alike.
     """
     target_probe = _ForwardProbe(target, context, n_max)
-    draft_probe = _ForwardProbe(draft, context, 1) if draft is not None else None
+    draft_probe = _ForwardProbe(draft, context, _CATCHUP_CHUNK) if draft is not None else None
     verify: list[list[float]] = [[] for _ in range(n_max)]
     drafts: list[float] = []
+    catchups: list[float] = []
     for _ in range(repeats + 1):
         for n in range(1, n_max + 1):
             verify[n - 1].append(target_probe.time_ms(n))
         if draft_probe is not None:
             drafts.append(draft_probe.time_ms(1))
+            catchups.append(draft_probe.time_ms(_CATCHUP_CHUNK) / _CATCHUP_CHUNK)
     verify_ms = tuple(statistics.median(v[1:]) for v in verify)
     draft_ms = statistics.median(drafts[1:]) if drafts else 0.0
-    return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max))
+    catchup_ms = statistics.median(catchups[1:]) if catchups else 0.0
+    return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max), catchup_ms)
 
 
 def _atomic_write_json(path: Path, data: dict) -> None:
@@ -147,6 +158,7 @@ def _atomic_write_json(path: Path, data: dict) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -168,7 +180,8 @@ class CostCache:
         if path.exists():
             try:
                 data = json.loads(path.read_text())
-                return CostTable(tuple(data["verify_ms"]), data["draft_ms"], data["context"], data["key"])
+                data["verify_ms"] = tuple(data["verify_ms"])
+                return CostTable(**data)
             except (ValueError, KeyError, TypeError):
                 log(f"hf-adaspec: ignoring unreadable cost table {path}; recalibrating")
         log(f"hf-adaspec: calibrating step costs for this model pair (first use), cached at {path}")

@@ -95,7 +95,8 @@ def speculative_decode(
     while not done:
         length = ids.shape[1]
         budget = settings.max_length - length - 1  # draft tokens that still fit before max_length
-        decision = controller.choose(max(0, min(budget, proposer.available(ids, settings.k_max))))
+        k_upper = max(0, min(budget, proposer.available(ids, settings.k_max)))
+        decision = controller.choose(k_upper, proposer.catchup_tokens(ids), budget + 1)
         t0 = time.perf_counter()
         proposal = proposer.propose(ids, decision.k) if decision.k else Proposal(ids[:, :0])
         t1 = time.perf_counter()

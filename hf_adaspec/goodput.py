@@ -10,7 +10,7 @@ unit time, proposal length chosen to maximise it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -53,15 +53,32 @@ def goodput(alpha: float, k: int, t_draft_ms: float, t_verify_ms: Callable[[int]
     return 1000.0 * expected_tokens(alpha, k) / step_time_ms(k, t_draft_ms, t_verify_ms)
 
 
+def horizon_goodput(rate: float, setup_ms: float, horizon: int) -> float:
+    """Tokens/s over the next ``horizon`` tokens when a one-off ``setup_ms`` (e.g. the draft ingesting
+    the prompt) precedes steps running at ``rate`` tokens/s: H / (setup + H / rate)."""
+    if setup_ms <= 0 or rate <= 0:
+        return rate
+    return horizon / (setup_ms / 1000.0 + horizon / rate)
+
+
 def best_k(
     alpha: float,
     k_max: int,
     t_draft_ms: float,
     t_verify_ms: Callable[[int], float],
-    candidates: Sequence[int] | None = None,
+    setup_ms: float = 0.0,
+    horizon: int = 1,
+    min_gain: float = 0.0,
 ) -> KChoice:
-    """The k ∈ {0..k_max} (or ``candidates``) with the highest goodput; ties pick the smaller k."""
-    ks = range(k_max + 1) if candidates is None else candidates
-    scored = [(goodput(alpha, k, t_draft_ms, t_verify_ms), -k) for k in ks]
-    rate, neg_k = max(scored)
-    return KChoice(k=-neg_k, goodput=rate)
+    """The k ∈ {0..k_max} with the highest goodput; ties pick the smaller k.
+
+    A k > 0 carries the one-off ``setup_ms`` amortised over ``horizon`` tokens (``horizon_goodput``)
+    and must beat plain decoding (k = 0) by the relative margin ``min_gain`` to be chosen.
+    """
+    plain = goodput(alpha, 0, t_draft_ms, t_verify_ms)
+    best = KChoice(k=0, goodput=plain)
+    for k in range(1, k_max + 1):
+        rate = horizon_goodput(goodput(alpha, k, t_draft_ms, t_verify_ms), setup_ms, horizon)
+        if rate > best.goodput and rate > plain * (1.0 + min_gain):
+            best = KChoice(k=k, goodput=rate)
+    return best

@@ -39,5 +39,11 @@ def forward_logits(
 
 
 def vocab_size(model: torch.nn.Module) -> int:
-    """Rows of the output head (the logits' last dim)."""
-    return model.get_output_embeddings().weight.shape[0]
+    """Width of the logits' last dim: the output head's ``out_features`` (also for quantized heads)."""
+    return model.get_output_embeddings().out_features
+
+
+def eos_token_ids(generation_config) -> tuple[int, ...]:
+    """EOS ids as prepared by ``generate`` (the config's private tensor, set before our callable runs)."""
+    eos = getattr(generation_config, "_eos_token_tensor", None)
+    return tuple(int(t) for t in eos.flatten()) if eos is not None else ()

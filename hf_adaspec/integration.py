@@ -36,13 +36,15 @@ class SpeculationConfig:
 
     speculation: "adaptive" (goodput-chosen k per step, down to 0) or "fixed" (always
     ``num_speculative_tokens``). max_speculative_tokens: k_max for adaptive. prompt_lookup_max_ngram:
-    n-gram size for the prompt-lookup drafter (used when no draft model is given).
+    n-gram size for the prompt-lookup drafter (used when no draft model is given). min_gain: relative
+    goodput margin a k > 0 must predict over a plain step to be chosen (adaptive only).
     """
 
     speculation: str = "adaptive"
     num_speculative_tokens: int | None = None
     max_speculative_tokens: int = 8
     prompt_lookup_max_ngram: int = 3
+    min_gain: float = 0.03
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -54,6 +56,8 @@ class SpeculationConfig:
             raise ValueError('speculation="fixed" needs num_speculative_tokens=k (k >= 0)')
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}")
+        if self.min_gain < 0:
+            raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
         if self.max_speculative_tokens < 1:
             raise ValueError(f"max_speculative_tokens must be >= 1, got {self.max_speculative_tokens}")
 
@@ -90,6 +94,8 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
 
 def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, gen_config, kw: dict) -> None:
     """Raise ValueError for inputs the engine does not support yet, naming the fix."""
+    if gen_config.num_beams != 1 or gen_config.num_return_sequences != 1:
+        raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"speculation={request.config.speculation!r} supports batch size 1 for now, got {input_ids.shape[0]}; "
@@ -98,8 +104,6 @@ def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, g
     mask = kw.get("attention_mask")
     if mask is not None and not bool(mask.all()):
         raise ValueError("padded inputs are not supported with speculation at batch size 1; pass the unpadded prompt")
-    if gen_config.num_beams != 1 or gen_config.num_return_sequences != 1:
-        raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
     if gen_config.output_scores or gen_config.output_logits or gen_config.output_attentions:
         raise ValueError("speculation does not return scores, logits or attentions; drop output_scores/output_logits")
     draft = request.draft_model
@@ -122,7 +126,7 @@ def _build_controller(model, request: SpeculationRequest):
     if config.speculation == "fixed":
         return FixedController(config.k_max, costs)
     prior = request.memory.prior_for(request.drafter_key) if request.memory else None
-    return GoodputController(costs, prior)
+    return GoodputController(costs, prior, config.min_gain)
 
 
 def speculative_generate(
@@ -141,13 +145,9 @@ def speculative_generate(
     """
     request = adaspec_request or SpeculationRequest(SpeculationConfig())
     _check_inputs(model, input_ids, request, generation_config, model_kwargs)
-    eos = generation_config._eos_token_tensor
-    eos_ids = tuple(int(t) for t in eos.flatten()) if eos is not None else ()
-    generator = None
     if request.draft_model is not None:
-        proposer = DraftModelProposer(
-            request.draft_model, logits_processor, generation_config.do_sample, eos_ids, generator
-        )
+        eos_ids = hf_compat.eos_token_ids(generation_config)
+        proposer = DraftModelProposer(request.draft_model, logits_processor, generation_config.do_sample, eos_ids)
     else:
         proposer = PromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram)
     settings = DecodeSettings(
@@ -157,7 +157,6 @@ def speculative_generate(
         do_sample=generation_config.do_sample,
         k_max=request.config.k_max,
         streamer=request.streamer,
-        generator=generator,
     )
     result = speculative_decode(model, input_ids, proposer, _build_controller(model, request), settings)
     if request.memory is not None:

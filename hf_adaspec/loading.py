@@ -84,20 +84,24 @@ def load(
     quantization: str = "nf4",
     dtype: str = "bfloat16",
     device: str = "cpu",
+    quantize_lm_head: bool = False,
 ) -> LoadedModel:
     """Load a causal LM and tokenizer; ``quantization`` nf4|int8|none (bitsandbytes), ``dtype`` the
-    weight/compute dtype. Raises ValueError for unknown options, AssetError for missing parts."""
+    weight/compute dtype. ``quantize_lm_head`` also quantizes the output head (bitsandbytes skips it by
+    default): worth it for a draft model, whose 151,936-row head is a third of its CPU forward (0.5B
+    NF4: 33 → 22 ms per token here). Raises ValueError for unknown options, AssetError for missing parts."""
     _check_options(quantization, dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     source = resolve(name_or_path, "float32" if dtype == "float32" else "bfloat16")
     kwargs: dict = {"dtype": DTYPES[dtype], "device_map": device}
+    skip = [] if quantize_lm_head else None  # None: bitsandbytes keeps the output head dense
     if quantization == "nf4":
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=DTYPES[dtype]
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=DTYPES[dtype], llm_int8_skip_modules=skip
         )
     elif quantization == "int8":
-        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
     tokenizer = AutoTokenizer.from_pretrained(source)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path)

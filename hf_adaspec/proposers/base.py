@@ -34,6 +34,10 @@ class Proposer(Protocol):
         """Most draft tokens this drafter can offer now (≤ k_max). tokens: [B, T] long."""
         ...
 
+    def catchup_tokens(self, tokens: torch.Tensor) -> int:
+        """Tokens beyond steady state the drafter must ingest before it can draft (0 if none)."""
+        ...
+
     def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
         """Draft up to ``k`` ≥ 1 tokens continuing ``tokens`` [B, T]."""
         ...

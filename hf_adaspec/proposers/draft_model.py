@@ -37,6 +37,10 @@ class DraftModelProposer:
         """A draft model can always offer k_max tokens."""
         return k_max
 
+    def catchup_tokens(self, tokens: torch.Tensor) -> int:
+        """Tokens not yet in the draft cache beyond the 1–2 every step feeds (prompt, plain-step runs)."""
+        return max(0, tokens.shape[1] - hf_compat.cache_length(self.cache) - 2)
+
     @torch.no_grad()
     def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
         """Draft up to k tokens, stopping after an EOS. tokens: [1, T] → Proposal [1, k'], q [1, k', V]."""

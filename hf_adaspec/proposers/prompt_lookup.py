@@ -36,17 +36,21 @@ class PromptLookupProposer:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self._cached: tuple[int, torch.Tensor] | None = None
+        self._cached: tuple[tuple[int, int], torch.Tensor] | None = None
 
     def _lookup(self, tokens: torch.Tensor, k_max: int) -> torch.Tensor:
-        if self._cached is None or self._cached[0] != tokens.shape[1]:
-            found = find_continuation(tokens[0], self.max_ngram, self.min_ngram, k_max)
-            self._cached = (tokens.shape[1], found)
+        key = (tokens.shape[1], k_max)
+        if self._cached is None or self._cached[0] != key:
+            self._cached = (key, find_continuation(tokens[0], self.max_ngram, self.min_ngram, k_max))
         return self._cached[1]
 
     def available(self, tokens: torch.Tensor, k_max: int) -> int:
         """Length of the continuation found (0 when the last n-gram never occurred before)."""
         return min(int(self._lookup(tokens, k_max).shape[0]), k_max)
+
+    def catchup_tokens(self, tokens: torch.Tensor) -> int:
+        """No model state to catch up."""
+        return 0
 
     def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
         """The first k tokens of the found continuation, [1, k]; q=None (deterministic drafter)."""

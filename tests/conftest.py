@@ -1,0 +1,40 @@
+"""Shared fixtures for the fast CPU tests: tiny random Llama models built from a config (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+
+def build_tiny_llama(seed: int, vocab_size: int = 64) -> transformers.LlamaForCausalLM:
+    """A 2-layer, 32-wide Llama in float32, eval mode; weights from ``torch.manual_seed(seed)``.
+
+    initializer_range=0.5 makes the random logits peaked enough for varied, non-degenerate greedy text.
+    EOS is unset so only an explicit ``eos_token_id`` stops generation.
+    """
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.5, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+    )
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture
+def one_thread():
+    """Run tiny-tensor tests on one intra-op thread (thread spin-up dominates otherwise); restore after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_factory():
+    """``tiny_factory(seed, vocab_size=64)`` → a fresh tiny Llama."""
+    return build_tiny_llama

@@ -1,0 +1,177 @@
+"""The whole speculative loop through ``model.generate`` on tiny random Llamas (no downloads).
+
+fp32 tiny models are shape-stable, so greedy speculative output must equal plain greedy token for token.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+import hf_adaspec
+import hf_adaspec.costs as costs_module
+from hf_adaspec import CostTable, SpeculationStats, SpeculativeGenerateOutput
+
+pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
+COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
+PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24], repetitive so prompt lookup proposes
+DRAFTERS = ["other_seed", "noisy_copy", "same_model", "prompt_lookup"]
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """Any calibration writes under tmp_path, never the user's cache."""
+    monkeypatch.setenv("HF_ADASPEC_CACHE", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def models(tiny_factory):
+    """target (enabled) and drafts: another seed (α≈0), a perturbed copy (0<α<1), the target itself (α=1)."""
+    target = hf_adaspec.enable(tiny_factory(0))
+    noisy = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(0.05 * p.std() * torch.randn(p.shape, generator=gen))
+    return {"target": target, "other_seed": tiny_factory(1), "noisy_copy": noisy, "same_model": tiny_factory(0)}
+
+
+def _plain(models, **kwargs) -> torch.Tensor:
+    return models["target"].generate(PROMPT, do_sample=False, **kwargs)
+
+
+def _spec(models, drafter: str, **kwargs):
+    draft = {} if drafter == "prompt_lookup" else {"assistant_model": models[drafter]}
+    kwargs.setdefault("speculation", "adaptive")
+    kwargs.setdefault("speculation_costs", COSTS)
+    kwargs.setdefault("do_sample", False)
+    return models["target"].generate(PROMPT, **draft, **kwargs)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_adaspec_greedy_equals_plain(models, drafter):
+    plain = _plain(models, max_new_tokens=40)
+    out = _spec(models, drafter, max_new_tokens=40, return_dict_in_generate=True)
+    assert isinstance(out, SpeculativeGenerateOutput)
+    assert torch.equal(out.sequences, plain)  # [1, 24 + 40]
+    stats = out.speculation
+    assert isinstance(stats, SpeculationStats)
+    assert stats.new_tokens == 40 == plain.shape[1] - PROMPT.shape[1]
+    assert sum(stats.k_histogram.values()) == len(stats.steps) > 0
+    assert sum(s.emitted for s in stats.steps) == 39  # the prefill emits the first token
+    assert all(0 <= s.accepted <= s.k and s.emitted <= s.accepted + 1 for s in stats.steps)
+    assert any(s.k > 0 for s in stats.steps)
+
+
+def test_drafters_reach_expected_acceptance(models):
+    rate = {d: _spec(models, d, max_new_tokens=40, return_dict_in_generate=True).speculation.acceptance_rate
+            for d in ("noisy_copy", "same_model")}
+    assert 0 < rate["noisy_copy"] < 1
+    assert rate["same_model"] == 1.0  # identical draft: every draft token accepted (bonus path, no rollback)
+
+
+@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_fixed_k_greedy_equals_plain(models, drafter, k):
+    out = _spec(models, drafter, max_new_tokens=40, speculation="fixed", num_speculative_tokens=k,
+                return_dict_in_generate=True)
+    assert torch.equal(out.sequences, _plain(models, max_new_tokens=40))
+    assert max(out.speculation.k_histogram) <= k
+    if drafter == "noisy_copy":  # a draft model always offers k, capped by the tokens left in the budget
+        emitted = 1  # by the prefill
+        for step in out.speculation.steps:
+            assert step.k == min(k, 40 - emitted - 1)  # k drafts + 1 bonus must fit
+            emitted += step.emitted
+
+
+def test_fixed_k0_is_plain_decoding(models):
+    out = _spec(models, "noisy_copy", max_new_tokens=12, speculation="fixed", num_speculative_tokens=0,
+                return_dict_in_generate=True)
+    assert torch.equal(out.sequences, _plain(models, max_new_tokens=12))
+    assert out.speculation.k_histogram == {0: 11}
+
+
+@pytest.mark.parametrize("drafter", ["noisy_copy", "same_model", "prompt_lookup"])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 13])
+def test_max_new_tokens_honoured_exactly(models, drafter, max_new_tokens):
+    out = _spec(models, drafter, max_new_tokens=max_new_tokens, speculation="fixed", num_speculative_tokens=8)
+    assert out.shape == (1, PROMPT.shape[1] + max_new_tokens)
+    assert torch.equal(out, _plain(models, max_new_tokens=max_new_tokens))
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_eos_stops_like_plain(models, drafter):
+    generated = _plain(models, max_new_tokens=40)[0, PROMPT.shape[1]:].tolist()
+    eos = generated[15]
+    stop_at = generated.index(eos)  # plain stops at the first occurrence
+    plain = _plain(models, max_new_tokens=40, eos_token_id=eos)
+    assert plain.shape[1] == PROMPT.shape[1] + stop_at + 1 < PROMPT.shape[1] + 40
+    assert plain[0, -1].item() == eos
+    out = _spec(models, drafter, max_new_tokens=40, eos_token_id=eos)
+    assert torch.equal(out, plain)
+
+
+class _Collect(BaseStreamer):
+    def __init__(self) -> None:
+        self.puts: list[list[int]] = []
+        self.ended = 0
+
+    def put(self, value):
+        self.puts.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+def test_streamer_receives_exactly_the_generated_tokens(models, drafter):
+    streamer = _Collect()
+    out = _spec(models, drafter, max_new_tokens=30, streamer=streamer)
+    assert streamer.puts[0] == PROMPT[0].tolist()  # generate itself puts the prompt first
+    streamed = [tok for chunk in streamer.puts[1:] for tok in chunk]
+    assert streamed == out[0, PROMPT.shape[1]:].tolist()
+    assert streamer.ended == 1
+    assert any(len(chunk) > 1 for chunk in streamer.puts[1:])  # multi-token steps arrive as one chunk
+
+
+def test_sampling_with_top_k_1_equals_greedy(models):
+    # top_k=1 makes p and q one-hot: the speculative-sampling path must reproduce greedy output
+    out = models["target"].generate(PROMPT, max_new_tokens=30, do_sample=True, top_k=1, speculation="adaptive",
+                                    speculation_costs=COSTS, assistant_model=models["noisy_copy"])
+    assert torch.equal(out, _plain(models, max_new_tokens=30))
+
+
+def test_sampling_runs_and_respects_budget(models):
+    torch.manual_seed(0)
+    out = _spec(models, "prompt_lookup", max_new_tokens=25, do_sample=True, return_dict_in_generate=True)
+    assert out.sequences.shape == (1, PROMPT.shape[1] + 25)
+    assert torch.equal(out.sequences[:, :PROMPT.shape[1]], PROMPT)
+
+
+def test_without_speculation_generate_is_unchanged(models, tiny_factory):
+    fresh = tiny_factory(0)  # never enabled
+    expected = fresh.generate(PROMPT, max_new_tokens=20, do_sample=False)
+    assert torch.equal(_plain(models, max_new_tokens=20), expected)
+    assert hf_adaspec.enable(models["target"]) is models["target"]  # idempotent
+
+
+def test_calibration_is_cached(models, tmp_path, monkeypatch):
+    out = models["target"].generate(PROMPT, max_new_tokens=10, do_sample=False, speculation="adaptive",
+                                    assistant_model=models["noisy_copy"], max_speculative_tokens=3)
+    assert torch.equal(out, _plain(models, max_new_tokens=10))
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1
+    table = json.loads(files[0].read_text())
+    assert len(table["verify_ms"]) == 4 and table["draft_ms"] > 0  # n = 1..k_max+1
+
+    def no_measure(*args, **kwargs):
+        raise AssertionError("the cached cost table must be reused")
+
+    monkeypatch.setattr(costs_module, "measure", no_measure)
+    again = models["target"].generate(PROMPT, max_new_tokens=10, do_sample=False, speculation="adaptive",
+                                      assistant_model=models["noisy_copy"], max_speculative_tokens=3)
+    assert torch.equal(again, out)
