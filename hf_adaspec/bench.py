@@ -90,22 +90,27 @@ def _timed(generate: Callable[..., object], inputs: dict, kwargs: dict, max_new_
 
 
 def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rotation: int, cfg: dict) -> list[Run]:
-    """Run every method once on one prompt, in rotated order; compare outputs with plain."""
+    """Run every method ``cfg["repeats"]`` times on one prompt, in rotated order (median time);
+    compare outputs with plain."""
     msgs = [{"role": "user", "content": prompt.text}]
     inputs = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     prompt_len = inputs["input_ids"].shape[1]
     order = methods[rotation % len(methods):] + methods[: rotation % len(methods)]
     outputs: dict[str, tuple] = {}
-    for method in order:
-        outputs[method] = _timed(model.generate, inputs, method_kwargs(method, draft, cfg["fixed_k"]), cfg["max_new_tokens"])
+    seconds: dict[str, list[float]] = {m: [] for m in methods}
+    for _ in range(cfg.get("repeats", 1)):  # every method once per round: drift hits all alike
+        for method in order:
+            kwargs = method_kwargs(method, draft, cfg["fixed_k"])
+            outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
+            seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None
     runs = []
     for method in methods:
-        out, seconds = outputs[method]
+        out, elapsed = outputs[method][0], statistics.median(seconds[method])
         new = out.sequences.shape[1] - prompt_len
         stats = getattr(out, "speculation", None)
         gap = divergence_gap(model, plain_seq, out.sequences) if plain_seq is not None else None
-        runs.append(Run(prompt.question_id, prompt.category, method, new, seconds, new / seconds,
+        runs.append(Run(prompt.question_id, prompt.category, method, new, elapsed, new / elapsed,
                         plain_seq is not None and gap is None,
                         stats.mean_accepted_length if stats else None, stats.plain_share if stats else None,
                         gap))

@@ -75,6 +75,7 @@ def bench(
     methods: str = typer.Option("plain,hf-assisted,hf-prompt-lookup,fixed-k,adaptive,adaptive-lookup"),
     max_new_tokens: int = typer.Option(64, min=1),
     fixed_k: int = typer.Option(5, min=1, help="k for the fixed-k method."),
+    repeats: int = typer.Option(1, min=1, help="Timed runs per method and prompt (median)."),
     target: str = typer.Option(DEFAULT_TARGET),
     draft: str = typer.Option(DEFAULT_DRAFT),
     quantization: str = typer.Option("nf4"),
@@ -95,12 +96,12 @@ def bench(
     warm = bm.Prompt(-1, "warm-up", "Say hello.")
     bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
     runs = []
-    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
+    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats}
     for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
         runs += bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
     summary = bm.summarize(runs, method_list)
     meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": method_list,
-            "max_new_tokens": max_new_tokens, "per_category": per_category, "fixed_k": fixed_k,
+            "max_new_tokens": max_new_tokens, "per_category": per_category, "fixed_k": fixed_k, "repeats": repeats,
             "machine": platform.machine(), "prompts_file": str(prompts)}
     bm.write_results(output, runs, summary, meta)
     typer.echo(bm.markdown(summary, method_list))
