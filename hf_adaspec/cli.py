@@ -7,6 +7,7 @@ import platform
 import time
 from pathlib import Path
 
+import torch
 import typer
 from tqdm.auto import tqdm
 
@@ -24,6 +25,9 @@ def _load_pair(target: str, draft: str, quantization: str, dtype: str):
     tgt = load(target, quantization=quantization, dtype=dtype)
     enable(tgt.model)
     drf = load(draft, quantization=quantization, dtype=dtype, quantize_lm_head=True) if draft != "none" else None
+    for lm in (tgt, drf):  # first forwards initialise kernels; keep them out of the timed run
+        if lm is not None:
+            lm.model.generate(torch.tensor([[0, 1, 2, 3]], device=lm.model.device), max_new_tokens=2, do_sample=False)
     return tgt, drf
 
 
@@ -43,6 +47,9 @@ def generate(
 ) -> None:
     """Generate for one prompt, streaming the text; then print one stats line."""
     from transformers import TextStreamer
+
+    if speculation not in ("adaptive", "fixed", "off"):
+        raise typer.BadParameter(f"--speculation {speculation!r}: use adaptive, fixed or off")
 
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     inputs = tgt.tokenizer.apply_chat_template(

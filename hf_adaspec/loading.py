@@ -89,7 +89,12 @@ def load(
     """Load a causal LM and tokenizer; ``quantization`` nf4|int8|none (bitsandbytes), ``dtype`` the
     weight/compute dtype. ``quantize_lm_head`` also quantizes the output head (bitsandbytes skips it by
     default): worth it for a draft model, whose 151,936-row head is a third of its CPU forward (0.5B
-    NF4: 33 → 22 ms per token here). Raises ValueError for unknown options, AssetError for missing parts."""
+    NF4: 35 → 23 ms per token, ``python benchmarks/draft_head.py``).
+
+    Raises:
+        ValueError: unknown quantization or dtype.
+        AssetError: a preset's model part is missing or fails its hash (names the pip command).
+    """
     _check_options(quantization, dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
