@@ -20,7 +20,7 @@ import torch
 
 from . import hf_compat
 
-METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup")
+METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ def method_kwargs(method: str, draft, fixed_k: int) -> dict:
         "fixed-k": {"assistant_model": draft, "speculation": "fixed", "num_speculative_tokens": fixed_k},
         "adaptive": {"assistant_model": draft, "speculation": "adaptive"},
         "adaptive-lookup": {"speculation": "adaptive"},
+        "hybrid": {"assistant_model": draft, "speculation": "hybrid"},
     }
     if method not in table:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")

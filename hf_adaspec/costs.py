@@ -59,10 +59,6 @@ class CostTable:
         slope = (self.verify_ms[-1] - self.verify_ms[0]) / max(self.max_tokens - 1, 1)
         return self.verify_ms[-1] + max(slope, 0.0) * (n - self.max_tokens)
 
-    def with_draft_ms(self, draft_ms: float) -> CostTable:
-        """The same verification costs with another per-token draft cost (e.g. 0 for prompt lookup)."""
-        return CostTable(self.verify_ms, draft_ms, self.context, self.key, self.draft_catchup_ms)
-
 
 def _model_identity(model: torch.nn.Module) -> dict:
     config = model.config

@@ -1,20 +1,22 @@
 """The speculative decoding loop (batch-shaped tensors; B = 1 until the batch scheduler lands).
 
-Each step: the controller picks k from what the drafter can offer; the drafter proposes k tokens; the
-target verifies [last token, d_1..d_k] in one forward; greedy or lossless speculative sampling keeps
-n ≤ k of them plus one bonus/correction token; both KV caches roll back to the accepted prefix.
+Each step: the controller picks a drafter and k from what the drafters can offer; that drafter
+proposes k tokens; the target verifies [last token, d_1..d_k] in one forward; greedy or lossless
+speculative sampling keeps n ≤ k of them plus one bonus/correction token; the target's and every
+drafter's state roll back to the accepted prefix.
 k = 0 is a plain decoding step. Invariant: the target cache holds every token but the last.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from . import hf_compat
-from .controller import Controller
+from .controller import Controller, DraftOption
 from .proposers.base import Proposal, Proposer
 from .stats import SpeculationStats, StepRecord
 from .verification import Verification, greedy_verify, speculative_sample
@@ -80,7 +82,7 @@ def _append(ids: torch.Tensor, new: torch.Tensor, settings: DecodeSettings) -> t
 def speculative_decode(
     target: torch.nn.Module,
     input_ids: torch.Tensor,
-    proposer: Proposer,
+    proposers: Sequence[Proposer],
     controller: Controller,
     settings: DecodeSettings,
 ) -> DecodeResult:
@@ -95,8 +97,10 @@ def speculative_decode(
     while not done:
         length = ids.shape[1]
         budget = settings.max_length - length - 1  # draft tokens that still fit before max_length
-        k_upper = max(0, min(budget, proposer.available(ids, settings.k_max)))
-        decision = controller.choose(k_upper, proposer.catchup_tokens(ids), budget + 1)
+        options = [DraftOption(i, max(0, min(budget, p.available(ids, settings.k_max))), p.catchup_tokens(ids))
+                   for i, p in enumerate(proposers)]
+        decision = controller.choose(options, budget + 1)
+        proposer = proposers[decision.drafter]
         t0 = time.perf_counter()
         proposal = proposer.propose(ids, decision.k) if decision.k else Proposal(ids[:, :0])
         t1 = time.perf_counter()
@@ -105,8 +109,9 @@ def speculative_decode(
         result = _verify(proposal, _process(settings.logits_processor, ids, proposal.tokens, logits), settings)
         n = int(result.num_accepted[0])
         hf_compat.rollback(cache, length + n)
-        proposer.rollback(length + n)
-        controller.observe(proposal.k, n)
+        for p in proposers:
+            p.rollback(length + n)
+        controller.observe(decision.drafter, proposal.k, n)
         new = torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1)  # [1, n+1]
         ids, done = _append(ids, new, settings)
         t2 = time.perf_counter()

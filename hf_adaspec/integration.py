@@ -21,21 +21,22 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import hf_compat
 from .acceptance import AcceptanceMemory, AcceptancePrior
-from .controller import FixedController, GoodputController
+from .controller import DrafterCosts, FixedController, GoodputController
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
-from .proposers import DraftModelProposer, PromptLookupProposer
+from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
 from .stats import SpeculationStats
 
-SPECULATION_MODES = ("adaptive", "fixed")
+SPECULATION_MODES = ("adaptive", "fixed", "hybrid")
 
 
 @dataclass(frozen=True)
 class SpeculationConfig:
     """How to speculate.
 
-    speculation: "adaptive" (goodput-chosen k per step, down to 0) or "fixed" (always
-    ``num_speculative_tokens``). max_speculative_tokens: k_max for adaptive. prompt_lookup_max_ngram:
+    speculation: "adaptive" (goodput-chosen k per step, down to 0), "fixed" (always
+    ``num_speculative_tokens``) or "hybrid" (each step the best of a plain step, a prompt-lookup
+    proposal and a draft-model proposal by predicted goodput; needs a draft model). max_speculative_tokens: k_max for adaptive. prompt_lookup_max_ngram:
     n-gram size for the prompt-lookup drafter (used when no draft model is given). min_gain: relative
     goodput margin a k > 0 must predict over a plain step to be chosen (adaptive only).
     """
@@ -79,10 +80,6 @@ class SpeculationRequest:
     costs: CostTable | None = None
     memory: AcceptanceMemory | None = None
 
-    @property
-    def drafter_key(self) -> str:
-        """Identifies the drafter for the pair's acceptance memory."""
-        return f"draft:{id(self.draft_model)}" if self.draft_model is not None else "prompt_lookup"
 
 
 @dataclass
@@ -107,6 +104,8 @@ def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, g
     if gen_config.output_scores or gen_config.output_logits or gen_config.output_attentions:
         raise ValueError("speculation does not return scores, logits or attentions; drop output_scores/output_logits")
     draft = request.draft_model
+    if draft is None and request.config.speculation == "hybrid":
+        raise ValueError('speculation="hybrid" needs a draft model: pass assistant_model=draft')
     if draft is not None and hf_compat.vocab_size(draft) != hf_compat.vocab_size(model):
         raise ValueError(
             f"draft model vocabulary ({hf_compat.vocab_size(draft)}) differs from the target's "
@@ -115,18 +114,42 @@ def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, g
         )
 
 
-def _build_controller(model, request: SpeculationRequest):
-    config = request.config
-    costs = request.costs
+def _memory_key(proposer: Proposer) -> str:
+    """Identifies a drafter in the pair's acceptance memory (the draft model by identity)."""
+    return f"{proposer.name}:{id(getattr(proposer, 'model', None))}"
+
+
+def _build_proposers(request: SpeculationRequest, logits_processor, generation_config) -> list[Proposer]:
+    """Draft model (if given), then prompt lookup (if no draft model, or for hybrid drafting)."""
+    proposers: list[Proposer] = []
+    if request.draft_model is not None:
+        eos_ids = hf_compat.eos_token_ids(generation_config)
+        proposers.append(DraftModelProposer(request.draft_model, logits_processor, generation_config.do_sample, eos_ids))
+    if request.draft_model is None or request.config.speculation == "hybrid":
+        proposers.append(PromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram))
+    return proposers
+
+
+def _build_controller(model, request: SpeculationRequest, proposers: list[Proposer]):
+    config, costs = request.config, request.costs
     if costs is None:
         log = functools.partial(print, file=sys.stderr)
         costs = CostCache().load_or_measure(model, request.draft_model, config.max_speculative_tokens + 1, log)
-    if request.draft_model is None:
-        costs = costs.with_draft_ms(0.0)
+    drafter_costs = [
+        DrafterCosts(costs.draft_ms, costs.draft_catchup_ms) if isinstance(p, DraftModelProposer) else DrafterCosts()
+        for p in proposers
+    ]
     if config.speculation == "fixed":
-        return FixedController(config.k_max, costs)
-    prior = request.memory.prior_for(request.drafter_key) if request.memory else None
-    return GoodputController(costs, prior, config.min_gain)
+        return FixedController(config.k_max, costs, drafter_costs[0].draft_ms)
+    priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
+    return GoodputController(costs, drafter_costs, priors, config.min_gain)
+
+
+def _remember(memory: AcceptanceMemory, proposers: list[Proposer], stats: SpeculationStats) -> None:
+    """Blend this request's per-drafter acceptance into the pair's memory."""
+    for p in proposers:
+        steps = [s for s in stats.steps if s.drafter == p.name]
+        memory.record(_memory_key(p), sum(s.k for s in steps), sum(s.accepted for s in steps))
 
 
 def speculative_generate(
@@ -138,18 +161,14 @@ def speculative_generate(
     adaspec_request: SpeculationRequest | None = None,
     **model_kwargs,
 ):
-    """``custom_generate`` callable: speculative decoding with the request's drafter and controller.
+    """``custom_generate`` callable: speculative decoding with the request's drafters and controller.
 
     input_ids: [1, T] long. Returns sequences [1, T + new] or, with return_dict_in_generate,
     ``SpeculativeGenerateOutput`` whose ``speculation`` holds every step's decision.
     """
     request = adaspec_request or SpeculationRequest(SpeculationConfig())
     _check_inputs(model, input_ids, request, generation_config, model_kwargs)
-    if request.draft_model is not None:
-        eos_ids = hf_compat.eos_token_ids(generation_config)
-        proposer = DraftModelProposer(request.draft_model, logits_processor, generation_config.do_sample, eos_ids)
-    else:
-        proposer = PromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram)
+    proposers = _build_proposers(request, logits_processor, generation_config)
     settings = DecodeSettings(
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
@@ -158,10 +177,10 @@ def speculative_generate(
         k_max=request.config.k_max,
         streamer=request.streamer,
     )
-    result = speculative_decode(model, input_ids, proposer, _build_controller(model, request), settings)
+    controller = _build_controller(model, request, proposers)
+    result = speculative_decode(model, input_ids, proposers, controller, settings)
     if request.memory is not None:
-        steps = result.stats.steps
-        request.memory.record(request.drafter_key, sum(s.k for s in steps), sum(s.accepted for s in steps))
+        _remember(request.memory, proposers, result.stats)
     if generation_config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
     return result.sequences
@@ -184,7 +203,7 @@ def _speculative_entry(original, memory: AcceptanceMemory, speculation=None, **k
 
 
 def enable(model) -> Any:
-    """Let ``model.generate`` take ``speculation="adaptive"|"fixed"`` (and ``assistant_model`` as the
+    """Let ``model.generate`` take ``speculation="adaptive"|"fixed"|"hybrid"`` (and ``assistant_model`` as the
     draft). Idempotent; returns the model. Without ``speculation`` generate is unchanged."""
     if getattr(model, "_adaspec_enabled", False):
         return model

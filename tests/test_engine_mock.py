@@ -67,6 +67,15 @@ def test_adaspec_greedy_equals_plain(models, drafter):
     assert any(s.k > 0 for s in stats.steps)
 
 
+@pytest.mark.parametrize("drafter", ["other_seed", "noisy_copy", "same_model"])
+def test_hybrid_greedy_equals_plain(models, drafter):
+    plain = _plain(models, max_new_tokens=40)
+    out = _spec(models, drafter, speculation="hybrid", max_new_tokens=40, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    used = {s.drafter for s in out.speculation.steps}
+    assert used <= {"plain", "draft_model", "prompt_lookup"} and used - {"plain"}
+
+
 def test_drafters_reach_expected_acceptance(models):
     rate = {d: _spec(models, d, max_new_tokens=40, return_dict_in_generate=True).speculation.acceptance_rate
             for d in ("noisy_copy", "same_model")}

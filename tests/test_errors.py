@@ -31,6 +31,11 @@ def test_unknown_speculation_value(target, value):
         _generate(target, speculation=value)
 
 
+def test_hybrid_needs_a_draft_model(target):
+    with pytest.raises(ValueError, match="assistant_model"):
+        _generate(target, speculation="hybrid")
+
+
 def test_fixed_needs_num_speculative_tokens(target):
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         _generate(target, speculation="fixed")

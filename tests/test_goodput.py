@@ -133,12 +133,3 @@ def test_cost_table_t_verify_indexing_and_extrapolation():
 def test_cost_table_validation(kwargs):
     with pytest.raises(ValueError):
         CostTable(**kwargs)
-
-
-def test_cost_table_with_draft_ms_keeps_everything_else():
-    costs = CostTable(verify_ms=(10.0, 11.0), draft_ms=3.0, context=64, key="abc", draft_catchup_ms=0.5)
-    free = costs.with_draft_ms(0.0)
-    assert free == CostTable(verify_ms=(10.0, 11.0), draft_ms=0.0, context=64, key="abc", draft_catchup_ms=0.5)
-    assert costs.draft_ms == 3.0  # frozen original untouched
-    with pytest.raises(ValueError):
-        costs.with_draft_ms(-1.0)
