@@ -11,6 +11,7 @@ import torch
 import typer
 from tqdm.auto import tqdm
 
+from .bench import METHODS
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
 
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
@@ -79,7 +80,7 @@ def bench(
     prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (fields category, turns)."),
     per_category: int = typer.Option(1, min=1, help="Prompts per category."),
     categories: str = typer.Option("", help="Comma-separated categories (default: all)."),
-    methods: str = typer.Option("plain,hf-assisted,hf-prompt-lookup,fixed-k,adaptive,adaptive-lookup"),
+    methods: str = typer.Option(",".join(METHODS), help="Comma-separated subset of the methods."),
     max_new_tokens: int = typer.Option(64, min=1),
     fixed_k: int = typer.Option(5, min=1, help="k for the fixed-k method."),
     repeats: int = typer.Option(1, min=1, help="Timed runs per method and prompt (median)."),

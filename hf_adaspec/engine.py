@@ -5,6 +5,9 @@ proposes k tokens; the target verifies [last token, d_1..d_k] in one forward; gr
 speculative sampling keeps n ≤ k of them plus one bonus/correction token; the target's and every
 drafter's state roll back to the accepted prefix.
 k = 0 is a plain decoding step. Invariant: the target cache holds every token but the last.
+A drafter's one-off catch-up cost is amortised over the expected remaining length, estimated as the
+tokens generated so far (capped by the budget): with an unknown end, a request that has run for n
+tokens is as likely as not to run n more, so a long prompt with a short answer stays on plain steps.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def speculative_decode(
         budget = settings.max_length - length - 1  # draft tokens that still fit before max_length
         options = [DraftOption(i, max(0, min(budget, p.available(ids, settings.k_max))), p.catchup_tokens(ids))
                    for i, p in enumerate(proposers)]
-        decision = controller.choose(options, budget + 1)
+        horizon = min(budget + 1, length - prompt_len)  # tokens still to come ≈ tokens so far, ≤ budget
+        decision = controller.choose(options, horizon)
         proposer = proposers[decision.drafter]
         t0 = time.perf_counter()
         proposal = proposer.propose(ids, decision.k) if decision.k else Proposal(ids[:, :0])
