@@ -20,7 +20,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import hf_compat
-from .acceptance import AcceptanceMemory, AcceptancePrior
+from .acceptance import AcceptanceMemory
 from .controller import DrafterCosts, FixedController, GoodputController
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
@@ -79,7 +79,6 @@ class SpeculationRequest:
     streamer: Any = None
     costs: CostTable | None = None
     memory: AcceptanceMemory | None = None
-
 
 
 @dataclass
