@@ -36,13 +36,14 @@ class PromptLookupProposer:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self._cached: tuple[tuple[int, int], torch.Tensor] | None = None
+        self._cached: tuple[int, int, torch.Tensor] | None = None  # (length, k searched, continuation)
 
     def _lookup(self, tokens: torch.Tensor, k_max: int) -> torch.Tensor:
-        key = (tokens.shape[1], k_max)
-        if self._cached is None or self._cached[0] != key:
-            self._cached = (key, find_continuation(tokens[0], self.max_ngram, self.min_ngram, k_max))
-        return self._cached[1]
+        """Continuation of at most k_max tokens; one search per step serves available() and propose()."""
+        length = tokens.shape[1]
+        if self._cached is None or self._cached[0] != length or self._cached[1] < k_max:
+            self._cached = (length, k_max, find_continuation(tokens[0], self.max_ngram, self.min_ngram, k_max))
+        return self._cached[2][:k_max]
 
     def available(self, tokens: torch.Tensor, k_max: int) -> int:
         """Length of the continuation found (0 when the last n-gram never occurred before)."""
