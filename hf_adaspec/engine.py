@@ -13,7 +13,7 @@ tokens is as likely as not to run n more, so a long prompt with a short answer s
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +36,7 @@ class DecodeSettings:
     k_max: int
     streamer: object | None = None
     generator: torch.Generator | None = None
+    on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None  # (record, tokens [m])
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def speculative_decode(
     token = _select(settings.logits_processor(input_ids, logits[:, -1]), settings.do_sample, settings.generator)
     ids, done = _append(input_ids, token, settings)
     stats.prefill_ms = (time.perf_counter() - start) * 1000.0
-    _stream(settings, ids[:, prompt_len:])
+    _stream(settings, ids[:, prompt_len:], None)
     while not done:
         length = ids.shape[1]
         budget = settings.max_length - length - 1  # draft tokens that still fit before max_length
@@ -119,18 +120,19 @@ def speculative_decode(
         new = torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1)  # [1, n+1]
         ids, done = _append(ids, new, settings)
         t2 = time.perf_counter()
-        _stream(settings, ids[:, length:])
-        stats.steps.append(
-            StepRecord(proposal.k, n, ids.shape[1] - length, proposer.name if proposal.k else "plain",
-                       (t1 - t0) * 1000.0, (t2 - t1) * 1000.0, decision.alpha, decision.predicted_goodput)
-        )
+        record = StepRecord(proposal.k, n, ids.shape[1] - length, proposer.name if proposal.k else "plain",
+                            (t1 - t0) * 1000.0, (t2 - t1) * 1000.0, decision.alpha, decision.predicted_goodput)
+        stats.steps.append(record)
+        _stream(settings, ids[:, length:], record)
     if settings.streamer is not None:
         settings.streamer.end()
     stats.wall_ms, stats.new_tokens = (time.perf_counter() - start) * 1000.0, ids.shape[1] - prompt_len
     return DecodeResult(sequences=ids, stats=stats)
 
 
-def _stream(settings: DecodeSettings, tokens: torch.Tensor) -> None:
-    """Hand newly emitted tokens [1, m] to the streamer, if any."""
+def _stream(settings: DecodeSettings, tokens: torch.Tensor, record: StepRecord | None) -> None:
+    """Hand newly emitted tokens [1, m] to the streamer and the step observer (record None: prefill)."""
     if settings.streamer is not None and tokens.numel():
         settings.streamer.put(tokens.cpu())
+    if settings.on_step is not None:
+        settings.on_step(record, tokens[0].cpu())

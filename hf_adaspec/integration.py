@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from .controller import DrafterCosts, FixedController, GoodputController
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
-from .stats import SpeculationStats
+from .stats import SpeculationStats, StepRecord
 
 SPECULATION_MODES = ("adaptive", "fixed", "hybrid")
 
@@ -79,6 +80,7 @@ class SpeculationRequest:
     streamer: Any = None
     costs: CostTable | None = None
     memory: AcceptanceMemory | None = None
+    on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
 
 
 @dataclass
@@ -175,6 +177,7 @@ def speculative_generate(
         do_sample=generation_config.do_sample,
         k_max=request.config.k_max,
         streamer=request.streamer,
+        on_step=request.on_step,
     )
     controller = _build_controller(model, request, proposers)
     result = speculative_decode(model, input_ids, proposers, controller, settings)
@@ -197,13 +200,20 @@ def _speculative_entry(original, memory: AcceptanceMemory, speculation=None, **k
         prompt_lookup_max_ngram=kwargs.pop("prompt_lookup_max_ngram", 3),
     )
     costs = kwargs.pop("speculation_costs", None)
-    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory)
+    on_step = kwargs.pop("speculation_callback", None)
+    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory, on_step)
     return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
 
 
 def enable(model) -> Any:
     """Let ``model.generate`` take ``speculation="adaptive"|"fixed"|"hybrid"`` (and ``assistant_model`` as the
-    draft). Idempotent; returns the model. Without ``speculation`` generate is unchanged."""
+    draft). Idempotent; returns the model. Without ``speculation`` generate is unchanged.
+
+    Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
+    ``prompt_lookup_max_ngram``, ``speculation_costs`` (a ``CostTable``) and ``speculation_callback``:
+    called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's
+    token) and the tokens it emitted ([m] long, on CPU); ``record.token_sources()`` says how each was made.
+    """
     if getattr(model, "_adaspec_enabled", False):
         return model
     original = model.generate

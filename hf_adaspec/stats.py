@@ -19,6 +19,21 @@ class StepRecord:
     alpha: float
     predicted_goodput: float
 
+    def token_sources(self) -> tuple[str, ...]:
+        """How each of the ``emitted`` tokens was made: the drafter's name for an accepted draft token,
+        then "bonus" (all k accepted) or "correction" (the target's token at the first rejection);
+        "plain" for every token of a k = 0 step."""
+        if self.k == 0:
+            return ("plain",) * self.emitted
+        last = "bonus" if self.accepted == self.k else "correction"
+        return ((self.drafter,) * self.accepted + (last,))[: self.emitted]
+
+    @property
+    def realized_goodput(self) -> float:
+        """Tokens emitted per second of this step's draft + verify time (compare ``predicted_goodput``)."""
+        ms = self.draft_ms + self.verify_ms
+        return 1000.0 * self.emitted / ms if ms > 0 else float("nan")
+
 
 @dataclass
 class SpeculationStats:

@@ -184,3 +184,18 @@ def test_calibration_is_cached(models, tmp_path, monkeypatch):
     again = models["target"].generate(PROMPT, max_new_tokens=10, do_sample=False, speculation="adaptive",
                                       assistant_model=models["noisy_copy"], max_speculative_tokens=3)
     assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+def test_step_callback_sees_every_token_with_its_source(models, drafter):
+    events = []
+    out = _spec(models, drafter, max_new_tokens=40, return_dict_in_generate=True,
+                speculation_callback=lambda record, tokens: events.append((record, tokens.tolist())))
+    assert events[0][0] is None and len(events[0][1]) == 1  # the prefill's token
+    assert [r for r, _ in events[1:]] == out.speculation.steps
+    streamed = [t for _, tokens in events for t in tokens]
+    assert streamed == out.sequences[0, PROMPT.shape[1]:].tolist()
+    sources = [s for record, _ in events[1:] for s in record.token_sources()]
+    assert len(sources) == 39 and "correction" in sources
+    name = "draft_model" if drafter == "noisy_copy" else "prompt_lookup"
+    assert set(sources) <= {name, "bonus", "correction", "plain"} and name in sources
