@@ -1,4 +1,4 @@
-"""``hf-adaspec`` command line: ``generate`` (stream text, then one stats line) and ``bench``."""
+"""``hf-adaspec`` command line: ``generate`` (stream text, then one stats line), ``bench`` and ``playground``."""
 
 from __future__ import annotations
 
@@ -118,3 +118,19 @@ def bench(
                            "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},
                            "greedy_mismatches": summary["greedy_mismatches"],
                            "max_divergence_gap": summary["max_divergence_gap"]}))
+
+
+@app.command()
+def playground(
+    pair: str = typer.Option("qwen", help="Model pair loaded at start: qwen (default) or smollm2 (small)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to serve on (localhost by default)."),
+    port: int = typer.Option(7860, min=1, max=65535),
+    max_prompt_tokens: int = typer.Option(2048, min=1, help="Longer prompts are refused with a message."),
+    concurrency: int = typer.Option(1, min=1, help="Generations running at once (the queue holds the rest)."),
+) -> None:
+    """Serve the Gradio playground: live speculation decisions, coloured tokens, k and goodput charts."""
+    from .playground import PAIRS, launch
+
+    if pair not in PAIRS:
+        raise typer.BadParameter(f"--pair {pair!r}: use one of {', '.join(PAIRS)}")
+    launch(pair=pair, host=host, port=port, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency)
