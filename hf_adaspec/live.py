@@ -171,17 +171,19 @@ def _apply(snapshot: LiveSnapshot, pieces: TokenPieces, record: StepRecord | Non
 
 def run_live(
     model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None, stop: threading.Event | None = None,
-    lock: threading.Lock | None = None, min_interval_s: float = 0.1,
+    lock: threading.Lock | None = None, min_interval_s: float = 0.1, extra_kwargs: dict | None = None,
 ) -> Iterator[LiveSnapshot]:
     """Generate in a worker thread; yield a snapshot at most every ``min_interval_s`` and once at the end.
 
     inputs: ``input_ids`` [1, T] (and ``attention_mask``). ``model`` must be ``hf_adaspec.enable``d.
+    ``extra_kwargs`` go to ``generate`` as well (e.g. ``speculation_costs``).
     ``stop`` set → generation ends at the next token. ``lock`` serialises runs on one model.
     Raises ValueError for a method the pair cannot run, and re-raises the worker's exception.
     """
     stop, lock = stop or threading.Event(), lock or threading.Lock()
     events: queue.Queue = queue.Queue()
-    kwargs = generate_kwargs(settings, draft_model) | {"stopping_criteria": StoppingCriteriaList([_StopOnEvent(stop)])}
+    kwargs = generate_kwargs(settings, draft_model) | (extra_kwargs or {})
+    kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnEvent(stop)])
     if "speculation" in kwargs:
         kwargs["speculation_callback"] = lambda record, tokens: events.put((record, tokens))
     else:
