@@ -1,8 +1,9 @@
 """Live runs: one generation in a worker thread, observed step by step (what the playground shows).
 
 Design: ``run_live`` starts ``model.generate`` in a thread with ``speculation_callback`` (or, for plain
-decoding, a streamer), so every step arrives as (StepRecord, tokens) on a queue; the caller's
-iterator drains the queue and yields ``LiveSnapshot``s — the text cut into per-token pieces labelled
+decoding, a streamer), so every step arrives as (StepRecord, tokens, time) on a queue; the caller's
+iterator wakes once per interval (not per token, which would contend for the GIL with the worker),
+drains the queue and yields ``LiveSnapshot``s — the text cut into per-token pieces labelled
 by how each token was made, the steps so far and their ``SpeculationStats``. A ``threading.Event``
 stops the run at the next emitted token (a stopping criterion), and the thread is always joined, so
 a stopped run frees the model. No Gradio here: the UI lives in ``playground``.
@@ -97,32 +98,36 @@ class _QueueStreamer(BaseStreamer):
         if not self.prompt_seen:
             self.prompt_seen = True
             return
-        self.events.put((None, value.reshape(-1).cpu()))
+        self.events.put((None, value.reshape(-1).cpu(), time.perf_counter()))
 
     def end(self) -> None:
         pass
 
 
 class TokenPieces:
-    """Cuts streamed token ids into text pieces, one per token, by decoding the growing sequence.
+    """Cuts streamed token ids into text pieces, one per token, decoding a short window per token.
 
-    A token that ends inside a multi-byte character gets an empty piece; its text joins the next piece.
+    The piece of a token is decode(window + token) minus decode(window), the window being the
+    ``context`` tokens before it (so each token costs O(context), not O(length)). A token that ends
+    inside a multi-byte character gets an empty piece; its text joins the next piece.
     """
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self.text = tokenizer, [], ""
+    def __init__(self, tokenizer, context: int = 8) -> None:
+        self.tokenizer, self.context, self.ids, self.done = tokenizer, context, [], 0
 
     def add(self, token: int) -> str:
         """Append one token id; return the text it adds (possibly "")."""
         self.ids.append(token)
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if full.endswith("\ufffd"):
+        start = max(0, self.done - self.context)
+        before = self.tokenizer.decode(self.ids[start:self.done], skip_special_tokens=True)
+        after = self.tokenizer.decode(self.ids[start:], skip_special_tokens=True)
+        if after.endswith("\ufffd"):
             return ""
-        if not full.startswith(self.text):  # decoding is not prefix-stable here: fall back to the token alone
-            piece = self.tokenizer.decode([token], skip_special_tokens=True)
-        else:
-            piece = full[len(self.text):]
-        self.text = full
+        if after.startswith(before):
+            piece = after[len(before):]
+        else:  # decoding is not prefix-stable here: fall back to the new tokens alone
+            piece = self.tokenizer.decode(self.ids[self.done:], skip_special_tokens=True)
+        self.done = len(self.ids)
         return piece
 
 
@@ -157,6 +162,16 @@ def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: thread
         events.put(_DONE)
 
 
+def _drain(events: queue.Queue) -> list:
+    """Everything on the queue now; waits for the first item if it is empty."""
+    items = [events.get()]
+    while True:
+        try:
+            items.append(events.get_nowait())
+        except queue.Empty:
+            return items
+
+
 def _apply(snapshot: LiveSnapshot, pieces: TokenPieces, record: StepRecord | None, tokens: torch.Tensor) -> None:
     """Add one step's tokens [m] to the snapshot, labelled by how each was made."""
     sources = record.token_sources() if record is not None else ("plain",) * tokens.numel()
@@ -185,28 +200,29 @@ def run_live(
     kwargs = generate_kwargs(settings, draft_model) | (extra_kwargs or {})
     kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnEvent(stop)])
     if "speculation" in kwargs:
-        kwargs["speculation_callback"] = lambda record, tokens: events.put((record, tokens))
+        kwargs["speculation_callback"] = lambda record, tokens: events.put((record, tokens, time.perf_counter()))
     else:
         kwargs["streamer"] = _QueueStreamer(events)
     thread = threading.Thread(target=_worker, args=(model, inputs, kwargs, events, lock), daemon=True)
     snapshot, pieces, start, last = LiveSnapshot(), TokenPieces(tokenizer), time.perf_counter(), 0.0
     thread.start()
     try:
-        while True:
-            item = events.get()
-            if isinstance(item, Exception):
-                raise item
-            if item is _DONE:
-                break
-            if not snapshot.stats.new_tokens:
-                snapshot.stats.prefill_ms = (time.perf_counter() - start) * 1000.0  # TTFT
-            _apply(snapshot, pieces, *item)
-            snapshot.stats.wall_ms = (time.perf_counter() - start) * 1000.0
-            if time.perf_counter() - last >= min_interval_s:
+        while not snapshot.done:
+            for item in _drain(events):  # wake up once per interval, not per token: the worker keeps the GIL
+                if isinstance(item, Exception):
+                    raise item
+                if item is _DONE:
+                    snapshot.done = True
+                    break
+                record, tokens, at = item  # at: when the worker emitted the tokens
+                if not snapshot.stats.new_tokens:
+                    snapshot.stats.prefill_ms = (at - start) * 1000.0  # TTFT
+                _apply(snapshot, pieces, record, tokens)
+                snapshot.stats.wall_ms = (at - start) * 1000.0
+            yield snapshot
+            if not snapshot.done:
+                time.sleep(max(0.0, last + min_interval_s - time.perf_counter()))
                 last = time.perf_counter()
-                yield snapshot
-        snapshot.done = True
-        yield snapshot
     finally:
         if not snapshot.done:  # the consumer quit early (closed, or an error): end the worker too
             stop.set()
