@@ -62,16 +62,22 @@ class RunControl:
     def __init__(self) -> None:
         self.stop = threading.Event()
 
+    def __deepcopy__(self, memo) -> RunControl:
+        return RunControl()  # Gradio deep-copies a State's value when a request beats the page's load event
+
     def start(self) -> threading.Event:
         self.stop = threading.Event()
         return self.stop
 
 
 def load_pair(spec: PairSpec) -> LoadedPair:
-    """Load ``spec``'s target (``hf_adaspec.enable``d) and draft; warm both with a short generate."""
+    """Load ``spec``'s target (``hf_adaspec.enable``d) and draft; warm both with a short generate, then
+    load or measure the cost tables now, while no request (and no browser) competes for the CPU."""
     import torch
 
     from . import enable, load
+    from .costs import CostCache
+    from .integration import SpeculationConfig
 
     target = load(spec.target, quantization=spec.quantization, dtype=spec.dtype)
     enable(target.model)
@@ -82,6 +88,9 @@ def load_pair(spec: PairSpec) -> LoadedPair:
     for model in (target.model, draft):
         if model is not None:
             model.generate(torch.tensor([[0, 1, 2, 3]]), max_new_tokens=2, do_sample=False)
+    n_max = SpeculationConfig().max_speculative_tokens + 1  # the table generate(speculation=...) looks up
+    for drafter in {None, draft}:
+        CostCache().load_or_measure(target.model, drafter, n_max, print)
     return LoadedPair(target.model, target.tokenizer, draft, threading.Lock())
 
 

@@ -107,3 +107,12 @@ def test_page_builds_with_its_components(playground):
     ids = {getattr(block, "elem_id", None) for block in demo.blocks.values()}
     assert {"prompt", "generate", "stop", "output", "stats", "k-plot", "goodput-plot", "decisions"} <= ids
     assert len(demo.fns) >= 2  # generate and stop
+
+
+def test_run_control_survives_gradio_state_copies():
+    import copy
+
+    control = copy.deepcopy(RunControl())
+    stop = control.start()
+    control.stop.set()
+    assert stop.is_set()
