@@ -89,10 +89,17 @@ def bench(
     quantization: str = typer.Option("nf4"),
     dtype: str = typer.Option("bfloat16"),
     output: Path = typer.Option(Path("benchmarks/results/bench.json"), help="JSON out; a .md table beside it."),
+    batch_size: str = typer.Option("", help="e.g. 1,2,4,8,16: the batch benchmark (plain batched generate, "
+                                   "hf-assisted, fixed-k, adaptive) at these batch sizes instead."),
+    batch_prompts: int = typer.Option(16, min=1, help="Prompts for the batch benchmark (round-robin over categories)."),
 ) -> None:
     """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
     from . import bench as bm
 
+    if batch_size:
+        sizes = _parse_sizes(batch_size)
+        _batch_bench(prompts, sizes, batch_prompts, max_new_tokens, fixed_k, target, draft, quantization, dtype, output)
+        return
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     for m in method_list:
         bm.method_kwargs(m, None, fixed_k)  # raises ValueError naming the valid methods
@@ -118,6 +125,42 @@ def bench(
                            "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},
                            "greedy_mismatches": summary["greedy_mismatches"],
                            "max_divergence_gap": summary["max_divergence_gap"]}))
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise typer.BadParameter(f"--batch-size {text!r}: comma-separated integers, e.g. 1,2,4,8,16") from None
+    if not sizes or sizes[0] < 1:
+        raise typer.BadParameter(f"--batch-size {text!r}: batch sizes must be >= 1")
+    return sizes
+
+
+def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output) -> None:
+    """``bench --batch-size``: every size on the same prompts; JSON + markdown + PNG; last line JSON."""
+    from . import batch_bench as bb
+    from .generate_batch import generate_batch
+
+    selected = bb.pick_prompts(prompts, max(count, max(sizes)))
+    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    methods = list(bb.BATCH_METHODS)
+    for b in sizes:  # warm-up; calibrates the cost tables of every size before anything is timed
+        generate_batch(tgt.model, tgt.tokenizer, ["Say hello."] * b, draft_model=drf.model, max_new_tokens=4)
+    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
+    runs = []
+    for b in tqdm(sizes, desc="batch sizes"):
+        runs += bb.run_batch_size(tgt.model, tgt.tokenizer, drf.model, selected, b, methods, cfg)
+    summary = bb.summarize(runs, methods)
+    meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": methods,
+            "batch_sizes": sizes, "prompts": len(selected), "max_new_tokens": max_new_tokens, "fixed_k": fixed_k,
+            "machine": platform.machine(), "prompts_file": str(prompts)}
+    bb.write_results(output, runs, summary, meta)
+    typer.echo(bb.markdown(summary, methods))
+    table = summary["table"]
+    typer.echo(json.dumps({"output": str(output), "prompts": len(selected), "speedup_vs_plain": {
+        b: {m: round(r["speedup"], 3) for m, r in row.items() if "speedup" in r} for b, row in table.items()},
+        "adaptive_mean_k": {b: row["adaptive"]["mean_k"] for b, row in table.items()}}))
 
 
 @app.command()

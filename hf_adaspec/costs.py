@@ -75,8 +75,8 @@ def _model_identity(model: torch.nn.Module) -> dict:
     }
 
 
-def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int) -> str:
-    """Stable cache key of a (target, draft) pair on this machine and library versions."""
+def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, batch: int = 1) -> str:
+    """Stable cache key of a (target, draft) pair at a batch size on this machine and library versions."""
     import transformers
 
     ident = {
@@ -84,6 +84,7 @@ def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int
         "target": _model_identity(target),
         "draft": _model_identity(draft) if draft is not None else None,
         "n_max": n_max,
+        **({"batch": batch} if batch != 1 else {}),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": platform.machine(),
@@ -98,11 +99,11 @@ _CATCHUP_CHUNK = 32
 class _ForwardProbe:
     """Times forwards over n new tokens on top of a fixed, prefilled ``context``-token cache."""
 
-    def __init__(self, model: torch.nn.Module, context: int, n_max: int) -> None:
+    def __init__(self, model: torch.nn.Module, context: int, n_max: int, batch: int = 1) -> None:
         vocab = model.get_input_embeddings().num_embeddings
         gen = torch.Generator().manual_seed(0)
         self.model, self.context = model, context
-        self.ids = torch.randint(0, vocab, (1, context + n_max), generator=gen).to(model.device)
+        self.ids = torch.randint(0, vocab, (batch, context + n_max), generator=gen).to(model.device)
         self.cache = hf_compat.new_cache(model)
         with torch.no_grad():
             hf_compat.forward_logits(model, self.ids[:, :context], self.cache, keep=1)
@@ -125,14 +126,15 @@ def measure(
     n_max: int,
     context: int = 128,
     repeats: int = 7,
+    batch: int = 1,
 ) -> CostTable:
     """Time target forwards over 1..n_max new tokens, the draft's 1-token forward and its per-token
-    cost of ingesting a 32-token chunk (ms, medians).
+    cost of ingesting a 32-token chunk (ms, medians), each over ``batch`` rows (so per batch step).
 
     One warm-up round, then ``repeats`` rounds with all sizes interleaved so drift hits them alike.
     """
-    target_probe = _ForwardProbe(target, context, n_max)
-    draft_probe = _ForwardProbe(draft, context, _CATCHUP_CHUNK) if draft is not None else None
+    target_probe = _ForwardProbe(target, context, n_max, batch)
+    draft_probe = _ForwardProbe(draft, context, _CATCHUP_CHUNK, batch) if draft is not None else None
     verify: list[list[float]] = [[] for _ in range(n_max)]
     drafts: list[float] = []
     catchups: list[float] = []
@@ -145,7 +147,7 @@ def measure(
     verify_ms = tuple(statistics.median(v[1:]) for v in verify)
     draft_ms = statistics.median(drafts[1:]) if drafts else 0.0
     catchup_ms = statistics.median(catchups[1:]) if catchups else 0.0
-    return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max), catchup_ms)
+    return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max, batch), catchup_ms)
 
 
 def _atomic_write_json(path: Path, data: dict) -> None:
@@ -168,10 +170,15 @@ class CostCache:
     root: Path = field(default_factory=lambda: cache_dir() / "costs")
 
     def load_or_measure(
-        self, target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, log: Callable[[str], None]
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module | None,
+        n_max: int,
+        log: Callable[[str], None],
+        batch: int = 1,
     ) -> CostTable:
-        """Return the cached table for this pair, or calibrate (a few seconds) and cache it."""
-        key = table_key(target, draft, n_max)
+        """Return the cached table for this pair (at ``batch`` rows), or calibrate (seconds) and cache it."""
+        key = table_key(target, draft, n_max, batch)
         path = self.root / f"{key}.json"
         if path.exists():
             try:
@@ -180,7 +187,7 @@ class CostCache:
                 return CostTable(**data)
             except (ValueError, KeyError, TypeError):
                 log(f"hf-adaspec: ignoring unreadable cost table {path}; recalibrating")
-        log(f"hf-adaspec: calibrating step costs for this model pair (first use), cached at {path}")
-        table = measure(target, draft, n_max)
+        log(f"hf-adaspec: calibrating step costs for this model pair at batch {batch} (first use), cached at {path}")
+        table = measure(target, draft, n_max, batch=batch)
         _atomic_write_json(path, {**asdict(table), "verify_ms": list(table.verify_ms)})
         return table

@@ -47,7 +47,7 @@ class DecodeResult:
     stats: SpeculationStats
 
 
-def _process(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def process_scores(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Apply logits processors position by position: scores_i sees ids + d_<i. logits: [B, k+1, V]."""
     if not processor:
         return logits
@@ -55,14 +55,14 @@ def _process(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Te
     return torch.stack(rows, dim=1)  # [B, k+1, V]
 
 
-def _select(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
+def select_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row from processed scores [B, V] → [B, 1]."""
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
     return scores.argmax(dim=-1, keepdim=True)
 
 
-def _verify(proposal: Proposal, scores: torch.Tensor, settings: DecodeSettings) -> Verification:
+def verify_proposal(proposal: Proposal, scores: torch.Tensor, settings: DecodeSettings) -> Verification:
     """Greedy or speculative-sampling verification of ``proposal`` against target scores [B, k+1, V]."""
     if not settings.do_sample:
         return greedy_verify(proposal.tokens, scores)
@@ -73,7 +73,7 @@ def _verify(proposal: Proposal, scores: torch.Tensor, settings: DecodeSettings) 
     return speculative_sample(proposal.tokens, q, p, settings.generator)
 
 
-def _append(ids: torch.Tensor, new: torch.Tensor, settings: DecodeSettings) -> tuple[torch.Tensor, bool]:
+def append_tokens(ids: torch.Tensor, new: torch.Tensor, settings: DecodeSettings) -> tuple[torch.Tensor, bool]:
     """Append new tokens [1, m] one at a time, stopping at the first token a criterion stops on."""
     for i in range(new.shape[1]):
         ids = torch.cat([ids, new[:, i : i + 1]], dim=1)
@@ -94,8 +94,8 @@ def speculative_decode(
     stats, start = SpeculationStats(), time.perf_counter()
     prompt_len, cache = input_ids.shape[1], hf_compat.new_cache(target)
     logits = hf_compat.forward_logits(target, input_ids, cache, keep=1)  # [1, 1, V]
-    token = _select(settings.logits_processor(input_ids, logits[:, -1]), settings.do_sample, settings.generator)
-    ids, done = _append(input_ids, token, settings)
+    token = select_token(settings.logits_processor(input_ids, logits[:, -1]), settings.do_sample, settings.generator)
+    ids, done = append_tokens(input_ids, token, settings)
     stats.prefill_ms = (time.perf_counter() - start) * 1000.0
     _stream(settings, ids[:, prompt_len:], None)
     while not done:
@@ -111,14 +111,14 @@ def speculative_decode(
         t1 = time.perf_counter()
         step_ids = torch.cat([ids[:, -1:], proposal.tokens], dim=1)  # [1, k+1]
         logits = hf_compat.forward_logits(target, step_ids, cache, keep=step_ids.shape[1])  # [1, k+1, V]
-        result = _verify(proposal, _process(settings.logits_processor, ids, proposal.tokens, logits), settings)
+        result = verify_proposal(proposal, process_scores(settings.logits_processor, ids, proposal.tokens, logits), settings)
         n = int(result.num_accepted[0])
         hf_compat.rollback(cache, length + n)
         for p in proposers:
             p.rollback(length + n)
         controller.observe(decision.drafter, proposal.k, n)
         new = torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1)  # [1, n+1]
-        ids, done = _append(ids, new, settings)
+        ids, done = append_tokens(ids, new, settings)
         t2 = time.perf_counter()
         record = StepRecord(proposal.k, n, ids.shape[1] - length, proposer.name if proposal.k else "plain",
                             (t1 - t0) * 1000.0, (t2 - t1) * 1000.0, decision.alpha, decision.predicted_goodput)

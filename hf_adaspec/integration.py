@@ -23,10 +23,14 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from . import hf_compat
 from .acceptance import AcceptanceMemory
 from .controller import DrafterCosts, FixedController, GoodputController
+from .batch_controller import BatchFixedController, BatchGoodputController
+from .batch_engine import speculative_decode_batch
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
-from .stats import SpeculationStats, StepRecord
+from .proposers.batch_draft_model import BatchDraftModelProposer
+from .proposers.batch_prompt_lookup import BatchPromptLookupProposer
+from .stats import BatchSpeculationStats, SpeculationStats, StepRecord
 
 SPECULATION_MODES = ("adaptive", "fixed", "hybrid")
 
@@ -85,23 +89,16 @@ class SpeculationRequest:
 
 @dataclass
 class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
-    """transformers' decoder-only output plus ``speculation``: the request's SpeculationStats."""
+    """transformers' decoder-only output plus ``speculation``: the request's SpeculationStats
+    (``BatchSpeculationStats`` for a batch)."""
 
-    speculation: SpeculationStats | None = None
+    speculation: SpeculationStats | BatchSpeculationStats | None = None
 
 
 def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, gen_config, kw: dict) -> None:
-    """Raise ValueError for inputs the engine does not support yet, naming the fix."""
+    """Raise ValueError for inputs the engine does not support, naming the fix."""
     if gen_config.num_beams != 1 or gen_config.num_return_sequences != 1:
         raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"speculation={request.config.speculation!r} supports batch size 1 for now, got {input_ids.shape[0]}; "
-            "loop over prompts, or call generate without speculation for batched decoding"
-        )
-    mask = kw.get("attention_mask")
-    if mask is not None and not bool(mask.all()):
-        raise ValueError("padded inputs are not supported with speculation at batch size 1; pass the unpadded prompt")
     if gen_config.output_scores or gen_config.output_logits or gen_config.output_attentions:
         raise ValueError("speculation does not return scores, logits or attentions; drop output_scores/output_logits")
     draft = request.draft_model
@@ -113,6 +110,38 @@ def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, g
             f"({hf_compat.vocab_size(model)}); pick a draft with the target's tokenizer, or drop "
             "assistant_model to use prompt lookup"
         )
+    if _is_batch(input_ids, kw):
+        _check_batch(input_ids, _attention_mask(input_ids, kw), request)
+
+
+def _is_batch(input_ids: torch.Tensor, kw: dict) -> bool:
+    """More than one row, or a padded row: the static-batch engine runs it."""
+    mask = kw.get("attention_mask")
+    return input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all()))
+
+
+def _attention_mask(input_ids: torch.Tensor, kw: dict) -> torch.Tensor:
+    """The 2-D attention mask [B, T] (all ones when generate passes none: rows of equal length)."""
+    mask = kw.get("attention_mask")
+    if mask is None:
+        return torch.ones_like(input_ids)
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+    return mask
+
+
+def _check_batch(input_ids: torch.Tensor, mask: torch.Tensor, request: SpeculationRequest) -> None:
+    """Batched inputs must be left-padded, non-empty, and use a single drafter without a streamer."""
+    empty = (mask.sum(dim=1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"prompt(s) {empty} of the batch are empty; every prompt needs at least one token")
+    if bool((mask[:, 1:] < mask[:, :-1]).any()):
+        raise ValueError("the batch is right-padded; speculation needs left padding: set "
+                         "tokenizer.padding_side = 'left' before tokenizing the prompts")
+    if request.config.speculation == "hybrid":
+        raise ValueError('speculation="hybrid" supports batch size 1; use "adaptive" or "fixed" for batches')
+    if request.streamer is not None or request.on_step is not None:
+        raise ValueError("streamer and speculation_callback support batch size 1; drop them for batches")
 
 
 def _memory_key(proposer: Proposer) -> str:
@@ -153,6 +182,42 @@ def _remember(memory: AcceptanceMemory, proposers: list[Proposer], stats: Specul
         memory.record(_memory_key(p), sum(s.k for s in steps), sum(s.accepted for s in steps))
 
 
+def _batch_costs(model, request: SpeculationRequest, batch: int) -> Callable[[int], CostTable]:
+    """costs_for(b): tables measured (once per machine, then cached) at b = 1, 2, 4, … and ``batch``;
+    a batch of b rows uses the table of the smallest measured size ≥ b."""
+    if request.costs is not None:
+        return lambda b: request.costs
+    log = functools.partial(print, file=sys.stderr)
+    sizes = sorted({min(2**i, batch) for i in range(batch.bit_length() + 1)})
+    n_max = request.config.max_speculative_tokens + 1
+    tables = {b: CostCache().load_or_measure(model, request.draft_model, n_max, log, batch=b) for b in sizes}
+    return lambda b: tables[min(s for s in sizes if s >= b)]
+
+
+def _generate_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, request, mask):
+    """The static-batch engine with the request's drafter (draft model, else prompt lookup)."""
+    batch, draft, config = input_ids.shape[0], request.draft_model, request.config
+    pad = hf_compat.pad_token_id(generation_config)
+    if draft is not None:
+        eos_ids = hf_compat.eos_token_ids(generation_config)
+        proposer = BatchDraftModelProposer(draft, batch, logits_processor, generation_config.do_sample, pad, eos_ids)
+    else:
+        proposer = BatchPromptLookupProposer(max_ngram=config.prompt_lookup_max_ngram)
+    if config.speculation == "fixed":
+        controller = BatchFixedController(config.k_max)
+    else:
+        prior = request.memory.prior_for(_memory_key(proposer)) if request.memory else None
+        controller = BatchGoodputController(_batch_costs(model, request, batch), batch, draft is not None, prior,
+                                            config.min_gain)
+    settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
+                              generation_config.do_sample, config.k_max)
+    result = speculative_decode_batch(model, input_ids, mask, proposer, controller, settings, pad)
+    if request.memory is not None:
+        drafted = sum(sum(s.ks) for s in result.stats.steps)
+        request.memory.record(_memory_key(proposer), drafted, sum(sum(s.accepted) for s in result.stats.steps))
+    return result
+
+
 def speculative_generate(
     model,
     input_ids: torch.LongTensor,
@@ -164,11 +229,18 @@ def speculative_generate(
 ):
     """``custom_generate`` callable: speculative decoding with the request's drafters and controller.
 
-    input_ids: [1, T] long. Returns sequences [1, T + new] or, with return_dict_in_generate,
+    input_ids: [B, T] long (B > 1 or padded rows: the static-batch engine, left padding required). Returns
+    sequences [B, T + new] (finished rows right-padded with the pad id) or, with return_dict_in_generate,
     ``SpeculativeGenerateOutput`` whose ``speculation`` holds every step's decision.
     """
     request = adaspec_request or SpeculationRequest(SpeculationConfig())
     _check_inputs(model, input_ids, request, generation_config, model_kwargs)
+    if _is_batch(input_ids, model_kwargs):
+        result = _generate_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, request,
+                                 _attention_mask(input_ids, model_kwargs))
+        if generation_config.return_dict_in_generate:
+            return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
+        return result.sequences
     proposers = _build_proposers(request, logits_processor, generation_config)
     settings = DecodeSettings(
         logits_processor=logits_processor,

@@ -98,3 +98,79 @@ class SpeculationStats:
             "plain_share": self.plain_share,
             "steps": [asdict(s) for s in self.steps],
         }
+
+
+@dataclass(frozen=True)
+class BatchStepRecord:
+    """One batched target forward: per active row its proposal length k_i and accepted tokens (tuples
+    of the batch size), the step's draft and verify time (ms) and predicted batch goodput (tokens/s)."""
+
+    ks: tuple[int, ...]
+    accepted: tuple[int, ...]
+    draft_ms: float
+    verify_ms: float
+    predicted_goodput: float
+
+    @property
+    def batch(self) -> int:
+        """Rows still generating at this step."""
+        return len(self.ks)
+
+    @property
+    def k(self) -> int:
+        """Batch-wide proposal length: every row is verified over k + 1 positions."""
+        return max(self.ks, default=0)
+
+
+@dataclass
+class BatchSpeculationStats:
+    """All decisions of one batched request: per-row new tokens and finish times (ms from the start)."""
+
+    steps: list[BatchStepRecord] = field(default_factory=list)
+    prefill_ms: float = 0.0
+    wall_ms: float = 0.0
+    new_tokens: tuple[int, ...] = ()
+    finish_ms: tuple[float, ...] = ()
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens of all rows per second of wall time (prefill included)."""
+        return 1000.0 * sum(self.new_tokens) / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    @property
+    def mean_latency_ms(self) -> float:
+        """Mean time until a row finished (ms)."""
+        return sum(self.finish_ms) / len(self.finish_ms) if self.finish_ms else 0.0
+
+    @property
+    def mean_k(self) -> float:
+        """Mean batch-wide proposal length over the steps."""
+        return sum(s.k for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens over all rows (NaN when nothing was drafted)."""
+        drafted = sum(sum(s.ks) for s in self.steps)
+        return sum(sum(s.accepted) for s in self.steps) / drafted if drafted else float("nan")
+
+    @property
+    def plain_share(self) -> float:
+        """Share of steps with k = 0 for every row (plain batched decoding steps)."""
+        return sum(1 for s in self.steps if s.k == 0) / len(self.steps) if self.steps else 0.0
+
+    def summary(self) -> str:
+        """One line: rows, tokens/s over the batch, mean latency, acceptance, mean k, plain steps."""
+        return (
+            f"{len(self.new_tokens)} rows, {sum(self.new_tokens)} tokens in {self.wall_ms / 1000:.2f} s = "
+            f"{self.tokens_per_s:.2f} tokens/s | mean latency {self.mean_latency_ms / 1000:.2f} s | "
+            f"acceptance {self.acceptance_rate:.2f} | mean k {self.mean_k:.2f} | plain steps {100 * self.plain_share:.0f}%"
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary plus every step."""
+        return {
+            "new_tokens": list(self.new_tokens), "finish_ms": list(self.finish_ms), "wall_ms": self.wall_ms,
+            "prefill_ms": self.prefill_ms, "tokens_per_s": self.tokens_per_s,
+            "mean_latency_ms": self.mean_latency_ms, "acceptance_rate": self.acceptance_rate,
+            "mean_k": self.mean_k, "plain_share": self.plain_share, "steps": [asdict(s) for s in self.steps],
+        }
