@@ -1,4 +1,4 @@
-"""Batch benchmark: plain batched generate vs fixed-k vs adaptive static-batch speculation per batch size.
+"""Batch benchmark: plain batched generate vs fixed-k, adaptive and hybrid static-batch speculation.
 
 The same prompts run at every batch size B (split into chunks of B rows); within a chunk the methods
 run interleaved, the order rotating from chunk to chunk. Reported per (B, method): generated tokens/s
@@ -16,10 +16,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .bench import Prompt, load_prompts
+from .bench import Prompt, divergence_gap, load_prompts
 from .generate_batch import encode_batch, generate_batch
 
-BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive")
+BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class BatchRun:
     mean_k: float | None = None
     acceptance: float | None = None
     rows_equal_plain: int | None = None
+    max_divergence_gap: float | None = None
     error: str | None = None
 
 
@@ -61,7 +62,7 @@ def _run(model, tokenizer, draft, texts: list[str], method: str, cfg: dict):
         except ValueError as err:
             return None, None, 0.0, str(err).splitlines()[0]
         return out, None, time.perf_counter() - start, None
-    spec = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive"}[method]
+    spec = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive", "hybrid": "hybrid"}[method]
     extra = {"num_speculative_tokens": cfg["fixed_k"]} if spec == "fixed" else {}
     gen = generate_batch(model, tokenizer, texts, draft_model=draft if spec else None, speculation=spec,
                          max_new_tokens=cfg["max_new_tokens"], **extra)
@@ -84,10 +85,23 @@ def run_batch_size(model, tokenizer, draft, prompts: list[Prompt], batch: int, m
                 continue
             new = sum(int((row[prompt_len:] != tokenizer.pad_token_id).sum()) for row in seq)
             latency = stats.mean_latency_ms / 1000.0 if stats is not None else seconds
-            equal = sum(int(seq[i].tolist() == plain[i].tolist()) for i in range(len(texts)))
+            gaps = [_row_gap(model, plain[i], seq[i], tokenizer.pad_token_id) for i in range(len(texts))]
+            known = [g for g in gaps if g is not None]
             runs.append(BatchRun(batch, m, len(texts), new, seconds, latency, stats.mean_k if stats else None,
-                                 stats.acceptance_rate if stats else None, equal))
+                                 stats.acceptance_rate if stats else None, gaps.count(None),
+                                 max(known) if known else None))
     return runs
+
+
+def _row_gap(model, plain, other, pad_id: int) -> float | None:
+    """None if the rows are equal, else the target's top-2 logit gap where ``other`` first leaves plain
+    (rows [T] with left and right padding stripped; a small gap is a near-tie, not a bug)."""
+    def strip(row):
+        real = (row != pad_id).nonzero().flatten()
+        return row[int(real[0]) : int(real[-1]) + 1][None].to(model.device)
+    if plain.tolist() == other.tolist():
+        return None
+    return divergence_gap(model, strip(plain), strip(other))
 
 
 def summarize(runs: list[BatchRun], methods: list[str]) -> dict:
@@ -112,6 +126,8 @@ def summarize(runs: list[BatchRun], methods: list[str]) -> dict:
                 "mean_k": statistics.fmean(ks) if ks else None,
                 "acceptance": statistics.fmean(acc) if acc else None,
                 "rows_equal_plain": sum(r.rows_equal_plain or 0 for r in mine), "rows": sum(r.rows for r in mine),
+                "max_divergence_gap": max((r.max_divergence_gap for r in mine if r.max_divergence_gap is not None),
+                                          default=None),
             }
     return {"table": table}
 
@@ -148,7 +164,7 @@ def plot(summary: dict, methods: list[str], path: Path) -> None:
     ax1.set(xscale="log", xlabel="batch size B", ylabel="generated tokens/s (whole batch)", title="Throughput")
     ax1.set_xticks(sizes, [str(b) for b in sizes])
     ax1.legend()
-    for m in [m for m in methods if m in ("adaptive", "fixed-k")]:
+    for m in [m for m in methods if m in ("adaptive", "hybrid", "fixed-k")]:
         ax2.plot(sizes, [summary["table"][b][m].get("mean_k") or 0.0 for b in sizes], marker="o", label=m)
     ax2.set(xscale="log", xlabel="batch size B", ylabel="mean batch-wide k per step", title="Chosen k")
     ax2.set_xticks(sizes, [str(b) for b in sizes])
@@ -167,4 +183,7 @@ def write_results(path: Path, runs: list[BatchRun], summary: dict, meta: dict) -
     tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)
     path.with_suffix(".md").write_text(markdown(summary, meta["methods"]))
-    plot(summary, meta["methods"], path.with_suffix(".png"))
+    try:
+        plot(summary, meta["methods"], path.with_suffix(".png"))
+    except ImportError:
+        print("hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot")

@@ -1,12 +1,14 @@
-"""Per-request proposal lengths for a static batch, chosen by batch goodput.
+"""Per-request proposal lengths (and drafters) for a static batch, chosen by batch goodput.
 
-``BatchGoodputController`` (SmartSpec, arXiv 2406.14066): each row i keeps its own online α_i; each
-step the batch-wide k maximises Σ_i E[tokens | min(k, u_i), α_i] / (k·t_draft(b) + t_verify_b(k+1)),
-with the step costs measured at the current batch size b (``costs_for(b)``), down to k = 0 when a
-plain batched step wins. Row i then drafts k_i = min(k, u_i), u_i being what its drafter offers and its
-budget allows. In a padded batch every row is verified over k + 1 positions, so a row's own k_i only
-falls below k when it can offer no more; as b grows a verified position costs more and k shrinks.
-``BatchFixedController``: k_i = min(k, u_i) always (the fixed-length baseline).
+``BatchGoodputController`` (SmartSpec, arXiv 2406.14066): every row i keeps an online α per drafter;
+each step ``best_batch_plan`` picks the batch-wide k and each row's drafter maximising
+Σ_i E[tokens | min(k, u_di), α_di] / (k·t_draft(b) + t_verify_b(k+1)), with the step costs measured at
+the current batch size b (``costs_for(b)``), down to k = 0 when a plain batched step wins. Row i then
+drafts k_i = min(k, u_di) with its drafter d. In a padded batch every row is verified over k + 1
+positions, so a row's own k_i only falls below k when its drafter offers no more; as b grows a verified
+position costs more and k shrinks. With a draft model and prompt lookup this is hybrid drafting per row:
+the draft model's batched forward is paid only when some row is better off with it.
+``BatchFixedController``: k_i = min(k, u_0i) from the first drafter always (the fixed-length baseline).
 """
 
 from __future__ import annotations
@@ -18,69 +20,80 @@ import torch
 
 from .acceptance import AcceptanceEstimator, AcceptancePrior
 from .costs import CostTable
-from .goodput import best_batch_k
+from .goodput import best_batch_plan
 
 
 @dataclass(frozen=True)
 class BatchDecision:
-    """Per-row proposal lengths k_i, the rows' α estimates and the predicted batch goodput (tokens/s)."""
+    """Per-row proposal lengths k_i and drafter indices, the chosen drafters' α estimates, and the
+    predicted batch goodput (tokens/s; NaN when not predicted)."""
 
     ks: tuple[int, ...]
+    drafters: tuple[int, ...]
     alphas: tuple[float, ...]
     predicted_goodput: float
 
 
 class BatchGoodputController:
-    """Batch-wide k by maximum predicted batch goodput; per-row α; k = 0 when speculation does not pay.
+    """Batch-wide k and per-row drafters by maximum predicted batch goodput; k = 0 when it does not pay.
 
-    costs_for(b) → the ``CostTable`` measured at batch size b; ``draft_model``: whether proposing costs
-    a draft forward (False for prompt lookup).
+    costs_for(b) → the ``CostTable`` measured at batch size b; ``draft_models[d]``: whether drafter d
+    costs a draft forward (True for a draft model, False for prompt lookup); priors: one per drafter.
     """
 
     def __init__(
         self,
         costs_for: Callable[[int], CostTable],
         batch: int,
-        draft_model: bool,
-        prior: AcceptancePrior | None = None,
+        draft_models: Sequence[bool],
+        priors: Sequence[AcceptancePrior | None] | None = None,
         min_gain: float = 0.03,
     ) -> None:
-        self.costs_for, self.draft_model, self.min_gain = costs_for, draft_model, min_gain
-        self.estimators = [AcceptanceEstimator(prior) for _ in range(batch)]
+        self.costs_for, self.draft_models, self.min_gain = costs_for, list(draft_models), min_gain
+        priors = list(priors) if priors is not None else [None] * len(self.draft_models)
+        self.estimators = [[AcceptanceEstimator(prior) for _ in range(batch)] for prior in priors]  # [D][b]
 
-    def choose(self, uppers: Sequence[int], catchup_tokens: int = 0, horizon: int = 1) -> BatchDecision:
-        """uppers: [b] most tokens each row can draft; catchup_tokens: columns the draft must ingest
+    def choose(self, uppers: Sequence[Sequence[int]], catchup: Sequence[int], horizon: int = 1) -> BatchDecision:
+        """uppers[d][i]: most tokens drafter d offers row i; catchup[d]: columns drafter d must ingest
         first; horizon: tokens per row still to come."""
-        costs = self.costs_for(len(uppers))
-        alphas = [e.alpha for e in self.estimators]
-        draft_ms = costs.draft_ms if self.draft_model else 0.0
-        setup_ms = catchup_tokens * costs.draft_catchup_ms if self.draft_model else 0.0
-        choice = best_batch_k(alphas, uppers, draft_ms, costs.t_verify, setup_ms, horizon * len(uppers), self.min_gain)
-        return BatchDecision(tuple(min(choice.k, u) for u in uppers), tuple(alphas), choice.goodput)
+        costs = self.costs_for(len(uppers[0]))
+        alphas = [[e.alpha for e in row] for row in self.estimators]
+        draft_ms = [costs.draft_ms if m else 0.0 for m in self.draft_models]
+        setup = [c * costs.draft_catchup_ms if m else 0.0 for c, m in zip(catchup, self.draft_models, strict=True)]
+        plan = best_batch_plan(alphas, uppers, draft_ms, costs.t_verify, setup, horizon * len(uppers[0]),
+                               self.min_gain)
+        ks = tuple(min(plan.k, uppers[d][i]) for i, d in enumerate(plan.drafters))
+        chosen = tuple(alphas[d][i] for i, d in enumerate(plan.drafters))
+        return BatchDecision(ks, plan.drafters, chosen, plan.goodput)
 
-    def observe(self, ks: Sequence[int], accepted: Sequence[int]) -> None:
-        """Row i drafted ks[i] tokens and ``accepted[i]`` of them were kept."""
-        for estimator, k, n in zip(self.estimators, ks, accepted, strict=True):
-            estimator.update(k, n)
+    def observe(self, drafters: Sequence[int], ks: Sequence[int], accepted: Sequence[int]) -> None:
+        """Row i drafted ks[i] tokens with drafter drafters[i] and ``accepted[i]`` were kept; the row's
+        other drafters relax towards their prior."""
+        for d, row in enumerate(self.estimators):
+            for i, estimator in enumerate(row):
+                used = drafters[i] == d
+                estimator.update(ks[i] if used else 0, accepted[i] if used else 0)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep the estimators of rows ``rows`` ([b] long indices; finished rows leave)."""
-        self.estimators = [self.estimators[int(i)] for i in rows]
+        self.estimators = [[row[int(i)] for i in rows] for row in self.estimators]
 
 
 class BatchFixedController:
-    """k_i = min(k, u_i) for every row and step (the fixed-length baseline; no goodput prediction)."""
+    """k_i = min(k, u_0i) with the first drafter for every row and step (no goodput prediction)."""
 
     def __init__(self, k: int) -> None:
         if k < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {k}")
         self.k = k
 
-    def choose(self, uppers: Sequence[int], catchup_tokens: int = 0, horizon: int = 1) -> BatchDecision:
-        """k_i = min(k, u_i); α and goodput are NaN (nothing is estimated)."""
-        return BatchDecision(tuple(min(self.k, u) for u in uppers), (float("nan"),) * len(uppers), float("nan"))
+    def choose(self, uppers: Sequence[Sequence[int]], catchup: Sequence[int], horizon: int = 1) -> BatchDecision:
+        """k_i = min(k, u_0i); α and goodput are NaN (nothing is estimated)."""
+        rows = len(uppers[0])
+        ks = tuple(min(self.k, u) for u in uppers[0])
+        return BatchDecision(ks, (0,) * rows, (float("nan"),) * rows, float("nan"))
 
-    def observe(self, ks: Sequence[int], accepted: Sequence[int]) -> None:
+    def observe(self, drafters: Sequence[int], ks: Sequence[int], accepted: Sequence[int]) -> None:
         """Nothing to learn."""
 
     def select(self, rows: torch.Tensor) -> None:

@@ -1,6 +1,7 @@
 """The speculative loop for a static, left-padded batch with per-request proposal lengths.
 
-Each step the controller picks k_i per active row; the drafter proposes for all rows at once; the
+Each step the controller picks a drafter and k_i per active row; each drafter proposes at once for the
+rows that picked it; the
 target verifies every row's [last token, d_1..d_{k_i}] in one forward (right-padded to k+1 columns);
 each row accepts its own n_i (ragged acceptance) plus a bonus/correction token; target and draft
 caches roll back per row by masking (``RaggedCache``). Rows that stop (EOS, max_new_tokens, a stopping
@@ -12,6 +13,7 @@ shape-stable; sampling is lossless per row (the same verification as the batch-1
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,12 +71,35 @@ def _verify_rows(logits, proposals, rows: _Rows, settings: DecodeSettings) -> tu
     return accepted, new
 
 
+def _decide(rows: _Rows, proposers, controller, settings: DecodeSettings, prompt_width: int):
+    """The controller's BatchDecision for the active rows: what each drafter offers each row (capped by
+    the row's budget), the drafters' catch-up, and the horizon (tokens per row still to come ≈ so far)."""
+    current = rows.batch_rows()
+    budget = [settings.max_length - rows.views[i].shape[0] - 1 for i in rows.active]
+    uppers = [[max(0, min(b, u)) for b, u in zip(budget, p.available(current, settings.k_max), strict=True)]
+              for p in proposers]  # [D][b]
+    generated = min(rows.views[i].shape[0] for i in rows.active) - prompt_width
+    horizon = max(1, min(min(budget) + 1, generated))
+    return controller.choose(uppers, [p.catchup_tokens(current) for p in proposers], horizon)
+
+
+def _propose(proposers, current: BatchRows, decision) -> list[Proposal]:
+    """Each row's proposal from its drafter (a drafter runs once for all rows that picked it)."""
+    proposals = [Proposal(torch.zeros(1, 0, dtype=torch.long))] * len(decision.ks)
+    for d, proposer in enumerate(proposers):
+        ks = [k if drafter == d else 0 for k, drafter in zip(decision.ks, decision.drafters, strict=True)]
+        if max(ks):
+            for i, proposal in enumerate(proposer.propose(current, ks)):
+                proposals[i] = proposal if decision.drafters[i] == d else proposals[i]
+    return proposals
+
+
 @torch.no_grad()
 def speculative_decode_batch(
     target: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    proposer: BatchProposer,
+    proposers: Sequence[BatchProposer],
     controller: BatchGoodputController | BatchFixedController,
     settings: DecodeSettings,
     pad_token_id: int,
@@ -95,35 +120,30 @@ def speculative_decode_batch(
         keep = torch.tensor([s for s, f in enumerate(finished) if not f], dtype=torch.long)
         if keep.numel() < len(rows.active):
             rows.active = [rows.active[int(s)] for s in keep]
-            for part in (cache, proposer, controller):
+            for part in (cache, controller, *proposers):
                 part.select(keep)
         if not rows.active:
             break
-        current = rows.batch_rows()
-        lengths = current.lengths  # [b] tokens per row
-        budget = [settings.max_length - rows.views[i].shape[0] - 1 for i in rows.active]
-        offered = proposer.available(current, settings.k_max)
-        uppers = [max(0, min(b, u)) for b, u in zip(budget, offered, strict=True)]
-        generated = min(rows.views[i].shape[0] for i in rows.active) - input_ids.shape[1]
-        horizon = max(1, min(min(budget) + 1, generated))  # tokens per row still to come ≈ tokens so far
-        decision = controller.choose(uppers, proposer.catchup_tokens(current), horizon)
+        decision = _decide(rows, proposers, controller, settings, input_ids.shape[1])
         t0 = time.perf_counter()
-        if max(decision.ks):
-            proposals = proposer.propose(current, decision.ks)
-        else:
-            proposals = [Proposal(torch.zeros(1, 0, dtype=torch.long))] * len(uppers)
+        current = rows.batch_rows()
+        proposals = _propose(proposers, current, decision)
         t1 = time.perf_counter()
         last_and_drafts = [torch.cat([rows.views[i][-1:], p.tokens[0]]) for i, p in zip(rows.active, proposals)]
         block, valid = right_pad(last_and_drafts, pad_token_id)  # [b, k+1]
         logits = cache.append(block, valid, keep=block.shape[1])  # [b, k+1, V]
         accepted, new = _verify_rows(logits, proposals, rows, settings)
-        confirmed = lengths + torch.tensor(accepted)  # tokens each row now holds, minus its new last token
+        confirmed = current.lengths + torch.tensor(accepted)  # tokens each row holds, minus its new last token
         cache.rollback(confirmed)
-        proposer.rollback(confirmed)
-        controller.observe([p.k for p in proposals], accepted)
+        for d, proposer in enumerate(proposers):  # a drafter keeps its own tokens only where they were accepted
+            mine = torch.tensor([drafter == d for drafter in decision.drafters])
+            proposer.rollback(torch.where(mine, confirmed, current.lengths))
+        ks = tuple(p.k for p in proposals)
+        controller.observe(decision.drafters, ks, accepted)
         finished = [_emit(rows, s, n, settings, now()) for s, n in enumerate(new)]
-        stats.steps.append(BatchStepRecord(tuple(p.k for p in proposals), tuple(accepted), (t1 - t0) * 1000.0,
-                                           (time.perf_counter() - t1) * 1000.0, decision.predicted_goodput))
+        names = tuple(proposers[d].name if k else "plain" for d, k in zip(decision.drafters, ks, strict=True))
+        stats.steps.append(BatchStepRecord(ks, tuple(accepted), (t1 - t0) * 1000.0,
+                                           (time.perf_counter() - t1) * 1000.0, decision.predicted_goodput, names))
     stats.wall_ms = now()
     stats.new_tokens = tuple(int(v.shape[0]) - input_ids.shape[1] for v in rows.views)
     stats.finish_ms = tuple(rows.finish_ms)

@@ -90,7 +90,7 @@ def bench(
     dtype: str = typer.Option("bfloat16"),
     output: Path = typer.Option(Path("benchmarks/results/bench.json"), help="JSON out; a .md table beside it."),
     batch_size: str = typer.Option("", help="e.g. 1,2,4,8,16: the batch benchmark (plain batched generate, "
-                                   "hf-assisted, fixed-k, adaptive) at these batch sizes instead."),
+                                   "hf-assisted, fixed-k, adaptive, hybrid) at these batch sizes instead."),
     batch_prompts: int = typer.Option(16, min=1, help="Prompts for the batch benchmark (round-robin over categories)."),
 ) -> None:
     """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
@@ -160,7 +160,7 @@ def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, 
     table = summary["table"]
     typer.echo(json.dumps({"output": str(output), "prompts": len(selected), "speedup_vs_plain": {
         b: {m: round(r["speedup"], 3) for m, r in row.items() if "speedup" in r} for b, row in table.items()},
-        "adaptive_mean_k": {b: row["adaptive"]["mean_k"] for b, row in table.items()}}))
+        "mean_k": {b: {m: round(row[m]["mean_k"], 2) for m in ("adaptive", "hybrid")} for b, row in table.items()}}))
 
 
 @app.command()

@@ -37,12 +37,14 @@ def encode_batch(tokenizer, prompts: Sequence[str], chat: bool = True) -> dict[s
     if chat and getattr(tokenizer, "chat_template", None):
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                                add_generation_prompt=True) for p in prompts]
-    side = tokenizer.padding_side
+    side, pad = tokenizer.padding_side, tokenizer.pad_token
     tokenizer.padding_side = "left"
+    if pad is None:  # many causal LM tokenizers have none; pad with EOS, as transformers' generate does
+        tokenizer.pad_token = tokenizer.eos_token
     try:
         encoded = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=not chat)
     finally:
-        tokenizer.padding_side = side
+        tokenizer.padding_side, tokenizer.pad_token = side, pad
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
 
 
@@ -67,8 +69,9 @@ def generate_batch(
     enable(model)
     inputs = {k: v.to(model.device) for k, v in encode_batch(tokenizer, prompts, chat).items()}
     generate_kwargs.setdefault("do_sample", False)
-    if tokenizer.pad_token_id is not None:
-        generate_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is not None:
+        generate_kwargs.setdefault("pad_token_id", pad_id)
     if speculation is None:
         sequences, stats = model.generate(**inputs, max_new_tokens=max_new_tokens, **generate_kwargs), None
     else:

@@ -10,6 +10,7 @@ unit time, proposal length chosen to maximise it).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -98,24 +99,58 @@ def batch_goodput(
     return 1000.0 * tokens / step_time_ms(k, t_draft_ms, t_verify_ms)
 
 
-def best_batch_k(
-    alphas: Sequence[float],
-    uppers: Sequence[int],
-    t_draft_ms: float,
+@dataclass(frozen=True)
+class BatchPlan:
+    """A batch step: batch-wide k, each row's drafter (an index), predicted batch goodput (tokens/s)."""
+
+    k: int
+    drafters: tuple[int, ...]
+    goodput: float
+
+
+def _rows_tokens(alphas, uppers, enabled: Sequence[int], k: int) -> tuple[float, tuple[int, ...]]:
+    """Σ_i max over enabled drafters d of E[tokens | min(k, u_di), α_di], and each row's best d."""
+    total, picks = 0.0, []
+    for i in range(len(alphas[0])):
+        e, d = max((expected_tokens(alphas[d][i], min(k, uppers[d][i])), -d) for d in enabled)
+        total, picks = total + e, picks + [-d]
+    return total, tuple(picks)
+
+
+def best_batch_plan(
+    alphas: Sequence[Sequence[float]],
+    uppers: Sequence[Sequence[int]],
+    draft_ms: Sequence[float],
     t_verify_ms: Callable[[int], float],
-    setup_ms: float = 0.0,
+    setup_ms: Sequence[float] | None = None,
     horizon: int = 1,
     min_gain: float = 0.0,
-) -> KChoice:
-    """The batch-wide k ∈ {0..max u_i} with the highest ``batch_goodput``; ties pick the smaller k.
+) -> BatchPlan:
+    """The batch-wide k and per-row drafters with the highest batch goodput; k = 0 is a plain step.
 
-    ``setup_ms`` (the draft catching up on every row) is amortised over ``horizon`` tokens of the whole
-    batch; a k > 0 must beat a plain batched step by ``min_gain``.
+    alphas[d][i], uppers[d][i]: drafter d's acceptance estimate for row i and the most tokens it offers.
+    A drafter with a cost (``draft_ms[d]`` per drafted token, one-off ``setup_ms[d]`` amortised over
+    ``horizon`` batch tokens) pays it once for the whole batch when any row uses it; free drafters
+    (prompt lookup) are always available. Each row takes its best enabled drafter. Goodput =
+    Σ_i E_i / (k·Σ_enabled t_draft + t_verify(k+1)) (SmartSpec, arXiv 2406.14066, §4.2, for a padded
+    batch); a k > 0 must beat a plain step by ``min_gain``. Ties keep the smaller k and drafter index.
     """
-    plain = batch_goodput(alphas, uppers, 0, t_draft_ms, t_verify_ms)
-    best = KChoice(k=0, goodput=plain)
-    for k in range(1, max(uppers, default=0) + 1):
-        rate = horizon_goodput(batch_goodput(alphas, uppers, k, t_draft_ms, t_verify_ms), setup_ms, horizon)
-        if rate > best.goodput and rate > plain * (1.0 + min_gain):
-            best = KChoice(k=k, goodput=rate)
+    setup = list(setup_ms) if setup_ms is not None else [0.0] * len(draft_ms)
+    rows = len(alphas[0])
+    plain = 1000.0 * rows / t_verify_ms(1)
+    best = BatchPlan(0, (0,) * rows, plain)
+    paid = [d for d in range(len(draft_ms)) if draft_ms[d] > 0 or setup[d] > 0]
+    free = [d for d in range(len(draft_ms)) if d not in paid]
+    k_top = max((u for row in uppers for u in row), default=0)
+    for n_paid in range(len(paid) + 1):
+        for chosen in itertools.combinations(paid, n_paid):
+            enabled = sorted(free + list(chosen))
+            if not enabled:
+                continue
+            for k in range(1, k_top + 1):
+                tokens, picks = _rows_tokens(alphas, uppers, enabled, k)
+                rate = 1000.0 * tokens / (k * sum(draft_ms[d] for d in chosen) + t_verify_ms(k + 1))
+                rate = horizon_goodput(rate, sum(setup[d] for d in chosen), horizon)
+                if rate > best.goodput and rate > plain * (1.0 + min_gain):
+                    best = BatchPlan(k, picks, rate)
     return best

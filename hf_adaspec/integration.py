@@ -131,15 +131,13 @@ def _attention_mask(input_ids: torch.Tensor, kw: dict) -> torch.Tensor:
 
 
 def _check_batch(input_ids: torch.Tensor, mask: torch.Tensor, request: SpeculationRequest) -> None:
-    """Batched inputs must be left-padded, non-empty, and use a single drafter without a streamer."""
+    """Batched inputs must be left-padded and non-empty, without a streamer or step callback."""
     empty = (mask.sum(dim=1) == 0).nonzero().flatten().tolist()
     if empty:
         raise ValueError(f"prompt(s) {empty} of the batch are empty; every prompt needs at least one token")
     if bool((mask[:, 1:] < mask[:, :-1]).any()):
         raise ValueError("the batch is right-padded; speculation needs left padding: set "
                          "tokenizer.padding_side = 'left' before tokenizing the prompts")
-    if request.config.speculation == "hybrid":
-        raise ValueError('speculation="hybrid" supports batch size 1; use "adaptive" or "fixed" for batches')
     if request.streamer is not None or request.on_step is not None:
         raise ValueError("streamer and speculation_callback support batch size 1; drop them for batches")
 
@@ -194,27 +192,36 @@ def _batch_costs(model, request: SpeculationRequest, batch: int) -> Callable[[in
     return lambda b: tables[min(s for s in sizes if s >= b)]
 
 
-def _generate_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, request, mask):
-    """The static-batch engine with the request's drafter (draft model, else prompt lookup)."""
-    batch, draft, config = input_ids.shape[0], request.draft_model, request.config
-    pad = hf_compat.pad_token_id(generation_config)
-    if draft is not None:
+def _batch_proposers(request: SpeculationRequest, batch: int, logits_processor, generation_config, pad: int) -> list:
+    """Draft model (if given), then prompt lookup (if no draft model, or for hybrid drafting)."""
+    proposers: list = []
+    if request.draft_model is not None:
         eos_ids = hf_compat.eos_token_ids(generation_config)
-        proposer = BatchDraftModelProposer(draft, batch, logits_processor, generation_config.do_sample, pad, eos_ids)
-    else:
-        proposer = BatchPromptLookupProposer(max_ngram=config.prompt_lookup_max_ngram)
+        proposers.append(BatchDraftModelProposer(request.draft_model, batch, logits_processor,
+                                                 generation_config.do_sample, pad, eos_ids))
+    if request.draft_model is None or request.config.speculation == "hybrid":
+        proposers.append(BatchPromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram))
+    return proposers
+
+
+def _generate_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, request, mask):
+    """The static-batch engine with the request's drafters and controller."""
+    batch, config = input_ids.shape[0], request.config
+    pad = hf_compat.pad_token_id(generation_config)
+    proposers = _batch_proposers(request, batch, logits_processor, generation_config, pad)
     if config.speculation == "fixed":
         controller = BatchFixedController(config.k_max)
     else:
-        prior = request.memory.prior_for(_memory_key(proposer)) if request.memory else None
-        controller = BatchGoodputController(_batch_costs(model, request, batch), batch, draft is not None, prior,
-                                            config.min_gain)
+        priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
+        kinds = [isinstance(p, BatchDraftModelProposer) for p in proposers]
+        controller = BatchGoodputController(_batch_costs(model, request, batch), batch, kinds, priors, config.min_gain)
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
                               generation_config.do_sample, config.k_max)
-    result = speculative_decode_batch(model, input_ids, mask, proposer, controller, settings, pad)
+    result = speculative_decode_batch(model, input_ids, mask, proposers, controller, settings, pad)
     if request.memory is not None:
-        drafted = sum(sum(s.ks) for s in result.stats.steps)
-        request.memory.record(_memory_key(proposer), drafted, sum(sum(s.accepted) for s in result.stats.steps))
+        for p in proposers:
+            pairs = [(k, n) for s in result.stats.steps for k, n, d in zip(s.ks, s.accepted, s.drafters) if d == p.name]
+            request.memory.record(_memory_key(p), sum(k for k, _ in pairs), sum(n for _, n in pairs))
     return result
 
 

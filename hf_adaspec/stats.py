@@ -67,6 +67,16 @@ class SpeculationStats:
         return sum(s.accepted for s in self.steps) / drafted if drafted else float("nan")
 
     @property
+    def mean_k(self) -> float:
+        """Mean proposal length over the steps."""
+        return sum(s.k for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def mean_latency_ms(self) -> float:
+        """Time until the request finished (ms): its wall time (same name as for a batch)."""
+        return self.wall_ms
+
+    @property
     def k_histogram(self) -> dict[int, int]:
         """Steps per chosen k, sorted by k."""
         return dict(sorted(Counter(s.k for s in self.steps).items()))
@@ -102,14 +112,16 @@ class SpeculationStats:
 
 @dataclass(frozen=True)
 class BatchStepRecord:
-    """One batched target forward: per active row its proposal length k_i and accepted tokens (tuples
-    of the batch size), the step's draft and verify time (ms) and predicted batch goodput (tokens/s)."""
+    """One batched target forward: per active row its proposal length k_i, accepted tokens and drafter
+    ("plain" when k_i = 0) (tuples of the batch size), the step's draft and verify time (ms) and the
+    predicted batch goodput (tokens/s)."""
 
     ks: tuple[int, ...]
     accepted: tuple[int, ...]
     draft_ms: float
     verify_ms: float
     predicted_goodput: float
+    drafters: tuple[str, ...] = ()
 
     @property
     def batch(self) -> int:

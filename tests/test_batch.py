@@ -10,11 +10,17 @@ import copy
 
 import pytest
 import torch
+from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 import hf_adaspec
 from hf_adaspec import BatchSpeculationStats, CostTable
+from hf_adaspec.batch_controller import BatchDecision
+from hf_adaspec.batch_engine import speculative_decode_batch
+from hf_adaspec.engine import DecodeSettings
 from hf_adaspec.generate_batch import encode_batch, generate_batch
+from hf_adaspec.proposers.batch_draft_model import BatchDraftModelProposer
+from hf_adaspec.proposers.batch_prompt_lookup import BatchPromptLookupProposer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
@@ -61,8 +67,8 @@ def _plain_row(models, prompt: list[int], **kwargs) -> torch.Tensor:
     return models["target"].generate(torch.tensor([prompt]), do_sample=False, **kwargs)[0, len(prompt) :]
 
 
-@pytest.mark.parametrize("mode", ["adaptive", "fixed"])
-@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize(("drafter", "mode"), [(d, m) for d in DRAFTERS for m in ("adaptive", "fixed", "hybrid")
+                                               if not (m == "hybrid" and d == "prompt_lookup")])
 def test_batch_rows_equal_batch1_plain_greedy(models, drafter, mode):
     k = {"num_speculative_tokens": 3} if mode == "fixed" else {}
     out = _spec(models, drafter, max_new_tokens=30, speculation=mode, **k)
@@ -79,6 +85,46 @@ def test_batch_speculates_and_accepts_ragged(models):
     assert any(s.k > 0 for s in stats.steps)
     assert any(len(set(s.accepted)) > 1 for s in stats.steps)  # rows accepted different numbers in one step
     assert 0.0 < stats.acceptance_rate < 1.0
+
+
+class _AlternatingController:
+    """Scripted: row i uses drafter (i + step) % 2 with k = min(3, what it offers) — both drafters every step."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def choose(self, uppers, catchup, horizon=1):
+        rows = len(uppers[0])
+        drafters = tuple((i + self.step) % 2 for i in range(rows))
+        self.step += 1
+        return BatchDecision(tuple(min(3, uppers[d][i]) for i, d in enumerate(drafters)), drafters,
+                             (float("nan"),) * rows, float("nan"))
+
+    def observe(self, drafters, ks, accepted):
+        pass
+
+    def select(self, rows):
+        pass
+
+
+def test_mixed_drafters_keep_the_draft_cache_exact(models):
+    """The target itself drafts (α = 1), so every draft-model token must be accepted; rows that used
+    prompt lookup in a step also went through the draft's forward, and must be rolled back to exactly
+    the accepted tokens or the draft would mispredict later."""
+    target = models["target"]
+    inputs = _left_padded(PROMPTS)
+    stop = StoppingCriteriaList([MaxLengthCriteria(inputs["input_ids"].shape[1] + 40)])
+    settings = DecodeSettings(LogitsProcessorList(), stop, inputs["input_ids"].shape[1] + 40, False, 3)
+    proposers = [BatchDraftModelProposer(models["same_model"], len(PROMPTS), LogitsProcessorList(), False, 0),
+                 BatchPromptLookupProposer()]
+    result = speculative_decode_batch(target, inputs["input_ids"], inputs["attention_mask"], proposers,
+                                      _AlternatingController(), settings, pad_token_id=0)
+    used = [(k, n, d) for s in result.stats.steps for k, n, d in zip(s.ks, s.accepted, s.drafters)]
+    assert {d for _, _, d in used} == {"draft_model", "prompt_lookup", "plain"}
+    assert all(k == n for k, n, d in used if d == "draft_model")
+    width = inputs["input_ids"].shape[1]
+    for i, prompt in enumerate(PROMPTS):
+        assert torch.equal(result.sequences[i, width:], _plain_row(models, prompt, max_new_tokens=40))
 
 
 def test_rows_stop_at_eos_at_different_times(models):
@@ -177,14 +223,14 @@ def test_empty_prompt_in_batch_is_rejected(models):
         models["target"].generate(**inputs, speculation="adaptive", speculation_costs=COSTS, max_new_tokens=4)
 
 
-def test_hybrid_and_streamer_are_rejected_for_batches(models):
+def test_streamer_and_callback_are_rejected_for_batches(models):
     inputs = _left_padded(PROMPTS[:2])
-    with pytest.raises(ValueError, match="batch size 1"):
-        models["target"].generate(**inputs, assistant_model=models["noisy_copy"], speculation="hybrid",
-                                  speculation_costs=COSTS, max_new_tokens=4)
     with pytest.raises(ValueError, match="batch size 1"):
         models["target"].generate(**inputs, speculation="adaptive", speculation_costs=COSTS, max_new_tokens=4,
                                   streamer=_NullStreamer())
+    with pytest.raises(ValueError, match="batch size 1"):
+        models["target"].generate(**inputs, speculation="adaptive", speculation_costs=COSTS, max_new_tokens=4,
+                                  speculation_callback=lambda record, tokens: None)
 
 
 class _NullStreamer(BaseStreamer):
@@ -198,7 +244,7 @@ class _NullStreamer(BaseStreamer):
 class CharTokenizer:
     """A minimal HF-like tokenizer: one token per character (ord % 60 + 1), pad id 0, no chat template."""
 
-    pad_token_id = 0
+    pad_token, pad_token_id, eos_token, eos_token_id = "<pad>", 0, None, None
     chat_template = None
 
     def __init__(self) -> None:

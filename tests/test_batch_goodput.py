@@ -8,7 +8,7 @@ import torch
 from hf_adaspec import hf_compat
 from hf_adaspec.batch_controller import BatchFixedController, BatchGoodputController
 from hf_adaspec.costs import CostTable
-from hf_adaspec.goodput import batch_goodput, best_batch_k, goodput
+from hf_adaspec.goodput import batch_goodput, best_batch_plan, goodput
 from hf_adaspec.ragged import RaggedCache, left_pad, right_pad
 
 
@@ -32,18 +32,41 @@ def test_batch_goodput_counts_each_row_up_to_its_own_upper_bound():
     assert capped < both
 
 
-def test_best_batch_k_shrinks_with_batch_size_to_plain():
-    ks = [best_batch_k([0.8] * b, [8] * b, _linear_costs(b).draft_ms, _linear_costs(b).t_verify).k
-          for b in (1, 2, 4, 8, 16)]
+def _single(alphas, uppers, costs, **kwargs):
+    """best_batch_plan with one drafter (the draft model)."""
+    return best_batch_plan([alphas], [uppers], [costs.draft_ms], costs.t_verify, **kwargs)
+
+
+def test_best_batch_plan_k_shrinks_with_batch_size_to_plain():
+    ks = [_single([0.8] * b, [8] * b, _linear_costs(b)).k for b in (1, 2, 4, 8, 16)]
     assert ks == sorted(ks, reverse=True) and ks[0] >= 2 and ks[-1] == 0
 
 
-def test_best_batch_k_plain_when_acceptance_is_low_and_min_gain_applies():
+def test_best_batch_plan_matches_batch_goodput_for_one_drafter():
     costs = _linear_costs(2)
-    assert best_batch_k([0.05, 0.05], [8, 8], costs.draft_ms, costs.t_verify).k == 0
+    plan = _single([0.8, 0.6], [8, 3], costs)
+    assert plan.k > 0 and plan.drafters == (0, 0)
+    assert plan.goodput == pytest.approx(batch_goodput([0.8, 0.6], [8, 3], plan.k, costs.draft_ms, costs.t_verify))
+
+
+def test_best_batch_plan_plain_when_acceptance_is_low_and_min_gain_applies():
+    costs = _linear_costs(2)
+    assert _single([0.05, 0.05], [8, 8], costs).k == 0
     free = CostTable(verify_ms=(100.0, 101.0), draft_ms=0.0)  # k = 1 gains ~1% with α = 0.02
-    assert best_batch_k([0.02], [1], 0.0, free.t_verify).k == 1
-    assert best_batch_k([0.02], [1], 0.0, free.t_verify, min_gain=0.03).k == 0
+    assert best_batch_plan([[0.02]], [[1]], [0.0], free.t_verify).k == 1
+    assert best_batch_plan([[0.02]], [[1]], [0.0], free.t_verify, min_gain=0.03).k == 0
+
+
+def test_best_batch_plan_hybrid_per_row_drafters():
+    """Drafter 0 = draft model (costs a forward), 1 = prompt lookup (free, only where an n-gram matched)."""
+    costs = CostTable(verify_ms=tuple(60.0 + 5.0 * n for n in range(1, 10)), draft_ms=5.0)
+    # row 0 has a good n-gram continuation, row 1 none: lookup for row 0; the draft model pays for row 1
+    plan = best_batch_plan([[0.7, 0.9], [0.95, 0.5]], [[8, 8], [6, 0]], [5.0, 0.0], costs.t_verify)
+    assert plan.k > 0 and plan.drafters == (1, 0)
+    # the draft model barely accepts: its forward is not paid; lookup alone for the row that has one
+    plan = best_batch_plan([[0.1, 0.1], [0.95, 0.5]], [[8, 8], [6, 0]], [5.0, 0.0], costs.t_verify)
+    assert plan.k > 0 and plan.drafters[0] == 1
+    assert plan.goodput == pytest.approx(1000.0 * ((1 - 0.95 ** (plan.k + 1)) / 0.05 + 1.0) / costs.t_verify(plan.k + 1))
 
 
 def test_batch_controller_uses_the_current_batch_size_and_per_row_alpha():
@@ -53,20 +76,20 @@ def test_batch_controller_uses_the_current_batch_size_and_per_row_alpha():
         seen.append(b)
         return _linear_costs(b)
 
-    ctl = BatchGoodputController(costs_for, batch=3, draft_model=True, min_gain=0.0)
-    first = ctl.choose([8, 8, 8])
+    ctl = BatchGoodputController(costs_for, batch=3, draft_models=[True], min_gain=0.0)
+    first = ctl.choose([[8, 8, 8]], [0])
     assert seen == [3] and len(set(first.ks)) == 1 and first.ks[0] > 0
     for _ in range(10):
-        ctl.observe([4, 4, 4], [4, 0, 4])  # row 1 never accepts
-    alphas = ctl.choose([8, 8, 8]).alphas
-    assert alphas[1] < 0.3 < 0.8 < alphas[0]
+        ctl.observe((0, 0, 0), [4, 4, 4], [4, 0, 4])  # row 1 never accepts
+    alphas = ctl.estimators[0]
+    assert alphas[1].alpha < 0.3 < 0.8 < alphas[0].alpha
     ctl.select(torch.tensor([0, 2]))  # row 1 finished
-    decision = ctl.choose([8, 2])
+    decision = ctl.choose([[8, 2]], [0])
     assert seen[-1] == 2 and decision.ks[1] <= 2 and len(decision.alphas) == 2
 
 
 def test_batch_fixed_controller_caps_by_upper_bound():
-    assert BatchFixedController(3).choose([8, 1, 0]).ks == (3, 1, 0)
+    assert BatchFixedController(3).choose([[8, 1, 0]], [0]).ks == (3, 1, 0)
     with pytest.raises(ValueError, match=">= 0"):
         BatchFixedController(-1)
 

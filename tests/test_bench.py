@@ -1,5 +1,6 @@
 """Bench bookkeeping: prompt selection, per-category speedups (geometric mean), markdown, errors."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,28 @@ def test_summarize_speedup_is_geometric_mean_of_ratios():
 def test_unknown_method_lists_valid_ones():
     with pytest.raises(ValueError, match="adaptive"):
         method_kwargs("turbo", None, 5)
+
+
+def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
+    from hf_adaspec import batch_bench as bb
+
+    runs = [
+        bb.BatchRun(2, "plain", 2, 100, 10.0, 10.0, rows_equal_plain=2),
+        bb.BatchRun(2, "plain", 2, 100, 10.0, 10.0, rows_equal_plain=2),
+        bb.BatchRun(2, "hf-assisted", 2, 0, 0.0, 0.0, error="assisted generate is only supported for batch_size = 1"),
+        bb.BatchRun(2, "adaptive", 2, 100, 8.0, 6.0, mean_k=1.0, acceptance=0.5, rows_equal_plain=2),
+        bb.BatchRun(2, "adaptive", 2, 100, 12.0, 8.0, mean_k=3.0, acceptance=0.7, rows_equal_plain=1,
+                    max_divergence_gap=0.125),
+    ]
+    methods = ["plain", "hf-assisted", "adaptive"]
+    summary = bb.summarize(runs, methods)
+    row = summary["table"][2]
+    assert row["plain"]["tokens_per_s"] == 10.0 and row["adaptive"]["speedup"] == 1.0  # 200 tokens / 20 s each
+    assert row["adaptive"]["mean_k"] == 2.0 and row["adaptive"]["mean_latency_s"] == 7.0
+    assert row["adaptive"]["rows_equal_plain"] == 3 and row["adaptive"]["max_divergence_gap"] == 0.125
+    assert "batch_size = 1" in row["hf-assisted"]["unsupported"]
+    assert "unsupported" in bb.markdown(summary, methods)
+    out = tmp_path / "b.json"
+    bb.write_results(out, runs, summary, {"methods": methods})
+    assert json.loads(out.read_text())["summary"]["table"]["2"]["adaptive"]["speedup"] == 1.0
+    assert out.with_suffix(".md").exists() and out.with_suffix(".png").stat().st_size > 0
