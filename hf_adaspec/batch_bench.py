@@ -10,13 +10,12 @@ recorded as unsupported where it refuses the batch.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from .bench import Prompt, divergence_gap, load_prompts
+from .bench import Prompt, divergence_gap, load_prompts, write_json
 from .generate_batch import encode_batch, generate_batch
 
 BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive", "hybrid")
@@ -156,16 +155,18 @@ def plot(summary: dict, methods: list[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = list(summary["table"])
+    table = {int(b): row for b, row in summary["table"].items()}  # JSON keys are strings
+    sizes = sorted(table)
+    colours = {m: f"C{i}" for i, m in enumerate(methods)}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for m in methods:
-        pts = [(b, summary["table"][b][m]["tokens_per_s"]) for b in sizes if "unsupported" not in summary["table"][b][m]]
-        ax1.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=m)
+        pts = [(b, table[b][m]["tokens_per_s"]) for b in sizes if "unsupported" not in table[b][m]]
+        ax1.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=m, color=colours[m])
     ax1.set(xscale="log", xlabel="batch size B", ylabel="generated tokens/s (whole batch)", title="Throughput")
     ax1.set_xticks(sizes, [str(b) for b in sizes])
     ax1.legend()
     for m in [m for m in methods if m in ("adaptive", "hybrid", "fixed-k")]:
-        ax2.plot(sizes, [summary["table"][b][m].get("mean_k") or 0.0 for b in sizes], marker="o", label=m)
+        ax2.plot(sizes, [table[b][m].get("mean_k") or 0.0 for b in sizes], marker="o", label=m, color=colours[m])
     ax2.set(xscale="log", xlabel="batch size B", ylabel="mean batch-wide k per step", title="Chosen k")
     ax2.set_xticks(sizes, [str(b) for b in sizes])
     ax2.legend()
@@ -177,11 +178,7 @@ def plot(summary: dict, methods: list[str], path: Path) -> None:
 
 def write_results(path: Path, runs: list[BatchRun], summary: dict, meta: dict) -> None:
     """JSON (every run, summary, settings) written atomically; markdown table and PNG beside it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_json(path, meta, summary, runs)
     path.with_suffix(".md").write_text(markdown(summary, meta["methods"]))
     try:
         plot(summary, meta["methods"], path.with_suffix(".png"))

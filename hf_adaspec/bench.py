@@ -167,11 +167,16 @@ def markdown(summary: dict, methods: list[str]) -> str:
     return head + body
 
 
+def write_json(path: Path, meta: dict, summary: dict, runs: list) -> None:
+    """``{"meta", "summary", "runs"}`` as JSON, written atomically (temp file, then rename); runs are
+    dataclasses."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}, indent=2))
+    tmp.replace(path)
+
+
 def write_results(path: Path, runs: list[Run], summary: dict, meta: dict) -> None:
     """JSON with every run, the summary and the run's settings; markdown table beside it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_json(path, meta, summary, runs)
     path.with_suffix(".md").write_text(markdown(summary, meta["methods"]))

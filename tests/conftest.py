@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers
+
+import hf_adaspec
 
 
 def build_tiny_llama(seed: int, vocab_size: int = 64) -> transformers.LlamaForCausalLM:
@@ -38,3 +42,21 @@ def one_thread():
 def tiny_factory():
     """``tiny_factory(seed, vocab_size=64)`` → a fresh tiny Llama."""
     return build_tiny_llama
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """Any calibration writes under tmp_path, never the user's cache."""
+    monkeypatch.setenv("HF_ADASPEC_CACHE", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def models(tiny_factory):
+    """target (enabled) and drafts: another seed (α≈0), a perturbed copy (0<α<1), the target itself (α=1)."""
+    target = hf_adaspec.enable(tiny_factory(0))
+    noisy = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(0.05 * p.std() * torch.randn(p.shape, generator=gen))
+    return {"target": target, "other_seed": tiny_factory(1), "noisy_copy": noisy, "same_model": tiny_factory(0)}

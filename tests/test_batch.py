@@ -6,7 +6,6 @@ plain greedy output token for token, whatever the padding and the holes rejected
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -26,23 +25,6 @@ pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
 PROMPTS = [[5, 6, 7, 8, 9, 10] * 4, [11, 12, 13], [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8], [40, 41, 40, 41, 40]]
 DRAFTERS = ["other_seed", "noisy_copy", "same_model", "prompt_lookup"]
-
-
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_ADASPEC_CACHE", str(tmp_path))
-
-
-@pytest.fixture(scope="module")
-def models(tiny_factory):
-    """target (enabled) and drafts: another seed (α≈0), a perturbed copy (0<α<1), the target itself (α=1)."""
-    target = hf_adaspec.enable(tiny_factory(0))
-    noisy = copy.deepcopy(target)
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in noisy.parameters():
-            p.add_(0.05 * p.std() * torch.randn(p.shape, generator=gen))
-    return {"target": target, "other_seed": tiny_factory(1), "noisy_copy": noisy, "same_model": tiny_factory(0)}
 
 
 def _left_padded(prompts: list[list[int]], pad: int = 0) -> dict[str, torch.Tensor]:

@@ -5,7 +5,6 @@ fp32 tiny models are shape-stable, so greedy speculative output must equal plain
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -20,24 +19,6 @@ pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24], repetitive so prompt lookup proposes
 DRAFTERS = ["other_seed", "noisy_copy", "same_model", "prompt_lookup"]
-
-
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    """Any calibration writes under tmp_path, never the user's cache."""
-    monkeypatch.setenv("HF_ADASPEC_CACHE", str(tmp_path))
-
-
-@pytest.fixture(scope="module")
-def models(tiny_factory):
-    """target (enabled) and drafts: another seed (α≈0), a perturbed copy (0<α<1), the target itself (α=1)."""
-    target = hf_adaspec.enable(tiny_factory(0))
-    noisy = copy.deepcopy(target)
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in noisy.parameters():
-            p.add_(0.05 * p.std() * torch.randn(p.shape, generator=gen))
-    return {"target": target, "other_seed": tiny_factory(1), "noisy_copy": noisy, "same_model": tiny_factory(0)}
 
 
 def _plain(models, **kwargs) -> torch.Tensor:

@@ -50,6 +50,23 @@ def test_smollm_prompt_lookup_greedy_equals_plain(smollm, row):
         assert out.speculation.new_tokens == plain.shape[1] - inputs["input_ids"].shape[1]
 
 
+def test_smollm_batch_rows_equal_batch1_plain_greedy(smollm):
+    """All four prompts in one left-padded batch (prompt lookup, adaptive and fixed k): each row's new
+    tokens equal that prompt's own batch-1 plain greedy output."""
+    model, tok = smollm.model, smollm.tokenizer
+    texts = [row["turns"][0] for row in PROMPTS]
+    expected = []
+    for text in texts:
+        inputs = _inputs(tok, text)
+        expected.append(model.generate(**inputs, max_new_tokens=32, do_sample=False)[0, inputs["input_ids"].shape[1]:])
+    for kwargs in ({"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 4}):
+        out = hf_adaspec.generate_batch(model, tok, texts, max_new_tokens=32, **kwargs)
+        width = out.sequences.shape[1] - max(out.stats.new_tokens)
+        for i, want in enumerate(expected):
+            assert out.sequences[i, width : width + want.shape[0]].tolist() == want.tolist(), (kwargs, i)
+            assert out.stats.new_tokens[i] == want.shape[0]
+
+
 @pytest.fixture(scope="module")
 def qwen_pair():
     target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET)
@@ -82,3 +99,18 @@ def test_qwen_pair_sampling_runs_and_stops(qwen_pair):
     )
     new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
     assert 1 <= new <= 24 and out.speculation.new_tokens == new
+
+
+def test_qwen_pair_batch_rows_match_batch1_plain_or_near_tie(qwen_pair):
+    """Three Spec-Bench prompts in one batch with the draft (adaptive): each row equals its batch-1 plain
+    greedy output or first diverges at a near-tie (NF4: batched and 1-row forwards differ in the last bits)."""
+    target, draft = qwen_pair
+    model, tok = target.model, target.tokenizer
+    texts = [row["turns"][0] for row in PROMPTS[:3]]
+    out = hf_adaspec.generate_batch(model, tok, texts, draft_model=draft.model, max_new_tokens=24)
+    width = out.sequences.shape[1] - max(out.stats.new_tokens)
+    for i, text in enumerate(texts):
+        inputs = _inputs(tok, text)
+        plain = model.generate(**inputs, max_new_tokens=24, do_sample=False)
+        row = out.sequences[i, width : width + out.stats.new_tokens[i]]
+        _assert_equal_or_near_tie(model, plain, torch.cat([inputs["input_ids"][0], row])[None])
