@@ -52,7 +52,7 @@ def _emit(rows: _Rows, slot: int, new: torch.Tensor, settings: DecodeSettings, n
     i = rows.active[slot]
     view, done = append_tokens(rows.views[i][None], new, settings)
     rows.views[i] = view[0]
-    if done or view.shape[1] >= settings.max_length:
+    if done:
         rows.finish_ms[i] = now_ms
         return True
     return False

@@ -111,7 +111,8 @@ def speculative_decode(
         t1 = time.perf_counter()
         step_ids = torch.cat([ids[:, -1:], proposal.tokens], dim=1)  # [1, k+1]
         logits = hf_compat.forward_logits(target, step_ids, cache, keep=step_ids.shape[1])  # [1, k+1, V]
-        result = verify_proposal(proposal, process_scores(settings.logits_processor, ids, proposal.tokens, logits), settings)
+        scores = process_scores(settings.logits_processor, ids, proposal.tokens, logits)  # [1, k+1, V]
+        result = verify_proposal(proposal, scores, settings)
         n = int(result.num_accepted[0])
         hf_compat.rollback(cache, length + n)
         for p in proposers:

@@ -22,9 +22,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import hf_compat
 from .acceptance import AcceptanceMemory
-from .controller import DrafterCosts, FixedController, GoodputController
 from .batch_controller import BatchFixedController, BatchGoodputController
 from .batch_engine import speculative_decode_batch
+from .controller import DrafterCosts, FixedController, GoodputController
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
@@ -147,14 +147,20 @@ def _memory_key(proposer: Proposer) -> str:
     return f"{proposer.name}:{id(getattr(proposer, 'model', None))}"
 
 
-def _build_proposers(request: SpeculationRequest, logits_processor, generation_config) -> list[Proposer]:
-    """Draft model (if given), then prompt lookup (if no draft model, or for hybrid drafting)."""
-    proposers: list[Proposer] = []
+def _build_proposers(request: SpeculationRequest, logits_processor, generation_config, batch: int | None = None,
+                     pad: int = 0) -> list:
+    """Draft model (if given), then prompt lookup (if no draft model, or for hybrid drafting); the
+    static-batch versions when ``batch`` rows are given (``pad``: the pad id for ragged draft blocks)."""
+    proposers: list = []
     if request.draft_model is not None:
         eos_ids = hf_compat.eos_token_ids(generation_config)
-        proposers.append(DraftModelProposer(request.draft_model, logits_processor, generation_config.do_sample, eos_ids))
+        do_sample = generation_config.do_sample
+        proposers.append(DraftModelProposer(request.draft_model, logits_processor, do_sample, eos_ids) if batch is None
+                         else BatchDraftModelProposer(request.draft_model, batch, logits_processor, do_sample, pad,
+                                                      eos_ids))
     if request.draft_model is None or request.config.speculation == "hybrid":
-        proposers.append(PromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram))
+        lookup = PromptLookupProposer if batch is None else BatchPromptLookupProposer
+        proposers.append(lookup(max_ngram=request.config.prompt_lookup_max_ngram))
     return proposers
 
 
@@ -192,23 +198,11 @@ def _batch_costs(model, request: SpeculationRequest, batch: int) -> Callable[[in
     return lambda b: tables[min(s for s in sizes if s >= b)]
 
 
-def _batch_proposers(request: SpeculationRequest, batch: int, logits_processor, generation_config, pad: int) -> list:
-    """Draft model (if given), then prompt lookup (if no draft model, or for hybrid drafting)."""
-    proposers: list = []
-    if request.draft_model is not None:
-        eos_ids = hf_compat.eos_token_ids(generation_config)
-        proposers.append(BatchDraftModelProposer(request.draft_model, batch, logits_processor,
-                                                 generation_config.do_sample, pad, eos_ids))
-    if request.draft_model is None or request.config.speculation == "hybrid":
-        proposers.append(BatchPromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram))
-    return proposers
-
-
 def _generate_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, request, mask):
     """The static-batch engine with the request's drafters and controller."""
     batch, config = input_ids.shape[0], request.config
     pad = hf_compat.pad_token_id(generation_config)
-    proposers = _batch_proposers(request, batch, logits_processor, generation_config, pad)
+    proposers = _build_proposers(request, logits_processor, generation_config, batch, pad)
     if config.speculation == "fixed":
         controller = BatchFixedController(config.k_max)
     else:

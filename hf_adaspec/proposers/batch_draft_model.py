@@ -46,7 +46,9 @@ class BatchDraftModelProposer:
 
     def _next(self, views: list[torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy)."""
-        scores = torch.cat([self.logits_processor(v[None], logits[i : i + 1]) for i, v in enumerate(views)])
+        scores = logits
+        if self.logits_processor:  # processors see each row's own tokens, so they run row by row
+            scores = torch.cat([self.logits_processor(v[None], logits[i : i + 1]) for i, v in enumerate(views)])
         if not self.do_sample:
             return scores.argmax(dim=-1), None
         q = torch.softmax(scores, dim=-1)  # [b, V]
@@ -58,14 +60,15 @@ class BatchDraftModelProposer:
         b, width = len(rows.views), max(ks)
         seen = self.cache.lengths.tolist()
         tokens, valid = left_pad([rows.tokens(i)[seen[i] :] for i in range(b)], self.pad)  # [b, m ≥ 1]
-        views = [v.clone() for v in rows.views]
+        views = list(rows.views)
         drafted, probs = [], []
         for _ in range(width):
             logits = self.cache.append(tokens, valid, keep=1)[:, -1].cpu()  # [b, V]
             token, q = self._next(views, logits)  # [b], [b, V]
             drafted.append(token)
             probs.append(q)
-            views = [torch.cat([v, token[i : i + 1]]) for i, v in enumerate(views)]
+            if self.logits_processor:
+                views = [torch.cat([v, token[i : i + 1]]) for i, v in enumerate(views)]
             tokens, valid = token[:, None], torch.ones(b, 1, dtype=torch.bool)
         out = torch.stack(drafted, dim=1)  # [b, width]
         return [self._row(out[i], [q[i] for q in probs] if self.do_sample else None, ks[i]) for i in range(b)]

@@ -8,7 +8,7 @@ import torch
 
 from .base import Proposal
 from .batch_base import BatchRows
-from .prompt_lookup import find_continuation
+from .prompt_lookup import check_ngram_sizes, find_continuation
 
 
 class BatchPromptLookupProposer:
@@ -17,9 +17,7 @@ class BatchPromptLookupProposer:
     name = "prompt_lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_ngram, self.min_ngram = check_ngram_sizes(max_ngram, min_ngram)
         self._found: list[torch.Tensor] = []
 
     def available(self, rows: BatchRows, k_max: int) -> list[int]:

@@ -27,15 +27,24 @@ def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_ma
     return tokens[:0]
 
 
+def check_ngram_sizes(max_ngram: int, min_ngram: int) -> tuple[int, int]:
+    """(max_ngram, min_ngram) if 1 <= min_ngram <= max_ngram.
+
+    Raises:
+        ValueError: otherwise.
+    """
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+    return max_ngram, min_ngram
+
+
 class PromptLookupProposer:
     """Drafts by n-gram lookup over prompt + output so far (batch size 1)."""
 
     name = "prompt_lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_ngram, self.min_ngram = check_ngram_sizes(max_ngram, min_ngram)
         self._cached: tuple[int, int, torch.Tensor] | None = None  # (length, k searched, continuation)
 
     def _lookup(self, tokens: torch.Tensor, k_max: int) -> torch.Tensor:
