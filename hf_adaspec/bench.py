@@ -1,5 +1,12 @@
 """Benchmark: plain vs transformers' assisted generation / prompt lookup vs fixed-k vs adaptive.
 
+"hf-assisted" is transformers' assisted generation with its defaults, which already stop drafting
+once the assistant's token probability falls below ``assistant_confidence_threshold=0.4`` (the
+transformers confidence baseline; with scikit-learn installed transformers re-tunes that threshold
+online from an ROC curve of draft probability vs. match; without it the threshold stays fixed).
+"confidence" is AdaSpec's calibrated confidence-prior stopping (arXiv 2503.05096); "pmin" the
+llama.cpp-style baseline that stops drafting at a draft probability < 0.75.
+
 Methods run interleaved per prompt (the order rotates from prompt to prompt) so machine drift hits
 every method alike; each run is greedy, so every method's output is also checked against plain.
 Reported per category: tokens/s (new tokens over wall time, prefill included) and speedup vs plain
@@ -19,8 +26,14 @@ from pathlib import Path
 import torch
 
 from . import hf_compat
+from .bench_oracle import PromptOracle, prompt_oracle
 
-METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid")
+METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
+           "confidence", "pmin")
+
+# which oracle bounds a method: the drafters it may use (plain has none)
+METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
+                 "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "pmin": "draft"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,17 @@ class Run:
     mean_accepted_length: float | None = None
     plain_share: float | None = None
     divergence_gap: float | None = None
+    acceptance: float | None = None
+    mean_k: float | None = None
+    oracle_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    """Every method's run on one prompt, and the prompt's oracle (None without a cost table)."""
+
+    runs: list[Run]
+    oracle: PromptOracle | None = None
 
 
 def load_prompts(path: Path, per_category: int, categories: list[str] | None = None) -> list[Prompt]:
@@ -78,6 +102,8 @@ def method_kwargs(method: str, draft, fixed_k: int) -> dict:
         "adaptive": {"assistant_model": draft, "speculation": "adaptive"},
         "adaptive-lookup": {"speculation": "adaptive"},
         "hybrid": {"assistant_model": draft, "speculation": "hybrid"},
+        "confidence": {"assistant_model": draft, "speculation": "confidence"},
+        "pmin": {"assistant_model": draft, "speculation": "pmin", "draft_p_min": 0.75},
     }
     if method not in table:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
@@ -90,9 +116,9 @@ def _timed(generate: Callable[..., object], inputs: dict, kwargs: dict, max_new_
     return out, time.perf_counter() - start
 
 
-def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rotation: int, cfg: dict) -> list[Run]:
+def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rotation: int, cfg: dict) -> PromptResult:
     """Run every method ``cfg["repeats"]`` times on one prompt, in rotated order (median time);
-    compare outputs with plain."""
+    compare outputs with plain; with ``cfg["costs"]`` (the controller's CostTable) also the oracle."""
     msgs = [{"role": "user", "content": prompt.text}]
     inputs = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     prompt_len = inputs["input_ids"].shape[1]
@@ -105,17 +131,23 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
             outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None
+    oracle = None
+    if plain_seq is not None and cfg.get("costs") is not None:
+        oracle = prompt_oracle(model, draft, plain_seq, prompt_len, cfg["costs"], cfg.get("k_max", 8),
+                               (prompt.question_id, prompt.category))
     runs = []
     for method in methods:
         out, elapsed = outputs[method][0], statistics.median(seconds[method])
         new = out.sequences.shape[1] - prompt_len
         stats = getattr(out, "speculation", None)
         gap = divergence_gap(model, plain_seq, out.sequences) if plain_seq is not None else None
+        family = METHOD_FAMILY.get(method)
+        bound = oracle.tokens_per_s.get(family) if oracle is not None and family else None
         runs.append(Run(prompt.question_id, prompt.category, method, new, elapsed, new / elapsed,
                         plain_seq is not None and gap is None,
                         stats.mean_accepted_length if stats else None, stats.plain_share if stats else None,
-                        gap))
-    return runs
+                        gap, stats.acceptance_rate if stats else None, stats.mean_k if stats else None, bound))
+    return PromptResult(runs, oracle)
 
 
 def divergence_gap(model, plain: torch.Tensor, other: torch.Tensor) -> float | None:
@@ -137,46 +169,126 @@ def _geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
 
 
-def summarize(runs: list[Run], methods: list[str]) -> dict:
-    """Per category and overall: median tokens/s and geometric-mean speedup vs plain."""
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(kept) if kept else None
+
+
+def _method_cell(rows: list[Run], plain: dict[int, float]) -> dict:
+    """Median tokens/s, geometric-mean speedup vs plain and % of the oracle, mean acceptance and k."""
+    bounded = [r.tokens_per_s / r.oracle_tokens_per_s for r in rows if r.oracle_tokens_per_s]
+    return {
+        "tokens_per_s": statistics.median([r.tokens_per_s for r in rows]),
+        "speedup": _geomean([r.tokens_per_s / plain[r.question_id] for r in rows]),
+        "pct_oracle": 100.0 * _geomean(bounded) if bounded else None,
+        "acceptance": _mean([r.acceptance for r in rows]),
+        "mean_k": _mean([r.mean_k for r in rows]),
+    }
+
+
+def _oracle_cell(oracles: list[PromptOracle], plain: dict[int, float]) -> dict:
+    """Mean draft agreement and lookup hit rate, and each family's oracle speedup vs plain."""
+    families = sorted({f for o in oracles for f in o.tokens_per_s})
+    return {
+        "draft_agreement": _mean([o.draft_agreement for o in oracles]),
+        "lookup_hit_rate": _mean([o.lookup_agreement for o in oracles]),
+        "oracle_speedup": {f: _geomean([o.tokens_per_s[f] / plain[o.question_id] for o in oracles
+                                        if f in o.tokens_per_s]) for f in families},
+    }
+
+
+def summarize(runs: list[Run], methods: list[str], oracles: list[PromptOracle] = ()) -> dict:
+    """Per category and overall, per method: median tokens/s, geometric-mean speedup vs plain and % of
+    the oracle (geometric mean of per-prompt ratios), mean acceptance and k; per category the
+    oracle's agreement figures (see ``bench_oracle``)."""
     plain = {r.question_id: r.tokens_per_s for r in runs if r.method == "plain"}
-    cats = sorted({r.category for r in runs})
-    table: dict[str, dict[str, dict[str, float]]] = {}
-    for cat in cats + ["overall"]:
+    table: dict[str, dict[str, dict]] = {}
+    oracle_table: dict[str, dict] = {}
+    for cat in sorted({r.category for r in runs}) + ["overall"]:
         rows = [r for r in runs if cat == "overall" or r.category == cat]
-        table[cat] = {
-            m: {
-                "tokens_per_s": statistics.median([r.tokens_per_s for r in rows if r.method == m]),
-                "speedup": _geomean([r.tokens_per_s / plain[r.question_id] for r in rows if r.method == m]),
-            }
-            for m in methods
-        }
+        table[cat] = {m: _method_cell([r for r in rows if r.method == m], plain) for m in methods}
+        picked = [o for o in oracles if cat == "overall" or o.category == cat]
+        if picked:
+            oracle_table[cat] = _oracle_cell(picked, plain)
     mismatches = {m: sum(1 for r in runs if r.method == m and not r.matches_plain) for m in methods}
     gaps = {m: max((r.divergence_gap for r in runs if r.method == m and r.divergence_gap is not None),
                    default=None) for m in methods}
-    return {"table": table, "greedy_mismatches": mismatches, "max_divergence_gap": gaps, "prompts": len(plain)}
+    return {"table": table, "oracle": oracle_table, "greedy_mismatches": mismatches, "max_divergence_gap": gaps,
+            "prompts": len(plain)}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
 
 
 def markdown(summary: dict, methods: list[str]) -> str:
-    """Markdown table: tokens/s and (speedup vs plain) per category and method."""
+    """Markdown tables per category and method: tokens/s (speedup vs plain); % of oracle; acceptance
+    and mean k; then the oracle's draft agreement, lookup hit rate and oracle speedups."""
     head = "| category | " + " | ".join(methods) + " |\n|---|" + "---|" * len(methods) + "\n"
-    body = ""
-    for cat, row in summary["table"].items():
-        cells = [f"{row[m]['tokens_per_s']:.2f} ({row[m]['speedup']:.2f}x)" for m in methods]
-        body += f"| {cat} | " + " | ".join(cells) + " |\n"
-    return head + body
+    speed = head + "".join(
+        f"| {cat} | " + " | ".join(f"{row[m]['tokens_per_s']:.2f} ({row[m]['speedup']:.2f}x)" for m in methods) + " |\n"
+        for cat, row in summary["table"].items())
+    spec = [m for m in methods if m != "plain"]
+    head = "| category | " + " | ".join(spec) + " |\n|---|" + "---|" * len(spec) + "\n"
+    pct = head + "".join(f"| {cat} | " + " | ".join(_fmt(row[m].get("pct_oracle"), ".0f") + "%" for m in spec) + " |\n"
+                         for cat, row in summary["table"].items())
+    acc = head + "".join(
+        f"| {cat} | " + " | ".join(f"{_fmt(row[m].get('acceptance'), '.2f')} / {_fmt(row[m].get('mean_k'), '.2f')}"
+                                   for m in spec) + " |\n" for cat, row in summary["table"].items())
+    text = f"tokens/s (speedup vs plain)\n\n{speed}\n% of oracle tokens/s\n\n{pct}\nacceptance / mean k\n\n{acc}"
+    if summary.get("oracle"):
+        fams = sorted({f for row in summary["oracle"].values() for f in row["oracle_speedup"]})
+        text += ("\ndraft agreement, prompt-lookup hit rate, oracle speedup vs plain\n\n| category | draft agreement | "
+                 "lookup hit rate | " + " | ".join(f"oracle {f}" for f in fams) + " |\n|---|---|---|"
+                 + "---|" * len(fams) + "\n")
+        for cat, row in summary["oracle"].items():
+            text += (f"| {cat} | {_fmt(row['draft_agreement'], '.2f')} | {_fmt(row['lookup_hit_rate'], '.2f')} | "
+                     + " | ".join(f"{row['oracle_speedup'].get(f, float('nan')):.2f}x" for f in fams) + " |\n")
+    return text
 
 
-def write_json(path: Path, meta: dict, summary: dict, runs: list) -> None:
-    """``{"meta", "summary", "runs"}`` as JSON, written atomically (temp file, then rename); runs are
-    dataclasses."""
+def plot(summary: dict, methods: list[str], path: Path) -> None:
+    """PNG: speedup vs plain per category (grouped bars, one per method), 1.0 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats, spec = list(summary["table"]), [m for m in methods if m != "plain"]
+    width = 0.8 / max(len(spec), 1)
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(cats) * max(len(spec), 1) * 0.35 + 4), 4.5))
+    for i, m in enumerate(spec):
+        xs = [c + (i - (len(spec) - 1) / 2) * width for c in range(len(cats))]
+        ax.bar(xs, [summary["table"][c][m]["speedup"] for c in cats], width, label=m, color=f"C{i}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
+    ax.set(ylabel="speedup vs plain (geometric mean)", title="Spec-Bench speedup per category")
+    ax.legend(ncol=4, fontsize=8)
+    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}, indent=2))
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
     tmp.replace(path)
 
 
-def write_results(path: Path, runs: list[Run], summary: dict, meta: dict) -> None:
-    """JSON with every run, the summary and the run's settings; markdown table beside it."""
-    write_json(path, meta, summary, runs)
+def write_json(path: Path, meta: dict, summary: dict, runs: list, **extra: list) -> None:
+    """``{"meta", "summary", "runs", **extra}`` as JSON, written atomically (temp file, then rename);
+    runs and the lists in ``extra`` hold dataclasses."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    data = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
+    data.update({k: [asdict(v) for v in values] for k, values in extra.items()})
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def write_results(path: Path, runs: list[Run], summary: dict, meta: dict, oracles: list[PromptOracle] = ()) -> None:
+    """JSON with every run, every prompt's oracle, the summary and the run's settings; the markdown
+    tables and the speedup PNG beside it."""
+    write_json(path, meta, summary, runs, oracles=list(oracles))
     path.with_suffix(".md").write_text(markdown(summary, meta["methods"]))
+    try:
+        plot(summary, meta["methods"], path.with_suffix(".png"))
+    except ImportError:
+        print("hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot")

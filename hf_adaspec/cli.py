@@ -1,4 +1,5 @@
-"""``hf-adaspec`` command line: ``generate`` (stream text, then one stats line), ``bench`` and ``playground``."""
+"""``hf-adaspec`` command line: ``generate`` (stream text, then one stats line), ``bench``, ``profile`` (cost
+profile of a model pair) and ``playground``."""
 
 from __future__ import annotations
 
@@ -110,30 +111,45 @@ def bench(
     draft_model = drf.model if drf is not None else None
     warm = bm.Prompt(-1, "warm-up", "Say hello.")
     bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
-    runs = []
-    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats}
+    runs, oracles = [], []
+    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,
+           "costs": _controller_costs(tgt.model, draft_model, 8)}
     for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
-        runs += bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
-    summary = bm.summarize(runs, method_list)
+        result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
+        runs += result.runs
+        oracles += [result.oracle] if result.oracle is not None else []
+    summary = bm.summarize(runs, method_list, oracles)
     meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": method_list,
             "max_new_tokens": max_new_tokens, "per_category": per_category, "fixed_k": fixed_k, "repeats": repeats,
-            "machine": platform.machine(), "prompts_file": str(prompts)}
-    bm.write_results(output, runs, summary, meta)
+            "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
+    bm.write_results(output, runs, summary, meta, oracles)
     typer.echo(bm.markdown(summary, method_list))
     overall = summary["table"]["overall"]
     typer.echo(json.dumps({"output": str(output), "prompts": summary["prompts"],
                            "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},
+                           "pct_oracle": {m: round(overall[m]["pct_oracle"], 1) for m in method_list
+                                          if overall[m]["pct_oracle"] is not None},
                            "greedy_mismatches": summary["greedy_mismatches"],
                            "max_divergence_gap": summary["max_divergence_gap"]}))
 
 
-def _parse_sizes(text: str) -> list[int]:
+def _controller_costs(model, draft_model, k_max: int):
+    """The cost table the adaptive controller uses for this pair (cached calibration), for the oracle."""
+    import functools
+    import sys
+
+    from .costs import CostCache
+
+    return CostCache().load_or_measure(model, draft_model, k_max + 1, functools.partial(print, file=sys.stderr))
+
+
+def _parse_sizes(text: str, flag: str = "--batch-size") -> list[int]:
     try:
         sizes = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise typer.BadParameter(f"--batch-size {text!r}: comma-separated integers, e.g. 1,2,4,8,16") from None
+        raise typer.BadParameter(f"{flag} {text!r}: comma-separated integers, e.g. 1,2,4,8,16") from None
     if not sizes or sizes[0] < 1:
-        raise typer.BadParameter(f"--batch-size {text!r}: batch sizes must be >= 1")
+        raise typer.BadParameter(f"{flag} {text!r}: sizes must be >= 1")
     return sizes
 
 
@@ -177,3 +193,75 @@ def playground(
     if pair not in PAIRS:
         raise typer.BadParameter(f"--pair {pair!r}: use one of {', '.join(PAIRS)}")
     launch(pair=pair, host=host, port=port, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency)
+
+
+@app.command()
+def profile(
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' (target only, for prompt lookup)."),
+    quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
+    quick: bool = typer.Option(False, help="Tiny grid for CI: n 1..4, batch 1..2, contexts 128 and 256, 1 repeat."),
+    contexts: str = typer.Option("", help="Context lengths in tokens (default 128,512,1024,2048,4096)."),
+    batch_sizes: str = typer.Option("", help="Batch sizes (default 1,2,4,8,16)."),
+    new_tokens: str = typer.Option("", help="New tokens per target forward (default 1..9,12,16,24,32)."),
+    repeats: int | None = typer.Option(None, min=1, help="Timed rounds per cell, median kept (default 3; --quick 1)."),
+    max_tokens_per_forward: int = typer.Option(160, min=1, help="Skip target cells with batch × new tokens above it."),
+    output: Path | None = typer.Option(None, help="JSON out (default model_cards/<pair>/profile.json); "
+                                       "cost_curves.png beside it; a copy goes to the cache for the engine."),
+) -> None:
+    """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
+    vs batch × context; table and fitted predictors scored on held-out cells. Last stdout line: JSON."""
+    from . import profiling
+    from .profile import default_profile_path, save_profile
+
+    grid = _profile_grid(quick, contexts, batch_sizes, new_tokens, repeats, max_tokens_per_forward)
+    pair = profiling.pair_name(target, draft)
+    output = output or Path("model_cards") / pair / "profile.json"
+    command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
+               f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
+               f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
+               f"--max-tokens-per-forward {grid.max_tokens_per_forward}")
+    start = time.perf_counter()
+    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    result = profiling.measure_profile(tgt.model, drf.model if drf is not None else None, grid, pair, command, True)
+    save_profile(result, output)
+    cached = save_profile(result, default_profile_path(result.key))
+    try:
+        profiling.plot_profile(result, output.with_name("cost_curves.png"))
+    except ImportError:
+        typer.echo("hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot",
+                   err=True)
+    held_out = len(result.held_out_target) + len(result.held_out_draft)
+    cells = len(result.target_cells) + len(result.draft_cells) + held_out
+    typer.echo(json.dumps({"output": str(output), "cache_copy": str(cached), "cells_measured": cells,
+                           "held_out_cells": held_out,
+                           "held_out_mape_pct": {"table": _round(result.table_mape), "fit": _round(result.fit_mape)},
+                           "predictor": result.predictor, "seconds": round(time.perf_counter() - start, 1)}))
+
+
+def _profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,
+                  max_tokens_per_forward: int):
+    """The ``profile`` command's grid: the default (or ``--quick``) one with the given options replaced."""
+    import dataclasses
+
+    from .profiling import QUICK_GRID, ProfileGrid
+
+    lists = {"contexts": contexts, "batch_sizes": batch_sizes, "new_tokens": new_tokens}
+    changes: dict = {name: tuple(_parse_sizes(text, "--" + name.replace("_", "-")))
+                     for name, text in lists.items() if text}
+    if repeats is not None:
+        changes["repeats"] = repeats
+    base = QUICK_GRID if quick else ProfileGrid()
+    try:
+        return dataclasses.replace(base, max_tokens_per_forward=max_tokens_per_forward, **changes)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _csv(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None

@@ -7,6 +7,12 @@ decoding step. With one drafter this is the adaptive method; with a draft model 
 is hybrid drafting (an n-gram proposal is verified only up to the k the goodput picks).
 A k > 0 must beat plain decoding by ``min_gain`` (default 3%): estimates of α and costs are noisy,
 and a marginal predicted gain is not worth the risk of losing to plain decoding.
+With a TPOT service-level objective ``tpot_slo_ms`` (AdaSpec, arXiv 2503.05096, SLO-aware selection),
+choices whose predicted time per output token, step time / E[tokens] (ms/token), exceeds it are
+excluded before goodput is compared; when no choice meets it, the one with the lowest predicted TPOT
+is taken (best effort). The TPOT is the steady-state one: a drafter's one-off catch-up is left out.
+At batch size 1 the TPOT is 1 / (goodput before amortising catch-up), so the SLO changes a decision
+only where ``min_gain`` or a catch-up cost made the goodput pick a slower-per-token choice.
 ``FixedController``: always k from the first drafter (capped by what it offers and the budget).
 """
 
@@ -18,7 +24,7 @@ from typing import Protocol
 
 from .acceptance import AcceptanceEstimator, AcceptancePrior
 from .costs import CostTable
-from .goodput import best_k, goodput
+from .goodput import expected_tokens, goodput, horizon_goodput, step_time_ms
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,41 @@ class Decision:
     predicted_goodput: float
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A possible decision with its predicted time per output token (ms/token)."""
+
+    decision: Decision
+    tpot_ms: float
+
+    @property
+    def rate(self) -> float:
+        """Predicted goodput (tokens/s)."""
+        return self.decision.predicted_goodput
+
+
+def select_decision(
+    plain: Candidate, others: Sequence[Candidate], min_gain: float = 0.0, tpot_slo_ms: float | None = None
+) -> Decision:
+    """The candidate of highest predicted goodput among those meeting the TPOT SLO; ties keep the earlier.
+
+    ``plain`` is the fallback (a plain step, or the shorter proposal); another candidate must beat its
+    goodput by the relative margin ``min_gain`` — unless ``plain`` itself breaks the SLO. With no
+    candidate meeting ``tpot_slo_ms`` (ms/token), the one with the lowest predicted TPOT (best effort).
+    """
+    def meets(c: Candidate) -> bool:
+        return tpot_slo_ms is None or c.tpot_ms <= tpot_slo_ms
+
+    best = plain if meets(plain) else None
+    floor = plain.rate * (1.0 + min_gain) if best is not None else 0.0
+    for c in others:
+        if meets(c) and c.rate > floor and (best is None or c.rate > best.rate):
+            best = c
+    if best is None:
+        return min((plain, *others), key=lambda c: c.tpot_ms).decision
+    return best.decision
+
+
 class Controller(Protocol):
     """Chooses (drafter, k) each step and learns from the outcome."""
 
@@ -56,8 +97,9 @@ class Controller(Protocol):
         """Pick a drafter and k ≤ its k_upper; ``horizon`` = tokens left in the budget."""
         ...
 
-    def observe(self, drafter: int, drafted: int, accepted: int) -> None:
-        """Record that ``accepted`` of ``drafted`` tokens from ``drafter`` were accepted."""
+    def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
+        """Record that ``accepted`` of ``drafted`` tokens from ``drafter`` were accepted; ``confidences``:
+        the draft's q(x_u) of each drafted token (empty for deterministic drafters)."""
         ...
 
 
@@ -70,23 +112,29 @@ class GoodputController:
         drafters: Sequence[DrafterCosts],
         priors: Sequence[AcceptancePrior | None] | None = None,
         min_gain: float = 0.03,
+        tpot_slo_ms: float | None = None,
     ) -> None:
-        self.costs, self.drafters, self.min_gain = costs, list(drafters), min_gain
+        self.costs, self.drafters, self.min_gain, self.tpot_slo_ms = costs, list(drafters), min_gain, tpot_slo_ms
         self.estimators = [AcceptanceEstimator(p) for p in (priors or [None] * len(self.drafters))]
 
     def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
+        """Best (drafter, k) over every option's k = 1..k_upper and a plain step (ties: smaller k,
+        earlier drafter); see the module docstring for ``min_gain`` and ``tpot_slo_ms``."""
         first = options[0].drafter if options else 0
-        plain = goodput(0.0, 0, 0.0, self.costs.t_verify)
-        best = Decision(0, first, self.estimators[first].alpha, plain)
+        t_verify = self.costs.t_verify
+        plain = Candidate(Decision(0, first, self.estimators[first].alpha, goodput(0.0, 0, 0.0, t_verify)),
+                          t_verify(1))
+        others = []
         for opt in options:
             cost, alpha = self.drafters[opt.drafter], self.estimators[opt.drafter].alpha
-            choice = best_k(alpha, opt.k_upper, cost.draft_ms, self.costs.t_verify,
-                            opt.catchup_tokens * cost.catchup_ms, horizon, self.min_gain)
-            if choice.k and choice.goodput > best.predicted_goodput:
-                best = Decision(choice.k, opt.drafter, alpha, choice.goodput)
-        return best
+            for k in range(1, opt.k_upper + 1):
+                rate = horizon_goodput(goodput(alpha, k, cost.draft_ms, t_verify),
+                                       opt.catchup_tokens * cost.catchup_ms, horizon)
+                tpot = step_time_ms(k, cost.draft_ms, t_verify) / expected_tokens(alpha, k)
+                others.append(Candidate(Decision(k, opt.drafter, alpha, rate), tpot))
+        return select_decision(plain, others, self.min_gain, self.tpot_slo_ms)
 
-    def observe(self, drafter: int, drafted: int, accepted: int) -> None:
+    def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
         for i, estimator in enumerate(self.estimators):
             if i == drafter:
                 estimator.update(drafted, accepted)
@@ -109,5 +157,5 @@ class FixedController:
         rate = goodput(alpha, k, self.draft_ms, self.costs.t_verify) if self.costs else float("nan")
         return Decision(k, opt.drafter, alpha, rate)
 
-    def observe(self, drafter: int, drafted: int, accepted: int) -> None:
+    def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
         self.estimator.update(drafted, accepted)

@@ -4,11 +4,14 @@ Design: the controller never assumes a cost model. At first use we time the targ
 n = 1..k_max+1 new tokens and the draft's 1-token forward on a fixed context (warm-up, then the median
 of a few repeats, sizes interleaved), and cache the table as JSON, keyed by the model pair, dtype,
 quantization, device and library versions. On CPU with NF4 the curve is flat up to ~4 tokens and not
-linear, which is exactly what a fitted line would get wrong.
+linear, which is exactly what a fitted line would get wrong. A cost profile (``profile``, measured by
+``hf-adaspec profile`` over batch × context × new tokens) that matches the pair takes precedence:
+``CostCache`` looks for one first and calibrates only without it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -19,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -75,22 +79,30 @@ def _model_identity(model: torch.nn.Module) -> dict:
     }
 
 
-def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, batch: int = 1) -> str:
-    """Stable cache key of a (target, draft) pair at a batch size on this machine and library versions."""
+def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dict:
+    """What a measured cost depends on: both models (name, params, dtype, quantization, device), the
+    torch and transformers versions, the machine and torch's intra-op thread count."""
     import transformers
 
-    ident = {
-        "schema": 2,
+    return {
         "target": _model_identity(target),
         "draft": _model_identity(draft) if draft is not None else None,
-        "n_max": n_max,
-        **({"batch": batch} if batch != 1 else {}),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
     }
+
+
+def identity_key(ident: dict) -> str:
+    """16 hex digits of the SHA-256 of ``ident`` as sorted JSON: a stable file name for a cache entry."""
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, batch: int = 1) -> str:
+    """Stable cache key of a (target, draft) pair at a batch size on this machine and library versions."""
+    ident = {"schema": 2, **pair_identity(target, draft), "n_max": n_max, **({"batch": batch} if batch != 1 else {})}
+    return identity_key(ident)
 
 
 _CATCHUP_CHUNK = 32
@@ -108,16 +120,23 @@ class _ForwardProbe:
         with torch.no_grad():
             hf_compat.forward_logits(model, self.ids[:, :context], self.cache, keep=1)
 
-    @torch.no_grad()
     def time_ms(self, n_new: int) -> float:
         """Wall ms of one forward over ``n_new`` tokens; the cache is rolled back afterwards."""
-        start = time.perf_counter()
-        hf_compat.forward_logits(self.model, self.ids[:, self.context : self.context + n_new], self.cache, keep=n_new)
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = (time.perf_counter() - start) * 1000.0
-        hf_compat.rollback(self.cache, self.context)
-        return elapsed
+        return time_forward_ms(self.model, self.ids[:, self.context : self.context + n_new], self.cache, keep=n_new)
+
+
+@torch.no_grad()
+def time_forward_ms(model: torch.nn.Module, input_ids: torch.Tensor, cache, keep: int) -> float:
+    """Wall ms of one forward of ``input_ids`` [B, n] on top of ``cache``, keeping ``keep`` positions'
+    logits; the cache is rolled back to its length before the call afterwards."""
+    length = hf_compat.cache_length(cache)
+    start = time.perf_counter()
+    hf_compat.forward_logits(model, input_ids, cache, keep=keep)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - start) * 1000.0
+    hf_compat.rollback(cache, length)
+    return elapsed
 
 
 def measure(
@@ -150,12 +169,14 @@ def measure(
     return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max, batch), catchup_ms)
 
 
-def _atomic_write_json(path: Path, data: dict) -> None:
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Create ``path`` (and its folder) from ``write(file)``: written to a temporary file beside it, then
+    renamed into place, so readers never see a half-written file; the temporary file is removed on error."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -163,9 +184,14 @@ def _atomic_write_json(path: Path, data: dict) -> None:
         raise
 
 
+def _atomic_write_json(path: Path, data: dict) -> None:
+    atomic_write(path, lambda f: f.write(json.dumps(data, indent=2).encode()))
+
+
 @dataclass
 class CostCache:
-    """Cost tables cached per model pair under ``<cache>/costs/<key>.json``."""
+    """Where the controllers' costs come from: a matching cost profile (``profile.find_profile``), else
+    tables calibrated at context 128 and cached per model pair under ``<cache>/costs/<key>.json``."""
 
     root: Path = field(default_factory=lambda: cache_dir() / "costs")
 
@@ -176,8 +202,44 @@ class CostCache:
         n_max: int,
         log: Callable[[str], None],
         batch: int = 1,
+        context: int = 128,
+        profile: str | Path | None = None,
     ) -> CostTable:
-        """Return the cached table for this pair (at ``batch`` rows), or calibrate (seconds) and cache it."""
+        """The pair's table at ``batch`` rows: from a matching cost profile at ``context`` tokens
+        (``profile``: its path; else $HF_ADASPEC_PROFILE or the cached profile of this pair), else the
+        cached calibration, else calibrate (seconds) and cache it. Raises ValueError when an explicitly
+        given profile is missing or invalid."""
+        from .profile import find_profile  # profile builds on this module
+
+        found = find_profile(target, draft, profile, log)
+        if found is not None:
+            return found.cost_table(batch, context, n_max)
+        return self._calibrated(target, draft, n_max, log, batch)
+
+    def costs_for(
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module | None,
+        n_max: int,
+        log: Callable[[str], None],
+        batch: int,
+        context: int = 128,
+        profile: str | Path | None = None,
+    ) -> Callable[[int], CostTable]:
+        """costs_for(b) for a static batch of up to ``batch`` rows: a matching profile's table at b rows and
+        ``context`` tokens; else tables calibrated at b = 1, 2, 4, … and ``batch``, b rows using the table
+        of the smallest calibrated size ≥ b. Raises ValueError as ``load_or_measure``."""
+        from .profile import find_profile
+
+        found = find_profile(target, draft, profile, log)
+        if found is not None:
+            return functools.cache(lambda b: found.cost_table(b, context, n_max))
+        sizes = sorted({min(2**i, batch) for i in range(batch.bit_length() + 1)})
+        tables = {b: self._calibrated(target, draft, n_max, log, b) for b in sizes}
+        return lambda b: tables[min(s for s in sizes if s >= b)]
+
+    def _calibrated(self, target, draft, n_max: int, log: Callable[[str], None], batch: int) -> CostTable:
+        """The cached calibration at ``batch`` rows, or calibrate (seconds) and cache it."""
         key = table_key(target, draft, n_max, batch)
         path = self.root / f"{key}.json"
         if path.exists():
@@ -187,7 +249,8 @@ class CostCache:
                 return CostTable(**data)
             except (ValueError, KeyError, TypeError):
                 log(f"hf-adaspec: ignoring unreadable cost table {path}; recalibrating")
-        log(f"hf-adaspec: calibrating step costs for this model pair at batch {batch} (first use), cached at {path}")
+        log(f"hf-adaspec: calibrating step costs for this model pair at batch {batch} (first use), cached at {path}; "
+            "run `hf-adaspec profile` for context-aware costs")
         table = measure(target, draft, n_max, batch=batch)
         _atomic_write_json(path, {**asdict(table), "verify_ms": list(table.verify_ms)})
         return table

@@ -5,6 +5,8 @@ proposes k tokens; the target verifies [last token, d_1..d_k] in one forward; gr
 speculative sampling keeps n ≤ k of them plus one bonus/correction token; the target's and every
 drafter's state roll back to the accepted prefix.
 k = 0 is a plain decoding step. Invariant: the target cache holds every token but the last.
+A controller with a ``stop_rule`` (confidence-based drafting) hands the proposer a callable that may
+end the proposal early, so its k is then an upper bound.
 A drafter's one-off catch-up cost is amortised over the expected remaining length, estimated as the
 tokens generated so far (capped by the budget): with an unknown end, a request that has run for n
 tokens is as likely as not to run n more, so a long prompt with a short answer stays on plain steps.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from . import hf_compat
-from .controller import Controller, DraftOption
+from .controller import Controller, Decision, DraftOption
 from .proposers.base import Proposal, Proposer
 from .stats import SpeculationStats, StepRecord
 from .verification import Verification, greedy_verify, speculative_sample
@@ -107,7 +109,7 @@ def speculative_decode(
         decision = controller.choose(options, horizon)
         proposer = proposers[decision.drafter]
         t0 = time.perf_counter()
-        proposal = proposer.propose(ids, decision.k) if decision.k else Proposal(ids[:, :0])
+        proposal = _propose(proposer, controller, ids, decision)
         t1 = time.perf_counter()
         step_ids = torch.cat([ids[:, -1:], proposal.tokens], dim=1)  # [1, k+1]
         logits = hf_compat.forward_logits(target, step_ids, cache, keep=step_ids.shape[1])  # [1, k+1, V]
@@ -117,7 +119,7 @@ def speculative_decode(
         hf_compat.rollback(cache, length + n)
         for p in proposers:
             p.rollback(length + n)
-        controller.observe(decision.drafter, proposal.k, n)
+        controller.observe(decision.drafter, proposal.k, n, confidences=proposal.confidences)
         new = torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1)  # [1, n+1]
         ids, done = append_tokens(ids, new, settings)
         t2 = time.perf_counter()
@@ -129,6 +131,16 @@ def speculative_decode(
         settings.streamer.end()
     stats.wall_ms, stats.new_tokens = (time.perf_counter() - start) * 1000.0, ids.shape[1] - prompt_len
     return DecodeResult(sequences=ids, stats=stats)
+
+
+def _propose(proposer: Proposer, controller: Controller, ids: torch.Tensor, decision: Decision) -> Proposal:
+    """Up to decision.k draft tokens [1, k'], ended early by the controller's ``stop_rule`` if it has one."""
+    if not decision.k:
+        return Proposal(ids[:, :0])
+    stop_rule = getattr(controller, "stop_rule", None)
+    if stop_rule is None:
+        return proposer.propose(ids, decision.k)
+    return proposer.propose(ids, decision.k, stop=stop_rule(decision.drafter))
 
 
 def _stream(settings: DecodeSettings, tokens: torch.Tensor, record: StepRecord | None) -> None:

@@ -15,6 +15,30 @@ def new_cache(model: torch.nn.Module) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
+def synthetic_cache(model: torch.nn.Module, batch: int, length: int, seed: int = 0) -> DynamicCache:
+    """A cache holding ``length`` positions of random keys and values for ``batch`` rows, as if a
+    prompt had been prefilled (attention's cost does not depend on the values; prefilling 16×4096
+    tokens would take minutes on a CPU).
+
+    Per layer keys and values are [batch, kv_heads, length, head_dim] in the embedding's dtype, read
+    from the text config (``num_key_value_heads``, ``head_dim`` or hidden_size / heads). Raises
+    ValueError for batch or length < 1.
+    """
+    if batch < 1 or length < 1:
+        raise ValueError(f"a synthetic cache needs batch >= 1 and length >= 1, got {batch}, {length}")
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    weight = model.get_input_embeddings().weight
+    gen = torch.Generator().manual_seed(seed)
+    states = torch.randn(batch, kv_heads, length, head_dim, generator=gen).to(device=weight.device, dtype=weight.dtype)
+    cache = new_cache(model)
+    for layer in range(config.num_hidden_layers):
+        cache.update(states, states, layer)  # each layer concatenates into tensors of its own
+    return cache
+
+
 def cache_length(cache: DynamicCache) -> int:
     """Number of positions held by the cache (tokens)."""
     return cache.get_seq_length()

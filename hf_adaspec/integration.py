@@ -15,6 +15,7 @@ import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +25,8 @@ from . import hf_compat
 from .acceptance import AcceptanceMemory
 from .batch_controller import BatchFixedController, BatchGoodputController
 from .batch_engine import speculative_decode_batch
-from .controller import DrafterCosts, FixedController, GoodputController
+from .confidence import CalibratorMemory, ConfidenceController, PMinController
+from .controller import Controller, DrafterCosts, FixedController, GoodputController
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
@@ -32,18 +34,20 @@ from .proposers.batch_draft_model import BatchDraftModelProposer
 from .proposers.batch_prompt_lookup import BatchPromptLookupProposer
 from .stats import BatchSpeculationStats, SpeculationStats, StepRecord
 
-SPECULATION_MODES = ("adaptive", "fixed", "hybrid")
-
-
 @dataclass(frozen=True)
 class SpeculationConfig:
     """How to speculate.
 
-    speculation: "adaptive" (goodput-chosen k per step, down to 0), "fixed" (always
-    ``num_speculative_tokens``) or "hybrid" (each step the best of a plain step, a prompt-lookup
-    proposal and a draft-model proposal by predicted goodput; needs a draft model). max_speculative_tokens: k_max for adaptive. prompt_lookup_max_ngram:
-    n-gram size for the prompt-lookup drafter (used when no draft model is given). min_gain: relative
-    goodput margin a k > 0 must predict over a plain step to be chosen (adaptive only).
+    speculation: a key of ``SPECULATION_MODES``: "adaptive" (goodput-chosen k per step, down to 0),
+    "fixed" (always ``num_speculative_tokens``), "hybrid" (each step the best of a plain step, a
+    prompt-lookup proposal and a draft-model proposal by predicted goodput; needs a draft model),
+    "confidence" (the draft model drafts while its calibrated confidence predicts rising goodput,
+    AdaSpec; batch size 1) or "pmin" (llama.cpp-style: drafts up to k_max, stopping once a token's
+    draft probability < ``draft_p_min``; batch size 1). max_speculative_tokens: k_max.
+    prompt_lookup_max_ngram: n-gram size for the prompt-lookup drafter (used when no draft model is
+    given). min_gain: relative goodput margin a k > 0 must predict over a plain step to be chosen.
+    tpot_slo_ms: a time-per-output-token objective (ms/token): adaptive, hybrid and confidence skip
+    choices predicted to break it (best effort when none meets it); every mode reports its attainment.
     """
 
     speculation: str = "adaptive"
@@ -51,11 +55,13 @@ class SpeculationConfig:
     max_speculative_tokens: int = 8
     prompt_lookup_max_ngram: int = 3
     min_gain: float = 0.03
+    draft_p_min: float = 0.75
+    tpot_slo_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
             raise ValueError(
-                f"speculation={self.speculation!r} is not supported; use one of {SPECULATION_MODES} "
+                f"speculation={self.speculation!r} is not supported; use one of {tuple(SPECULATION_MODES)} "
                 "(or leave it out for transformers' own generate)"
             )
         if self.speculation == "fixed" and self.num_speculative_tokens is None:
@@ -66,6 +72,10 @@ class SpeculationConfig:
             raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
         if self.max_speculative_tokens < 1:
             raise ValueError(f"max_speculative_tokens must be >= 1, got {self.max_speculative_tokens}")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:
+            raise ValueError(f"tpot_slo_ms must be > 0 ms per token (or None for no SLO), got {self.tpot_slo_ms}")
 
     @property
     def k_max(self) -> int:
@@ -85,6 +95,8 @@ class SpeculationRequest:
     costs: CostTable | None = None
     memory: AcceptanceMemory | None = None
     on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
+    calibrators: CalibratorMemory | None = None
+    profile: str | Path | None = None
 
 
 @dataclass
@@ -101,9 +113,9 @@ def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, g
         raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
     if gen_config.output_scores or gen_config.output_logits or gen_config.output_attentions:
         raise ValueError("speculation does not return scores, logits or attentions; drop output_scores/output_logits")
-    draft = request.draft_model
-    if draft is None and request.config.speculation == "hybrid":
-        raise ValueError('speculation="hybrid" needs a draft model: pass assistant_model=draft')
+    draft, mode = request.draft_model, request.config.speculation
+    if draft is None and SPECULATION_MODES[mode].needs_draft:
+        raise ValueError(f'speculation="{mode}" needs a draft model: pass assistant_model=draft')
     if draft is not None and hf_compat.vocab_size(draft) != hf_compat.vocab_size(model):
         raise ValueError(
             f"draft model vocabulary ({hf_compat.vocab_size(draft)}) differs from the target's "
@@ -111,6 +123,10 @@ def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, g
             "assistant_model to use prompt lookup"
         )
     if _is_batch(input_ids, kw):
+        if not SPECULATION_MODES[mode].batch:
+            raise ValueError(f'speculation="{mode}" supports batch size 1; use "adaptive" or "fixed" for batches')
+        if request.config.tpot_slo_ms is not None:
+            raise ValueError("tpot_slo_ms supports batch size 1; drop it for batches")
         _check_batch(input_ids, _attention_mask(input_ids, kw), request)
 
 
@@ -158,25 +174,74 @@ def _build_proposers(request: SpeculationRequest, logits_processor, generation_c
         proposers.append(DraftModelProposer(request.draft_model, logits_processor, do_sample, eos_ids) if batch is None
                          else BatchDraftModelProposer(request.draft_model, batch, logits_processor, do_sample, pad,
                                                       eos_ids))
-    if request.draft_model is None or request.config.speculation == "hybrid":
+    if request.draft_model is None or SPECULATION_MODES[request.config.speculation].lookup_with_draft:
         lookup = PromptLookupProposer if batch is None else BatchPromptLookupProposer
         proposers.append(lookup(max_ngram=request.config.prompt_lookup_max_ngram))
     return proposers
 
 
-def _build_controller(model, request: SpeculationRequest, proposers: list[Proposer]):
+def _goodput_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
+                        proposers: list[Proposer]) -> Controller:
+    """adaptive / hybrid: per-step (drafter, k) by predicted goodput, α priors from the pair's memory."""
+    priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
+    return GoodputController(costs, drafters, priors, request.config.min_gain, request.config.tpot_slo_ms)
+
+
+def _fixed_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
+                      proposers: list[Proposer]) -> Controller:
+    """fixed: always k = num_speculative_tokens."""
+    return FixedController(request.config.k_max, costs, drafters[0].draft_ms)
+
+
+def _confidence_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
+                           proposers: list[Proposer]) -> Controller:
+    """confidence: AdaSpec's confidence-prior stopping, calibrated per pair across requests."""
+    calibrators = request.calibrators or CalibratorMemory()
+    calibrator = calibrators.calibrator_for(_memory_key(proposers[0]))
+    config = request.config
+    return ConfidenceController(costs, drafters[0], calibrator, config.min_gain, config.tpot_slo_ms)
+
+
+def _pmin_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
+                     proposers: list[Proposer]) -> Controller:
+    """pmin: llama.cpp-style stop at the first draft token with q(x_u) < draft_p_min."""
+    return PMinController(request.config.draft_p_min)
+
+
+@dataclass(frozen=True)
+class SpeculationMode:
+    """One ``speculation=`` value: its controller builder ``build(request, costs, drafter_costs,
+    proposers)``, whether it needs a draft model, whether prompt lookup joins the draft model as a
+    second drafter, and whether the static-batch engine runs it."""
+
+    build: Callable[[SpeculationRequest, CostTable, list[DrafterCosts], list[Proposer]], Controller]
+    needs_draft: bool = False
+    lookup_with_draft: bool = False
+    batch: bool = True
+
+
+SPECULATION_MODES: dict[str, SpeculationMode] = {
+    "adaptive": SpeculationMode(_goodput_controller),
+    "fixed": SpeculationMode(_fixed_controller),
+    "hybrid": SpeculationMode(_goodput_controller, needs_draft=True, lookup_with_draft=True),
+    "confidence": SpeculationMode(_confidence_controller, needs_draft=True, batch=False),
+    "pmin": SpeculationMode(_pmin_controller, needs_draft=True, batch=False),
+}
+
+
+def _build_controller(model, request: SpeculationRequest, proposers: list[Proposer], context: int) -> Controller:
+    """The mode's controller over the given cost table, else the pair's profile at ``context`` tokens (the
+    prompt length) or its calibrated table (``CostCache.load_or_measure``)."""
     config, costs = request.config, request.costs
     if costs is None:
         log = functools.partial(print, file=sys.stderr)
-        costs = CostCache().load_or_measure(model, request.draft_model, config.max_speculative_tokens + 1, log)
+        costs = CostCache().load_or_measure(model, request.draft_model, config.max_speculative_tokens + 1, log,
+                                            context=context, profile=request.profile)
     drafter_costs = [
         DrafterCosts(costs.draft_ms, costs.draft_catchup_ms) if isinstance(p, DraftModelProposer) else DrafterCosts()
         for p in proposers
     ]
-    if config.speculation == "fixed":
-        return FixedController(config.k_max, costs, drafter_costs[0].draft_ms)
-    priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
-    return GoodputController(costs, drafter_costs, priors, config.min_gain)
+    return SPECULATION_MODES[config.speculation].build(request, costs, drafter_costs, proposers)
 
 
 def _remember(memory: AcceptanceMemory, proposers: list[Proposer], stats: SpeculationStats) -> None:
@@ -186,16 +251,14 @@ def _remember(memory: AcceptanceMemory, proposers: list[Proposer], stats: Specul
         memory.record(_memory_key(p), sum(s.k for s in steps), sum(s.accepted for s in steps))
 
 
-def _batch_costs(model, request: SpeculationRequest, batch: int) -> Callable[[int], CostTable]:
-    """costs_for(b): tables measured (once per machine, then cached) at b = 1, 2, 4, … and ``batch``;
-    a batch of b rows uses the table of the smallest measured size ≥ b."""
+def _batch_costs(model, request: SpeculationRequest, batch: int, context: int) -> Callable[[int], CostTable]:
+    """costs_for(b): the given table; else the pair's profile at b rows and ``context`` tokens (the padded
+    prompt length), or tables calibrated at b = 1, 2, 4, … and ``batch`` (``CostCache.costs_for``)."""
     if request.costs is not None:
         return lambda b: request.costs
     log = functools.partial(print, file=sys.stderr)
-    sizes = sorted({min(2**i, batch) for i in range(batch.bit_length() + 1)})
     n_max = request.config.max_speculative_tokens + 1
-    tables = {b: CostCache().load_or_measure(model, request.draft_model, n_max, log, batch=b) for b in sizes}
-    return lambda b: tables[min(s for s in sizes if s >= b)]
+    return CostCache().costs_for(model, request.draft_model, n_max, log, batch, context, request.profile)
 
 
 def _generate_batch(model, input_ids, logits_processor, stopping_criteria, generation_config, request, mask):
@@ -208,7 +271,8 @@ def _generate_batch(model, input_ids, logits_processor, stopping_criteria, gener
     else:
         priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
         kinds = [isinstance(p, BatchDraftModelProposer) for p in proposers]
-        controller = BatchGoodputController(_batch_costs(model, request, batch), batch, kinds, priors, config.min_gain)
+        costs_for = _batch_costs(model, request, batch, input_ids.shape[1])
+        controller = BatchGoodputController(costs_for, batch, kinds, priors, config.min_gain)
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
                               generation_config.do_sample, config.k_max)
     result = speculative_decode_batch(model, input_ids, mask, proposers, controller, settings, pad)
@@ -252,8 +316,9 @@ def speculative_generate(
         streamer=request.streamer,
         on_step=request.on_step,
     )
-    controller = _build_controller(model, request, proposers)
+    controller = _build_controller(model, request, proposers, input_ids.shape[1])
     result = speculative_decode(model, input_ids, proposers, controller, settings)
+    result.stats.tpot_slo_ms = request.config.tpot_slo_ms
     if request.memory is not None:
         _remember(request.memory, proposers, result.stats)
     if generation_config.return_dict_in_generate:
@@ -261,7 +326,8 @@ def speculative_generate(
     return result.sequences
 
 
-def _speculative_entry(original, memory: AcceptanceMemory, speculation=None, **kwargs):
+def _speculative_entry(original, memory: AcceptanceMemory, calibrators: CalibratorMemory | None = None,
+                       speculation=None, **kwargs):
     """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``."""
     if speculation is None:
         return original(**kwargs)
@@ -271,32 +337,40 @@ def _speculative_entry(original, memory: AcceptanceMemory, speculation=None, **k
         num_speculative_tokens=kwargs.pop("num_speculative_tokens", None),
         max_speculative_tokens=kwargs.pop("max_speculative_tokens", 8),
         prompt_lookup_max_ngram=kwargs.pop("prompt_lookup_max_ngram", 3),
+        draft_p_min=kwargs.pop("draft_p_min", 0.75),
+        tpot_slo_ms=kwargs.pop("tpot_slo_ms", None),
     )
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
-    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory, on_step)
+    profile = kwargs.pop("speculation_profile", None)
+    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory, on_step, calibrators, profile)
     return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
 
 
 def enable(model) -> Any:
-    """Let ``model.generate`` take ``speculation="adaptive"|"fixed"|"hybrid"`` (and ``assistant_model`` as the
-    draft). Idempotent; returns the model. Without ``speculation`` generate is unchanged.
+    """Let ``model.generate`` take ``speculation=`` one of ``SPECULATION_MODES`` ("adaptive", "fixed",
+    "hybrid", "confidence", "pmin"; ``assistant_model`` is the draft). Idempotent; returns the model.
+    Without ``speculation`` generate is unchanged. Acceptance and confidence calibration are kept per
+    (model, drafter) pair across requests.
 
     Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
-    ``prompt_lookup_max_ngram``, ``speculation_costs`` (a ``CostTable``) and ``speculation_callback``:
+    ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
+    attainment lands in ``.speculation``), ``speculation_costs`` (a ``CostTable``, used as is),
+    ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
+    cached profile of this pair, else calibration at first use) and ``speculation_callback``:
     called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's
     token) and the tokens it emitted ([m] long, on CPU); ``record.token_sources()`` says how each was made.
     """
     if getattr(model, "_adaspec_enabled", False):
         return model
     original = model.generate
-    memory = AcceptanceMemory()
+    memory, calibrators = AcceptanceMemory(), CalibratorMemory()
 
     @functools.wraps(original)
     def generate(inputs=None, speculation=None, **kwargs):
         if inputs is not None:
             kwargs["inputs"] = inputs
-        return _speculative_entry(original, memory, speculation=speculation, **kwargs)
+        return _speculative_entry(original, memory, calibrators, speculation=speculation, **kwargs)
 
     model.generate = generate
     model._adaspec_enabled = True

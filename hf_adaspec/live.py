@@ -145,10 +145,8 @@ class LiveSnapshot:
 
 
 def slo_attainment(steps: list[StepRecord], tpot_slo_ms: float) -> float:
-    """Share of emitted tokens whose step met the TPOT SLO: step time / tokens emitted ≤ tpot_slo_ms."""
-    emitted = sum(s.emitted for s in steps)
-    met = sum(s.emitted for s in steps if s.emitted and (s.draft_ms + s.verify_ms) / s.emitted <= tpot_slo_ms)
-    return met / emitted if emitted else float("nan")
+    """Share of emitted tokens whose step met the TPOT SLO (``SpeculationStats.slo_attainment``)."""
+    return SpeculationStats(steps=list(steps)).slo_attainment(tpot_slo_ms)
 
 
 def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock) -> None:

@@ -37,12 +37,14 @@ class StepRecord:
 
 @dataclass
 class SpeculationStats:
-    """All decisions of one request plus wall time; ``new_tokens`` counts the generated tokens."""
+    """All decisions of one request plus wall time; ``new_tokens`` counts the generated tokens;
+    ``tpot_slo_ms``: the request's TPOT service-level objective (ms/token), None when none was set."""
 
     steps: list[StepRecord] = field(default_factory=list)
     prefill_ms: float = 0.0
     wall_ms: float = 0.0
     new_tokens: int = 0
+    tpot_slo_ms: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -86,14 +88,33 @@ class SpeculationStats:
         """Share of steps with k = 0 (plain decoding steps)."""
         return sum(1 for s in self.steps if s.k == 0) / len(self.steps) if self.steps else 0.0
 
+    def slo_attainment(self, tpot_slo_ms: float | None = None) -> float:
+        """Share of the tokens generated after the prefill whose step met the TPOT SLO: the step's
+        realised (draft_ms + verify_ms) / emitted ≤ ``tpot_slo_ms`` (ms/token; default: the stored
+        one). NaN when no step emitted a token (AdaSpec, arXiv 2503.05096: SLO attainment).
+
+        Raises:
+            ValueError: no SLO given or stored, or an SLO that is not > 0.
+        """
+        slo = self.tpot_slo_ms if tpot_slo_ms is None else tpot_slo_ms
+        if slo is None or not slo > 0:
+            raise ValueError(f"tpot_slo_ms must be > 0 ms (pass one or set it on the request), got {slo}")
+        emitted = sum(s.emitted for s in self.steps)
+        met = sum(s.emitted for s in self.steps if s.emitted and (s.draft_ms + s.verify_ms) / s.emitted <= slo)
+        return met / emitted if emitted else float("nan")
+
     def summary(self) -> str:
-        """One line: tokens/s, mean accepted length, acceptance, k histogram, share of plain steps."""
+        """One line: tokens/s, mean accepted length, acceptance, k histogram, share of plain steps, and
+        the SLO attainment when an SLO was set."""
         hist = " ".join(f"{k}:{n}" for k, n in self.k_histogram.items())
-        return (
+        line = (
             f"{self.new_tokens} tokens in {self.wall_ms / 1000:.2f} s = {self.tokens_per_s:.2f} tokens/s | "
             f"mean accepted length {self.mean_accepted_length:.2f} | acceptance {self.acceptance_rate:.2f} | "
             f"k histogram {{{hist}}} | plain steps {100 * self.plain_share:.0f}%"
         )
+        if self.tpot_slo_ms is not None:
+            line += f" | TPOT SLO {self.tpot_slo_ms:g} ms met by {100 * self.slo_attainment():.0f}% of tokens"
+        return line
 
     def to_dict(self) -> dict:
         """JSON-ready summary plus every step."""
@@ -106,6 +127,8 @@ class SpeculationStats:
             "acceptance_rate": self.acceptance_rate,
             "k_histogram": self.k_histogram,
             "plain_share": self.plain_share,
+            "tpot_slo_ms": self.tpot_slo_ms,
+            "slo_attainment": self.slo_attainment() if self.tpot_slo_ms is not None else None,
             "steps": [asdict(s) for s in self.steps],
         }
 

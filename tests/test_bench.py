@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_adaspec.bench import Run, load_prompts, markdown, method_kwargs, summarize
 
@@ -68,3 +69,69 @@ def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
     bb.write_results(out, runs, summary, {"methods": methods})
     assert json.loads(out.read_text())["summary"]["table"]["2"]["adaptive"]["speedup"] == 1.0
     assert out.with_suffix(".md").exists() and out.with_suffix(".png").stat().st_size > 0
+
+
+def test_bench_oracle_agreement_lookup_runs_and_rates(models):
+    from hf_adaspec.bench_oracle import draft_agreement, lookup_runs, prompt_oracle
+    from hf_adaspec.costs import CostTable
+
+    target, prompt = models["target"], torch.tensor([[5, 6, 7, 8, 9, 10]])
+    seq = target.generate(prompt, max_new_tokens=12, do_sample=False)  # plain greedy, [1, 18]
+    assert draft_agreement(models["same_model"], seq, 6) == [True] * 11  # the target agrees with itself
+    noisy = draft_agreement(models["other_seed"], seq, 6)
+    assert len(noisy) == 11 and not all(noisy)
+    costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0, draft_catchup_ms=0.0)
+    oracle = prompt_oracle(target, models["same_model"], seq, 6, costs, 8, (7, "qa"))
+    assert oracle.draft_agreement == 1.0 and oracle.new_tokens == 12
+    # the same-model draft is always right: 11 decode tokens in 2 steps (k=8, then k=1) at 18 ms and 11 ms
+    assert oracle.tokens_per_s["draft"] == pytest.approx(1000.0 * 12 / (oracle.prefill_ms + 18.0 + 11.0))
+    assert oracle.tokens_per_s["hybrid"] >= oracle.tokens_per_s["draft"] - 1e-9
+    assert set(oracle.tokens_per_s) == {"draft", "lookup", "hybrid"}
+
+
+def test_lookup_runs_count_the_matching_prefix():
+    from hf_adaspec.bench_oracle import lookup_runs
+
+    seq = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 9, 1, 2]])  # prompt = first 4 tokens
+    # generated tokens: 1 2 3 9 1 2 (positions 4..9); decode tokens start at position 5
+    # pos 5 (prefix ..1): lookup continues [2,3,4,...] → 2,3 match, 4≠9 → 2; pos 6 (..1,2): [3,4,..] vs 3,9 → 1
+    # pos 7 (..1,2,3): [4,1,2,3] vs 9 → 0; pos 8 (..3,9): 9 never seen before → 0; pos 9 (..9,1): [2,3,9,1] vs 2 → 1
+    assert lookup_runs(seq, 4, k_max=8) == [2, 1, 0, 0, 1]
+
+
+def test_summarize_reports_pct_of_oracle_acceptance_and_k():
+    from hf_adaspec.bench_oracle import PromptOracle
+
+    runs = [_run(1, "a", "plain", 10.0), Run(1, "a", "adaptive", 64, 3.2, 20.0, True, acceptance=0.5, mean_k=2.0,
+                                              oracle_tokens_per_s=25.0)]
+    oracles = [PromptOracle(1, "a", 64, 100.0, 0.7, 0.2, {"draft": 25.0, "lookup": 12.0, "hybrid": 26.0})]
+    summary = summarize(runs, ["plain", "adaptive"], oracles)
+    cell = summary["table"]["a"]["adaptive"]
+    assert cell["pct_oracle"] == pytest.approx(80.0) and cell["acceptance"] == 0.5 and cell["mean_k"] == 2.0
+    assert summary["table"]["a"]["plain"]["pct_oracle"] is None
+    assert summary["oracle"]["a"]["oracle_speedup"]["draft"] == pytest.approx(2.5)
+    text = markdown(summary, ["plain", "adaptive"])
+    assert "| a | 80% |" in text and "| a | 0.50 / 2.00 |" in text and "| a | 0.70 | 0.20 | 2.50x | 2.60x | 1.20x |" in text
+
+
+def test_every_speculative_method_has_an_oracle_family():
+    from hf_adaspec.bench import METHOD_FAMILY, METHODS
+
+    assert {m for m in METHODS if m != "plain"} <= set(METHOD_FAMILY)
+
+
+def test_write_results_json_markdown_and_png(tmp_path):
+    from hf_adaspec.bench import write_results
+    from hf_adaspec.bench_oracle import PromptOracle
+
+    runs = [_run(1, "a", "plain", 10.0), _run(1, "a", "adaptive", 12.0), _run(2, "b", "plain", 9.0),
+            _run(2, "b", "adaptive", 8.0)]
+    oracles = [PromptOracle(1, "a", 64, 100.0, 0.7, 0.2, {"draft": 25.0})]
+    summary = summarize(runs, ["plain", "adaptive"], oracles)
+    out = tmp_path / "r" / "bench.json"
+    write_results(out, runs, summary, {"methods": ["plain", "adaptive"]}, oracles)
+    data = json.loads(out.read_text())
+    assert len(data["runs"]) == 4 and data["oracles"][0]["tokens_per_s"] == {"draft": 25.0}
+    assert out.with_suffix(".md").read_text().startswith("tokens/s")
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert not list(out.parent.glob("*.tmp*"))

@@ -31,9 +31,20 @@ def test_unknown_speculation_value(target, value):
         _generate(target, speculation=value)
 
 
-def test_hybrid_needs_a_draft_model(target):
-    with pytest.raises(ValueError, match="assistant_model"):
-        _generate(target, speculation="hybrid")
+@pytest.mark.parametrize("mode", ["hybrid", "confidence", "pmin"])
+def test_mode_needs_a_draft_model(target, mode):
+    with pytest.raises(ValueError, match="assistant_model") as err:
+        _generate(target, speculation=mode)
+    assert mode in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"speculation": "confidence"}, "batch size 1"),
+                                             ({"speculation": "pmin"}, "batch size 1"),
+                                             ({"speculation": "adaptive", "tpot_slo_ms": 50.0}, "tpot_slo_ms")])
+def test_single_request_modes_and_slo_reject_batches(target, tiny_factory, kwargs, message):
+    batch = torch.cat([PROMPT, PROMPT])  # [2, 6]
+    with pytest.raises(ValueError, match=message):
+        _generate(target, batch, assistant_model=tiny_factory(1), **kwargs)
 
 
 def test_fixed_needs_num_speculative_tokens(target):
@@ -78,7 +89,8 @@ def test_valid_call_still_works_after_errors(target):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"min_gain": -0.1}, {"max_speculative_tokens": 0}, {"speculation": "fixed", "num_speculative_tokens": -2}],
+    [{"min_gain": -0.1}, {"max_speculative_tokens": 0}, {"speculation": "fixed", "num_speculative_tokens": -2},
+     {"speculation": "pmin", "draft_p_min": 1.5}, {"tpot_slo_ms": -1.0}],
 )
 def test_speculation_config_validation(kwargs):
     with pytest.raises(ValueError):

@@ -14,10 +14,12 @@ import torch
 
 @dataclass(frozen=True)
 class Proposal:
-    """Draft tokens [B, k] long and, for sampling, their draft probabilities q [B, k, V] (else None)."""
+    """Draft tokens [B, k] long and, for sampling, their draft probabilities q [B, k, V] (else None);
+    ``confidences``: q(x_u) of each drafted token (batch size 1; empty for deterministic drafters)."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
+    confidences: tuple[float, ...] = ()
 
     @property
     def k(self) -> int:
@@ -39,7 +41,8 @@ class Proposer(Protocol):
         ...
 
     def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
-        """Draft up to ``k`` ≥ 1 tokens continuing ``tokens`` [B, T]."""
+        """Draft up to ``k`` ≥ 1 tokens continuing ``tokens`` [B, T]. A drafter with confidences (the
+        draft model) also takes ``stop=fn(j, confidences) -> bool``, asked after each drafted token."""
         ...
 
     def rollback(self, length: int) -> None:

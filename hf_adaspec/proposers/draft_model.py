@@ -1,13 +1,17 @@
 """Draft-model drafting: a small model with the target's vocabulary proposes k tokens autoregressively.
 
-The draft keeps its own KV cache. It lazily catches up on tokens it has not seen (the previous step's
-bonus/correction token, or many tokens after a run of plain steps) in one forward, then drafts one
-token per forward. Rolled back to the confirmed prefix after every verification.
+Notation: q = draft distribution. The draft keeps its own KV cache. It lazily catches up on tokens it
+has not seen (the previous step's bonus/correction token, or many tokens after a run of plain steps)
+in one forward, then drafts one token per forward, reporting q(x_u) of each drafted token; an
+optional ``stop`` callable may end the proposal after any token. Rolled back to the confirmed prefix
+after every verification.
 """
 
 from __future__ import annotations
 
 import torch
+
+from collections.abc import Callable
 
 from .. import hf_compat
 from .base import Proposal
@@ -42,27 +46,35 @@ class DraftModelProposer:
         return max(0, tokens.shape[1] - hf_compat.cache_length(self.cache) - 2)
 
     @torch.no_grad()
-    def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
-        """Draft up to k tokens, stopping after an EOS. tokens: [1, T] → Proposal [1, k'], q [1, k', V]."""
+    def propose(
+        self, tokens: torch.Tensor, k: int, stop: Callable[[int, tuple[float, ...]], bool] | None = None
+    ) -> Proposal:
+        """Draft up to k tokens, stopping after an EOS or when ``stop(j, confidences)`` says so (asked
+        after each drafted token; j = drafted so far). tokens: [1, T] → Proposal [1, k'], q [1, k', V]
+        when sampling, and confidences q(x_u): of the argmax under the processed scores (greedy) or of
+        the sampled token (sampling)."""
         context = tokens.to(self.model.device)
         pending = context[:, hf_compat.cache_length(self.cache) :]  # [1, m ≥ 1] not yet in the draft cache
-        drafted, probs = [], []
+        drafted, probs, confidences = [], [], []
         for _ in range(k):
             logits = hf_compat.forward_logits(self.model, pending, self.cache, keep=1)[:, -1]  # [1, V]
             scores = self.logits_processor(context, logits)  # [1, V]
+            q = torch.softmax(scores, dim=-1)  # [1, V]
             if self.do_sample:
-                q = torch.softmax(scores, dim=-1)  # [1, V]
                 token = torch.multinomial(q, 1, generator=self.generator)  # [1, 1]
                 probs.append(q)
             else:
                 token = scores.argmax(dim=-1, keepdim=True)  # [1, 1]
             drafted.append(token)
+            confidences.append(float(q[0, token[0, 0]]))
             context = torch.cat([context, token], dim=1)
             pending = token
             if self.eos.numel() and bool(torch.isin(token, self.eos.to(token.device)).any()):
                 break
+            if stop is not None and len(drafted) < k and stop(len(drafted), tuple(confidences)):
+                break
         q_all = torch.stack(probs, dim=1) if probs else None  # [1, k', V]
-        return Proposal(tokens=torch.cat(drafted, dim=1).to(tokens.device), q=q_all)
+        return Proposal(torch.cat(drafted, dim=1).to(tokens.device), q_all, tuple(confidences))
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` positions of the draft cache."""

@@ -1,0 +1,295 @@
+"""Confidence-prior drafting: stop drafting when the draft's own confidence says the next token no
+longer pays (AdaSpec, arXiv 2503.05096).
+
+Notation: p = target distribution, q = draft distribution. While drafting, a request keeps the draft's
+confidence in its proposal so far, c_j = Π_{u≤j} q(x_u) (the running product of the draft's
+probabilities of its own tokens). An online, per-pair calibration maps c_j to the observed probability
+that the whole prefix of j drafted tokens is accepted, P_j = P(prefix j accepted | c_j). Then
+(Leviathan et al. 2023, Eq. 1, generalised to non-i.i.d. acceptance)
+
+    E(k) = 1 + Σ_{j=1..k} P_j        goodput(k) = E(k) / (k·t_draft + t_verify(k+1))
+
+(SmartSpec, arXiv 2406.14066, §4, with the measured ``CostTable``). Predict → execute → correct:
+before drafting token j+1 the next confidence is predicted as ĉ_{j+1} = c_j·c̄ (c̄: the request's mean
+per-token confidence); token j+1 is drafted only if the predicted goodput rises; once drafted, its
+real confidence replaces the prediction.
+
+``ConfidenceController`` runs that rule; ``PMinController`` is the llama.cpp baseline (stop once a
+drafted token's q(x_u) < p_min). Besides the ``Controller`` protocol both offer ``stop_rule(drafter)``:
+a callable ``stop(j, confidences) -> bool`` that the engine hands the draft-model proposer, asked after
+each drafted token (j drafted so far, ``confidences`` their q(x_u)); ``choose`` only sets the cap k_upper.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from .acceptance import AcceptanceEstimator
+from .controller import Candidate, Decision, DraftOption, DrafterCosts, select_decision
+from .costs import CostTable
+from .goodput import horizon_goodput, step_time_ms
+
+StopRule = Callable[[int, tuple[float, ...]], bool]
+
+
+def isotonic(values: Sequence[float], weights: Sequence[float]) -> tuple[float, ...]:
+    """Weighted least-squares non-decreasing fit by pool-adjacent-violators (Ayer et al. 1955).
+
+    Adjacent values that violate the order are pooled into their weighted mean until none does.
+
+    Raises:
+        ValueError: lengths differ or a weight is not > 0.
+    """
+    if len(values) != len(weights):
+        raise ValueError(f"values and weights differ in length: {len(values)} != {len(weights)}")
+    if any(not w > 0 for w in weights):
+        raise ValueError(f"weights must be > 0, got {list(weights)}")
+    blocks: list[tuple[float, float, int]] = []  # (mean, weight, values pooled)
+    for v, w in zip(values, weights):
+        blocks.append((float(v), float(w), 1))
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, w2, n2), (m1, w1, n1) = blocks.pop(), blocks.pop()
+            blocks.append(((m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2))
+    return tuple(mean for mean, _, count in blocks for _ in range(count))
+
+
+def prefix_confidences(confidences: Sequence[float]) -> tuple[float, ...]:
+    """c_j = Π_{u≤j} q(x_u) for j = 1..k, from the per-token confidences q(x_1..x_k)."""
+    return tuple(math.prod(confidences[: j + 1]) for j in range(len(confidences)))
+
+
+class ConfidenceCalibrator:
+    """Online, binned map from cumulative confidence c ∈ [0, 1] to P(prefix of j drafts accepted).
+
+    ``n_bins`` equal bins over [0, 1] count trials and successes, each starting with ``prior_strength``
+    pseudo-trials at the identity calibration (P = c at the bin centre); the per-bin rates are made
+    non-decreasing by ``isotonic`` and interpolated linearly between bin centres. It also keeps the
+    pair's running mean per-token confidence (``token_mean``), the seed of each request's c̄.
+    One calibrator per (target, drafter) pair, kept across requests (``CalibratorMemory``).
+    """
+
+    def __init__(self, n_bins: int = 10, prior_strength: float = 2.0, token_mean: float = 0.7) -> None:
+        if n_bins < 1 or prior_strength <= 0 or not 0.0 <= token_mean <= 1.0:
+            raise ValueError(f"need n_bins >= 1, prior_strength > 0, token_mean in [0, 1]; got "
+                             f"{n_bins}, {prior_strength}, {token_mean}")
+        self.centres = tuple((b + 0.5) / n_bins for b in range(n_bins))
+        self.trials = [prior_strength] * n_bins
+        self.successes = [prior_strength * c for c in self.centres]
+        self.token_mean, self.tokens_seen = token_mean, 0
+        self._fitted = isotonic([s / t for s, t in zip(self.successes, self.trials)], self.trials)
+
+    def _bin(self, c: float) -> int:
+        return min(int(c * len(self.centres)), len(self.centres) - 1)
+
+    def predict(self, c: float) -> float:
+        """P(prefix accepted | cumulative confidence c), non-decreasing in c.
+
+        Raises:
+            ValueError: c outside [0, 1].
+        """
+        if not 0.0 <= c <= 1.0:
+            raise ValueError(f"confidence must be in [0, 1], got {c}")
+        xs, ys = self.centres, self._fitted
+        if c <= xs[0]:
+            return ys[0]
+        if c >= xs[-1]:
+            return ys[-1]
+        b = min(int(c * len(xs) - 0.5), len(xs) - 2)  # xs[b] ≤ c < xs[b+1]
+        t = (c - xs[b]) / (xs[b + 1] - xs[b])
+        return ys[b] + t * (ys[b + 1] - ys[b])
+
+    def update(self, confidences: Sequence[float], accepted: int) -> None:
+        """Record one verified proposal: q(x_1..x_k) of its k drafted tokens, ``accepted`` n ≤ k.
+
+        The prefix of j tokens was accepted iff j ≤ n: positions j ≤ n are successes, every j > n a
+        failure (its prefix contains the rejected token n+1), so every drafted prefix is observed.
+
+        Raises:
+            ValueError: accepted outside [0, k].
+        """
+        if not 0 <= accepted <= len(confidences):
+            raise ValueError(f"accepted must be in [0, {len(confidences)}], got {accepted}")
+        for j, c in enumerate(prefix_confidences(confidences), start=1):
+            b = self._bin(c)
+            self.trials[b] += 1.0
+            self.successes[b] += 1.0 if j <= accepted else 0.0
+        for q in confidences:
+            self.tokens_seen += 1
+            self.token_mean += (q - self.token_mean) / (self.tokens_seen + 1)  # the seed counts as one token
+        self._fitted = isotonic([s / t for s, t in zip(self.successes, self.trials)], self.trials)
+
+
+class CalibratorMemory:
+    """One ``ConfidenceCalibrator`` per drafter key (a (target, drafter) pair), kept across requests."""
+
+    def __init__(self, factory: Callable[[], ConfidenceCalibrator] = ConfidenceCalibrator) -> None:
+        self.factory = factory
+        self._calibrators: dict[str, ConfidenceCalibrator] = {}
+
+    def calibrator_for(self, key: str) -> ConfidenceCalibrator:
+        """The pair's calibrator, created on first use."""
+        if key not in self._calibrators:
+            self._calibrators[key] = self.factory()
+        return self._calibrators[key]
+
+
+class RunningMean:
+    """Mean of the observed values, seeded with ``seed`` worth ``weight`` observations."""
+
+    def __init__(self, seed: float, weight: float = 4.0) -> None:
+        self.value, self.weight = seed, weight
+
+    def add(self, x: float) -> None:
+        """Fold in one observation."""
+        self.weight += 1.0
+        self.value += (x - self.value) / self.weight
+
+
+def expected_tokens_prefix(prefix_probs: Sequence[float]) -> float:
+    """E(k) = 1 + Σ_{j=1..k} P(prefix j accepted), k = len(prefix_probs); tokens per step.
+
+    Leviathan et al. 2023, Eq. 1, without the i.i.d. assumption (there P_j = α^j). k = 0 gives 1.0.
+
+    Raises:
+        ValueError: a probability outside [0, 1].
+    """
+    if any(not 0.0 <= p <= 1.0 for p in prefix_probs):
+        raise ValueError(f"prefix acceptance probabilities must be in [0, 1], got {list(prefix_probs)}")
+    return 1.0 + sum(prefix_probs)
+
+
+def prefix_goodput(prefix_probs: Sequence[float], t_draft_ms: float, t_verify_ms: Callable[[int], float]) -> float:
+    """goodput(k) = E(k) / (k·t_draft + t_verify(k+1)) in tokens/s (SmartSpec, arXiv 2406.14066, §4)."""
+    k = len(prefix_probs)
+    return 1000.0 * expected_tokens_prefix(prefix_probs) / step_time_ms(k, t_draft_ms, t_verify_ms)
+
+
+def prefix_tpot_ms(prefix_probs: Sequence[float], t_draft_ms: float, t_verify_ms: Callable[[int], float]) -> float:
+    """Predicted time per output token (ms/token) of a step drafting len(prefix_probs) tokens."""
+    return step_time_ms(len(prefix_probs), t_draft_ms, t_verify_ms) / expected_tokens_prefix(prefix_probs)
+
+
+def prefix_candidate(
+    prefix_probs: Sequence[float], t_draft_ms: float, t_verify_ms: Callable[[int], float],
+    setup_ms: float = 0.0, horizon: int = 1,
+) -> Candidate:
+    """A step drafting len(prefix_probs) tokens as a ``Candidate``: goodput with the one-off
+    ``setup_ms`` amortised over ``horizon`` tokens when it drafts (``horizon_goodput``), and TPOT."""
+    k = len(prefix_probs)
+    rate = prefix_goodput(prefix_probs, t_draft_ms, t_verify_ms)
+    rate = horizon_goodput(rate, setup_ms, horizon) if k else rate
+    alpha = prefix_probs[0] if k else math.nan
+    return Candidate(Decision(k, 0, alpha, rate), prefix_tpot_ms(prefix_probs, t_draft_ms, t_verify_ms))
+
+
+def should_draft_next(
+    prefix_probs: Sequence[float],
+    next_prob: float,
+    t_draft_ms: float,
+    t_verify_ms: Callable[[int], float],
+    setup_ms: float = 0.0,
+    horizon: int = 1,
+    min_gain: float = 0.0,
+    tpot_slo_ms: float | None = None,
+) -> bool:
+    """Whether to draft token j+1, j = len(prefix_probs) drafted so far with calibrated P_1..P_j,
+    given the predicted P_{j+1} = ``next_prob`` (AdaSpec's predict step, arXiv 2503.05096).
+
+    Yes iff goodput(j+1) > goodput(j) (ties stop, as ``best_k`` keeps the smaller k); from j = 0 the
+    first token must beat a plain step by ``min_gain``. With ``tpot_slo_ms``, a length whose predicted
+    TPOT breaks the SLO loses to one that meets it, and if neither meets it the lower TPOT wins
+    (``select_decision``).
+    """
+    now = prefix_candidate(prefix_probs, t_draft_ms, t_verify_ms, setup_ms, horizon)
+    nxt = prefix_candidate([*prefix_probs, next_prob], t_draft_ms, t_verify_ms, setup_ms, horizon)
+    margin = min_gain if not prefix_probs else 0.0
+    return select_decision(now, [nxt], margin, tpot_slo_ms).k > now.decision.k
+
+
+def pmin_stop(p_min: float) -> StopRule:
+    """llama.cpp-style stop rule: stop once the last drafted token's q(x_u) < ``p_min``.
+
+    Unlike llama.cpp, which drops that token, it stays in the proposal (as transformers'
+    ``assistant_confidence_threshold`` does): its draft forward is already paid.
+    """
+    return lambda j, confidences: bool(confidences) and confidences[-1] < p_min
+
+
+class ConfidenceController:
+    """Draft-model speculation whose length is set token by token by ``should_draft_next`` on the
+    calibrated confidence (AdaSpec, arXiv 2503.05096); k = 0 (a plain step) when even one draft token
+    is predicted not to pay. Uses the first option's drafter (a draft model)."""
+
+    def __init__(
+        self,
+        costs: CostTable,
+        drafter: DrafterCosts,
+        calibrator: ConfidenceCalibrator | None = None,
+        min_gain: float = 0.03,
+        tpot_slo_ms: float | None = None,
+        mean_weight: float = 4.0,
+    ) -> None:
+        self.costs, self.drafter, self.min_gain, self.tpot_slo_ms = costs, drafter, min_gain, tpot_slo_ms
+        self.calibrator = calibrator or ConfidenceCalibrator()
+        self.c_bar = RunningMean(self.calibrator.token_mean, mean_weight)  # this request's c̄, seeded per pair
+        self.estimator = AcceptanceEstimator()
+        self._setup_ms, self._horizon = 0.0, 1
+
+    def _draft_more(self, prefix_probs: Sequence[float], c_j: float) -> bool:
+        """Predict ĉ_{j+1} = c_j·c̄ and ask ``should_draft_next`` whether token j+1 pays."""
+        next_prob = self.calibrator.predict(min(1.0, c_j * self.c_bar.value))
+        return should_draft_next(prefix_probs, next_prob, self.drafter.draft_ms, self.costs.t_verify,
+                                 self._setup_ms, self._horizon, self.min_gain, self.tpot_slo_ms)
+
+    def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
+        """k = k_upper of the first option if drafting one token is predicted to pay, else 0. The
+        reported goodput is that of the length predicted along ĉ_j = c̄^j; alpha = P(accept | c̄)."""
+        opt = options[0]
+        self._setup_ms, self._horizon = opt.catchup_tokens * self.drafter.catchup_ms, horizon
+        probs: list[float] = []
+        c = 1.0
+        while len(probs) < opt.k_upper and self._draft_more(probs, c):
+            c *= self.c_bar.value
+            probs.append(self.calibrator.predict(c))
+        rate = prefix_candidate(probs, self.drafter.draft_ms, self.costs.t_verify, self._setup_ms, horizon).rate
+        return Decision(opt.k_upper if probs else 0, opt.drafter, self.calibrator.predict(self.c_bar.value), rate)
+
+    def stop_rule(self, drafter: int) -> StopRule:
+        """stop(j, confidences): True when token j+1 is predicted not to pay, from the real c_1..c_j."""
+        def stop(j: int, confidences: tuple[float, ...]) -> bool:
+            cs = prefix_confidences(confidences)
+            return not self._draft_more([self.calibrator.predict(c) for c in cs], cs[-1])
+
+        return stop
+
+    def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
+        """Correct: fold the real confidences and the verified outcome into the calibration and c̄."""
+        self.estimator.update(drafted, accepted)
+        if confidences:
+            self.calibrator.update(confidences, accepted)
+            for q in confidences:
+                self.c_bar.add(q)
+
+
+class PMinController:
+    """llama.cpp-style baseline: draft up to k_upper, stopping once a drafted token's q(x_u) < p_min;
+    no goodput model (predicted goodput NaN)."""
+
+    def __init__(self, p_min: float = 0.75) -> None:
+        if not 0.0 <= p_min <= 1.0:
+            raise ValueError(f"draft_p_min must be in [0, 1], got {p_min}")
+        self.p_min, self.estimator = p_min, AcceptanceEstimator()
+
+    def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
+        """Always the first option's k_upper (k_max capped by the budget)."""
+        opt = options[0]
+        return Decision(opt.k_upper, opt.drafter, self.estimator.alpha, math.nan)
+
+    def stop_rule(self, drafter: int) -> StopRule:
+        """``pmin_stop(p_min)``."""
+        return pmin_stop(self.p_min)
+
+    def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
+        """Track α for the step records."""
+        self.estimator.update(drafted, accepted)
