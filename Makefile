@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.adaspec-installed
 
-.PHONY: install browser demo test bench playground clean
+.PHONY: install browser demo test bench profile playground clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,10 @@ test: install browser
 	$(BIN)/python -m pytest -q
 
 bench: install
-	$(BIN)/hf-adaspec bench --per-category 1 --max-new-tokens 64
+	$(BIN)/hf-adaspec bench --per-category 2 --max-new-tokens 64
+
+profile: install
+	$(BIN)/hf-adaspec profile
 
 playground: install
 	$(BIN)/hf-adaspec playground

@@ -118,7 +118,8 @@ def _timed(generate: Callable[..., object], inputs: dict, kwargs: dict, max_new_
 
 def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rotation: int, cfg: dict) -> PromptResult:
     """Run every method ``cfg["repeats"]`` times on one prompt, in rotated order (median time);
-    compare outputs with plain; with ``cfg["costs"]`` (the controller's CostTable) also the oracle."""
+    compare outputs with plain; with ``cfg["costs"]`` (context tokens → the controller's CostTable) also
+    the oracle."""
     msgs = [{"role": "user", "content": prompt.text}]
     inputs = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     prompt_len = inputs["input_ids"].shape[1]
@@ -133,7 +134,7 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None
     oracle = None
     if plain_seq is not None and cfg.get("costs") is not None:
-        oracle = prompt_oracle(model, draft, plain_seq, prompt_len, cfg["costs"], cfg.get("k_max", 8),
+        oracle = prompt_oracle(model, draft, plain_seq, prompt_len, cfg["costs"](prompt_len), cfg.get("k_max", 8),
                                (prompt.question_id, prompt.category))
     runs = []
     for method in methods:

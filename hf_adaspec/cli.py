@@ -134,13 +134,15 @@ def bench(
 
 
 def _controller_costs(model, draft_model, k_max: int):
-    """The cost table the adaptive controller uses for this pair (cached calibration), for the oracle."""
+    """costs(context) → the CostTable the adaptive controller uses for this pair at a prompt of
+    ``context`` tokens (a matching profile, else the cached calibration), for the oracle."""
     import functools
     import sys
 
     from .costs import CostCache
 
-    return CostCache().load_or_measure(model, draft_model, k_max + 1, functools.partial(print, file=sys.stderr))
+    log = functools.partial(print, file=sys.stderr)
+    return lambda context: CostCache().load_or_measure(model, draft_model, k_max + 1, log, context=context)
 
 
 def _parse_sizes(text: str, flag: str = "--batch-size") -> list[int]:
@@ -202,11 +204,11 @@ def profile(
     quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
     quick: bool = typer.Option(False, help="Tiny grid for CI: n 1..4, batch 1..2, contexts 128 and 256, 1 repeat."),
-    contexts: str = typer.Option("", help="Context lengths in tokens (default 128,512,1024,2048,4096)."),
+    contexts: str = typer.Option("", help="Context lengths in tokens (default 128,512,1024,2048)."),
     batch_sizes: str = typer.Option("", help="Batch sizes (default 1,2,4,8,16)."),
     new_tokens: str = typer.Option("", help="New tokens per target forward (default 1..9,12,16,24,32)."),
     repeats: int | None = typer.Option(None, min=1, help="Timed rounds per cell, median kept (default 3; --quick 1)."),
-    max_tokens_per_forward: int = typer.Option(160, min=1, help="Skip target cells with batch × new tokens above it."),
+    max_tokens_per_forward: int = typer.Option(64, min=1, help="Skip target cells with batch × new tokens above it."),
     output: Path | None = typer.Option(None, help="JSON out (default model_cards/<pair>/profile.json); "
                                        "cost_curves.png beside it; a copy goes to the cache for the engine."),
 ) -> None:

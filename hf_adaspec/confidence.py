@@ -243,17 +243,20 @@ class ConfidenceController:
                                  self._setup_ms, self._horizon, self.min_gain, self.tpot_slo_ms)
 
     def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
-        """k = k_upper of the first option if drafting one token is predicted to pay, else 0. The
-        reported goodput is that of the length predicted along ĉ_j = c̄^j; alpha = P(accept | c̄)."""
+        """k = k_upper of the first option if some length along the predicted path ĉ_j = c̄^j beats a
+        plain step (by ``min_gain``, setup amortised, within the SLO), else 0; the stop rule then ends
+        the proposal on the real confidences. Judging the whole path, not only token 1, matters when a
+        one-off catch-up must be amortised: one token rarely pays it, a run of them may. Reports the
+        best length's predicted goodput; alpha = P(accept | c̄)."""
         opt = options[0]
         self._setup_ms, self._horizon = opt.catchup_tokens * self.drafter.catchup_ms, horizon
-        probs: list[float] = []
-        c = 1.0
-        while len(probs) < opt.k_upper and self._draft_more(probs, c):
-            c *= self.c_bar.value
-            probs.append(self.calibrator.predict(c))
-        rate = prefix_candidate(probs, self.drafter.draft_ms, self.costs.t_verify, self._setup_ms, horizon).rate
-        return Decision(opt.k_upper if probs else 0, opt.drafter, self.calibrator.predict(self.c_bar.value), rate)
+        path = [self.calibrator.predict(self.c_bar.value ** j) for j in range(1, opt.k_upper + 1)]
+        plain = prefix_candidate([], self.drafter.draft_ms, self.costs.t_verify)
+        longer = [prefix_candidate(path[:k], self.drafter.draft_ms, self.costs.t_verify, self._setup_ms, horizon)
+                  for k in range(1, opt.k_upper + 1)]
+        best = select_decision(plain, longer, self.min_gain, self.tpot_slo_ms)
+        rate = best.predicted_goodput
+        return Decision(opt.k_upper if best.k else 0, opt.drafter, self.calibrator.predict(self.c_bar.value), rate)
 
     def stop_rule(self, drafter: int) -> StopRule:
         """stop(j, confidences): True when token j+1 is predicted not to pay, from the real c_1..c_j."""

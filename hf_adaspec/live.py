@@ -23,7 +23,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from .stats import SpeculationStats, StepRecord
 
-METHODS = ("adaptive", "fixed", "prompt-lookup", "hybrid", "plain")
+METHODS = ("adaptive", "confidence", "fixed", "prompt-lookup", "hybrid", "plain")
 # how a token was made (StepRecord.token_sources) → the label the playground colours
 SOURCE_LABELS = {
     "draft_model": "draft token, accepted",
@@ -38,7 +38,8 @@ _DONE = object()
 @dataclass(frozen=True)
 class RunSettings:
     """One playground request. method ∈ METHODS; k: proposal length for "fixed"; tpot_slo_ms: a TPOT
-    service-level objective in ms per token (None: none), reported as attainment, not enforced."""
+    service-level objective in ms per token (None: none), reported as attainment and passed to
+    generate, where the adaptive, confidence and hybrid controllers exclude choices predicted to break it."""
 
     method: str = "adaptive"
     k: int = 4
@@ -68,6 +69,8 @@ def generate_kwargs(settings: RunSettings, draft_model: torch.nn.Module | None) 
         kwargs.update(temperature=settings.temperature, top_p=settings.top_p)
     if settings.method == "plain":
         return kwargs
+    if settings.tpot_slo_ms is not None:
+        kwargs["tpot_slo_ms"] = settings.tpot_slo_ms
     if settings.method == "prompt-lookup":
         return kwargs | {"speculation": "adaptive"}
     if draft_model is None:

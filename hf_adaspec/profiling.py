@@ -5,9 +5,11 @@ not depend on them) instead of a prefill, which at 16×4096 tokens would take mi
 timed forward is rolled back. Per (batch, context) one cache per model, a warm-up round, then
 ``repeats`` rounds with all that group's cells interleaved (order alternating between rounds); the
 median of the rounds is kept and the caches are dropped before the next group. Target cells with
-b·n > ``max_tokens_per_forward`` (default 160) are skipped, so that the default grid (316 target and
-66 draft cells in 33 groups, about 47k target and 29k draft tokens over the 4 rounds) aims at about 10
-minutes for the Qwen2.5-Coder NF4 pair on a 2-core CPU. Held-out cells off the grid are timed the same
+b·n > ``max_tokens_per_forward`` (default 64) are skipped: the default grid (contexts 128..2048,
+batch 1..16; 261 cells in 26 groups, 25 of them held out) took 10 minutes for the Qwen2.5-Coder NF4
+pair on a 2-core CPU (`hf-adaspec profile`, 2026-11-23); adding context 4096 and b·n up to 160 had
+not finished after 7 minutes at batch 4 of 16, so it is opt-in (``--contexts``, ``--max-tokens-per-forward``).
+Held-out cells off the grid are timed the same
 way and used only to score the predictors (``profile.assemble_profile``).
 """
 
@@ -47,9 +49,9 @@ class ProfileGrid:
 
     new_tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
-    contexts: tuple[int, ...] = (128, 512, 1024, 2048, 4096)
+    contexts: tuple[int, ...] = (128, 512, 1024, 2048)
     repeats: int = 3
-    max_tokens_per_forward: int = 160
+    max_tokens_per_forward: int = 64
 
     def __post_init__(self) -> None:
         for name in ("new_tokens", "batch_sizes", "contexts"):

@@ -280,3 +280,13 @@ def test_calibration_is_kept_across_requests(models, do_sample):
                        assistant_model=models["noisy_copy"], speculation_costs=FLAT, max_new_tokens=10,
                        do_sample=do_sample)
     assert len(calibrators._calibrators) == 1 and cal.tokens_seen > drafted and cal.token_mean != seeded
+
+
+def test_confidence_controller_amortises_catchup_over_the_whole_predicted_run():
+    """A 60 ms catch-up over a 12-token horizon: one draft token does not pay it, six do."""
+    from hf_adaspec.confidence import prefix_candidate
+
+    ctl = ConfidenceController(FLAT, DrafterCosts(1.0, catchup_ms=1.0), ConfidenceCalibrator(token_mean=0.9))
+    one = prefix_candidate([ctl.calibrator.predict(0.9)], 1.0, FLAT.t_verify, setup_ms=60.0, horizon=12)
+    assert one.rate < 100.0  # plain: 1 token per 10 ms
+    assert ctl.choose([DraftOption(0, 6, catchup_tokens=60)], horizon=12).k == 6

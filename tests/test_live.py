@@ -112,6 +112,9 @@ def test_generate_kwargs_per_method(pair):
     assert (sampled["temperature"], sampled["top_p"], sampled["do_sample"]) == (0.5, 0.8, True)
     with pytest.raises(ValueError, match="needs a draft model"):
         generate_kwargs(RunSettings("hybrid"), None)
+    confident = generate_kwargs(RunSettings("confidence", tpot_slo_ms=90.0), draft)
+    assert confident["speculation"] == "confidence" and confident["tpot_slo_ms"] == 90.0
+    assert "tpot_slo_ms" not in generate_kwargs(RunSettings("plain", tpot_slo_ms=90.0), draft)
 
 
 @pytest.mark.parametrize(

@@ -271,12 +271,13 @@ def test_an_explicit_cost_table_takes_precedence_over_any_profile(models, tmp_pa
 
 def test_default_grid_skips_wide_cells_and_holds_out_off_grid_cells():
     grid = ProfileGrid()
-    assert grid.target_ns(16) == (1, 2, 3, 4, 5, 6, 7, 8, 9)  # 16 · 12 > 160
+    assert grid.target_ns(16) == (1, 2, 3, 4)  # 16 · 5 > 64
+    assert grid.target_ns(8) == (1, 2, 3, 4, 5, 6, 7, 8)
     assert grid.target_ns(1) == grid.new_tokens
     held = set(grid.held_out())
-    assert {c for _, c, _ in held} == {320, 768, 1536, 3072, 1024}
+    assert {c for _, c, _ in held} == {320, 768, 1536, 1024}
     assert {n for _, c, n in held if c == 1024} == {10, 14, 20, 28}
-    assert all(b * n <= 160 and (c not in grid.contexts or n not in grid.new_tokens) for b, c, n in held)
+    assert all(b * n <= 64 and (c not in grid.contexts or n not in grid.new_tokens) for b, c, n in held)
     with pytest.raises(ValueError, match="increasing"):
         ProfileGrid(contexts=(512, 128))
     with pytest.raises(ValueError, match="repeats"):
