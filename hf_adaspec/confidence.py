@@ -64,26 +64,38 @@ class ConfidenceCalibrator:
 
     ``n_bins`` equal bins over [0, 1] count trials and successes, each starting with ``prior_strength``
     pseudo-trials at the identity calibration (P = c at the bin centre); the per-bin rates are made
-    non-decreasing by ``isotonic`` and interpolated linearly between bin centres. It also keeps the
-    pair's running mean per-token confidence (``token_mean``), the seed of each request's c̄.
-    One calibrator per (target, drafter) pair, kept across requests (``CalibratorMemory``).
+    non-decreasing by ``isotonic``. Predictions are optimistic under uncertainty: each bin's rate plus
+    ``optimism`` standard errors, √(P(1−P)/(n+1)) for n trials (an upper confidence bound), made
+    non-decreasing again by ``isotonic`` weighted by trials, and interpolated linearly between bin centres. Without it a pessimistic
+    start predicts that drafting never pays, and since only drafted tokens are observed the
+    calibration would never learn otherwise (measured: mean k 0.00 on 12 of 13 Spec-Bench
+    categories); the bonus shrinks as 1/√n, so a well-observed bin predicts its observed rate.
+    It also keeps the pair's running mean per-token confidence (``token_mean``), the seed of each
+    request's c̄. One calibrator per (target, drafter) pair, kept across requests (``CalibratorMemory``).
     """
 
-    def __init__(self, n_bins: int = 10, prior_strength: float = 2.0, token_mean: float = 0.7) -> None:
-        if n_bins < 1 or prior_strength <= 0 or not 0.0 <= token_mean <= 1.0:
-            raise ValueError(f"need n_bins >= 1, prior_strength > 0, token_mean in [0, 1]; got "
-                             f"{n_bins}, {prior_strength}, {token_mean}")
+    def __init__(self, n_bins: int = 10, prior_strength: float = 2.0, token_mean: float = 0.7,
+                 optimism: float = 1.0) -> None:
+        if n_bins < 1 or prior_strength <= 0 or not 0.0 <= token_mean <= 1.0 or optimism < 0:
+            raise ValueError(f"need n_bins >= 1, prior_strength > 0, token_mean in [0, 1], optimism >= 0; "
+                             f"got {n_bins}, {prior_strength}, {token_mean}, {optimism}")
         self.centres = tuple((b + 0.5) / n_bins for b in range(n_bins))
         self.trials = [prior_strength] * n_bins
         self.successes = [prior_strength * c for c in self.centres]
-        self.token_mean, self.tokens_seen = token_mean, 0
-        self._fitted = isotonic([s / t for s, t in zip(self.successes, self.trials)], self.trials)
+        self.token_mean, self.tokens_seen, self.optimism = token_mean, 0, optimism
+        self._refit()
+
+    def _refit(self) -> None:
+        """Isotonic rates per bin, then their upper bounds made non-decreasing (weighted by trials), ≤ 1."""
+        rates = isotonic([s / t for s, t in zip(self.successes, self.trials)], self.trials)
+        upper = [min(1.0, r + self.optimism * math.sqrt(r * (1.0 - r) / (n + 1.0))) for r, n in zip(rates, self.trials)]
+        self._fitted = isotonic(upper, self.trials)  # weighted: a rarely seen bin cannot lift a well-seen one
 
     def _bin(self, c: float) -> int:
         return min(int(c * len(self.centres)), len(self.centres) - 1)
 
     def predict(self, c: float) -> float:
-        """P(prefix accepted | cumulative confidence c), non-decreasing in c.
+        """P(prefix accepted | cumulative confidence c): its upper confidence bound, non-decreasing in c.
 
         Raises:
             ValueError: c outside [0, 1].
@@ -117,7 +129,7 @@ class ConfidenceCalibrator:
         for q in confidences:
             self.tokens_seen += 1
             self.token_mean += (q - self.token_mean) / (self.tokens_seen + 1)  # the seed counts as one token
-        self._fitted = isotonic([s / t for s, t in zip(self.successes, self.trials)], self.trials)
+        self._refit()
 
 
 class CalibratorMemory:

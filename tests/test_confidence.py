@@ -3,6 +3,7 @@ p_min, and speculation="confidence" / "pmin" end to end on tiny random Llamas.""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -79,7 +80,7 @@ def test_prefix_goodput_and_tpot():
 # --- calibrator -------------------------------------------------------------------------------
 
 def test_calibrator_starts_at_identity():
-    cal = ConfidenceCalibrator(n_bins=10)
+    cal = ConfidenceCalibrator(n_bins=10, optimism=0.0)
     for c in (0.05, 0.3, 0.62, 0.95):
         assert cal.predict(c) == pytest.approx(c)
     assert cal.predict(0.0) == pytest.approx(0.05) and cal.predict(1.0) == pytest.approx(0.95)
@@ -88,7 +89,7 @@ def test_calibrator_starts_at_identity():
 
 
 def test_calibrator_prefix_update_semantics():
-    cal = ConfidenceCalibrator(n_bins=2, prior_strength=1.0, token_mean=0.7)
+    cal = ConfidenceCalibrator(n_bins=2, prior_strength=1.0, token_mean=0.7, optimism=0.0)
     cal.update((1.0, 0.8, 0.5), accepted=1)  # c = 1.0, 0.8 (bin 1), 0.4 (bin 0); prefix 1 accepted only
     assert cal.trials == [2.0, 3.0]
     assert cal.successes == pytest.approx([0.25, 0.75 + 1.0])  # j=1 success; j=2, 3 failures
@@ -102,7 +103,7 @@ def test_calibrator_prefix_update_semantics():
 
 def test_calibrator_learns_a_known_mapping_and_stays_monotone():
     truth = lambda c: c ** 2  # noqa: E731 — the draft is over-confident
-    rng, cal = random.Random(0), ConfidenceCalibrator(n_bins=10)
+    rng, cal = random.Random(0), ConfidenceCalibrator(n_bins=10, optimism=0.0)
     for _ in range(20000):
         c = rng.random()
         cal.update((c,), accepted=int(rng.random() < truth(c)))
@@ -126,6 +127,31 @@ def test_calibrator_memory_keeps_one_calibrator_per_key():
     memory = CalibratorMemory()
     assert memory.calibrator_for("a") is memory.calibrator_for("a")
     assert memory.calibrator_for("a") is not memory.calibrator_for("b")
+
+
+def test_calibrator_optimism_is_an_upper_bound_that_shrinks_with_observations():
+    cal = ConfidenceCalibrator(n_bins=10, prior_strength=2.0, optimism=1.0)
+    assert cal.predict(0.65) == pytest.approx(0.65 + math.sqrt(0.65 * 0.35 / 3))  # 2 pseudo-trials
+    for i in range(1000):  # bin 6 observed at rate 0.3
+        cal.update((0.65,), accepted=int(i % 10 < 3))
+    # the rarely seen bins 3-5 (P = 0.35-0.55 > 0.3) pool with it; their large bonus barely moves it
+    assert cal.predict(0.65) == pytest.approx(0.3 + math.sqrt(0.3 * 0.7 / 1003), abs=0.01)
+    grid = [cal.predict(i / 100) for i in range(101)]
+    assert all(a <= b for a, b in zip(grid, grid[1:])) and max(grid) <= 1.0
+    with pytest.raises(ValueError):
+        ConfidenceCalibrator(optimism=-1.0)
+
+
+def test_cold_start_drafts_to_learn_then_stops_when_drafts_fail():
+    # verify 10 ms/step, draft 3 ms/token: at P = c̄ = 0.15, k=1 predicts 1.15/13 < 1/10, so the mean
+    # calibration never drafts and, observing nothing, never learns; the optimistic one tries
+    pessimist = ConfidenceController(FLAT, DrafterCosts(3.0), ConfidenceCalibrator(token_mean=0.15, optimism=0.0))
+    assert pessimist.choose([DraftOption(0, 4)], horizon=64).k == 0
+    ctl = ConfidenceController(FLAT, DrafterCosts(3.0), ConfidenceCalibrator(token_mean=0.15, optimism=2.0))
+    assert ctl.choose([DraftOption(0, 4)], horizon=64).k == 4
+    for _ in range(200):  # every draft at this confidence is rejected
+        ctl.observe(0, drafted=1, accepted=0, confidences=(0.15,))
+    assert ctl.choose([DraftOption(0, 4)], horizon=64).k == 0
 
 
 # --- stopping rule ----------------------------------------------------------------------------
@@ -170,7 +196,7 @@ def test_pmin_stop_rule():
 
 def _controller(token_mean: float, min_gain: float = 0.0) -> ConfidenceController:
     """Identity calibration (P = c on [0.05, 0.95]), c̄ = token_mean, 1 ms drafts, 10 ms verification."""
-    return ConfidenceController(FLAT, DrafterCosts(draft_ms=1.0), ConfidenceCalibrator(token_mean=token_mean),
+    return ConfidenceController(FLAT, DrafterCosts(draft_ms=1.0), ConfidenceCalibrator(token_mean=token_mean, optimism=0.0),
                                 min_gain)
 
 
@@ -186,7 +212,7 @@ def test_confidence_controller_choose_plain_or_cap():
     assert _controller(token_mean=0.9).choose([DraftOption(0, 6)], horizon=64).k == 6
     assert _controller(token_mean=0.06).choose([DraftOption(0, 6)], horizon=64).k == 0  # P(ĉ_1) ≈ 0.06 < 0.1
     far_behind = DraftOption(0, 6, catchup_tokens=2000)
-    ctl = ConfidenceController(FLAT, DrafterCosts(1.0, catchup_ms=1.0), ConfidenceCalibrator(token_mean=0.9))
+    ctl = ConfidenceController(FLAT, DrafterCosts(1.0, catchup_ms=1.0), ConfidenceCalibrator(token_mean=0.9, optimism=0.0))
     assert ctl.choose([far_behind], horizon=8).k == 0  # a 2 s catch-up for 8 tokens
 
 
@@ -286,7 +312,7 @@ def test_confidence_controller_amortises_catchup_over_the_whole_predicted_run():
     """A 60 ms catch-up over a 12-token horizon: one draft token does not pay it, six do."""
     from hf_adaspec.confidence import prefix_candidate
 
-    ctl = ConfidenceController(FLAT, DrafterCosts(1.0, catchup_ms=1.0), ConfidenceCalibrator(token_mean=0.9))
+    ctl = ConfidenceController(FLAT, DrafterCosts(1.0, catchup_ms=1.0), ConfidenceCalibrator(token_mean=0.9, optimism=0.0))
     one = prefix_candidate([ctl.calibrator.predict(0.9)], 1.0, FLAT.t_verify, setup_ms=60.0, horizon=12)
     assert one.rate < 100.0  # plain: 1 token per 10 ms
     assert ctl.choose([DraftOption(0, 6, catchup_tokens=60)], horizon=12).k == 6

@@ -60,7 +60,7 @@ def test_confidence_controller_drafts_when_plain_breaks_the_slo():
     costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
 
     def controller(slo):
-        return ConfidenceController(costs, DrafterCosts(1.0), ConfidenceCalibrator(token_mean=0.12), 0.03, slo)
+        return ConfidenceController(costs, DrafterCosts(1.0), ConfidenceCalibrator(token_mean=0.12, optimism=0.0), 0.03, slo)
 
     assert controller(None).choose([DraftOption(0, 4)], horizon=64).k == 0
     assert controller(9.9).choose([DraftOption(0, 4)], horizon=64).k == 4
