@@ -1,4 +1,4 @@
-"""Batch benchmark: plain batched generate vs fixed-k, adaptive and hybrid static-batch speculation.
+"""Batch benchmark: plain batched generate vs fixed-k, adaptive, hybrid and confidence static-batch speculation.
 
 The same prompts run at every batch size B (split into chunks of B rows); within a chunk the methods
 run interleaved, the order rotating from chunk to chunk. Reported per (B, method): generated tokens/s
@@ -18,7 +18,7 @@ from pathlib import Path
 from .bench import Prompt, divergence_gap, load_prompts, write_json
 from .generate_batch import encode_batch, generate_batch
 
-BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive", "hybrid")
+BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive", "hybrid", "confidence")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _run(model, tokenizer, draft, texts: list[str], method: str, cfg: dict):
         except ValueError as err:
             return None, None, 0.0, str(err).splitlines()[0]
         return out, None, time.perf_counter() - start, None
-    spec = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive", "hybrid": "hybrid"}[method]
+    spec = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive", "hybrid": "hybrid", "confidence": "confidence"}[method]
     extra = {"num_speculative_tokens": cfg["fixed_k"]} if spec == "fixed" else {}
     gen = generate_batch(model, tokenizer, texts, draft_model=draft if spec else None, speculation=spec,
                          max_new_tokens=cfg["max_new_tokens"], **extra)
@@ -165,7 +165,7 @@ def plot(summary: dict, methods: list[str], path: Path) -> None:
     ax1.set(xscale="log", xlabel="batch size B", ylabel="generated tokens/s (whole batch)", title="Throughput")
     ax1.set_xticks(sizes, [str(b) for b in sizes])
     ax1.legend()
-    for m in [m for m in methods if m in ("adaptive", "hybrid", "fixed-k")]:
+    for m in [m for m in methods if m in ("adaptive", "hybrid", "confidence", "fixed-k")]:
         ax2.plot(sizes, [table[b][m].get("mean_k") or 0.0 for b in sizes], marker="o", label=m, color=colours[m])
     ax2.set(xscale="log", xlabel="batch size B", ylabel="mean batch-wide k per step", title="Chosen k")
     ax2.set_xticks(sizes, [str(b) for b in sizes])

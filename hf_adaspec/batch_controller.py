@@ -66,9 +66,10 @@ class BatchGoodputController:
         chosen = tuple(alphas[d][i] for i, d in enumerate(plan.drafters))
         return BatchDecision(ks, plan.drafters, chosen, plan.goodput)
 
-    def observe(self, drafters: Sequence[int], ks: Sequence[int], accepted: Sequence[int]) -> None:
+    def observe(self, drafters: Sequence[int], ks: Sequence[int], accepted: Sequence[int],
+                confidences: Sequence[tuple[float, ...]] = ()) -> None:
         """Row i drafted ks[i] tokens with drafter drafters[i] and ``accepted[i]`` were kept; the row's
-        other drafters relax towards their prior."""
+        other drafters relax towards their prior. ``confidences`` (per row q(x_u)) are not used."""
         for d, row in enumerate(self.estimators):
             for i, estimator in enumerate(row):
                 used = drafters[i] == d
@@ -93,7 +94,8 @@ class BatchFixedController:
         ks = tuple(min(self.k, u) for u in uppers[0])
         return BatchDecision(ks, (0,) * rows, (float("nan"),) * rows, float("nan"))
 
-    def observe(self, drafters: Sequence[int], ks: Sequence[int], accepted: Sequence[int]) -> None:
+    def observe(self, drafters: Sequence[int], ks: Sequence[int], accepted: Sequence[int],
+                confidences: Sequence[tuple[float, ...]] = ()) -> None:
         """Nothing to learn."""
 
     def select(self, rows: torch.Tensor) -> None:

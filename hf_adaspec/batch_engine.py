@@ -1,7 +1,7 @@
 """The speculative loop for a static, left-padded batch with per-request proposal lengths.
 
 Each step the controller picks a drafter and k_i per active row; each drafter proposes at once for the
-rows that picked it; the
+rows that picked it (a confidence controller may end drafting early and cut the proposals' tails); the
 target verifies every row's [last token, d_1..d_{k_i}] in one forward (right-padded to k+1 columns);
 each row accepts its own n_i (ragged acceptance) plus a bonus/correction token; target and draft
 caches roll back per row by masking (``RaggedCache``). Rows that stop (EOS, max_new_tokens, a stopping
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .batch_confidence import BatchConfidenceController
 from .batch_controller import BatchFixedController, BatchGoodputController
 from .engine import DecodeSettings, append_tokens, process_scores, select_token, verify_proposal
 from .proposers.base import Proposal
@@ -83,15 +84,24 @@ def _decide(rows: _Rows, proposers, controller, settings: DecodeSettings, prompt
     return controller.choose(uppers, [p.catchup_tokens(current) for p in proposers], horizon)
 
 
-def _propose(proposers, current: BatchRows, decision) -> list[Proposal]:
-    """Each row's proposal from its drafter (a drafter runs once for all rows that picked it)."""
+def _propose(proposers, current: BatchRows, decision, controller, greedy: bool) -> list[Proposal]:
+    """Each row's proposal from its drafter (a drafter runs once for all rows that picked it), ended
+    early by the controller's ``stop_rule`` and, when greedy, cut by its ``eliminate`` if it has them.
+    Sampling skips elimination: its cut looks at tokens past the cut, and keeping a token only when its
+    own q(x) is high would bias that position's distribution; the stop rule, which decides on the
+    tokens drafted so far, keeps verification lossless."""
+    start = time.perf_counter()
+    stop_rule, eliminate = getattr(controller, "stop_rule", None), getattr(controller, "eliminate", None)
+    stop = stop_rule(len(decision.ks)) if stop_rule is not None else None
     proposals = [Proposal(torch.zeros(1, 0, dtype=torch.long))] * len(decision.ks)
     for d, proposer in enumerate(proposers):
         ks = [k if drafter == d else 0 for k, drafter in zip(decision.ks, decision.drafters, strict=True)]
         if max(ks):
-            for i, proposal in enumerate(proposer.propose(current, ks)):
+            for i, proposal in enumerate(proposer.propose(current, ks, stop=stop)):
                 proposals[i] = proposal if decision.drafters[i] == d else proposals[i]
-    return proposals
+    if eliminate is None or not greedy or not max(p.k for p in proposals):
+        return proposals
+    return eliminate(proposals, decision.drafters, (time.perf_counter() - start) * 1000.0)
 
 
 @torch.no_grad()
@@ -100,7 +110,7 @@ def speculative_decode_batch(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     proposers: Sequence[BatchProposer],
-    controller: BatchGoodputController | BatchFixedController,
+    controller: BatchGoodputController | BatchFixedController | BatchConfidenceController,
     settings: DecodeSettings,
     pad_token_id: int,
 ) -> BatchDecodeResult:
@@ -127,7 +137,7 @@ def speculative_decode_batch(
         decision = _decide(rows, proposers, controller, settings, input_ids.shape[1])
         t0 = time.perf_counter()
         current = rows.batch_rows()
-        proposals = _propose(proposers, current, decision)
+        proposals = _propose(proposers, current, decision, controller, not settings.do_sample)
         t1 = time.perf_counter()
         last_and_drafts = [torch.cat([rows.views[i][-1:], p.tokens[0]]) for i, p in zip(rows.active, proposals)]
         block, valid = right_pad(last_and_drafts, pad_token_id)  # [b, k+1]
@@ -139,7 +149,7 @@ def speculative_decode_batch(
             mine = torch.tensor([drafter == d for drafter in decision.drafters])
             proposer.rollback(torch.where(mine, confirmed, current.lengths))
         ks = tuple(p.k for p in proposals)
-        controller.observe(decision.drafters, ks, accepted)
+        controller.observe(decision.drafters, ks, accepted, [p.confidences for p in proposals])
         finished = [_emit(rows, s, n, settings, now()) for s, n in enumerate(new)]
         names = tuple(proposers[d].name if k else "plain" for d, k in zip(decision.drafters, ks, strict=True))
         stats.steps.append(BatchStepRecord(ks, tuple(accepted), (t1 - t0) * 1000.0,

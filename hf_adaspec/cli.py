@@ -93,13 +93,16 @@ def bench(
     batch_size: str = typer.Option("", help="e.g. 1,2,4,8,16: the batch benchmark (plain batched generate, "
                                    "hf-assisted, fixed-k, adaptive, hybrid) at these batch sizes instead."),
     batch_prompts: int = typer.Option(16, min=1, help="Prompts for the batch benchmark (round-robin over categories)."),
+    batch_methods: str = typer.Option("", help="Comma-separated subset of the batch methods (default: all of "
+                                      "plain, hf-assisted, fixed-k, adaptive, hybrid, confidence)."),
 ) -> None:
     """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
     from . import bench as bm
 
     if batch_size:
         sizes = _parse_sizes(batch_size)
-        _batch_bench(prompts, sizes, batch_prompts, max_new_tokens, fixed_k, target, draft, quantization, dtype, output)
+        _batch_bench(prompts, sizes, batch_prompts, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
+                     batch_methods)
         return
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     for m in method_list:
@@ -155,14 +158,19 @@ def _parse_sizes(text: str, flag: str = "--batch-size") -> list[int]:
     return sizes
 
 
-def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output) -> None:
+def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
+                 batch_methods: str = "") -> None:
     """``bench --batch-size``: every size on the same prompts; JSON + markdown + PNG; last line JSON."""
     from . import batch_bench as bb
     from .generate_batch import generate_batch
 
+    methods = [m.strip() for m in batch_methods.split(",") if m.strip()] or list(bb.BATCH_METHODS)
+    unknown = [m for m in methods if m not in bb.BATCH_METHODS]
+    if unknown or "plain" not in methods:
+        raise typer.BadParameter(f"--batch-methods {batch_methods!r}: choose from {bb.BATCH_METHODS}, "
+                                 "including plain (speedups are relative to it)")
     selected = bb.pick_prompts(prompts, max(count, max(sizes)))
     tgt, drf = _load_pair(target, draft, quantization, dtype)
-    methods = list(bb.BATCH_METHODS)
     for b in sizes:  # warm-up; calibrates the cost tables of every size before anything is timed
         generate_batch(tgt.model, tgt.tokenizer, ["Say hello."] * b, draft_model=drf.model, max_new_tokens=4)
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
@@ -178,7 +186,8 @@ def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, 
     table = summary["table"]
     typer.echo(json.dumps({"output": str(output), "prompts": len(selected), "speedup_vs_plain": {
         b: {m: round(r["speedup"], 3) for m, r in row.items() if "speedup" in r} for b, row in table.items()},
-        "mean_k": {b: {m: round(row[m]["mean_k"], 2) for m in ("adaptive", "hybrid")} for b, row in table.items()}}))
+        "mean_k": {b: {m: round(row[m]["mean_k"], 2) for m in ("adaptive", "hybrid", "confidence") if m in methods}
+                   for b, row in table.items()}}))
 
 
 @app.command()

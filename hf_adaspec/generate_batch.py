@@ -60,8 +60,9 @@ def generate_batch(
 ) -> BatchGeneration:
     """Generate for every prompt in one left-padded batch with per-request proposal lengths.
 
-    ``speculation``: "adaptive" | "fixed" (with ``num_speculative_tokens``) | None (plain batched
-    ``generate``); ``draft_model`` None drafts by prompt lookup. Greedy unless ``do_sample=True``.
+    ``speculation``: "adaptive" | "hybrid" | "confidence" (these two need ``draft_model``) | "fixed" (with
+    ``num_speculative_tokens``) | None (plain batched ``generate``); ``draft_model`` None drafts by prompt
+    lookup. Greedy unless ``do_sample=True``.
 
     Raises:
         ValueError: no prompts, an empty prompt, or settings ``generate`` rejects.

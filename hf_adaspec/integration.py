@@ -23,6 +23,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import hf_compat
 from .acceptance import AcceptanceMemory
+from .batch_confidence import BatchConfidenceController
 from .batch_controller import BatchFixedController, BatchGoodputController
 from .batch_engine import speculative_decode_batch
 from .confidence import CalibratorMemory, ConfidenceController, PMinController
@@ -42,7 +43,7 @@ class SpeculationConfig:
     "fixed" (always ``num_speculative_tokens``), "hybrid" (each step the best of a plain step, a
     prompt-lookup proposal and a draft-model proposal by predicted goodput; needs a draft model),
     "confidence" (the draft model drafts while its calibrated confidence predicts rising goodput,
-    AdaSpec; batch size 1) or "pmin" (llama.cpp-style: drafts up to k_max, stopping once a token's
+    AdaSpec; in a batch also token elimination before verification) or "pmin" (llama.cpp-style: drafts up to k_max, stopping once a token's
     draft probability < ``draft_p_min``; batch size 1). max_speculative_tokens: k_max.
     prompt_lookup_max_ngram: n-gram size for the prompt-lookup drafter (used when no draft model is
     given). min_gain: relative goodput margin a k > 0 must predict over a plain step to be chosen.
@@ -124,7 +125,8 @@ def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, g
         )
     if _is_batch(input_ids, kw):
         if not SPECULATION_MODES[mode].batch:
-            raise ValueError(f'speculation="{mode}" supports batch size 1; use "adaptive" or "fixed" for batches')
+            raise ValueError(f'speculation="{mode}" supports batch size 1; use "adaptive", "hybrid", "confidence" '
+                             'or "fixed" for batches')
         if request.config.tpot_slo_ms is not None:
             raise ValueError("tpot_slo_ms supports batch size 1; drop it for batches")
         _check_batch(input_ids, _attention_mask(input_ids, kw), request)
@@ -224,7 +226,7 @@ SPECULATION_MODES: dict[str, SpeculationMode] = {
     "adaptive": SpeculationMode(_goodput_controller),
     "fixed": SpeculationMode(_fixed_controller),
     "hybrid": SpeculationMode(_goodput_controller, needs_draft=True, lookup_with_draft=True),
-    "confidence": SpeculationMode(_confidence_controller, needs_draft=True, batch=False),
+    "confidence": SpeculationMode(_confidence_controller, needs_draft=True),
     "pmin": SpeculationMode(_pmin_controller, needs_draft=True, batch=False),
 }
 
@@ -273,6 +275,9 @@ def _generate_batch(model, input_ids, logits_processor, stopping_criteria, gener
         kinds = [isinstance(p, BatchDraftModelProposer) for p in proposers]
         costs_for = _batch_costs(model, request, batch, input_ids.shape[1])
         controller = BatchGoodputController(costs_for, batch, kinds, priors, config.min_gain)
+        if config.speculation == "confidence":
+            calibrator = (request.calibrators or CalibratorMemory()).calibrator_for(_memory_key(proposers[0]))
+            controller = BatchConfidenceController(controller, calibrator, costs_for)
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
                               generation_config.do_sample, config.k_max)
     result = speculative_decode_batch(model, input_ids, mask, proposers, controller, settings, pad)

@@ -49,8 +49,9 @@ def _plain_row(models, prompt: list[int], **kwargs) -> torch.Tensor:
     return models["target"].generate(torch.tensor([prompt]), do_sample=False, **kwargs)[0, len(prompt) :]
 
 
-@pytest.mark.parametrize(("drafter", "mode"), [(d, m) for d in DRAFTERS for m in ("adaptive", "fixed", "hybrid")
-                                               if not (m == "hybrid" and d == "prompt_lookup")])
+@pytest.mark.parametrize(("drafter", "mode"), [(d, m) for d in DRAFTERS for m in ("adaptive", "fixed", "hybrid",
+                                                                                    "confidence")
+                                               if not (m in ("hybrid", "confidence") and d == "prompt_lookup")])
 def test_batch_rows_equal_batch1_plain_greedy(models, drafter, mode):
     k = {"num_speculative_tokens": 3} if mode == "fixed" else {}
     out = _spec(models, drafter, max_new_tokens=30, speculation=mode, **k)
@@ -82,7 +83,7 @@ class _AlternatingController:
         return BatchDecision(tuple(min(3, uppers[d][i]) for i, d in enumerate(drafters)), drafters,
                              (float("nan"),) * rows, float("nan"))
 
-    def observe(self, drafters, ks, accepted):
+    def observe(self, drafters, ks, accepted, confidences=()):
         pass
 
     def select(self, rows):
@@ -176,6 +177,22 @@ def test_batch_sampling_is_lossless_per_row(models):
     width = max(len(p) for p in prompts)
     first_step = out.speculation.steps[0]
     assert set(first_step.ks) == {2} and 0 < sum(first_step.accepted) < 2 * len(prompts)
+    for j, prompt in enumerate([PROMPTS[1], PROMPTS[2]]):
+        new = out.sequences[j * rows : (j + 1) * rows, width : width + 3]  # [rows, 3]
+        for position, exact in enumerate(_exact_marginals(models["target"], prompt)):
+            assert _chi2_pvalue_ok(new[:, position], exact) < 1.0, f"prompt {j}, token {position + 1}"
+
+
+def test_batch_confidence_sampling_is_lossless_per_row(models):
+    """speculation="confidence" under sampling: the draft loop's stop rule ends drafting on the tokens
+    drafted so far (token elimination is off when sampling), and each row keeps the target's distribution."""
+    rows = 1500
+    prompts = [PROMPTS[1]] * rows + [PROMPTS[2]] * rows
+    torch.manual_seed(0)
+    out = _spec(models, "noisy_copy", prompts=prompts, speculation="confidence", max_new_tokens=4, do_sample=True,
+                temperature=1.0, top_k=0, top_p=1.0)
+    assert max(out.speculation.steps[0].ks) > 0 and 0 < sum(out.speculation.steps[0].accepted)
+    width = max(len(p) for p in prompts)
     for j, prompt in enumerate([PROMPTS[1], PROMPTS[2]]):
         new = out.sequences[j * rows : (j + 1) * rows, width : width + 3]  # [rows, 3]
         for position, exact in enumerate(_exact_marginals(models["target"], prompt)):

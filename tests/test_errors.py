@@ -38,8 +38,7 @@ def test_mode_needs_a_draft_model(target, mode):
     assert mode in str(err.value)
 
 
-@pytest.mark.parametrize("kwargs, message", [({"speculation": "confidence"}, "batch size 1"),
-                                             ({"speculation": "pmin"}, "batch size 1"),
+@pytest.mark.parametrize("kwargs, message", [({"speculation": "pmin"}, "batch size 1"),
                                              ({"speculation": "adaptive", "tpot_slo_ms": 50.0}, "tpot_slo_ms")])
 def test_single_request_modes_and_slo_reject_batches(target, tiny_factory, kwargs, message):
     batch = torch.cat([PROMPT, PROMPT])  # [2, 6]

@@ -15,7 +15,7 @@ import torch
 @dataclass(frozen=True)
 class Proposal:
     """Draft tokens [B, k] long and, for sampling, their draft probabilities q [B, k, V] (else None);
-    ``confidences``: q(x_u) of each drafted token (batch size 1; empty for deterministic drafters)."""
+    ``confidences``: q(x_u) of each drafted token (empty for deterministic drafters)."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
@@ -25,6 +25,11 @@ class Proposal:
     def k(self) -> int:
         """Proposal length (tokens)."""
         return self.tokens.shape[1]
+
+    def head(self, k: int) -> Proposal:
+        """The first k ≤ self.k draft tokens (tokens [B, k], q [B, k, V], their confidences)."""
+        q = self.q[:, :k] if self.q is not None else None
+        return Proposal(self.tokens[:, :k], q, self.confidences[:k])
 
 
 class Proposer(Protocol):

@@ -7,7 +7,7 @@ where its real tokens start.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +33,11 @@ class BatchRows:
         return torch.tensor([v.shape[0] - s for v, s in zip(self.views, self.starts, strict=True)])
 
 
+BatchStopRule = Callable[[int, Sequence[tuple[float, ...]], Sequence[bool]], bool]
+"""stop(j, confidences, growing) → True to end drafting after j columns: per row its confidences so far
+(q(x_u) of its kept tokens) and whether it could take one more token."""
+
+
 class BatchProposer(Protocol):
     """What the batch engine needs from a drafter."""
 
@@ -46,8 +51,9 @@ class BatchProposer(Protocol):
         """Columns beyond steady state the drafter must ingest before drafting (0 if none)."""
         ...
 
-    def propose(self, rows: BatchRows, ks: Sequence[int]) -> list[Proposal]:
-        """Row i's proposal of up to ks[i] tokens ([1, k_i'] tokens; q [1, k_i', V] when sampling)."""
+    def propose(self, rows: BatchRows, ks: Sequence[int], stop: BatchStopRule | None = None) -> list[Proposal]:
+        """Row i's proposal of up to ks[i] tokens ([1, k_i'] tokens; q [1, k_i', V] when sampling). A
+        drafter with confidences (the draft model) asks ``stop`` after each drafted column."""
         ...
 
     def rollback(self, lengths: torch.Tensor) -> None:

@@ -2,8 +2,9 @@
 
 The draft keeps a ``RaggedCache``. Each proposal first feeds every row the tokens it has not seen
 (left-padded, so each row's last token lands in the last column), then drafts one token per row per
-forward, max_i k_i times; a row keeps its first k_i tokens, cut after an EOS. Rolled back per row to
-the confirmed prefix after verification.
+forward, up to max_i k_i times (fewer when a stop rule ends it, or every row has its tokens); a row
+keeps its first k_i tokens, cut after an EOS. Rolled back per row to the confirmed prefix after
+verification.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from ..ragged import RaggedCache, left_pad
 from .base import Proposal
-from .batch_base import BatchRows
+from .batch_base import BatchRows, BatchStopRule
 
 
 class BatchDraftModelProposer:
@@ -44,42 +45,55 @@ class BatchDraftModelProposer:
         """Columns of unseen tokens beyond the 1–2 every step feeds (prompts, runs of plain steps)."""
         return max(0, int((rows.lengths - self.cache.lengths).max()) - 2)
 
-    def _next(self, views: list[torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy)."""
+    def _next(self, views: list[torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                            torch.Tensor]:
+        """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy) and the
+        confidences q(x) [b] of the tokens under the processed scores."""
         scores = logits
         if self.logits_processor:  # processors see each row's own tokens, so they run row by row
             scores = torch.cat([self.logits_processor(v[None], logits[i : i + 1]) for i, v in enumerate(views)])
         if not self.do_sample:
-            return scores.argmax(dim=-1), None
+            shifted = scores.float() - scores.float().max(dim=-1, keepdim=True).values
+            return scores.argmax(dim=-1), None, 1.0 / shifted.exp().sum(dim=-1)  # softmax at the argmax
         q = torch.softmax(scores, dim=-1)  # [b, V]
-        return torch.multinomial(q, 1, generator=self.generator).squeeze(1), q
+        token = torch.multinomial(q, 1, generator=self.generator)  # [b, 1]
+        return token.squeeze(1), q, q.gather(1, token).squeeze(1)
 
     @torch.no_grad()
-    def propose(self, rows: BatchRows, ks: Sequence[int]) -> list[Proposal]:
-        """Row i gets up to ks[i] tokens ([1, k_i']) and, when sampling, q [1, k_i', V]."""
-        b, width = len(rows.views), max(ks)
+    def propose(self, rows: BatchRows, ks: Sequence[int], stop: BatchStopRule | None = None) -> list[Proposal]:
+        """Row i gets up to ks[i] tokens ([1, k_i']) cut just after an EOS, their confidences and, when
+        sampling, q [1, k_i', V]; drafting ends early when ``stop`` says so after a column."""
+        b = len(rows.views)
         seen = self.cache.lengths.tolist()
         tokens, valid = left_pad([rows.tokens(i)[seen[i] :] for i in range(b)], self.pad)  # [b, m ≥ 1]
-        views = list(rows.views)
-        drafted, probs = [], []
-        for _ in range(width):
+        views, kept = list(rows.views), list(ks)  # row i keeps its first kept[i] tokens
+        drafted, probs, confs = [], [], []
+        for j in range(max(ks)):
             logits = self.cache.append(tokens, valid, keep=1)[:, -1].cpu()  # [b, V]
-            token, q = self._next(views, logits)  # [b], [b, V]
+            token, q, conf = self._next(views, logits)  # [b], [b, V], [b]
             drafted.append(token)
             probs.append(q)
+            confs.append(conf)
+            eos = torch.isin(token, self.eos).tolist() if self.eos.numel() else [False] * b
+            kept = [j + 1 if k > j and hit else k for k, hit in zip(kept, eos, strict=True)]
             if self.logits_processor:
                 views = [torch.cat([v, token[i : i + 1]]) for i, v in enumerate(views)]
             tokens, valid = token[:, None], torch.ones(b, 1, dtype=torch.bool)
-        out = torch.stack(drafted, dim=1)  # [b, width]
-        return [self._row(out[i], [q[i] for q in probs] if self.do_sample else None, ks[i]) for i in range(b)]
+            growing = [k > j + 1 for k in kept]
+            table = torch.stack(confs, dim=1).tolist()  # [b, j+1]
+            if not any(growing) or (stop is not None and stop(j + 1, [tuple(r[:k]) for r, k in zip(table, kept)],
+                                                              growing)):
+                break
+        out, table = torch.stack(drafted, dim=1), torch.stack(confs, dim=1).tolist()  # [b, J]
+        kept = [min(k, out.shape[1]) for k in kept]
+        return [self._row(out[i], [q[i] for q in probs] if self.do_sample else None, kept[i], table[i])
+                for i in range(b)]
 
-    def _row(self, tokens: torch.Tensor, q: list[torch.Tensor] | None, k: int) -> Proposal:
-        """Row proposal: the first k tokens [k], cut just after the first EOS; q rows alike."""
-        if self.eos.numel():
-            hits = torch.isin(tokens[:k], self.eos).nonzero()
-            k = int(hits[0]) + 1 if hits.numel() else k
+    @staticmethod
+    def _row(tokens: torch.Tensor, q: list[torch.Tensor] | None, k: int, confidences: list[float]) -> Proposal:
+        """Row proposal: the first k tokens [1, k], their confidences and q [1, k, V] (sampling)."""
         q_row = torch.stack(q[:k])[None] if q is not None and k else None  # [1, k, V]
-        return Proposal(tokens=tokens[:k][None, :], q=q_row)
+        return Proposal(tokens=tokens[:k][None, :], q=q_row, confidences=tuple(confidences[:k]))
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep only the first lengths[i] tokens of row i in the draft cache."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import Proposal
-from .batch_base import BatchRows
+from .batch_base import BatchRows, BatchStopRule
 from .prompt_lookup import check_ngram_sizes, find_continuation
 
 
@@ -30,8 +30,9 @@ class BatchPromptLookupProposer:
         """No model state to catch up."""
         return 0
 
-    def propose(self, rows: BatchRows, ks: Sequence[int]) -> list[Proposal]:
-        """Row i: the first ks[i] tokens found by the last ``available`` call, [1, k_i]."""
+    def propose(self, rows: BatchRows, ks: Sequence[int], stop: BatchStopRule | None = None) -> list[Proposal]:
+        """Row i: the first ks[i] tokens found by the last ``available`` call, [1, k_i]; ``stop`` is not
+        asked (lookup has no confidences and its tokens cost nothing to draft)."""
         return [Proposal(tokens=f[:k][None, :]) for f, k in zip(self._found, ks, strict=True)]
 
     def rollback(self, lengths: torch.Tensor) -> None:
