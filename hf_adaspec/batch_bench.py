@@ -61,7 +61,8 @@ def _run(model, tokenizer, draft, texts: list[str], method: str, cfg: dict):
         except ValueError as err:
             return None, None, 0.0, str(err).splitlines()[0]
         return out, None, time.perf_counter() - start, None
-    spec = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive", "hybrid": "hybrid", "confidence": "confidence"}[method]
+    spec = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive", "hybrid": "hybrid",
+            "confidence": "confidence"}[method]
     extra = {"num_speculative_tokens": cfg["fixed_k"]} if spec == "fixed" else {}
     gen = generate_batch(model, tokenizer, texts, draft_model=draft if spec else None, speculation=spec,
                          max_new_tokens=cfg["max_new_tokens"], **extra)

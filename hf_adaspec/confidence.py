@@ -66,11 +66,11 @@ class ConfidenceCalibrator:
     pseudo-trials at the identity calibration (P = c at the bin centre); the per-bin rates are made
     non-decreasing by ``isotonic``. Predictions are optimistic under uncertainty: each bin's rate plus
     ``optimism`` standard errors, √(P(1−P)/(n+1)) for n trials (an upper confidence bound), made
-    non-decreasing again by ``isotonic`` weighted by trials, and interpolated linearly between bin centres. Without it a pessimistic
-    start predicts that drafting never pays, and since only drafted tokens are observed the
-    calibration would never learn otherwise (measured: mean k 0.00 on 12 of 13 Spec-Bench
-    categories); the bonus shrinks as 1/√n, so a well-observed bin predicts its observed rate.
-    It also keeps the pair's running mean per-token confidence (``token_mean``), the seed of each
+    non-decreasing again by ``isotonic`` weighted by trials, and interpolated linearly between bin
+    centres. Without it a pessimistic start predicts that drafting never pays, and since only drafted
+    tokens are observed the calibration would never learn otherwise (measured: mean k 0.00 on 12 of 13
+    Spec-Bench categories); the bonus shrinks as 1/√n, so a well-observed bin predicts its observed
+    rate. It also keeps the pair's running mean per-token confidence (``token_mean``), the seed of each
     request's c̄. One calibrator per (target, drafter) pair, kept across requests (``CalibratorMemory``).
     """
 

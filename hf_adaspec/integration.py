@@ -43,8 +43,8 @@ class SpeculationConfig:
     "fixed" (always ``num_speculative_tokens``), "hybrid" (each step the best of a plain step, a
     prompt-lookup proposal and a draft-model proposal by predicted goodput; needs a draft model),
     "confidence" (the draft model drafts while its calibrated confidence predicts rising goodput,
-    AdaSpec; in a batch also token elimination before verification) or "pmin" (llama.cpp-style: drafts up to k_max, stopping once a token's
-    draft probability < ``draft_p_min``; batch size 1). max_speculative_tokens: k_max.
+    AdaSpec; in a batch also token elimination before verification) or "pmin" (llama.cpp-style:
+    drafts up to k_max, stopping once a token's draft probability < ``draft_p_min``; batch size 1). max_speculative_tokens: k_max.
     prompt_lookup_max_ngram: n-gram size for the prompt-lookup drafter (used when no draft model is
     given). min_gain: relative goodput margin a k > 0 must predict over a plain step to be chosen.
     tpot_slo_ms: a time-per-output-token objective (ms/token): adaptive, hybrid and confidence skip
