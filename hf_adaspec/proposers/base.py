@@ -15,7 +15,8 @@ import torch
 @dataclass(frozen=True)
 class Proposal:
     """Draft tokens [B, k] long and, for sampling, their draft probabilities q [B, k, V] (else None);
-    ``confidences``: q(x_u) of each drafted token (empty for deterministic drafters)."""
+    ``confidences``: q(x_u) of each drafted token (empty for deterministic drafters, and from the batch
+    draft model when no stop rule asked for them)."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None

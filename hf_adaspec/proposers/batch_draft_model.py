@@ -45,24 +45,28 @@ class BatchDraftModelProposer:
         """Columns of unseen tokens beyond the 1–2 every step feeds (prompts, runs of plain steps)."""
         return max(0, int((rows.lengths - self.cache.lengths).max()) - 2)
 
-    def _next(self, views: list[torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                                            torch.Tensor]:
-        """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy) and the
-        confidences q(x) [b] of the tokens under the processed scores."""
+    def _next(self, views: list[torch.Tensor], logits: torch.Tensor, confident: bool) -> tuple[
+            torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy) and, if
+        ``confident``, the tokens' q(x) [b] under the processed scores (else None)."""
         scores = logits
         if self.logits_processor:  # processors see each row's own tokens, so they run row by row
             scores = torch.cat([self.logits_processor(v[None], logits[i : i + 1]) for i, v in enumerate(views)])
         if not self.do_sample:
-            shifted = scores.float() - scores.float().max(dim=-1, keepdim=True).values
+            if not confident:
+                return scores.argmax(dim=-1), None, None
+            f = scores.float()
+            shifted = f - f.max(dim=-1, keepdim=True).values
             return scores.argmax(dim=-1), None, 1.0 / shifted.exp().sum(dim=-1)  # softmax at the argmax
         q = torch.softmax(scores, dim=-1)  # [b, V]
         token = torch.multinomial(q, 1, generator=self.generator)  # [b, 1]
-        return token.squeeze(1), q, q.gather(1, token).squeeze(1)
+        return token.squeeze(1), q, q.gather(1, token).squeeze(1) if confident else None
 
     @torch.no_grad()
     def propose(self, rows: BatchRows, ks: Sequence[int], stop: BatchStopRule | None = None) -> list[Proposal]:
-        """Row i gets up to ks[i] tokens ([1, k_i']) cut just after an EOS, their confidences and, when
-        sampling, q [1, k_i', V]; drafting ends early when ``stop`` says so after a column."""
+        """Row i gets up to ks[i] tokens ([1, k_i']) cut just after an EOS and, when sampling, q [1, k_i', V].
+        With a ``stop`` rule, asked after each column, drafting may end early and every proposal carries
+        its tokens' confidences q(x_u) (without one they are left empty: a softmax per column saved)."""
         b = len(rows.views)
         seen = self.cache.lengths.tolist()
         tokens, valid = left_pad([rows.tokens(i)[seen[i] :] for i in range(b)], self.pad)  # [b, m ≥ 1]
@@ -70,7 +74,7 @@ class BatchDraftModelProposer:
         drafted, probs, confs = [], [], []
         for j in range(max(ks)):
             logits = self.cache.append(tokens, valid, keep=1)[:, -1].cpu()  # [b, V]
-            token, q, conf = self._next(views, logits)  # [b], [b, V], [b]
+            token, q, conf = self._next(views, logits, stop is not None)  # [b], [b, V], [b]
             drafted.append(token)
             probs.append(q)
             confs.append(conf)
@@ -80,11 +84,14 @@ class BatchDraftModelProposer:
                 views = [torch.cat([v, token[i : i + 1]]) for i, v in enumerate(views)]
             tokens, valid = token[:, None], torch.ones(b, 1, dtype=torch.bool)
             growing = [k > j + 1 for k in kept]
-            table = torch.stack(confs, dim=1).tolist()  # [b, j+1]
-            if not any(growing) or (stop is not None and stop(j + 1, [tuple(r[:k]) for r, k in zip(table, kept)],
-                                                              growing)):
+            if not any(growing):
                 break
-        out, table = torch.stack(drafted, dim=1), torch.stack(confs, dim=1).tolist()  # [b, J]
+            if stop is not None:
+                table = torch.stack(confs, dim=1).tolist()  # [b, j+1]
+                if stop(j + 1, [tuple(r[:k]) for r, k in zip(table, kept)], growing):
+                    break
+        out = torch.stack(drafted, dim=1)  # [b, J]
+        table = torch.stack(confs, dim=1).tolist() if stop is not None else [[] for _ in range(b)]
         kept = [min(k, out.shape[1]) for k in kept]
         return [self._row(out[i], [q[i] for q in probs] if self.do_sample else None, kept[i], table[i])
                 for i in range(b)]
