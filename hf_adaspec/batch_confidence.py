@@ -20,6 +20,7 @@ The stop rule counts the rows that draft with the draft model; prompt-lookup row
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -61,8 +62,8 @@ class BatchConfidenceController:
 
         def stop(j: int, confidences: Sequence[tuple[float, ...]], growing: Sequence[bool]) -> bool:
             probs = [self._prefix_probs(c) for c in confidences]
-            c_j = [prefix_confidences(c)[-1] if c else 1.0 for c in confidences]
-            nxt = [self.calibrator.predict(min(1.0, c * c_bar)) if g else 0.0 for c, g in zip(c_j, growing)]
+            nxt = [self.calibrator.predict(min(1.0, math.prod(c) * c_bar)) if g else 0.0
+                   for c, g in zip(confidences, growing)]
             return not should_draft_column(probs, nxt, j * costs.draft_ms, costs.draft_ms, costs.t_verify)
 
         return stop
