@@ -27,6 +27,7 @@ import torch
 
 from . import hf_compat
 from .bench_oracle import PromptOracle, prompt_oracle
+from .cost_tracking import CostScale
 
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
            "confidence", "pmin")
@@ -62,6 +63,8 @@ class Run:
     acceptance: float | None = None
     mean_k: float | None = None
     oracle_tokens_per_s: float | None = None
+    realized_oracle_tokens_per_s: float | None = None
+    cost_scale: CostScale | None = None
 
 
 @dataclass(frozen=True)
@@ -132,10 +135,11 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
             outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None
+    scales = {m: getattr(getattr(out, "speculation", None), "cost_scale", None) for m, (out, _) in outputs.items()}
     oracle = None
     if plain_seq is not None and cfg.get("costs") is not None:
         oracle = prompt_oracle(model, draft, plain_seq, prompt_len, cfg["costs"](prompt_len), cfg.get("k_max", 8),
-                               (prompt.question_id, prompt.category))
+                               (prompt.question_id, prompt.category), median_scale(scales))
     runs = []
     for method in methods:
         out, elapsed = outputs[method][0], statistics.median(seconds[method])
@@ -144,11 +148,23 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
         gap = divergence_gap(model, plain_seq, out.sequences) if plain_seq is not None else None
         family = METHOD_FAMILY.get(method)
         bound = oracle.tokens_per_s.get(family) if oracle is not None and family else None
+        realized = (oracle.realized_tokens_per_s or {}).get(family) if oracle is not None and family else None
         runs.append(Run(prompt.question_id, prompt.category, method, new, elapsed, new / elapsed,
                         plain_seq is not None and gap is None,
                         stats.mean_accepted_length if stats else None, stats.plain_share if stats else None,
-                        gap, stats.acceptance_rate if stats else None, stats.mean_k if stats else None, bound))
+                        gap, stats.acceptance_rate if stats else None, stats.mean_k if stats else None, bound,
+                        realized, scales.get(method)))
     return PromptResult(runs, oracle)
+
+
+def median_scale(scales: dict[str, CostScale | None]) -> CostScale | None:
+    """Median verify and draft-model ratios over the methods that corrected costs online (the draft ratio
+    from the methods whose first drafter is the draft model); None when none did."""
+    kept = {m: s for m, s in scales.items() if s is not None}
+    drafts = [s.draft[0] for m, s in kept.items() if METHOD_FAMILY.get(m) in ("draft", "hybrid") and s.draft]
+    if not kept:
+        return None
+    return CostScale(statistics.median(s.verify for s in kept.values()), (statistics.median(drafts or [1.0]),))
 
 
 def divergence_gap(model, plain: torch.Tensor, other: torch.Tensor) -> float | None:
@@ -176,12 +192,15 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _method_cell(rows: list[Run], plain: dict[int, float]) -> dict:
-    """Median tokens/s, geometric-mean speedup vs plain and % of the oracle, mean acceptance and k."""
+    """Median tokens/s, geometric-mean speedup vs plain, % of the oracle (profile costs, and the costs
+    the runs realized), mean acceptance and k."""
     bounded = [r.tokens_per_s / r.oracle_tokens_per_s for r in rows if r.oracle_tokens_per_s]
+    realized = [r.tokens_per_s / r.realized_oracle_tokens_per_s for r in rows if r.realized_oracle_tokens_per_s]
     return {
         "tokens_per_s": statistics.median([r.tokens_per_s for r in rows]),
         "speedup": _geomean([r.tokens_per_s / plain[r.question_id] for r in rows]),
         "pct_oracle": 100.0 * _geomean(bounded) if bounded else None,
+        "pct_oracle_realized": 100.0 * _geomean(realized) if realized else None,
         "acceptance": _mean([r.acceptance for r in rows]),
         "mean_k": _mean([r.mean_k for r in rows]),
     }
@@ -233,10 +252,14 @@ def markdown(summary: dict, methods: list[str]) -> str:
     head = "| category | " + " | ".join(spec) + " |\n|---|" + "---|" * len(spec) + "\n"
     pct = head + "".join(f"| {cat} | " + " | ".join(_fmt(row[m].get("pct_oracle"), ".0f") + "%" for m in spec) + " |\n"
                          for cat, row in summary["table"].items())
+    pct_realized = head + "".join(
+        f"| {cat} | " + " | ".join(_fmt(row[m].get("pct_oracle_realized"), ".0f") + "%" for m in spec) + " |\n"
+        for cat, row in summary["table"].items())
     acc = head + "".join(
         f"| {cat} | " + " | ".join(f"{_fmt(row[m].get('acceptance'), '.2f')} / {_fmt(row[m].get('mean_k'), '.2f')}"
                                    for m in spec) + " |\n" for cat, row in summary["table"].items())
-    text = f"tokens/s (speedup vs plain)\n\n{speed}\n% of oracle tokens/s\n\n{pct}\nacceptance / mean k\n\n{acc}"
+    text = (f"tokens/s (speedup vs plain)\n\n{speed}\n% of oracle tokens/s\n\n{pct}\n% of oracle tokens/s, "
+            f"oracle at the costs the runs realized\n\n{pct_realized}\nacceptance / mean k\n\n{acc}")
     if summary.get("oracle"):
         fams = sorted({f for row in summary["oracle"].values() for f in row["oracle_speedup"]})
         text += ("\ndraft agreement, prompt-lookup hit rate, oracle speedup vs plain\n\n| category | draft agreement | "

@@ -6,18 +6,22 @@ teacher-forced draft forward over prompt + output gives the draft's greedy guess
 token (``agree[i]``), and replaying prompt lookup on every prefix gives how much of its continuation
 matches. ``oracle.oracle_schedule`` turns those runs into the fastest schedule, costed with the
 controller's ``CostTable``; the target's prefill (timed here once) is added so the oracle's tokens/s
-compares with a method's tokens/s over wall time.
+compares with a method's tokens/s over wall time. The profile can under-predict what a step costs in
+the engine (``cost_tracking``), which makes that oracle optimistic; so it is also computed with the
+costs the runs realized (the table × the median realized / predicted ratios of the prompt's runs).
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from . import hf_compat
-from .costs import CostTable
+from .cost_tracking import CostScale, scaled_costs
+from .costs import CostTable, DrafterCosts
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 from .proposers.prompt_lookup import find_continuation
 
@@ -27,7 +31,8 @@ FAMILIES = ("draft", "lookup", "hybrid")
 @dataclass(frozen=True)
 class PromptOracle:
     """One prompt's oracle: generated tokens, the target prefill (ms), the draft's greedy agreement and
-    prompt lookup's per-position hit rate over the decode tokens, and oracle tokens/s per family."""
+    prompt lookup's per-position hit rate over the decode tokens, and oracle tokens/s per family (with
+    the profile's costs, and with the costs the runs realized; None when no run measured them)."""
 
     question_id: int
     category: str
@@ -36,6 +41,7 @@ class PromptOracle:
     draft_agreement: float
     lookup_agreement: float
     tokens_per_s: dict[str, float]
+    realized_tokens_per_s: dict[str, float] | None = None
 
 
 @torch.no_grad()
@@ -70,24 +76,37 @@ def time_prefill_ms(target: torch.nn.Module, prompt: torch.Tensor) -> float:
     return (time.perf_counter() - start) * 1000.0
 
 
+def realized_costs(costs: CostTable, scale: CostScale) -> CostTable:
+    """``costs`` with verification × ``scale.verify`` and the draft token × ``scale.draft[0]`` (the
+    realized / predicted ratios of ``cost_tracking``; the catch-up cost per token stays as measured)."""
+    table, (drafter,) = scaled_costs(costs, [DrafterCosts(costs.draft_ms)], CostScale(scale.verify, scale.draft[:1]))
+    return replace(table, draft_ms=drafter.draft_ms)
+
+
+def _family_rates(agree_runs: tuple[int, ...], lookup: OracleDrafter, has_draft: bool, costs: CostTable,
+                  n: int, prompt_len: int, prefill_ms: float, k_max: int) -> dict[str, float]:
+    """Oracle tokens/s (prefill included) per family under ``costs``."""
+    model = OracleDrafter(agree_runs, costs.draft_ms, prompt_len * costs.draft_catchup_ms)
+    sets = {"draft": [model] if has_draft else [], "lookup": [lookup], "hybrid": [model, lookup] if has_draft else []}
+    return {family: 1000.0 * n / (prefill_ms + oracle_schedule(drafters, k_max, costs.t_verify).time_ms)
+            for family, drafters in sets.items() if drafters}
+
+
 def prompt_oracle(target, draft, sequence: torch.Tensor, prompt_len: int, costs: CostTable, k_max: int,
-                  ids: tuple[int, str]) -> PromptOracle:
+                  ids: tuple[int, str], scale: CostScale | None = None) -> PromptOracle:
     """Oracle tokens/s per family for one greedy output ``sequence`` [1, T]; ids = (question_id, category).
 
     draft: the draft model alone (its setup: ingesting the prompt at ``costs.draft_catchup_ms`` per
-    token); lookup: prompt lookup alone (free); hybrid: both. Plain steps are always allowed.
+    token); lookup: prompt lookup alone (free); hybrid: both. Plain steps are always allowed. With
+    ``scale`` (the ratios the runs measured) also under ``realized_costs(costs, scale)``.
     """
     n = sequence.shape[1] - prompt_len
     agree = draft_agreement(draft, sequence, prompt_len) if draft is not None else []
-    model = OracleDrafter(tuple(agreement_runs(agree)), costs.draft_ms, prompt_len * costs.draft_catchup_ms)
     lookup = OracleDrafter(tuple(lookup_runs(sequence, prompt_len, k_max)))
     prefill = time_prefill_ms(target, sequence[:, :prompt_len])
-    sets = {"draft": [model] if draft is not None else [], "lookup": [lookup], "hybrid": [model, lookup]}
-    rates = {}
-    for family, drafters in sets.items():
-        if drafters and (draft is not None or family == "lookup"):
-            result = oracle_schedule(drafters, k_max, costs.t_verify)
-            rates[family] = 1000.0 * n / (prefill + result.time_ms)
+    rates = functools.partial(_family_rates, tuple(agreement_runs(agree)), lookup, draft is not None,
+                              n=n, prompt_len=prompt_len, prefill_ms=prefill, k_max=k_max)
     hits = sum(1 for r in lookup.runs if r > 0)
     return PromptOracle(ids[0], ids[1], n, prefill, sum(agree) / len(agree) if agree else float("nan"),
-                        hits / len(lookup.runs) if lookup.runs else float("nan"), rates)
+                        hits / len(lookup.runs) if lookup.runs else float("nan"), rates(costs),
+                        rates(realized_costs(costs, scale)) if scale is not None else None)

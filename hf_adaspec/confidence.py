@@ -26,8 +26,9 @@ import math
 from collections.abc import Callable, Sequence
 
 from .acceptance import AcceptanceEstimator
-from .controller import Candidate, Decision, DraftOption, DrafterCosts, select_decision
-from .costs import CostTable
+from .controller import Candidate, Decision, DraftOption, select_decision
+from .cost_tracking import TrackedCosts
+from .costs import CostTable, DrafterCosts
 from .goodput import horizon_goodput, step_time_ms
 
 StopRule = Callable[[int, tuple[float, ...]], bool]
@@ -228,10 +229,11 @@ def pmin_stop(p_min: float) -> StopRule:
     return lambda j, confidences: bool(confidences) and confidences[-1] < p_min
 
 
-class ConfidenceController:
+class ConfidenceController(TrackedCosts):
     """Draft-model speculation whose length is set token by token by ``should_draft_next`` on the
     calibrated confidence (AdaSpec, arXiv 2503.05096); k = 0 (a plain step) when even one draft token
-    is predicted not to pay. Uses the first option's drafter (a draft model)."""
+    is predicted not to pay. Uses the first option's drafter (a draft model). ``adapt_costs``: correct
+    the costs by realized step times (``cost_tracking``)."""
 
     def __init__(
         self,
@@ -241,8 +243,10 @@ class ConfidenceController:
         min_gain: float = 0.03,
         tpot_slo_ms: float | None = None,
         mean_weight: float = 4.0,
+        adapt_costs: bool = False,
     ) -> None:
-        self.costs, self.drafter, self.min_gain, self.tpot_slo_ms = costs, drafter, min_gain, tpot_slo_ms
+        self._track_costs(costs, [drafter], adapt_costs)
+        self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self.calibrator = calibrator or ConfidenceCalibrator()
         self.c_bar = RunningMean(self.calibrator.token_mean, mean_weight)  # this request's c̄, seeded per pair
         self.estimator = AcceptanceEstimator()
@@ -251,7 +255,7 @@ class ConfidenceController:
     def _draft_more(self, prefix_probs: Sequence[float], c_j: float) -> bool:
         """Predict ĉ_{j+1} = c_j·c̄ and ask ``should_draft_next`` whether token j+1 pays."""
         next_prob = self.calibrator.predict(min(1.0, c_j * self.c_bar.value))
-        return should_draft_next(prefix_probs, next_prob, self.drafter.draft_ms, self.costs.t_verify,
+        return should_draft_next(prefix_probs, next_prob, self.drafters[0].draft_ms, self.costs.t_verify,
                                  self._setup_ms, self._horizon, self.min_gain, self.tpot_slo_ms)
 
     def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
@@ -261,10 +265,10 @@ class ConfidenceController:
         one-off catch-up must be amortised: one token rarely pays it, a run of them may. Reports the
         best length's predicted goodput; alpha = P(accept | c̄)."""
         opt = options[0]
-        self._setup_ms, self._horizon = opt.catchup_tokens * self.drafter.catchup_ms, horizon
+        self._setup_ms, self._horizon = opt.catchup_tokens * self.drafters[0].catchup_ms, horizon
         path = [self.calibrator.predict(self.c_bar.value ** j) for j in range(1, opt.k_upper + 1)]
-        plain = prefix_candidate([], self.drafter.draft_ms, self.costs.t_verify)
-        longer = [prefix_candidate(path[:k], self.drafter.draft_ms, self.costs.t_verify, self._setup_ms, horizon)
+        plain = prefix_candidate([], self.drafters[0].draft_ms, self.costs.t_verify)
+        longer = [prefix_candidate(path[:k], self.drafters[0].draft_ms, self.costs.t_verify, self._setup_ms, horizon)
                   for k in range(1, opt.k_upper + 1)]
         best = select_decision(plain, longer, self.min_gain, self.tpot_slo_ms)
         rate = best.predicted_goodput

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .acceptance import AcceptanceEstimator, AcceptancePrior
-from .costs import CostTable
+from .cost_tracking import TrackedCosts
+from .costs import CostTable, DrafterCosts
 from .goodput import expected_tokens, goodput, horizon_goodput, step_time_ms
 
 
@@ -35,14 +36,6 @@ class DraftOption:
     drafter: int
     k_upper: int
     catchup_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class DrafterCosts:
-    """Per-drafter costs in ms: one draft token, and one token ingested while catching up."""
-
-    draft_ms: float = 0.0
-    catchup_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,8 +96,9 @@ class Controller(Protocol):
         ...
 
 
-class GoodputController:
-    """Per-step (drafter, k) by maximum predicted goodput; k = 0 when speculation does not pay."""
+class GoodputController(TrackedCosts):
+    """Per-step (drafter, k) by maximum predicted goodput; k = 0 when speculation does not pay.
+    ``adapt_costs``: correct the costs by realized step times (``cost_tracking``)."""
 
     def __init__(
         self,
@@ -113,8 +107,10 @@ class GoodputController:
         priors: Sequence[AcceptancePrior | None] | None = None,
         min_gain: float = 0.03,
         tpot_slo_ms: float | None = None,
+        adapt_costs: bool = False,
     ) -> None:
-        self.costs, self.drafters, self.min_gain, self.tpot_slo_ms = costs, list(drafters), min_gain, tpot_slo_ms
+        self._track_costs(costs, drafters, adapt_costs)
+        self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self.estimators = [AcceptanceEstimator(p) for p in (priors or [None] * len(self.drafters))]
 
     def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:

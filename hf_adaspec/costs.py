@@ -64,6 +64,14 @@ class CostTable:
         return self.verify_ms[-1] + max(slope, 0.0) * (n - self.max_tokens)
 
 
+@dataclass(frozen=True)
+class DrafterCosts:
+    """Per-drafter costs in ms: one draft token, and one token ingested while catching up."""
+
+    draft_ms: float = 0.0
+    catchup_ms: float = 0.0
+
+
 def _model_identity(model: torch.nn.Module) -> dict:
     config = model.config
     quant = getattr(config, "quantization_config", None)

@@ -7,6 +7,8 @@ drafter's state roll back to the accepted prefix.
 k = 0 is a plain decoding step. Invariant: the target cache holds every token but the last.
 A controller with a ``stop_rule`` (confidence-based drafting) hands the proposer a callable that may
 end the proposal early, so its k is then an upper bound.
+A controller with ``observe_time`` gets each step's realized draft and verify time (ms), so it can
+correct its cost table online (``cost_tracking``).
 A drafter's one-off catch-up cost is amortised over the expected remaining length, estimated as the
 tokens generated so far (capped by the budget): with an unknown end, a request that has run for n
 tokens is as likely as not to run n more, so a long prompt with a short answer stays on plain steps.
@@ -123,12 +125,16 @@ def speculative_decode(
         new = torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1)  # [1, n+1]
         ids, done = append_tokens(ids, new, settings)
         t2 = time.perf_counter()
+        if hasattr(controller, "observe_time"):
+            catchup = options[decision.drafter].catchup_tokens
+            controller.observe_time(decision.drafter, proposal.k, catchup, (t1 - t0) * 1000.0, (t2 - t1) * 1000.0)
         record = StepRecord(proposal.k, n, ids.shape[1] - length, proposer.name if proposal.k else "plain",
                             (t1 - t0) * 1000.0, (t2 - t1) * 1000.0, decision.alpha, decision.predicted_goodput)
         stats.steps.append(record)
         _stream(settings, ids[:, length:], record)
     if settings.streamer is not None:
         settings.streamer.end()
+    stats.cost_scale = controller.tracker.scale if hasattr(controller, "tracker") else None
     stats.wall_ms, stats.new_tokens = (time.perf_counter() - start) * 1000.0, ids.shape[1] - prompt_len
     return DecodeResult(sequences=ids, stats=stats)
 

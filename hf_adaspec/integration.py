@@ -28,6 +28,7 @@ from .batch_controller import BatchFixedController, BatchGoodputController
 from .batch_engine import speculative_decode_batch
 from .confidence import CalibratorMemory, ConfidenceController, PMinController
 from .controller import Controller, DrafterCosts, FixedController, GoodputController
+from .cost_tracking import CostScaleMemory
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
@@ -49,6 +50,9 @@ class SpeculationConfig:
     given). min_gain: relative goodput margin a k > 0 must predict over a plain step to be chosen.
     tpot_slo_ms: a time-per-output-token objective (ms/token): adaptive, hybrid and confidence skip
     choices predicted to break it (best effort when none meets it); every mode reports its attainment.
+    adapt_costs: at batch size 1, adaptive, hybrid and confidence correct a measured cost table (profile
+    or calibration, not a ``speculation_costs`` table given as is) by each step's realized times
+    (``cost_tracking``).
     """
 
     speculation: str = "adaptive"
@@ -58,6 +62,7 @@ class SpeculationConfig:
     min_gain: float = 0.03
     draft_p_min: float = 0.75
     tpot_slo_ms: float | None = None
+    adapt_costs: bool = True
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -98,6 +103,7 @@ class SpeculationRequest:
     on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
     calibrators: CalibratorMemory | None = None
     profile: str | Path | None = None
+    cost_scales: CostScaleMemory | None = None
 
 
 @dataclass
@@ -186,7 +192,8 @@ def _goodput_controller(request: SpeculationRequest, costs: CostTable, drafters:
                         proposers: list[Proposer]) -> Controller:
     """adaptive / hybrid: per-step (drafter, k) by predicted goodput, α priors from the pair's memory."""
     priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
-    return GoodputController(costs, drafters, priors, request.config.min_gain, request.config.tpot_slo_ms)
+    config = request.config
+    return GoodputController(costs, drafters, priors, config.min_gain, config.tpot_slo_ms, _adapts(request))
 
 
 def _fixed_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
@@ -201,7 +208,13 @@ def _confidence_controller(request: SpeculationRequest, costs: CostTable, drafte
     calibrators = request.calibrators or CalibratorMemory()
     calibrator = calibrators.calibrator_for(_memory_key(proposers[0]))
     config = request.config
-    return ConfidenceController(costs, drafters[0], calibrator, config.min_gain, config.tpot_slo_ms)
+    return ConfidenceController(costs, drafters[0], calibrator, config.min_gain, config.tpot_slo_ms,
+                                adapt_costs=_adapts(request))
+
+
+def _adapts(request: SpeculationRequest) -> bool:
+    """Online cost correction: asked for, and the costs were measured here (not given as is)."""
+    return request.config.adapt_costs and request.costs is None
 
 
 def _pmin_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
@@ -243,7 +256,16 @@ def _build_controller(model, request: SpeculationRequest, proposers: list[Propos
         DrafterCosts(costs.draft_ms, costs.draft_catchup_ms) if isinstance(p, DraftModelProposer) else DrafterCosts()
         for p in proposers
     ]
-    return SPECULATION_MODES[config.speculation].build(request, costs, drafter_costs, proposers)
+    controller = SPECULATION_MODES[config.speculation].build(request, costs, drafter_costs, proposers)
+    scale = request.cost_scales.scale_for(_scale_key(costs, proposers)) if request.cost_scales else None
+    if scale is not None and getattr(controller, "adapt_costs", False):
+        controller.resume_costs(scale)
+    return controller
+
+
+def _scale_key(costs: CostTable, proposers: list[Proposer]) -> str:
+    """Identifies a pair and its drafters in the cost-scale memory."""
+    return ":".join([costs.key, *(_memory_key(p) for p in proposers)])
 
 
 def _remember(memory: AcceptanceMemory, proposers: list[Proposer], stats: SpeculationStats) -> None:
@@ -324,6 +346,8 @@ def speculative_generate(
     controller = _build_controller(model, request, proposers, input_ids.shape[1])
     result = speculative_decode(model, input_ids, proposers, controller, settings)
     result.stats.tpot_slo_ms = request.config.tpot_slo_ms
+    if request.cost_scales is not None and getattr(controller, "adapt_costs", False):
+        request.cost_scales.record(_scale_key(controller.tracker.base, proposers), controller.tracker.scale)
     if request.memory is not None:
         _remember(request.memory, proposers, result.stats)
     if generation_config.return_dict_in_generate:
@@ -332,7 +356,7 @@ def speculative_generate(
 
 
 def _speculative_entry(original, memory: AcceptanceMemory, calibrators: CalibratorMemory | None = None,
-                       speculation=None, **kwargs):
+                       speculation=None, cost_scales: CostScaleMemory | None = None, **kwargs):
     """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``."""
     if speculation is None:
         return original(**kwargs)
@@ -344,23 +368,26 @@ def _speculative_entry(original, memory: AcceptanceMemory, calibrators: Calibrat
         prompt_lookup_max_ngram=kwargs.pop("prompt_lookup_max_ngram", 3),
         draft_p_min=kwargs.pop("draft_p_min", 0.75),
         tpot_slo_ms=kwargs.pop("tpot_slo_ms", None),
+        adapt_costs=kwargs.pop("adapt_costs", True),
     )
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
     profile = kwargs.pop("speculation_profile", None)
-    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory, on_step, calibrators, profile)
+    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory, on_step, calibrators, profile,
+                                 cost_scales)
     return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
 
 
 def enable(model) -> Any:
     """Let ``model.generate`` take ``speculation=`` one of ``SPECULATION_MODES`` ("adaptive", "fixed",
     "hybrid", "confidence", "pmin"; ``assistant_model`` is the draft). Idempotent; returns the model.
-    Without ``speculation`` generate is unchanged. Acceptance and confidence calibration are kept per
-    (model, drafter) pair across requests.
+    Without ``speculation`` generate is unchanged. Acceptance, confidence calibration and the online cost
+    correction's ratios are kept per (model, drafter) pair across requests.
 
     Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
     ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
-    attainment lands in ``.speculation``), ``speculation_costs`` (a ``CostTable``, used as is),
+    attainment lands in ``.speculation``), ``adapt_costs`` (default True: correct measured costs by realized
+    step times), ``speculation_costs`` (a ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:
     called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's
@@ -369,13 +396,14 @@ def enable(model) -> Any:
     if getattr(model, "_adaspec_enabled", False):
         return model
     original = model.generate
-    memory, calibrators = AcceptanceMemory(), CalibratorMemory()
+    memory, calibrators, cost_scales = AcceptanceMemory(), CalibratorMemory(), CostScaleMemory()
 
     @functools.wraps(original)
     def generate(inputs=None, speculation=None, **kwargs):
         if inputs is not None:
             kwargs["inputs"] = inputs
-        return _speculative_entry(original, memory, calibrators, speculation=speculation, **kwargs)
+        return _speculative_entry(original, memory, calibrators, speculation=speculation, cost_scales=cost_scales,
+                                  **kwargs)
 
     model.generate = generate
     model._adaspec_enabled = True

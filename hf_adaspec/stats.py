@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from .cost_tracking import CostScale
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -38,13 +40,15 @@ class StepRecord:
 @dataclass
 class SpeculationStats:
     """All decisions of one request plus wall time; ``new_tokens`` counts the generated tokens;
-    ``tpot_slo_ms``: the request's TPOT service-level objective (ms/token), None when none was set."""
+    ``tpot_slo_ms``: the request's TPOT service-level objective (ms/token), None when none was set;
+    ``cost_scale``: the controller's realized / predicted cost ratios at the end (None: no cost model)."""
 
     steps: list[StepRecord] = field(default_factory=list)
     prefill_ms: float = 0.0
     wall_ms: float = 0.0
     new_tokens: int = 0
     tpot_slo_ms: float | None = None
+    cost_scale: CostScale | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -129,6 +133,7 @@ class SpeculationStats:
             "plain_share": self.plain_share,
             "tpot_slo_ms": self.tpot_slo_ms,
             "slo_attainment": self.slo_attainment() if self.tpot_slo_ms is not None else None,
+            "cost_scale": asdict(self.cost_scale) if self.cost_scale is not None else None,
             "steps": [asdict(s) for s in self.steps],
         }
 
