@@ -193,7 +193,7 @@ def _mean(values: list[float | None]) -> float | None:
 
 def _method_cell(rows: list[Run], plain: dict[int, float]) -> dict:
     """Median tokens/s, geometric-mean speedup vs plain, % of the oracle (profile costs, and the costs
-    the runs realized), mean acceptance and k."""
+    the runs realized), mean acceptance and k, median cost-correction ratios."""
     bounded = [r.tokens_per_s / r.oracle_tokens_per_s for r in rows if r.oracle_tokens_per_s]
     realized = [r.tokens_per_s / r.realized_oracle_tokens_per_s for r in rows if r.realized_oracle_tokens_per_s]
     return {
@@ -203,7 +203,16 @@ def _method_cell(rows: list[Run], plain: dict[int, float]) -> dict:
         "pct_oracle_realized": 100.0 * _geomean(realized) if realized else None,
         "acceptance": _mean([r.acceptance for r in rows]),
         "mean_k": _mean([r.mean_k for r in rows]),
+        "cost_scale": _median_ratios([r.cost_scale for r in rows if r.cost_scale is not None]),
     }
+
+
+def _median_ratios(scales: list[CostScale]) -> dict | None:
+    """Median realized / predicted verify and first-drafter ratios of the runs that corrected costs."""
+    if not scales:
+        return None
+    return {"verify": statistics.median(s.verify for s in scales),
+            "draft": statistics.median(s.draft[0] if s.draft else 1.0 for s in scales)}
 
 
 def _oracle_cell(oracles: list[PromptOracle], plain: dict[int, float]) -> dict:

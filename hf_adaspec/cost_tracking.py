@@ -88,8 +88,9 @@ class CostTracker:
 
 
 class TrackedCosts:
-    """Controller mixin: ``costs`` and ``drafters`` come from a ``CostTracker``; the engine reports each
-    step's times through ``observe_time``, which corrects them only when ``adapt_costs`` is set."""
+    """Controller mixin: the engine reports each step's times through ``observe_time`` to a
+    ``CostTracker``, which always measures the ratios; ``costs`` and ``drafters`` are its corrected
+    costs when ``adapt_costs`` is set, else the table's as measured."""
 
     tracker: CostTracker
     adapt_costs: bool = False
@@ -100,21 +101,20 @@ class TrackedCosts:
     @property
     def costs(self) -> CostTable:
         """The cost table in use (ms): as measured, or corrected online."""
-        return self.tracker.costs
+        return self.tracker.costs if self.adapt_costs else self.tracker.base
 
     @property
     def drafters(self) -> tuple[DrafterCosts, ...]:
         """Per-drafter costs in use (ms), in drafter order."""
-        return self.tracker.drafters
+        return self.tracker.drafters if self.adapt_costs else self.tracker.base_drafters
 
     def resume_costs(self, scale: CostScale) -> None:
         """Start the correction from ``scale`` (the ratios a previous request of this pair ended with)."""
         self.tracker = CostTracker(self.tracker.base, self.tracker.base_drafters, start=scale)
 
     def observe_time(self, drafter: int, drafted: int, catchup_tokens: int, draft_ms: float, verify_ms: float) -> None:
-        """``CostTracker.observe`` when ``adapt_costs``; else the costs stay as measured."""
-        if self.adapt_costs:
-            self.tracker.observe(drafter, drafted, catchup_tokens, draft_ms, verify_ms)
+        """``CostTracker.observe``: the ratios are measured whether or not they are applied."""
+        self.tracker.observe(drafter, drafted, catchup_tokens, draft_ms, verify_ms)
 
 
 class CostScaleMemory:

@@ -258,7 +258,7 @@ def _build_controller(model, request: SpeculationRequest, proposers: list[Propos
     ]
     controller = SPECULATION_MODES[config.speculation].build(request, costs, drafter_costs, proposers)
     scale = request.cost_scales.scale_for(_scale_key(costs, proposers)) if request.cost_scales else None
-    if scale is not None and getattr(controller, "adapt_costs", False):
+    if scale is not None and hasattr(controller, "resume_costs"):
         controller.resume_costs(scale)
     return controller
 
@@ -346,7 +346,7 @@ def speculative_generate(
     controller = _build_controller(model, request, proposers, input_ids.shape[1])
     result = speculative_decode(model, input_ids, proposers, controller, settings)
     result.stats.tpot_slo_ms = request.config.tpot_slo_ms
-    if request.cost_scales is not None and getattr(controller, "adapt_costs", False):
+    if request.cost_scales is not None and hasattr(controller, "tracker"):
         request.cost_scales.record(_scale_key(controller.tracker.base, proposers), controller.tracker.scale)
     if request.memory is not None:
         _remember(request.memory, proposers, result.stats)

@@ -89,6 +89,33 @@ def test_bench_oracle_agreement_lookup_runs_and_rates(models):
     assert set(oracle.tokens_per_s) == {"draft", "lookup", "hybrid"}
 
 
+def test_bench_oracle_at_realized_costs_scales_verify_and_draft(models):
+    from hf_adaspec.bench_oracle import prompt_oracle, realized_costs
+    from hf_adaspec.cost_tracking import CostScale
+    from hf_adaspec.costs import CostTable
+
+    target, prompt = models["target"], torch.tensor([[5, 6, 7, 8, 9, 10]])
+    seq = target.generate(prompt, max_new_tokens=12, do_sample=False)  # [1, 18]
+    costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0, draft_catchup_ms=0.5)
+    table = realized_costs(costs, CostScale(2.0, (3.0,)))
+    assert table.verify_ms == (20.0,) * 9 and table.draft_ms == 3.0 and table.draft_catchup_ms == 0.5
+    oracle = prompt_oracle(target, models["same_model"], seq, 6, costs, 8, (7, "qa"), CostScale(2.0, (3.0,)))
+    # k=8 then k=1, as at the profile's costs: (8·3 + 20) + (3 + 20) ms, plus the prompt ingest 6·0.5 ms
+    expected = 1000.0 * 12 / (oracle.prefill_ms + 44.0 + 23.0 + 3.0)
+    assert oracle.realized_tokens_per_s["draft"] == pytest.approx(expected)
+    assert prompt_oracle(target, models["same_model"], seq, 6, costs, 8, (7, "qa")).realized_tokens_per_s is None
+
+
+def test_median_scale_takes_draft_ratios_from_draft_model_methods_only():
+    from hf_adaspec.bench import median_scale
+    from hf_adaspec.cost_tracking import CostScale
+
+    scales = {"plain": None, "pmin": None, "adaptive": CostScale(1.1, (2.0,)), "confidence": CostScale(1.3, (1.6,)),
+              "adaptive-lookup": CostScale(1.2, (1.0,)), "hybrid": CostScale(1.0, (1.8, 1.0))}
+    assert median_scale(scales) == CostScale(pytest.approx(1.15), (pytest.approx(1.8),))
+    assert median_scale({"plain": None}) is None
+
+
 def test_lookup_runs_count_the_matching_prefix():
     from hf_adaspec.bench_oracle import lookup_runs
 

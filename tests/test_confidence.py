@@ -225,6 +225,38 @@ def test_confidence_controller_observe_corrects_calibration_and_mean():
     assert sum(ctl.calibrator.trials) == pytest.approx(22.0)
 
 
+def test_request_seed_is_an_upper_quantile_of_past_request_means():
+    cal = ConfidenceCalibrator(token_mean=0.6, seed_quantile=0.75)
+    for mean in (0.5, 0.95):
+        cal.note_request(None, mean)
+    assert cal.request_seed() == 0.6  # fewer than 3 requests: the pair's token mean
+    slot = cal.note_request(None, 0.7)
+    cal.note_request(None, 0.9)
+    assert cal.request_seed() == 0.9  # nearest rank: ceil(0.75 · 4) = 3rd of 0.5, 0.7, 0.9, 0.95
+    cal.note_request(slot, 0.99)  # a request's mean is updated in place, not appended
+    assert cal.request_means == [0.5, 0.95, 0.99, 0.9] and cal.request_seed() == 0.95
+    with pytest.raises(ValueError, match="seed_quantile"):
+        ConfidenceCalibrator(seed_quantile=1.5)
+
+
+def test_each_request_records_its_mean_and_seeds_the_next_one():
+    cal = ConfidenceCalibrator(token_mean=0.5)
+    for qs in ((0.2, 0.4), (0.9,), (0.8, 1.0)):  # three requests, one controller each
+        ctl = ConfidenceController(FLAT, DrafterCosts(3.0), cal)
+        ctl.observe(0, drafted=len(qs), accepted=0, confidences=qs)
+        ctl.observe(0, drafted=0, accepted=0)  # plain steps add nothing
+    assert cal.request_means == pytest.approx([0.3, 0.9, 0.9])
+    assert ConfidenceController(FLAT, DrafterCosts(3.0), cal).c_bar.value == pytest.approx(0.9)
+
+
+def test_an_optimistic_seed_drafts_where_the_pair_mean_would_not():
+    # verify 10 ms, draft 3 ms: P = c̄ (no optimism); c̄ 0.15 never drafts, a request seeded at 0.9 does
+    cal = ConfidenceCalibrator(token_mean=0.15, optimism=0.0)
+    assert ConfidenceController(FLAT, DrafterCosts(3.0), cal).choose([DraftOption(0, 4)], horizon=64).k == 0
+    cal.request_means.extend([0.9, 0.9, 0.9])
+    assert ConfidenceController(FLAT, DrafterCosts(3.0), cal).choose([DraftOption(0, 4)], horizon=64).k == 4
+
+
 # --- the proposer -----------------------------------------------------------------------------
 
 @pytest.mark.usefixtures("one_thread")

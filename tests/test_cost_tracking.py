@@ -92,32 +92,40 @@ def test_engine_reports_each_steps_times_and_catchup(models, monkeypatch, one_th
     assert seen[0][2] == PROMPT.shape[1] + 1 - 2  # the draft has seen nothing: prompt + 1st token, less 2
 
 
-def test_costs_given_as_is_are_not_corrected(models, one_thread):
+def _spy_controllers(monkeypatch) -> list:
+    """Every controller the integration hands to the engine, with its tracker's ratios at the start."""
+    seen, real_decode = [], integration.speculative_decode
+
+    def spy(target, input_ids, proposers, controller, settings):
+        seen.append((controller, controller.tracker.scale))
+        return real_decode(target, input_ids, proposers, controller, settings)
+
+    monkeypatch.setattr(integration, "speculative_decode", spy)
+    return seen
+
+
+def test_costs_given_as_is_are_measured_but_not_corrected(models, monkeypatch, one_thread):
+    seen, given = _spy_controllers(monkeypatch), CostTable((10.0,) * 9, 1.0)
     out = models["target"].generate(PROMPT, assistant_model=models["noisy_copy"], speculation="adaptive",
-                                    speculation_costs=CostTable((10.0,) * 9, 1.0), max_new_tokens=12,
-                                    do_sample=False, return_dict_in_generate=True)
-    assert out.speculation.cost_scale == CostScale(1.0, (1.0,))
+                                    speculation_costs=given, max_new_tokens=12, do_sample=False,
+                                    return_dict_in_generate=True)
+    (controller, _), = seen
+    assert out.speculation.cost_scale != CostScale(1.0, (1.0,))  # a tiny model is not 10 ms a forward
+    assert controller.costs is given and controller.drafters[0].draft_ms == 1.0
 
 
 @pytest.mark.parametrize("adapt", [True, False])
 def test_measured_costs_are_corrected_and_remembered_across_requests(models, monkeypatch, private_cache,
                                                                      one_thread, adapt):
-    starts, real_decode = [], integration.speculative_decode
-
-    def spy(target, input_ids, proposers, controller, settings):
-        starts.append(controller.tracker.scale)
-        return real_decode(target, input_ids, proposers, controller, settings)
-
-    monkeypatch.setattr(integration, "speculative_decode", spy)
-    scales = CostScaleMemory()
-    target = models["target"]
+    seen, scales = _spy_controllers(monkeypatch), CostScaleMemory()
     kwargs = dict(speculation="confidence", assistant_model=models["noisy_copy"], inputs=PROMPT, max_new_tokens=12,
                   do_sample=False, return_dict_in_generate=True, max_speculative_tokens=3, adapt_costs=adapt)
-    entry = integration._speculative_entry
+    entry, target = integration._speculative_entry, models["target"]
     first = entry(target.generate, AcceptanceMemory(), CalibratorMemory(), cost_scales=scales, **kwargs)
     entry(target.generate, AcceptanceMemory(), CalibratorMemory(), cost_scales=scales, **kwargs)
-    assert starts[0] == CostScale(1.0, (1.0,))
-    if adapt:  # a tiny model is never exactly as fast as its calibration: the ratio moved, and was kept
-        assert first.speculation.cost_scale != starts[0] and starts[1] == first.speculation.cost_scale
-    else:
-        assert first.speculation.cost_scale == starts[0] == starts[1] and not scales._scales
+    (controller, start), (_, resumed) = seen
+    assert start == CostScale(1.0, (1.0,)) and first.speculation.cost_scale != start  # measured either way
+    assert resumed == first.speculation.cost_scale  # the pair's next request starts from it
+    tracker = controller.tracker
+    assert (controller.costs is tracker.base) is not adapt
+    assert controller.costs.t_verify(1) == pytest.approx(tracker.base.t_verify(1) * (tracker.scale.verify if adapt else 1))
