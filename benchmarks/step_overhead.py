@@ -3,7 +3,9 @@
 Runs "pmin" and "confidence" (64 greedy tokens) on the first Spec-Bench prompt of four categories with
 the Qwen pair and compares each step's measured draft + verify time with what the controller's cost
 table (the cached profile at the prompt's length) predicts for that step. A ratio above 1 is per-step
-work the profile does not time (logits processing, verification, cache rollback, Python).
+work the profile does not time (logits processing, verification, cache rollback, Python), or a
+forward the profile under-predicts (the draft's fitted line at contexts below 128). The engine now
+measures these ratios itself (``cost_tracking``; ``.speculation.cost_scale``) and corrects its costs.
 
 Run: python benchmarks/step_overhead.py
 Last stdout line: one JSON object.

@@ -12,7 +12,8 @@ one ratio per role, of exponentially decayed sums with a prior at 1:
 - verification: realized verify ms against t_verify(k+1), every step (plain steps included);
 - each draft model: realized draft ms against k·t_draft, on steps that drafted with it and had no
   catch-up (the catch-up's cost per token stays as measured).
-The controller's costs are the table's, multiplied by these ratios. w is two steps' worth of the
+With ``adapt_costs`` the controller's costs are the table's times these ratios; without it (the
+default in ``generate``) the ratios are only measured and reported. w is two steps' worth of the
 predicted cost (2·t_verify(1), 2·t_draft), so one slow step moves a ratio by a fraction only.
 """
 

@@ -52,7 +52,8 @@ class SpeculationConfig:
     choices predicted to break it (best effort when none meets it); every mode reports its attainment.
     adapt_costs: at batch size 1, adaptive, hybrid and confidence correct a measured cost table (profile
     or calibration, not a ``speculation_costs`` table given as is) by each step's realized times
-    (``cost_tracking``).
+    (``cost_tracking``). Off by default: on the Spec-Bench runs it made the draft-model controllers
+    draft less and was not faster (README); the ratios are measured either way (``.speculation``).
     """
 
     speculation: str = "adaptive"
@@ -62,7 +63,7 @@ class SpeculationConfig:
     min_gain: float = 0.03
     draft_p_min: float = 0.75
     tpot_slo_ms: float | None = None
-    adapt_costs: bool = True
+    adapt_costs: bool = False
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -368,7 +369,7 @@ def _speculative_entry(original, memory: AcceptanceMemory, calibrators: Calibrat
         prompt_lookup_max_ngram=kwargs.pop("prompt_lookup_max_ngram", 3),
         draft_p_min=kwargs.pop("draft_p_min", 0.75),
         tpot_slo_ms=kwargs.pop("tpot_slo_ms", None),
-        adapt_costs=kwargs.pop("adapt_costs", True),
+        adapt_costs=kwargs.pop("adapt_costs", False),
     )
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
@@ -386,8 +387,8 @@ def enable(model) -> Any:
 
     Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
     ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
-    attainment lands in ``.speculation``), ``adapt_costs`` (default True: correct measured costs by realized
-    step times), ``speculation_costs`` (a ``CostTable``, used as is),
+    attainment lands in ``.speculation``), ``adapt_costs`` (default False; True: correct measured costs by
+    realized step times), ``speculation_costs`` (a ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:
     called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's

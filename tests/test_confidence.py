@@ -240,7 +240,7 @@ def test_request_seed_is_an_upper_quantile_of_past_request_means():
 
 
 def test_each_request_records_its_mean_and_seeds_the_next_one():
-    cal = ConfidenceCalibrator(token_mean=0.5)
+    cal = ConfidenceCalibrator(token_mean=0.5, seed_quantile=0.75)
     for qs in ((0.2, 0.4), (0.9,), (0.8, 1.0)):  # three requests, one controller each
         ctl = ConfidenceController(FLAT, DrafterCosts(3.0), cal)
         ctl.observe(0, drafted=len(qs), accepted=0, confidences=qs)
@@ -251,9 +251,10 @@ def test_each_request_records_its_mean_and_seeds_the_next_one():
 
 def test_an_optimistic_seed_drafts_where_the_pair_mean_would_not():
     # verify 10 ms, draft 3 ms: P = c̄ (no optimism); c̄ 0.15 never drafts, a request seeded at 0.9 does
-    cal = ConfidenceCalibrator(token_mean=0.15, optimism=0.0)
+    cal = ConfidenceCalibrator(token_mean=0.15, optimism=0.0, seed_quantile=0.75)
     assert ConfidenceController(FLAT, DrafterCosts(3.0), cal).choose([DraftOption(0, 4)], horizon=64).k == 0
     cal.request_means.extend([0.9, 0.9, 0.9])
+    assert ConfidenceCalibrator(token_mean=0.15, seed_quantile=None).request_seed() == 0.15
     assert ConfidenceController(FLAT, DrafterCosts(3.0), cal).choose([DraftOption(0, 4)], horizon=64).k == 4
 
 

@@ -128,4 +128,5 @@ def test_measured_costs_are_corrected_and_remembered_across_requests(models, mon
     assert resumed == first.speculation.cost_scale  # the pair's next request starts from it
     tracker = controller.tracker
     assert (controller.costs is tracker.base) is not adapt
-    assert controller.costs.t_verify(1) == pytest.approx(tracker.base.t_verify(1) * (tracker.scale.verify if adapt else 1))
+    factor = tracker.scale.verify if adapt else 1.0
+    assert controller.costs.t_verify(1) == pytest.approx(tracker.base.t_verify(1) * factor)
