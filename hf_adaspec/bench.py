@@ -158,8 +158,8 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
 
 
 def median_scale(scales: dict[str, CostScale | None]) -> CostScale | None:
-    """Median verify and draft-model ratios over the methods that corrected costs online (the draft ratio
-    from the methods whose first drafter is the draft model); None when none did."""
+    """Median verify and draft-model ratios over the methods that measured them (``cost_tracking``; the
+    draft ratio from the methods whose first drafter is the draft model); None when none did."""
     kept = {m: s for m, s in scales.items() if s is not None}
     drafts = [s.draft[0] for m, s in kept.items() if METHOD_FAMILY.get(m) in ("draft", "hybrid") and s.draft]
     if not kept:
@@ -208,7 +208,7 @@ def _method_cell(rows: list[Run], plain: dict[int, float]) -> dict:
 
 
 def _median_ratios(scales: list[CostScale]) -> dict | None:
-    """Median realized / predicted verify and first-drafter ratios of the runs that corrected costs."""
+    """Median realized / predicted verify and first-drafter ratios of the runs that measured them."""
     if not scales:
         return None
     return {"verify": statistics.median(s.verify for s in scales),

@@ -23,7 +23,6 @@ each drafted token (j drafted so far, ``confidences`` their q(x_u)); ``choose`` 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 
 from .acceptance import AcceptanceEstimator
@@ -277,7 +276,7 @@ class ConfidenceController(TrackedCosts):
         self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self.calibrator = calibrator or ConfidenceCalibrator()
         self.c_bar = RunningMean(self.calibrator.request_seed(), mean_weight)  # this request's c̄, seeded per pair
-        self._drafted_q, self._slot = [], None  # this request's q(x_u), its slot in calibrator.request_means
+        self._q_sum, self._q_count, self._slot = 0.0, 0, None  # this request's Σ q(x_u), its count and slot
         self.estimator = AcceptanceEstimator()
         self._setup_ms, self._horizon = 0.0, 1
 
@@ -318,8 +317,8 @@ class ConfidenceController(TrackedCosts):
             self.calibrator.update(confidences, accepted)
             for q in confidences:
                 self.c_bar.add(q)
-            self._drafted_q.extend(confidences)
-            self._slot = self.calibrator.note_request(self._slot, statistics.fmean(self._drafted_q))
+            self._q_sum, self._q_count = self._q_sum + sum(confidences), self._q_count + len(confidences)
+            self._slot = self.calibrator.note_request(self._slot, self._q_sum / self._q_count)
 
 
 class PMinController:

@@ -1,8 +1,8 @@
 """Online correction of the cost table: each step's realized time against the table's prediction.
 
 A measured table (``CostTable``, from the profile or a calibration) can still be off where it counts.
-A profile's fitted line can miss a regime: the draft's 1-token forward at contexts of 50–120 tokens
-took about 1.45x what the Qwen pair's fit predicts. A real step also does work a timed forward does
+A profile's fitted line can miss a regime: on the Qwen pair's Spec-Bench runs (README, Benchmark),
+draft tokens took 1.56–2.25x what the profile's fit predicts at contexts below 128 tokens. A real step also does work a timed forward does
 not: logits processing, the draft's softmax, verification, cache rollback, Python.
 So the engine reports every step's realized draft and verification time, and ``CostTracker`` keeps
 one ratio per role, of exponentially decayed sums with a prior at 1:
@@ -71,7 +71,22 @@ class CostTracker:
         self._verify = DecayedRatio(decay, 2.0 * costs.t_verify(1), start.verify if start is not None else 1.0)
         self._draft = [DecayedRatio(decay, 2.0 * d.draft_ms, s) if d.draft_ms > 0 else None
                        for d, s in zip(self.base_drafters, draft_start, strict=True)]
-        self.costs, self.drafters = scaled_costs(self.base, self.base_drafters, self.scale)
+        self._scaled: tuple[CostTable, tuple[DrafterCosts, ...]] | None = None  # built when first read
+
+    @property
+    def costs(self) -> CostTable:
+        """The table corrected by the current ratios (ms)."""
+        return self._corrected()[0]
+
+    @property
+    def drafters(self) -> tuple[DrafterCosts, ...]:
+        """Per-drafter costs corrected by the current ratios (ms)."""
+        return self._corrected()[1]
+
+    def _corrected(self) -> tuple[CostTable, tuple[DrafterCosts, ...]]:
+        if self._scaled is None:
+            self._scaled = scaled_costs(self.base, self.base_drafters, self.scale)
+        return self._scaled
 
     @property
     def scale(self) -> CostScale:
@@ -85,7 +100,7 @@ class CostTracker:
         ratio = self._draft[drafter]
         if drafted and catchup_tokens == 0 and ratio is not None:
             ratio.add(draft_ms, drafted * self.base_drafters[drafter].draft_ms)
-        self.costs, self.drafters = scaled_costs(self.base, self.base_drafters, self.scale)
+        self._scaled = None
 
 
 class TrackedCosts:
