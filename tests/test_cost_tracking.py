@@ -26,6 +26,7 @@ def test_decayed_ratio_by_hand():
     ratio.add(10.0, 10.0)  # sums: realized 0.5·30 + 10 = 25, predicted 0.5·10 + 10 = 15
     assert ratio.value == pytest.approx((25 + 10) / (15 + 10))
     assert DecayedRatio(0.5, 10.0, start=2.0).value == 2.0
+    assert DecayedRatio(0.9, 181.96202245060593, start=1.5355596638779787).value == 1.5355596638779787
 
 
 @pytest.mark.parametrize("decay, prior, start", [(1.0, 1.0, 1.0), (-0.1, 1.0, 1.0), (0.5, 0.0, 1.0), (0.5, 1.0, 0.0)])
