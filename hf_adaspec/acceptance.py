@@ -5,12 +5,16 @@ accepts n contributes n successes and, when n < k, one failure (the geometric li
 et al. 2023 §3.1). We keep discounted pseudo-counts with a Beta prior: every step multiplies the
 counts by a decay γ < 1, so the estimate follows drift within a request, and during plain steps
 (nothing drafted) it relaxes back towards the prior — which is what makes the controller try
-speculation again after a bad patch instead of staying at k=0 for ever.
+speculation again after a bad patch instead of staying at k=0 for ever. A controller may also add
+soft trials (``add_expected``): the acceptance that the target's confidence predicts on a step the
+drafter did not draft (``target_confidence``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .target_confidence import TargetConfidenceMap
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,18 @@ class AcceptanceEstimator:
         self.successes += accepted
         self.trials += accepted + (1 if accepted < drafted else 0)
 
+    def add_expected(self, alpha: float) -> None:
+        """Add one soft trial with success probability ``alpha`` (a prediction, e.g. from the target's
+        confidence on a step this drafter did not draft; no decay of its own).
+
+        Raises:
+            ValueError: alpha outside [0, 1].
+        """
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        self.successes += alpha
+        self.trials += 1.0
+
 
 class AcceptanceMemory:
     """α carried across requests of one (target, drafter) pair: each request's prior mean is the
@@ -66,6 +82,11 @@ class AcceptanceMemory:
         self.initial = initial or AcceptancePrior()
         self.pseudo_tokens = pseudo_tokens
         self._mean: dict[str, float] = {}
+        self._target_maps: dict[str, TargetConfidenceMap] = {}
+
+    def target_map_for(self, key: str) -> TargetConfidenceMap:
+        """Drafter ``key``'s map from the target's p_max to P(draft token accepted), created on first use."""
+        return self._target_maps.setdefault(key, TargetConfidenceMap())
 
     def prior_for(self, key: str) -> AcceptancePrior:
         """The prior for the next request with drafter ``key``."""

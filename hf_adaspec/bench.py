@@ -4,7 +4,8 @@
 once the assistant's token probability falls below ``assistant_confidence_threshold=0.4`` (the
 transformers confidence baseline; with scikit-learn installed transformers re-tunes that threshold
 online from an ROC curve of draft probability vs. match; without it the threshold stays fixed).
-"confidence" is AdaSpec's calibrated confidence-prior stopping (arXiv 2503.05096); "pmin" the
+"confidence" is AdaSpec's calibrated confidence-prior stopping (arXiv 2503.05096) ("confidence-drafted": its
+c̄ learned from drafted tokens only, without the target's confidence on plain steps); "pmin" the
 llama.cpp-style baseline that stops drafting at a draft probability < 0.75.
 
 Methods run interleaved per prompt (the order rotates from prompt to prompt) so machine drift hits
@@ -30,11 +31,12 @@ from .bench_oracle import PromptOracle, prompt_oracle
 from .cost_tracking import CostScale
 
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
-           "confidence", "pmin")
+           "confidence", "confidence-drafted", "pmin")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
-                 "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "pmin": "draft"}
+                 "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "confidence-drafted": "draft",
+                 "pmin": "draft"}
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def method_kwargs(method: str, draft, fixed_k: int) -> dict:
         "adaptive-lookup": {"speculation": "adaptive"},
         "hybrid": {"assistant_model": draft, "speculation": "hybrid"},
         "confidence": {"assistant_model": draft, "speculation": "confidence"},
+        "confidence-drafted": {"assistant_model": draft, "speculation": "confidence", "target_confidence": False},
         "pmin": {"assistant_model": draft, "speculation": "pmin", "draft_p_min": 0.75},
     }
     if method not in table:

@@ -30,6 +30,7 @@ from .controller import Candidate, Decision, DraftOption, select_decision
 from .cost_tracking import TrackedCosts
 from .costs import CostTable, DrafterCosts
 from .goodput import horizon_goodput, step_time_ms
+from .target_confidence import TargetConfidenceMap, interpolate_bins, judged_positions
 
 StopRule = Callable[[int, tuple[float, ...]], bool]
 
@@ -71,8 +72,9 @@ class ConfidenceCalibrator:
     centres. Without it a pessimistic start predicts that drafting never pays, and since only drafted
     tokens are observed the calibration would never learn otherwise (measured: mean k 0.00 on 12 of 13
     Spec-Bench categories); the bonus shrinks as 1/√n, so a well-observed bin predicts its observed
-    rate. It also keeps the pair's running mean per-token confidence (``token_mean``) and each past
-    request's mean (``request_means``). With ``seed_quantile`` (default None: off) a request's c̄
+    rate. It also keeps the pair's running mean per-token confidence (``token_mean``), each past
+    request's mean (``request_means``) and the map from the target's confidence to the draft's
+    (``target_map``, see ``target_confidence``). With ``seed_quantile`` (default None: off) a request's c̄
     starts at that quantile of the past requests' means (``request_seed``; ``token_mean`` before 3
     requests): optimism again, now per request. Acceptance differs more between requests than within
     one (greedy draft agreement 0.52 on roleplay to 0.93 on math), and a request whose c̄ starts at the
@@ -95,6 +97,7 @@ class ConfidenceCalibrator:
         self.successes = [prior_strength * c for c in self.centres]
         self.token_mean, self.tokens_seen, self.optimism = token_mean, 0, optimism
         self.seed_quantile, self.request_means = seed_quantile, []
+        self.target_map = TargetConfidenceMap(n_bins)  # q(x_u) given the target's p_max, for plain steps
         self._refit()
 
     def request_seed(self) -> float:
@@ -130,14 +133,7 @@ class ConfidenceCalibrator:
         """
         if not 0.0 <= c <= 1.0:
             raise ValueError(f"confidence must be in [0, 1], got {c}")
-        xs, ys = self.centres, self._fitted
-        if c <= xs[0]:
-            return ys[0]
-        if c >= xs[-1]:
-            return ys[-1]
-        b = min(int(c * len(xs) - 0.5), len(xs) - 2)  # xs[b] ≤ c < xs[b+1]
-        t = (c - xs[b]) / (xs[b + 1] - xs[b])
-        return ys[b] + t * (ys[b + 1] - ys[b])
+        return interpolate_bins(self.centres, self._fitted, c)
 
     def update(self, confidences: Sequence[float], accepted: int) -> None:
         """Record one verified proposal: q(x_1..x_k) of its k drafted tokens, ``accepted`` n ≤ k.
@@ -260,7 +256,8 @@ class ConfidenceController(TrackedCosts):
     """Draft-model speculation whose length is set token by token by ``should_draft_next`` on the
     calibrated confidence (AdaSpec, arXiv 2503.05096); k = 0 (a plain step) when even one draft token
     is predicted not to pay. Uses the first option's drafter (a draft model). ``adapt_costs``: correct
-    the costs by realized step times (``cost_tracking``)."""
+    the costs by realized step times (``cost_tracking``). ``target_confidence``: on a plain step, fold
+    the draft confidence that the target's p_max predicts into c̄ (``observe_target``)."""
 
     def __init__(
         self,
@@ -271,8 +268,10 @@ class ConfidenceController(TrackedCosts):
         tpot_slo_ms: float | None = None,
         mean_weight: float = 4.0,
         adapt_costs: bool = False,
+        target_confidence: bool = True,
     ) -> None:
         self._track_costs(costs, [drafter], adapt_costs)
+        self.target_confidence = target_confidence
         self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self.calibrator = calibrator or ConfidenceCalibrator()
         self.c_bar = RunningMean(self.calibrator.request_seed(), mean_weight)  # this request's c̄, seeded per pair
@@ -319,6 +318,17 @@ class ConfidenceController(TrackedCosts):
                 self.c_bar.add(q)
             self._q_sum, self._q_count = self._q_sum + sum(confidences), self._q_count + len(confidences)
             self._slot = self.calibrator.note_request(self._slot, self._q_sum / self._q_count)
+
+    def observe_target(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...],
+                       target_top: tuple[float, ...]) -> None:
+        """Learn q(x_u) given p_max at the positions that judged a draft on an accepted prefix; on a plain
+        step (with ``target_confidence``) add the map's q for each p_max to c̄. ``target_top``: the
+        target's top probability at verified positions 0..n (n+1 values)."""
+        m = judged_positions(drafted, accepted) if confidences else 0
+        self.calibrator.target_map.update(target_top[:m], confidences[:m])
+        if not drafted and self.target_confidence:
+            for p in target_top:
+                self.c_bar.add(self.calibrator.target_map.predict(p))
 
 
 class PMinController:

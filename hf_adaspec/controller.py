@@ -26,6 +26,7 @@ from .acceptance import AcceptanceEstimator, AcceptancePrior
 from .cost_tracking import TrackedCosts
 from .costs import CostTable, DrafterCosts
 from .goodput import expected_tokens, goodput, horizon_goodput, step_time_ms
+from .target_confidence import TargetConfidenceMap, judged_positions
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,9 @@ class Controller(Protocol):
 
 class GoodputController(TrackedCosts):
     """Per-step (drafter, k) by maximum predicted goodput; k = 0 when speculation does not pay.
-    ``adapt_costs``: correct the costs by realized step times (``cost_tracking``)."""
+    ``adapt_costs``: correct the costs by realized step times (``cost_tracking``). ``target_maps``: per
+    drafter, a map from the target's p_max to acceptance (``target_confidence``; None: no such signal),
+    which keeps its α near what the text's predictability says while it does not draft."""
 
     def __init__(
         self,
@@ -108,10 +111,12 @@ class GoodputController(TrackedCosts):
         min_gain: float = 0.03,
         tpot_slo_ms: float | None = None,
         adapt_costs: bool = False,
+        target_maps: Sequence[TargetConfidenceMap | None] | None = None,
     ) -> None:
         self._track_costs(costs, drafters, adapt_costs)
         self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self.estimators = [AcceptanceEstimator(p) for p in (priors or [None] * len(self.drafters))]
+        self.target_maps = list(target_maps or [None] * len(self.drafters))
 
     def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
         """Best (drafter, k) over every option's k = 1..k_upper and a plain step (ties: smaller k,
@@ -136,6 +141,21 @@ class GoodputController(TrackedCosts):
                 estimator.update(drafted, accepted)
             else:
                 estimator.update(0, 0)  # unused drafters relax towards their prior
+
+    def observe_target(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...],
+                       target_top: tuple[float, ...]) -> None:
+        """For each drafter with a target map: learn P(accepted | p_max) from the positions that judged
+        its draft on an accepted prefix, or, on a step it did not draft, add the map's prediction at each
+        kept position's p_max (``target_top``, n+1 values) as a soft trial to its α."""
+        for d, tmap in enumerate(self.target_maps):
+            if tmap is None:
+                continue
+            if d == drafter and drafted:
+                m = judged_positions(drafted, accepted)
+                tmap.update(target_top[:m], [1.0 if i < accepted else 0.0 for i in range(m)])
+            else:
+                for p in target_top:
+                    self.estimators[d].add_expected(tmap.predict(p))
 
 
 class FixedController:

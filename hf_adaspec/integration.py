@@ -54,6 +54,10 @@ class SpeculationConfig:
     or calibration, not a ``speculation_costs`` table given as is) by each step's realized times
     (``cost_tracking``). Off by default: on the Spec-Bench runs it made the draft-model controllers
     draft less and was not faster (README); the ratios are measured either way (``.speculation``).
+    target_confidence: on steps that do not draft with the draft model, the target's top probability
+    stands in for it (``target_confidence``): "confidence" folds the draft confidence it predicts into
+    the request's mean c̄, adaptive and hybrid the acceptance it predicts into the draft model's α; so
+    a request can return to drafting without paying for drafts to learn that it should.
     """
 
     speculation: str = "adaptive"
@@ -64,6 +68,7 @@ class SpeculationConfig:
     draft_p_min: float = 0.75
     tpot_slo_ms: float | None = None
     adapt_costs: bool = False
+    target_confidence: bool = True
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -193,8 +198,10 @@ def _goodput_controller(request: SpeculationRequest, costs: CostTable, drafters:
                         proposers: list[Proposer]) -> Controller:
     """adaptive / hybrid: per-step (drafter, k) by predicted goodput, α priors from the pair's memory."""
     priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
-    config = request.config
-    return GoodputController(costs, drafters, priors, config.min_gain, config.tpot_slo_ms, _adapts(request))
+    config, memory = request.config, request.memory or AcceptanceMemory()
+    maps = [memory.target_map_for(_memory_key(p)) if config.target_confidence and isinstance(p, DraftModelProposer)
+            else None for p in proposers]
+    return GoodputController(costs, drafters, priors, config.min_gain, config.tpot_slo_ms, _adapts(request), maps)
 
 
 def _fixed_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
@@ -210,7 +217,7 @@ def _confidence_controller(request: SpeculationRequest, costs: CostTable, drafte
     calibrator = calibrators.calibrator_for(_memory_key(proposers[0]))
     config = request.config
     return ConfidenceController(costs, drafters[0], calibrator, config.min_gain, config.tpot_slo_ms,
-                                adapt_costs=_adapts(request))
+                                adapt_costs=_adapts(request), target_confidence=config.target_confidence)
 
 
 def _adapts(request: SpeculationRequest) -> bool:
@@ -370,6 +377,7 @@ def _speculative_entry(original, memory: AcceptanceMemory, calibrators: Calibrat
         draft_p_min=kwargs.pop("draft_p_min", 0.75),
         tpot_slo_ms=kwargs.pop("tpot_slo_ms", None),
         adapt_costs=kwargs.pop("adapt_costs", False),
+        target_confidence=kwargs.pop("target_confidence", True),
     )
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
@@ -388,7 +396,8 @@ def enable(model) -> Any:
     Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
     ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
     attainment lands in ``.speculation``), ``adapt_costs`` (default False; True: correct measured costs by
-    realized step times), ``speculation_costs`` (a ``CostTable``, used as is),
+    realized step times), ``target_confidence`` (default True; the draft model's c̄ or α also learns
+    from the target's top probability on steps it does not draft), ``speculation_costs`` (a ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:
     called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's
