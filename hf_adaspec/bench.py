@@ -97,8 +97,9 @@ def load_prompts(path: Path, per_category: int, categories: list[str] | None = N
     return [p for bucket in taken.values() for p in bucket]
 
 
-def method_kwargs(method: str, draft, fixed_k: int) -> dict:
-    """generate() keyword arguments for one method (all greedy)."""
+def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False) -> dict:
+    """generate() keyword arguments for one method (all greedy); ``adapt_costs``: the goodput and
+    confidence methods correct their measured costs online (``cost_tracking``)."""
     table = {
         "plain": {},
         "hf-assisted": {"assistant_model": draft},
@@ -113,6 +114,8 @@ def method_kwargs(method: str, draft, fixed_k: int) -> dict:
     }
     if method not in table:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    if adapt_costs and table[method].get("speculation") in ("adaptive", "hybrid", "confidence"):
+        return {**table[method], "adapt_costs": True}
     return table[method]
 
 
@@ -134,7 +137,7 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
     seconds: dict[str, list[float]] = {m: [] for m in methods}
     for _ in range(cfg.get("repeats", 1)):  # every method once per round: drift hits all alike
         for method in order:
-            kwargs = method_kwargs(method, draft, cfg["fixed_k"])
+            kwargs = method_kwargs(method, draft, cfg["fixed_k"], cfg.get("adapt_costs", False))
             outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None

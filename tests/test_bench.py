@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_adaspec.bench import Run, load_prompts, markdown, method_kwargs, summarize
+from hf_adaspec.bench import METHODS, Run, load_prompts, markdown, method_kwargs, summarize
 
 SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
 
@@ -44,6 +44,13 @@ def test_summarize_speedup_is_geometric_mean_of_ratios():
 def test_unknown_method_lists_valid_ones():
     with pytest.raises(ValueError, match="adaptive"):
         method_kwargs("turbo", None, 5)
+
+
+def test_adapt_costs_reaches_the_goodput_and_confidence_methods_only():
+    adapted = {m for m in METHODS if method_kwargs(m, None, 5, adapt_costs=True).get("adapt_costs")}
+    assert adapted == {"adaptive", "adaptive-lookup", "hybrid", "confidence", "confidence-drafted"}
+    assert not any(method_kwargs(m, None, 5).get("adapt_costs") for m in METHODS)
+    assert method_kwargs("confidence-drafted", None, 5, True)["target_confidence"] is False
 
 
 def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
