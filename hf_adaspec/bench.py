@@ -4,8 +4,7 @@
 once the assistant's token probability falls below ``assistant_confidence_threshold=0.4`` (the
 transformers confidence baseline; with scikit-learn installed transformers re-tunes that threshold
 online from an ROC curve of draft probability vs. match; without it the threshold stays fixed).
-"confidence" is AdaSpec's calibrated confidence-prior stopping (arXiv 2503.05096) ("confidence-drafted": its
-c̄ learned from drafted tokens only, without the target's confidence on plain steps); "pmin" the
+"confidence" is AdaSpec's calibrated confidence-prior stopping (arXiv 2503.05096); "pmin" the
 llama.cpp-style baseline that stops drafting at a draft probability < 0.75.
 
 Methods run interleaved per prompt (the order rotates from prompt to prompt) so machine drift hits
@@ -31,11 +30,11 @@ from .bench_oracle import PromptOracle, prompt_oracle
 from .cost_tracking import CostScale
 
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
-           "confidence", "confidence-drafted", "pmin")
+           "confidence", "confidence-target", "pmin")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
-                 "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "confidence-drafted": "draft",
+                 "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "confidence-target": "draft",
                  "pmin": "draft"}
 
 
@@ -97,9 +96,11 @@ def load_prompts(path: Path, per_category: int, categories: list[str] | None = N
     return [p for bucket in taken.values() for p in bucket]
 
 
-def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False) -> dict:
-    """generate() keyword arguments for one method (all greedy); ``adapt_costs``: the goodput and
-    confidence methods correct their measured costs online (``cost_tracking``)."""
+def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, target_confidence: bool = False
+                  ) -> dict:
+    """generate() keyword arguments for one method (all greedy). For the goodput and confidence methods,
+    ``adapt_costs``: correct measured costs online (``cost_tracking``); ``target_confidence``: learn
+    from the target's confidence on steps without the draft (``target_confidence``)."""
     table = {
         "plain": {},
         "hf-assisted": {"assistant_model": draft},
@@ -109,14 +110,16 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False) -
         "adaptive-lookup": {"speculation": "adaptive"},
         "hybrid": {"assistant_model": draft, "speculation": "hybrid"},
         "confidence": {"assistant_model": draft, "speculation": "confidence"},
-        "confidence-drafted": {"assistant_model": draft, "speculation": "confidence", "target_confidence": False},
+        "confidence-target": {"assistant_model": draft, "speculation": "confidence", "target_confidence": True},
         "pmin": {"assistant_model": draft, "speculation": "pmin", "draft_p_min": 0.75},
     }
     if method not in table:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-    if adapt_costs and table[method].get("speculation") in ("adaptive", "hybrid", "confidence"):
-        return {**table[method], "adapt_costs": True}
-    return table[method]
+    kwargs = dict(table[method])
+    if kwargs.get("speculation") in ("adaptive", "hybrid", "confidence"):
+        kwargs.update({"adapt_costs": True} if adapt_costs else {})
+        kwargs.update({"target_confidence": True} if target_confidence else {})
+    return kwargs
 
 
 def _timed(generate: Callable[..., object], inputs: dict, kwargs: dict, max_new_tokens: int):
@@ -137,7 +140,8 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
     seconds: dict[str, list[float]] = {m: [] for m in methods}
     for _ in range(cfg.get("repeats", 1)):  # every method once per round: drift hits all alike
         for method in order:
-            kwargs = method_kwargs(method, draft, cfg["fixed_k"], cfg.get("adapt_costs", False))
+            kwargs = method_kwargs(method, draft, cfg["fixed_k"], cfg.get("adapt_costs", False),
+                                   cfg.get("target_confidence", False))
             outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None

@@ -86,6 +86,8 @@ def bench(
     fixed_k: int = typer.Option(5, min=1, help="k for the fixed-k method."),
     repeats: int = typer.Option(1, min=1, help="Timed runs per method and prompt (median)."),
     adapt_costs: bool = typer.Option(False, help="adaptive, hybrid and confidence correct their costs online."),
+    target_confidence: bool = typer.Option(False, help="adaptive, hybrid and confidence also learn from the "
+                                           "target's confidence on steps without the draft."),
     target: str = typer.Option(DEFAULT_TARGET),
     draft: str = typer.Option(DEFAULT_DRAFT),
     quantization: str = typer.Option("nf4"),
@@ -117,7 +119,8 @@ def bench(
     bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
     runs, oracles = [], []
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,
-           "costs": _controller_costs(tgt.model, draft_model, 8), "adapt_costs": adapt_costs}
+           "costs": _controller_costs(tgt.model, draft_model, 8), "adapt_costs": adapt_costs,
+           "target_confidence": target_confidence}
     for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
         result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
         runs += result.runs
@@ -125,7 +128,7 @@ def bench(
     summary = bm.summarize(runs, method_list, oracles)
     meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": method_list,
             "max_new_tokens": max_new_tokens, "per_category": per_category, "fixed_k": fixed_k, "repeats": repeats,
-            "adapt_costs": adapt_costs,
+            "adapt_costs": adapt_costs, "target_confidence": target_confidence,
             "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
     bm.write_results(output, runs, summary, meta, oracles)
     typer.echo(bm.markdown(summary, method_list))

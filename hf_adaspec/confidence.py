@@ -268,10 +268,10 @@ class ConfidenceController(TrackedCosts):
         tpot_slo_ms: float | None = None,
         mean_weight: float = 4.0,
         adapt_costs: bool = False,
-        target_confidence: bool = True,
+        target_confidence: bool = False,
     ) -> None:
         self._track_costs(costs, [drafter], adapt_costs)
-        self.target_confidence = target_confidence
+        self.uses_target = target_confidence  # the engine reports the target's p_max (observe_target)
         self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self.calibrator = calibrator or ConfidenceCalibrator()
         self.c_bar = RunningMean(self.calibrator.request_seed(), mean_weight)  # this request's c̄, seeded per pair
@@ -322,11 +322,11 @@ class ConfidenceController(TrackedCosts):
     def observe_target(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...],
                        target_top: tuple[float, ...]) -> None:
         """Learn q(x_u) given p_max at the positions that judged a draft on an accepted prefix; on a plain
-        step (with ``target_confidence``) add the map's q for each p_max to c̄. ``target_top``: the
+        step add the map's q for each p_max to c̄. ``target_top``: the
         target's top probability at verified positions 0..n (n+1 values)."""
         m = judged_positions(drafted, accepted) if confidences else 0
         self.calibrator.target_map.update(target_top[:m], confidences[:m])
-        if not drafted and self.target_confidence:
+        if not drafted:
             for p in target_top:
                 self.c_bar.add(self.calibrator.target_map.predict(p))
 

@@ -117,6 +117,7 @@ class GoodputController(TrackedCosts):
         self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self.estimators = [AcceptanceEstimator(p) for p in (priors or [None] * len(self.drafters))]
         self.target_maps = list(target_maps or [None] * len(self.drafters))
+        self.uses_target = any(m is not None for m in self.target_maps)  # the engine reports p_max
 
     def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
         """Best (drafter, k) over every option's k = 1..k_upper and a plain step (ties: smaller k,

@@ -7,9 +7,10 @@ drafter's state roll back to the accepted prefix.
 k = 0 is a plain decoding step. Invariant: the target cache holds every token but the last.
 A controller with a ``stop_rule`` (confidence-based drafting) hands the proposer a callable that may
 end the proposal early, so its k is then an upper bound.
-A controller with ``observe_target`` gets the target's top probability at each kept verified position
-(``target_confidence``). A controller with ``observe_time`` gets each step's realized draft and verify
-time (ms), so it can correct its cost table online (``cost_tracking``).
+A controller whose ``uses_target`` is true gets the target's top probability at each kept verified
+position through ``observe_target`` (``target_confidence``). A controller with ``observe_time`` gets
+each step's realized draft and verify time (ms), so it can correct its cost table online
+(``cost_tracking``).
 A drafter's one-off catch-up cost is amortised over the expected remaining length, estimated as the
 tokens generated so far (capped by the budget): with an unknown end, a request that has run for n
 tokens is as likely as not to run n more, so a long prompt with a short answer stays on plain steps.
@@ -123,7 +124,7 @@ def speculative_decode(
         for p in proposers:
             p.rollback(length + n)
         controller.observe(decision.drafter, proposal.k, n, confidences=proposal.confidences)
-        if hasattr(controller, "observe_target"):
+        if getattr(controller, "uses_target", False):
             top = torch.softmax(scores[0, : n + 1].float(), dim=-1).amax(dim=-1)  # [n+1]: p_max per position
             controller.observe_target(decision.drafter, proposal.k, n, proposal.confidences, tuple(top.tolist()))
         new = torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1)  # [1, n+1]

@@ -57,7 +57,8 @@ class SpeculationConfig:
     target_confidence: on steps that do not draft with the draft model, the target's top probability
     stands in for it (``target_confidence``): "confidence" folds the draft confidence it predicts into
     the request's mean c̄, adaptive and hybrid the acceptance it predicts into the draft model's α; so
-    a request can return to drafting without paying for drafts to learn that it should.
+    a request can return to drafting without paying for drafts to learn that it should. Off by
+    default: on Spec-Bench it made the controllers draft more but not faster (README).
     """
 
     speculation: str = "adaptive"
@@ -68,7 +69,7 @@ class SpeculationConfig:
     draft_p_min: float = 0.75
     tpot_slo_ms: float | None = None
     adapt_costs: bool = False
-    target_confidence: bool = True
+    target_confidence: bool = False
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -377,7 +378,7 @@ def _speculative_entry(original, memory: AcceptanceMemory, calibrators: Calibrat
         draft_p_min=kwargs.pop("draft_p_min", 0.75),
         tpot_slo_ms=kwargs.pop("tpot_slo_ms", None),
         adapt_costs=kwargs.pop("adapt_costs", False),
-        target_confidence=kwargs.pop("target_confidence", True),
+        target_confidence=kwargs.pop("target_confidence", False),
     )
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
@@ -396,8 +397,8 @@ def enable(model) -> Any:
     Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
     ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
     attainment lands in ``.speculation``), ``adapt_costs`` (default False; True: correct measured costs by
-    realized step times), ``target_confidence`` (default True; the draft model's c̄ or α also learns
-    from the target's top probability on steps it does not draft), ``speculation_costs`` (a ``CostTable``, used as is),
+    realized step times), ``target_confidence`` (default False; True: the draft model's c̄ or α also
+    learns from the target's top probability on steps it does not draft), ``speculation_costs`` (a ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:
     called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's

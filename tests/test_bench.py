@@ -46,11 +46,12 @@ def test_unknown_method_lists_valid_ones():
         method_kwargs("turbo", None, 5)
 
 
-def test_adapt_costs_reaches_the_goodput_and_confidence_methods_only():
-    adapted = {m for m in METHODS if method_kwargs(m, None, 5, adapt_costs=True).get("adapt_costs")}
-    assert adapted == {"adaptive", "adaptive-lookup", "hybrid", "confidence", "confidence-drafted"}
-    assert not any(method_kwargs(m, None, 5).get("adapt_costs") for m in METHODS)
-    assert method_kwargs("confidence-drafted", None, 5, True)["target_confidence"] is False
+@pytest.mark.parametrize("flag", ["adapt_costs", "target_confidence"])
+def test_bench_flags_reach_the_goodput_and_confidence_methods_only(flag):
+    flagged = {m for m in METHODS if method_kwargs(m, None, 5, **{flag: True}).get(flag)}
+    assert flagged == {"adaptive", "adaptive-lookup", "hybrid", "confidence", "confidence-target"}
+    assert {m for m in METHODS if method_kwargs(m, None, 5).get(flag)} == (
+        {"confidence-target"} if flag == "target_confidence" else set())
 
 
 def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):

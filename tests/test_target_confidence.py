@@ -54,10 +54,11 @@ def _stuck_controller(target_confidence: bool) -> ConfidenceController:
 @pytest.mark.parametrize("use", [True, False])
 def test_plain_steps_on_sure_text_bring_drafting_back_only_with_the_target_signal(use):
     ctl = _stuck_controller(use)
-    assert ctl.choose([DraftOption(0, 4)], horizon=64).k == 0
+    assert ctl.choose([DraftOption(0, 4)], horizon=64).k == 0 and ctl.uses_target is use
     for _ in range(12):  # plain steps where the target is sure; the map's identity prior says q ≈ 0.99
         ctl.observe(0, drafted=0, accepted=0)
-        ctl.observe_target(0, 0, 0, (), (0.99,))
+        if ctl.uses_target:  # as the engine does
+            ctl.observe_target(0, 0, 0, (), (0.99,))
     assert (ctl.choose([DraftOption(0, 4)], horizon=64).k == 4) is use
     expected = (4 * 0.15 + 12 * ctl.calibrator.target_map.predict(0.99)) / 16 if use else 0.15
     assert ctl.c_bar.value == pytest.approx(expected)
@@ -80,9 +81,11 @@ def test_engine_reports_the_targets_top_probability_at_each_kept_position(models
     real = ConfidenceController.observe_target
     monkeypatch.setattr(ConfidenceController, "observe_target",
                         lambda self, *args: (seen.append(args), real(self, *args)))
-    out = models["target"].generate(PROMPT, assistant_model=models["noisy_copy"], speculation="confidence",
-                                    speculation_costs=FLAT, max_new_tokens=24, do_sample=False,
-                                    return_dict_in_generate=True)
+    kwargs = dict(assistant_model=models["noisy_copy"], speculation="confidence", speculation_costs=FLAT,
+                  max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
+    models["target"].generate(PROMPT, **kwargs)
+    assert not seen  # off by default: no softmax over the vocabulary for it
+    out = models["target"].generate(PROMPT, target_confidence=True, **kwargs)
     steps = out.speculation.steps
     assert len(seen) == len(steps) and any(s.k for s in steps)
     for (_, drafted, accepted, confidences, top), step in zip(seen, steps, strict=True):
@@ -110,10 +113,11 @@ def _goodput(maps) -> GoodputController:
 def test_goodput_alpha_follows_the_targets_confidence_while_not_drafting(use):
     ctl = _goodput([TargetConfidenceMap(), None] if use else None)
     options = [DraftOption(0, 4), DraftOption(1, 0)]
-    assert ctl.choose(options, horizon=64).k == 0
+    assert ctl.choose(options, horizon=64).k == 0 and ctl.uses_target is use
     for _ in range(20):  # plain steps on text the target is sure of
         ctl.observe(0, 0, 0)
-        ctl.observe_target(0, 0, 0, (), (0.99,))
+        if ctl.uses_target:  # as the engine does
+            ctl.observe_target(0, 0, 0, (), (0.99,))
     assert (ctl.choose(options, horizon=64).k > 0) is use
     assert ctl.estimators[1].alpha == pytest.approx(AcceptanceEstimator().alpha)  # no map: prior only
 
