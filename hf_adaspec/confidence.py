@@ -74,9 +74,9 @@ class ConfidenceCalibrator:
     Spec-Bench categories); the bonus shrinks as 1/√n, so a well-observed bin predicts its observed
     rate. It also keeps the pair's running mean per-token confidence (``token_mean``), each past
     request's mean (``request_means``) and the map from the target's confidence to the draft's
-    (``target_map``, see ``target_confidence``). With ``seed_quantile`` (default None: off) a request's c̄
-    starts at that quantile of the past requests' means (``request_seed``; ``token_mean`` before 3
-    requests): optimism again, now per request. Acceptance differs more between requests than within
+    (``target_map``, see ``target_confidence``). With ``seed_quantile`` (default None: off) a
+    request's c̄ starts at that quantile of the past requests' means (``request_seed``; ``token_mean``
+    before 3 requests): optimism again, now per request. Acceptance differs more between requests than within
     one (greedy draft agreement 0.52 on roleplay to 0.93 on math), and a request whose c̄ starts at the
     pair's mean never drafts when only well-predicted requests pay, so it never learns that it is one
     of them. Seeded high, it drafts, and its own confidences pull c̄ down within a few tokens when it is
@@ -322,8 +322,8 @@ class ConfidenceController(TrackedCosts):
     def observe_target(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...],
                        target_top: tuple[float, ...]) -> None:
         """Learn q(x_u) given p_max at the positions that judged a draft on an accepted prefix; on a plain
-        step add the map's q for each p_max to c̄. ``target_top``: the
-        target's top probability at verified positions 0..n (n+1 values)."""
+        step add the map's q for each p_max to c̄. ``target_top``: the target's top probability at the
+        kept verified positions 0..n (n+1 values)."""
         m = judged_positions(drafted, accepted) if confidences else 0
         self.calibrator.target_map.update(target_top[:m], confidences[:m])
         if not drafted:

@@ -398,7 +398,8 @@ def enable(model) -> Any:
     ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
     attainment lands in ``.speculation``), ``adapt_costs`` (default False; True: correct measured costs by
     realized step times), ``target_confidence`` (default False; True: the draft model's c̄ or α also
-    learns from the target's top probability on steps it does not draft), ``speculation_costs`` (a ``CostTable``, used as is),
+    learns from the target's top probability on steps it does not draft), ``speculation_costs`` (a
+    ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:
     called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's
