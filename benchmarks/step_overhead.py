@@ -5,7 +5,8 @@ the Qwen pair and compares each step's measured draft + verify time with what th
 table (the cached profile at the prompt's length) predicts for that step. A ratio above 1 is per-step
 work the profile does not time (logits processing, verification, cache rollback, Python), or a
 forward the profile under-predicts (the draft's fitted line at contexts below 128). The engine now
-measures these ratios itself (``cost_tracking``; ``.speculation.cost_scale``) and corrects its costs.
+measures these ratios itself (``cost_tracking``; ``.speculation.cost_scale``) and, with
+``adapt_costs=True``, corrects its costs by them.
 
 Run: python benchmarks/step_overhead.py
 Last stdout line: one JSON object.

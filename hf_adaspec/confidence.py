@@ -76,12 +76,12 @@ class ConfidenceCalibrator:
     request's mean (``request_means``) and the map from the target's confidence to the draft's
     (``target_map``, see ``target_confidence``). With ``seed_quantile`` (default None: off) a
     request's c̄ starts at that quantile of the past requests' means (``request_seed``; ``token_mean``
-    before 3 requests): optimism again, now per request. Acceptance differs more between requests than within
-    one (greedy draft agreement 0.52 on roleplay to 0.93 on math), and a request whose c̄ starts at the
-    pair's mean never drafts when only well-predicted requests pay, so it never learns that it is one
-    of them. Seeded high, it drafts, and its own confidences pull c̄ down within a few tokens when it is
-    not. Off by default: with online cost correction it drafted more (mean k 0.28 vs 0.15) but stayed
-    below the uncorrected default overall (README).
+    before 3 requests): optimism again, now per request. Acceptance differs more between requests
+    than within one (greedy draft agreement 0.52 on roleplay to 0.93 on math), and a request whose c̄
+    starts at the pair's mean never drafts when only well-predicted requests pay, so it never learns
+    that it is one of them. Seeded high, it drafts, and its own confidences pull c̄ down within a few
+    tokens when it is not. Off by default: with online cost correction it drafted more (mean k 0.28 vs
+    0.15) but stayed below the uncorrected default overall (README).
     One calibrator per (target, drafter) pair, kept across requests (``CalibratorMemory``).
     """
 

@@ -2,8 +2,9 @@
 
 A measured table (``CostTable``, from the profile or a calibration) can still be off where it counts.
 A profile's fitted line can miss a regime: on the Qwen pair's Spec-Bench runs (README, Benchmark),
-draft tokens took 1.56–2.25x what the profile's fit predicts at contexts below 128 tokens. A real step
-also does work a timed forward does not: logits processing, the draft's softmax, verification, cache rollback, Python.
+draft tokens took 1.56–2.25x what the profile's fit predicts at contexts below 128 tokens. A real
+step also does work a timed forward does not: logits processing, the draft's softmax, verification,
+cache rollback, Python.
 So the engine reports every step's realized draft and verification time, and ``CostTracker`` keeps
 one ratio per role, of exponentially decayed sums with a prior at 1:
 
