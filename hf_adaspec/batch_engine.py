@@ -74,13 +74,14 @@ def _verify_rows(logits, proposals, rows: _Rows, settings: DecodeSettings) -> tu
 
 def _decide(rows: _Rows, proposers, controller, settings: DecodeSettings, prompt_width: int):
     """The controller's BatchDecision for the active rows: what each drafter offers each row (capped by
-    the row's budget), the drafters' catch-up, and the horizon (tokens per row still to come ≈ so far)."""
+    the row's budget), the drafters' catch-up, and the horizon (tokens per row still to come,
+    ``settings.horizon`` of the shortest row and the smallest budget)."""
     current = rows.batch_rows()
     budget = [settings.max_length - rows.views[i].shape[0] - 1 for i in rows.active]
     uppers = [[max(0, min(b, u)) for b, u in zip(budget, p.available(current, settings.k_max), strict=True)]
               for p in proposers]  # [D][b]
     generated = min(rows.views[i].shape[0] for i in rows.active) - prompt_width
-    horizon = max(1, min(min(budget) + 1, generated))
+    horizon = settings.horizon(generated, min(budget) + 1)
     return controller.choose(uppers, [p.catchup_tokens(current) for p in proposers], horizon)
 
 

@@ -11,9 +11,9 @@ A controller whose ``uses_target`` is true gets the target's top probability at 
 position through ``observe_target`` (``target_confidence``). A controller with ``observe_time`` gets
 each step's realized draft and verify time (ms), so it can correct its cost table online
 (``cost_tracking``).
-A drafter's one-off catch-up cost is amortised over the expected remaining length, estimated as the
-tokens generated so far (capped by the budget): with an unknown end, a request that has run for n
-tokens is as likely as not to run n more, so a long prompt with a short answer stays on plain steps.
+A drafter's one-off catch-up cost is amortised over the expected remaining length, ``settings.horizon``
+(generated, tokens left) → tokens: by default as many as generated so far (``horizon.lindy_horizon``);
+``generate`` passes the target model's ``LengthMemory``, which learns it from past requests.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 
 from . import hf_compat
 from .controller import Controller, Decision, DraftOption
+from .horizon import lindy_horizon
 from .proposers.base import Proposal, Proposer
 from .stats import SpeculationStats, StepRecord
 from .verification import Verification, greedy_verify, speculative_sample
@@ -43,6 +44,7 @@ class DecodeSettings:
     streamer: object | None = None
     generator: torch.Generator | None = None
     on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None  # (record, tokens [m])
+    horizon: Callable[[int, int], int] = lindy_horizon  # (generated, tokens left) → tokens still to come
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,7 @@ def speculative_decode(
         budget = settings.max_length - length - 1  # draft tokens that still fit before max_length
         options = [DraftOption(i, max(0, min(budget, p.available(ids, settings.k_max))), p.catchup_tokens(ids))
                    for i, p in enumerate(proposers)]
-        horizon = min(budget + 1, length - prompt_len)  # tokens still to come ≈ tokens so far, ≤ budget
-        decision = controller.choose(options, horizon)
+        decision = controller.choose(options, settings.horizon(length - prompt_len, budget + 1))
         proposer = proposers[decision.drafter]
         t0 = time.perf_counter()
         proposal = _propose(proposer, controller, ids, decision)

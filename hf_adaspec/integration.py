@@ -31,6 +31,7 @@ from .controller import Controller, DrafterCosts, FixedController, GoodputContro
 from .cost_tracking import CostScaleMemory
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
+from .horizon import LengthMemory, lindy_horizon
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
 from .proposers.batch_draft_model import BatchDraftModelProposer
 from .proposers.batch_prompt_lookup import BatchPromptLookupProposer
@@ -111,6 +112,12 @@ class SpeculationRequest:
     calibrators: CalibratorMemory | None = None
     profile: str | Path | None = None
     cost_scales: CostScaleMemory | None = None
+    lengths: LengthMemory | None = None
+
+    def horizon(self, generated: int, tokens_left: int) -> int:
+        """Tokens still to come: learned from the model's past requests (``lengths``), else
+        ``lindy_horizon``."""
+        return (self.lengths.horizon if self.lengths is not None else lindy_horizon)(generated, tokens_left)
 
 
 @dataclass
@@ -310,8 +317,10 @@ def _generate_batch(model, input_ids, logits_processor, stopping_criteria, gener
             calibrator = (request.calibrators or CalibratorMemory()).calibrator_for(_memory_key(proposers[0]))
             controller = BatchConfidenceController(controller, calibrator, costs_for)
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
-                              generation_config.do_sample, config.k_max)
+                              generation_config.do_sample, config.k_max, horizon=request.horizon)
     result = speculative_decode_batch(model, input_ids, mask, proposers, controller, settings, pad)
+    for generated in result.stats.new_tokens if request.lengths is not None else ():
+        request.lengths.record(generated)
     if request.memory is not None:
         for p in proposers:
             pairs = [(k, n) for s in result.stats.steps for k, n, d in zip(s.ks, s.accepted, s.drafters) if d == p.name]
@@ -351,9 +360,12 @@ def speculative_generate(
         k_max=request.config.k_max,
         streamer=request.streamer,
         on_step=request.on_step,
+        horizon=request.horizon,
     )
     controller = _build_controller(model, request, proposers, input_ids.shape[1])
     result = speculative_decode(model, input_ids, proposers, controller, settings)
+    if request.lengths is not None:
+        request.lengths.record(result.stats.new_tokens)
     result.stats.tpot_slo_ms = request.config.tpot_slo_ms
     if request.cost_scales is not None and hasattr(controller, "tracker"):
         request.cost_scales.record(_scale_key(controller.tracker.base, proposers), controller.tracker.scale)
@@ -365,7 +377,8 @@ def speculative_generate(
 
 
 def _speculative_entry(original, memory: AcceptanceMemory, calibrators: CalibratorMemory | None = None,
-                       speculation=None, cost_scales: CostScaleMemory | None = None, **kwargs):
+                       speculation=None, cost_scales: CostScaleMemory | None = None,
+                       lengths: LengthMemory | None = None, **kwargs):
     """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``."""
     if speculation is None:
         return original(**kwargs)
@@ -384,7 +397,7 @@ def _speculative_entry(original, memory: AcceptanceMemory, calibrators: Calibrat
     on_step = kwargs.pop("speculation_callback", None)
     profile = kwargs.pop("speculation_profile", None)
     request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory, on_step, calibrators, profile,
-                                 cost_scales)
+                                 cost_scales, lengths)
     return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
 
 
@@ -392,7 +405,8 @@ def enable(model) -> Any:
     """Let ``model.generate`` take ``speculation=`` one of ``SPECULATION_MODES`` ("adaptive", "fixed",
     "hybrid", "confidence", "pmin"; ``assistant_model`` is the draft). Idempotent; returns the model.
     Without ``speculation`` generate is unchanged. Acceptance, confidence calibration and the online cost
-    correction's ratios are kept per (model, drafter) pair across requests.
+    correction's ratios are kept per (model, drafter) pair across requests, and the requests' lengths per
+    model (the horizon over which a draft's catch-up is amortised, ``horizon``).
 
     Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
     ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
@@ -409,13 +423,14 @@ def enable(model) -> Any:
         return model
     original = model.generate
     memory, calibrators, cost_scales = AcceptanceMemory(), CalibratorMemory(), CostScaleMemory()
+    lengths = LengthMemory()
 
     @functools.wraps(original)
     def generate(inputs=None, speculation=None, **kwargs):
         if inputs is not None:
             kwargs["inputs"] = inputs
         return _speculative_entry(original, memory, calibrators, speculation=speculation, cost_scales=cost_scales,
-                                  **kwargs)
+                                  lengths=lengths, **kwargs)
 
     model.generate = generate
     model._adaspec_enabled = True
