@@ -30,12 +30,12 @@ from .bench_oracle import PromptOracle, prompt_oracle
 from .cost_tracking import CostScale
 
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
-           "confidence", "confidence-target", "pmin")
+           "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
                  "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "confidence-target": "draft",
-                 "pmin": "draft"}
+                 "pmin": "draft", "adaptive-sofar": "draft", "hybrid-sofar": "hybrid", "confidence-sofar": "draft"}
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,8 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         "confidence-target": {"assistant_model": draft, "speculation": "confidence", "target_confidence": True},
         "pmin": {"assistant_model": draft, "speculation": "pmin", "draft_p_min": 0.75},
     }
+    for mode in ("adaptive", "hybrid", "confidence"):  # the horizon ablation: catch-up amortised over tokens so far
+        table[f"{mode}-sofar"] = {**table[mode], "learn_horizon": False}
     if method not in table:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     kwargs = dict(table[method])

@@ -60,6 +60,8 @@ class SpeculationConfig:
     the request's mean c̄, adaptive and hybrid the acceptance it predicts into the draft model's α; so
     a request can return to drafting without paying for drafts to learn that it should. Off by
     default: on Spec-Bench it made the controllers draft more but not faster (README).
+    learn_horizon: amortise a draft's catch-up over the tokens the model's past requests ran past this
+    point (``horizon.LengthMemory``); False: over as many tokens as generated so far (``lindy_horizon``).
     """
 
     speculation: str = "adaptive"
@@ -71,6 +73,7 @@ class SpeculationConfig:
     tpot_slo_ms: float | None = None
     adapt_costs: bool = False
     target_confidence: bool = False
+    learn_horizon: bool = True
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -115,9 +118,10 @@ class SpeculationRequest:
     lengths: LengthMemory | None = None
 
     def horizon(self, generated: int, tokens_left: int) -> int:
-        """Tokens still to come: learned from the model's past requests (``lengths``), else
-        ``lindy_horizon``."""
-        return (self.lengths.horizon if self.lengths is not None else lindy_horizon)(generated, tokens_left)
+        """Tokens still to come: learned from the model's past requests (``lengths``, when
+        ``config.learn_horizon``), else ``lindy_horizon``."""
+        learned = self.lengths is not None and self.config.learn_horizon
+        return (self.lengths.horizon if learned else lindy_horizon)(generated, tokens_left)
 
 
 @dataclass
@@ -392,6 +396,7 @@ def _speculative_entry(original, memory: AcceptanceMemory, calibrators: Calibrat
         tpot_slo_ms=kwargs.pop("tpot_slo_ms", None),
         adapt_costs=kwargs.pop("adapt_costs", False),
         target_confidence=kwargs.pop("target_confidence", False),
+        learn_horizon=kwargs.pop("learn_horizon", True),
     )
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
@@ -412,7 +417,9 @@ def enable(model) -> Any:
     ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
     attainment lands in ``.speculation``), ``adapt_costs`` (default False; True: correct measured costs by
     realized step times), ``target_confidence`` (default False; True: the draft model's c̄ or α also
-    learns from the target's top probability on steps it does not draft), ``speculation_costs`` (a
+    learns from the target's top probability on steps it does not draft), ``learn_horizon`` (default True;
+    False: amortise a draft's catch-up over the tokens so far, not the model's past request lengths),
+    ``speculation_costs`` (a
     ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:

@@ -74,10 +74,19 @@ def test_engine_asks_the_settings_horizon_with_generated_and_tokens_left(models)
 def test_a_model_that_ran_long_requests_drafts_from_the_first_step(tiny_factory):
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
 
-    def first_k():
+    def first_k(**kwargs):
         out = target.generate(PROMPT, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
-                              max_new_tokens=40, do_sample=False, return_dict_in_generate=True)
+                              max_new_tokens=40, do_sample=False, return_dict_in_generate=True, **kwargs)
         return out.speculation.steps[0].k
 
     assert first_k() == 0  # no history: a horizon of 1 token does not pay the prompt's catch-up
     assert first_k() > 0  # the last request ran 40 tokens: this one is expected to as well
+    assert first_k(learn_horizon=False) == 0  # the ablation: as many tokens as so far
+
+
+def test_bench_sofar_methods_turn_the_learned_horizon_off():
+    from hf_adaspec.bench import METHOD_FAMILY, method_kwargs
+
+    for mode in ("adaptive", "hybrid", "confidence"):
+        assert method_kwargs(f"{mode}-sofar", "d", 5) == {**method_kwargs(mode, "d", 5), "learn_horizon": False}
+        assert METHOD_FAMILY[f"{mode}-sofar"] == METHOD_FAMILY[mode]
