@@ -9,7 +9,9 @@ paid over the horizon, where drafting from the first step paid. The model's past
 ``LengthMemory`` keeps their lengths, and ``expected_remaining`` averages, over the past requests that
 ran past g tokens (the ones like this request so far), the tokens they generated after g, capped by
 this request's tokens left. A request cut by its budget counts what it did generate, a lower bound.
-One memory per target model, across requests.
+One memory per target model, across requests (a batch records each row). Measured in an in-run
+ablation on 26 Spec-Bench prompts (README, Benchmark): adaptive / hybrid / confidence 1.07x / 1.09x /
+1.08x plain with the learned horizon, 1.03x / 1.04x / 1.05x with ``lindy_horizon``.
 """
 
 from __future__ import annotations
