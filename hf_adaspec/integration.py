@@ -46,7 +46,8 @@ class SpeculationConfig:
     prompt-lookup proposal and a draft-model proposal by predicted goodput; needs a draft model),
     "confidence" (the draft model drafts while its calibrated confidence predicts rising goodput,
     AdaSpec; in a batch also token elimination before verification) or "pmin" (llama.cpp-style:
-    drafts up to k_max, stopping once a token's draft probability < ``draft_p_min``; batch size 1). max_speculative_tokens: k_max.
+    drafts up to k_max, stopping once a token's draft probability < ``draft_p_min``; batch size 1).
+    max_speculative_tokens: k_max.
     prompt_lookup_max_ngram: n-gram size for the prompt-lookup drafter (used when no draft model is
     given). min_gain: relative goodput margin a k > 0 must predict over a plain step to be chosen.
     tpot_slo_ms: a time-per-output-token objective (ms/token): adaptive, hybrid and confidence skip
@@ -323,8 +324,9 @@ def _generate_batch(model, input_ids, logits_processor, stopping_criteria, gener
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
                               generation_config.do_sample, config.k_max, horizon=request.horizon)
     result = speculative_decode_batch(model, input_ids, mask, proposers, controller, settings, pad)
-    for generated in result.stats.new_tokens if request.lengths is not None else ():
-        request.lengths.record(generated)
+    if request.lengths is not None:
+        for generated in result.stats.new_tokens:  # one finished request per row
+            request.lengths.record(generated)
     if request.memory is not None:
         for p in proposers:
             pairs = [(k, n) for s in result.stats.steps for k, n, d in zip(s.ks, s.accepted, s.drafters) if d == p.name]
@@ -419,8 +421,7 @@ def enable(model) -> Any:
     realized step times), ``target_confidence`` (default False; True: the draft model's c̄ or α also
     learns from the target's top probability on steps it does not draft), ``learn_horizon`` (default True;
     False: amortise a draft's catch-up over the tokens so far, not the model's past request lengths),
-    ``speculation_costs`` (a
-    ``CostTable``, used as is),
+    ``speculation_costs`` (a ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:
     called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's
