@@ -3,9 +3,8 @@
 
 Without history the end is unknown, so a request that has run for g tokens is taken to be as likely as
 not to run g more (``lindy_horizon``): a long prompt with a short answer stays on plain steps. That
-rule also keeps every request's first steps plain: measured on Spec-Bench coding with the Qwen pair,
-the confidence controller took 10 plain steps before the prompt's catch-up (55 tokens, ≈ 230 ms)
-paid over the horizon, where drafting from the first step paid. The model's past requests say more:
+rule also keeps every request's first steps plain, since over a horizon of a few tokens the prompt's
+catch-up cannot pay, even where drafting from the first step would. The model's past requests say more:
 ``LengthMemory`` keeps their lengths, and ``expected_remaining`` averages, over the past requests that
 ran past g tokens (the ones like this request so far), the tokens they generated after g, capped by
 this request's tokens left. A request cut by its budget counts what it did generate, a lower bound.
