@@ -28,14 +28,17 @@ import torch
 from . import hf_compat
 from .bench_oracle import PromptOracle, prompt_oracle
 from .cost_tracking import CostScale
+from .integration import SpeculationState
 
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
-           "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar")
+           "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar",
+           "adaptive-mean", "hybrid-mean")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
                  "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "confidence-target": "draft",
-                 "pmin": "draft", "adaptive-sofar": "draft", "hybrid-sofar": "hybrid", "confidence-sofar": "draft"}
+                 "pmin": "draft", "adaptive-sofar": "draft", "hybrid-sofar": "hybrid", "confidence-sofar": "draft",
+                 "adaptive-mean": "draft", "hybrid-mean": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
     }
     for mode in ("adaptive", "hybrid", "confidence"):  # the horizon ablation: catch-up amortised over tokens so far
         table[f"{mode}-sofar"] = {**table[mode], "learn_horizon": False}
+    for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
+        table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}
     if method not in table:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     kwargs = dict(table[method])
@@ -133,7 +138,8 @@ def _timed(generate: Callable[..., object], inputs: dict, kwargs: dict, max_new_
 def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rotation: int, cfg: dict) -> PromptResult:
     """Run every method ``cfg["repeats"]`` times on one prompt, in rotated order (median time);
     compare outputs with plain; with ``cfg["costs"]`` (context tokens → the controller's CostTable) also
-    the oracle."""
+    the oracle. With ``cfg["states"]`` (a dict) each hf-adaspec method learns into its own
+    ``SpeculationState``, created there on first use, as if it were the only method a user ran."""
     msgs = [{"role": "user", "content": prompt.text}]
     inputs = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     prompt_len = inputs["input_ids"].shape[1]
@@ -144,6 +150,8 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
         for method in order:
             kwargs = method_kwargs(method, draft, cfg["fixed_k"], cfg.get("adapt_costs", False),
                                    cfg.get("target_confidence", False))
+            if "speculation" in kwargs and "states" in cfg:
+                kwargs["speculation_state"] = cfg["states"].setdefault(method, SpeculationState())
             outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None

@@ -120,7 +120,7 @@ def bench(
     runs, oracles = [], []
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,
            "costs": _controller_costs(tgt.model, draft_model, 8), "adapt_costs": adapt_costs,
-           "target_confidence": target_confidence}
+           "target_confidence": target_confidence, "states": {}}
     for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
         result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
         runs += result.runs
@@ -128,7 +128,7 @@ def bench(
     summary = bm.summarize(runs, method_list, oracles)
     meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": method_list,
             "max_new_tokens": max_new_tokens, "per_category": per_category, "fixed_k": fixed_k, "repeats": repeats,
-            "adapt_costs": adapt_costs, "target_confidence": target_confidence,
+            "adapt_costs": adapt_costs, "target_confidence": target_confidence, "learned_state": "per method",
             "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
     bm.write_results(output, runs, summary, meta, oracles)
     typer.echo(bm.markdown(summary, method_list))

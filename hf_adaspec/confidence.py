@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from .acceptance import AcceptanceEstimator
+from .acceptance import AcceptanceEstimator, nearest_rank
 from .controller import Candidate, Decision, DraftOption, select_decision
 from .cost_tracking import TrackedCosts
 from .costs import CostTable, DrafterCosts
@@ -105,8 +105,7 @@ class ConfidenceCalibrator:
         per-token confidences; ``token_mean`` before 3 requests have drafted, or without a quantile."""
         if self.seed_quantile is None or len(self.request_means) < 3:
             return self.token_mean
-        ranked = sorted(self.request_means)
-        return ranked[max(0, math.ceil(self.seed_quantile * len(ranked)) - 1)]
+        return nearest_rank(self.request_means, self.seed_quantile)
 
     def note_request(self, slot: int | None, mean: float) -> int:
         """Set request ``slot``'s mean per-token confidence (``slot`` None: a new request); its slot."""

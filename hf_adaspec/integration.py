@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import hf_compat
-from .acceptance import AcceptanceMemory
+from .acceptance import AcceptanceMemory, AcceptancePrior
 from .batch_confidence import BatchConfidenceController
 from .batch_controller import BatchFixedController, BatchGoodputController
 from .batch_engine import speculative_decode_batch
@@ -63,6 +63,8 @@ class SpeculationConfig:
     default: on Spec-Bench it made the controllers draft more but not faster (README).
     learn_horizon: amortise a draft's catch-up over the tokens the model's past requests ran past this
     point (``horizon.LengthMemory``); False: over as many tokens as generated so far (``lindy_horizon``).
+    alpha_prior_quantile: adaptive and hybrid start each request's α at this quantile of the pair's
+    recent requests' acceptance rates (``AcceptanceMemory``); None: at their running mean.
     """
 
     speculation: str = "adaptive"
@@ -75,6 +77,7 @@ class SpeculationConfig:
     adapt_costs: bool = False
     target_confidence: bool = False
     learn_horizon: bool = True
+    alpha_prior_quantile: float | None = 0.75
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -92,6 +95,9 @@ class SpeculationConfig:
             raise ValueError(f"max_speculative_tokens must be >= 1, got {self.max_speculative_tokens}")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if self.alpha_prior_quantile is not None and not 0.0 <= self.alpha_prior_quantile <= 1.0:
+            raise ValueError(f"alpha_prior_quantile must be in [0, 1] (or None for the running mean), "
+                             f"got {self.alpha_prior_quantile}")
         if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:
             raise ValueError(f"tpot_slo_ms must be > 0 ms per token (or None for no SLO), got {self.tpot_slo_ms}")
 
@@ -190,6 +196,13 @@ def _memory_key(proposer: Proposer) -> str:
     return f"{proposer.name}:{id(getattr(proposer, 'model', None))}"
 
 
+def _priors(request: SpeculationRequest, proposers: list) -> list[AcceptancePrior | None]:
+    """Each drafter's α prior from the pair's memory (``config.alpha_prior_quantile``); None without one."""
+    if request.memory is None:
+        return [None] * len(proposers)
+    return [request.memory.prior_for(_memory_key(p), request.config.alpha_prior_quantile) for p in proposers]
+
+
 def _build_proposers(request: SpeculationRequest, logits_processor, generation_config, batch: int | None = None,
                      pad: int = 0) -> list:
     """Draft model (if given), then prompt lookup (if no draft model, or for hybrid drafting); the
@@ -210,7 +223,7 @@ def _build_proposers(request: SpeculationRequest, logits_processor, generation_c
 def _goodput_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
                         proposers: list[Proposer]) -> Controller:
     """adaptive / hybrid: per-step (drafter, k) by predicted goodput, α priors from the pair's memory."""
-    priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
+    priors = _priors(request, proposers)
     config, memory = request.config, request.memory or AcceptanceMemory()
     maps = [memory.target_map_for(_memory_key(p)) if config.target_confidence and isinstance(p, DraftModelProposer)
             else None for p in proposers]
@@ -314,7 +327,7 @@ def _generate_batch(model, input_ids, logits_processor, stopping_criteria, gener
     if config.speculation == "fixed":
         controller = BatchFixedController(config.k_max)
     else:
-        priors = [request.memory.prior_for(_memory_key(p)) if request.memory else None for p in proposers]
+        priors = _priors(request, proposers)
         kinds = [isinstance(p, BatchDraftModelProposer) for p in proposers]
         costs_for = _batch_costs(model, request, batch, input_ids.shape[1])
         controller = BatchGoodputController(costs_for, batch, kinds, priors, config.min_gain)
@@ -382,12 +395,24 @@ def speculative_generate(
     return result.sequences
 
 
-def _speculative_entry(original, memory: AcceptanceMemory, calibrators: CalibratorMemory | None = None,
-                       speculation=None, cost_scales: CostScaleMemory | None = None,
-                       lengths: LengthMemory | None = None, **kwargs):
-    """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``."""
+@dataclass
+class SpeculationState:
+    """What ``generate`` learns across requests of one model: α per drafter (``memory``), the confidence
+    calibration, the cost correction's ratios and the requests' lengths. ``enable`` keeps one per model;
+    ``generate(..., speculation_state=SpeculationState())`` keeps workloads (or benchmarked methods) apart."""
+
+    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
+    calibrators: CalibratorMemory = field(default_factory=CalibratorMemory)
+    cost_scales: CostScaleMemory = field(default_factory=CostScaleMemory)
+    lengths: LengthMemory = field(default_factory=LengthMemory)
+
+
+def _speculative_entry(original, state: SpeculationState, speculation=None, **kwargs):
+    """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``, learning
+    into ``state`` (or the ``speculation_state`` keyword's)."""
     if speculation is None:
         return original(**kwargs)
+    state = kwargs.pop("speculation_state", None) or state
     draft = kwargs.pop("assistant_model", None)
     config = SpeculationConfig(
         speculation=speculation,
@@ -399,12 +424,13 @@ def _speculative_entry(original, memory: AcceptanceMemory, calibrators: Calibrat
         adapt_costs=kwargs.pop("adapt_costs", False),
         target_confidence=kwargs.pop("target_confidence", False),
         learn_horizon=kwargs.pop("learn_horizon", True),
+        alpha_prior_quantile=kwargs.pop("alpha_prior_quantile", 0.75),
     )
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
     profile = kwargs.pop("speculation_profile", None)
-    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, memory, on_step, calibrators, profile,
-                                 cost_scales, lengths)
+    request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, state.memory, on_step,
+                                 state.calibrators, profile, state.cost_scales, state.lengths)
     return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
 
 
@@ -413,7 +439,7 @@ def enable(model) -> Any:
     "hybrid", "confidence", "pmin"; ``assistant_model`` is the draft). Idempotent; returns the model.
     Without ``speculation`` generate is unchanged. Acceptance, confidence calibration and the online cost
     correction's ratios are kept per (model, drafter) pair across requests, and the requests' lengths per
-    model (the horizon over which a draft's catch-up is amortised, ``horizon``).
+    model (the horizon over which a draft's catch-up is amortised, ``horizon``): one ``SpeculationState``.
 
     Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
     ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
@@ -421,6 +447,8 @@ def enable(model) -> Any:
     realized step times), ``target_confidence`` (default False; True: the draft model's c̄ or α also
     learns from the target's top probability on steps it does not draft), ``learn_horizon`` (default True;
     False: amortise a draft's catch-up over the tokens so far, not the model's past request lengths),
+    ``alpha_prior_quantile`` (default 0.75; None: start α at the pair's running acceptance),
+    ``speculation_state`` (a ``SpeculationState`` to learn into instead of the model's own),
     ``speculation_costs`` (a ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:
@@ -430,15 +458,13 @@ def enable(model) -> Any:
     if getattr(model, "_adaspec_enabled", False):
         return model
     original = model.generate
-    memory, calibrators, cost_scales = AcceptanceMemory(), CalibratorMemory(), CostScaleMemory()
-    lengths = LengthMemory()
+    state = SpeculationState()
 
     @functools.wraps(original)
     def generate(inputs=None, speculation=None, **kwargs):
         if inputs is not None:
             kwargs["inputs"] = inputs
-        return _speculative_entry(original, memory, calibrators, speculation=speculation, cost_scales=cost_scales,
-                                  lengths=lengths, **kwargs)
+        return _speculative_entry(original, state, speculation=speculation, **kwargs)
 
     model.generate = generate
     model._adaspec_enabled = True

@@ -27,7 +27,7 @@ from hf_adaspec.confidence import (
 from hf_adaspec.controller import DraftOption, DrafterCosts
 from hf_adaspec.costs import CostTable
 from hf_adaspec.goodput import expected_tokens
-from hf_adaspec.integration import _speculative_entry
+from hf_adaspec.integration import SpeculationState, _speculative_entry
 from hf_adaspec.proposers import DraftModelProposer
 
 FLAT = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # verification costs 10 ms for 1..9 tokens
@@ -326,7 +326,7 @@ def test_calibration_is_kept_across_requests(models, do_sample):
     memory, calibrators = AcceptanceMemory(), CalibratorMemory()
     original = models["target"].generate.__wrapped__  # transformers' own generate, as enable() wrapped it
     torch.manual_seed(0)
-    out = _speculative_entry(original, memory, calibrators, speculation="confidence", inputs=PROMPT,
+    out = _speculative_entry(original, SpeculationState(memory, calibrators), speculation="confidence", inputs=PROMPT,
                              assistant_model=models["noisy_copy"], speculation_costs=FLAT, max_new_tokens=30,
                              do_sample=do_sample, return_dict_in_generate=True)
     (cal,) = calibrators._calibrators.values()
@@ -335,7 +335,7 @@ def test_calibration_is_kept_across_requests(models, do_sample):
     assert sum(cal.trials) == pytest.approx(10 * 2.0 + drafted)
     assert cal.tokens_seen == drafted and cal.token_mean != 0.7
     seeded = cal.token_mean
-    _speculative_entry(original, memory, calibrators, speculation="confidence", inputs=PROMPT,
+    _speculative_entry(original, SpeculationState(memory, calibrators), speculation="confidence", inputs=PROMPT,
                        assistant_model=models["noisy_copy"], speculation_costs=FLAT, max_new_tokens=10,
                        do_sample=do_sample)
     assert len(calibrators._calibrators) == 1 and cal.tokens_seen > drafted and cal.token_mean != seeded

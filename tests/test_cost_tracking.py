@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import hf_adaspec.integration as integration
-from hf_adaspec.acceptance import AcceptanceMemory, AcceptancePrior
-from hf_adaspec.confidence import CalibratorMemory
+from hf_adaspec.acceptance import AcceptancePrior
 from hf_adaspec.controller import DraftOption, DrafterCosts, GoodputController
 from hf_adaspec.cost_tracking import CostScale, CostScaleMemory, CostTracker, DecayedRatio, scaled_costs
 from hf_adaspec.costs import CostTable
@@ -122,8 +121,8 @@ def test_measured_costs_are_corrected_and_remembered_across_requests(models, mon
     kwargs = dict(speculation="confidence", assistant_model=models["noisy_copy"], inputs=PROMPT, max_new_tokens=12,
                   do_sample=False, return_dict_in_generate=True, max_speculative_tokens=3, adapt_costs=adapt)
     entry, target = integration._speculative_entry, models["target"]
-    first = entry(target.generate, AcceptanceMemory(), CalibratorMemory(), cost_scales=scales, **kwargs)
-    entry(target.generate, AcceptanceMemory(), CalibratorMemory(), cost_scales=scales, **kwargs)
+    first = entry(target.generate, integration.SpeculationState(cost_scales=scales), **kwargs)
+    entry(target.generate, integration.SpeculationState(cost_scales=scales), **kwargs)
     (controller, start), (_, resumed) = seen
     assert start == CostScale(1.0, (1.0,)) and first.speculation.cost_scale != start  # measured either way
     assert resumed == first.speculation.cost_scale  # the pair's next request starts from it

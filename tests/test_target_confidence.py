@@ -153,7 +153,8 @@ def test_hybrid_gets_a_target_map_for_its_draft_model_only(models, monkeypatch, 
     monkeypatch.setattr(integration, "speculative_decode", spy)
     memory = AcceptanceMemory()
     for _ in range(2):
-        integration._speculative_entry(models["target"].generate, memory, speculation="hybrid", inputs=PROMPT,
+        integration._speculative_entry(models["target"].generate, integration.SpeculationState(memory),
+                                       speculation="hybrid", inputs=PROMPT,
                                        assistant_model=models["noisy_copy"], speculation_costs=FLAT, max_new_tokens=8,
                                        do_sample=False, target_confidence=use)
     first, second = seen
