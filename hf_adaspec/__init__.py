@@ -15,7 +15,7 @@ from .assets import AssetError
 from .costs import CostTable
 from .goodput import best_k, expected_tokens
 from .generate_batch import BatchGeneration, generate_batch
-from .integration import SpeculationConfig, SpeculativeGenerateOutput, enable
+from .integration import SpeculationConfig, SpeculationState, SpeculativeGenerateOutput, enable
 from .loading import LoadedModel, load
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from .stats import BatchSpeculationStats, BatchStepRecord, SpeculationStats, StepRecord
@@ -33,6 +33,7 @@ __all__ = [
     "LoadedModel",
     "PRESETS",
     "SpeculationConfig",
+    "SpeculationState",
     "SpeculationStats",
     "SpeculativeGenerateOutput",
     "StepRecord",

@@ -410,9 +410,12 @@ class SpeculationState:
 def _speculative_entry(original, state: SpeculationState, speculation=None, **kwargs):
     """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``, learning
     into ``state`` (or the ``speculation_state`` keyword's)."""
+    given = kwargs.pop("speculation_state", None)
     if speculation is None:
+        if given is not None:
+            raise ValueError("speculation_state is hf-adaspec's: pass speculation=... with it, or leave it out")
         return original(**kwargs)
-    state = kwargs.pop("speculation_state", None) or state
+    state = given or state
     draft = kwargs.pop("assistant_model", None)
     config = SpeculationConfig(
         speculation=speculation,

@@ -84,3 +84,8 @@ def test_a_given_speculation_state_learns_instead_of_the_models_own(tiny_factory
     run(own, speculation_state=given)
     assert given.lengths.horizon(1, 100) == 11
     assert given.memory.prior_for(next(iter(given.memory._mean))).mean > 0.6  # α = 1 learned there
+
+
+def test_a_speculation_state_without_speculation_names_the_fix(models):
+    with pytest.raises(ValueError, match="speculation="):
+        models["target"].generate(PROMPT, max_new_tokens=2, speculation_state=SpeculationState())
