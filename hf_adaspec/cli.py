@@ -225,17 +225,12 @@ def profile(
     max_tokens_per_forward: int = typer.Option(64, min=1, help="Skip target cells with batch × new tokens above it."),
     output: Path | None = typer.Option(None, help="JSON out (default model_cards/<pair>/profile.json); "
                                        "cost_curves.png beside it; a copy goes to the cache for the engine."),
-    refit: Path | None = typer.Option(None, help="Measure nothing: re-fit this profile's measured cells with "
-                                      "this version (fits, held-out errors, predictor); write it back and to "
-                                      "the cache."),
 ) -> None:
     """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
     vs batch × context; table and fitted predictors scored on held-out cells. Last stdout line: JSON."""
     from . import profiling
     from .profile import default_profile_path, save_profile
 
-    if refit is not None:
-        return _refit_profile(refit)
     grid = _profile_grid(quick, contexts, batch_sizes, new_tokens, repeats, max_tokens_per_forward)
     pair = profiling.pair_name(target, draft)
     output = output or Path("model_cards") / pair / "profile.json"
@@ -248,43 +243,17 @@ def profile(
     result = profiling.measure_profile(tgt.model, drf.model if drf is not None else None, grid, pair, command, True)
     save_profile(result, output)
     cached = save_profile(result, default_profile_path(result.key))
-    _plot_profile(result, output)
-    seconds = round(time.perf_counter() - start, 1)
-    typer.echo(json.dumps({**_profile_summary(result, output, cached), "seconds": seconds}))
-
-
-def _plot_profile(result, output: Path) -> None:
-    """cost_curves.png beside ``output``; a note on stderr without matplotlib."""
-    from . import profiling
-
     try:
         profiling.plot_profile(result, output.with_name("cost_curves.png"))
     except ImportError:
         typer.echo("hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot",
                    err=True)
-
-
-def _profile_summary(result, output: Path, cached: Path) -> dict:
-    """The profile command's last JSON line (without the run time)."""
     held_out = len(result.held_out_target) + len(result.held_out_draft)
     cells = len(result.target_cells) + len(result.draft_cells) + held_out
-    return {"output": str(output), "cache_copy": str(cached), "cells_measured": cells, "held_out_cells": held_out,
-            "held_out_mape_pct": {"table": _round(result.table_mape), "fit": _round(result.fit_mape)},
-            "predictor": result.predictor}
-
-
-def _refit_profile(path: Path) -> None:
-    """``profile --refit PATH``: re-assemble a saved profile from its cells, save it (and the cache copy)."""
-    from .profile import default_profile_path, load_profile, refit, save_profile
-
-    try:
-        result = refit(load_profile(path))
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--refit") from None
-    save_profile(result, path)
-    cached = save_profile(result, default_profile_path(result.key))
-    _plot_profile(result, path)
-    typer.echo(json.dumps(_profile_summary(result, path, cached)))
+    typer.echo(json.dumps({"output": str(output), "cache_copy": str(cached), "cells_measured": cells,
+                           "held_out_cells": held_out,
+                           "held_out_mape_pct": {"table": _round(result.table_mape), "fit": _round(result.fit_mape)},
+                           "predictor": result.predictor, "seconds": round(time.perf_counter() - start, 1)}))
 
 
 def _profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,

@@ -104,26 +104,13 @@ def table_predict(cells: Sequence[ProfileCell], batch: int, context: int, new_to
 
 
 def fit_costs(cells: Sequence[ProfileCell]) -> CostFit:
-    """Fit t = α·(b·c) + γ·(b·n) + δ to the cells by least squares on the relative error, Σ ((t̂ − t)/t)²
-    (``torch.linalg.lstsq``, float64, each row divided by its measured t). Relative, like the held-out
-    error that chooses the predictor: in absolute ms the few 16-row cells (seconds) outweigh the batch-1
-    cells (tens of ms) that a single request runs on. On the Qwen pair's profile this moved the draft's
-    1-token forward at context 55 from 21.8 to 30.0 ms (a 128-token context measured 30.6) and the
-    held-out error from 8.7% to 7.6% (model card)."""
+    """Least-squares (``torch.linalg.lstsq``, float64) fit of t = α·(b·c) + γ·(b·n) + δ to the cells."""
     if not cells:
         raise ValueError("no measured cells to fit")
     design = torch.tensor([[c.batch * c.context, c.batch * c.new_tokens, 1.0] for c in cells], dtype=torch.float64)
     times = torch.tensor([[c.median_ms] for c in cells], dtype=torch.float64)
-    alpha, gamma, delta = torch.linalg.lstsq(design / times, times / times, driver="gelsd").solution.flatten().tolist()
+    alpha, gamma, delta = torch.linalg.lstsq(design, times, driver="gelsd").solution.flatten().tolist()
     return CostFit(alpha, gamma, delta)
-
-
-def refit(profile: Profile) -> Profile:
-    """``profile`` re-assembled from its measured cells by this version: new fits, held-out errors and
-    predictor; pair, identity and metadata unchanged (no forward is timed)."""
-    cells = {"target": profile.target_cells, "draft": profile.draft_cells,
-             "held_out_target": profile.held_out_target, "held_out_draft": profile.held_out_draft}
-    return assemble_profile(profile.pair, profile.identity, cells, profile.meta)
 
 
 def _relative_errors(predict: Callable[[int, int, int], float], cells: Sequence[ProfileCell]) -> list[float]:

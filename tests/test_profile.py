@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -25,7 +24,6 @@ from hf_adaspec.profile import (
     load_profile,
     profile_identity,
     profile_key,
-    refit,
     save_profile,
     table_predict,
 )
@@ -103,44 +101,6 @@ def test_fit_recovers_known_coefficients():
     cells = [ProfileCell(b, c, n, truth.predict(b, c, n)) for b in (1, 2, 8) for c in (128, 1024) for n in (1, 4, 9)]
     fit = fit_costs(cells)
     assert (fit.alpha, fit.gamma, fit.delta) == pytest.approx((0.002, 1.5, 7.0), rel=1e-9)
-
-
-def test_fit_minimises_relative_error_so_small_cells_count():
-    """Batch-1 cells on one line, 16-row cells 10% above it: the fit keeps the batch-1 cells within a few
-    per cent, where an absolute least-squares fit (the reference here) misses them by far more."""
-    truth = CostFit(alpha=0.03, gamma=3.6, delta=25.0)
-    grid = [(b, c, n) for b in (1, 16) for c in (128, 512, 2048) for n in (1, 32)]
-    cells = [ProfileCell(b, c, n, truth.predict(b, c, n) * (1.1 if b == 16 else 1.0)) for b, c, n in grid]
-    design = torch.tensor([[b * c, b * n, 1.0] for b, c, n in grid], dtype=torch.float64)
-    times = torch.tensor([[cell.median_ms] for cell in cells], dtype=torch.float64)
-    absolute = CostFit(*torch.linalg.lstsq(design, times, driver="gelsd").solution.flatten().tolist())
-
-    def worst_batch1_error(fit):
-        return max(abs(fit.predict(1, c, n) - truth.predict(1, c, n)) / truth.predict(1, c, n)
-                   for b, c, n in grid if b == 1)
-
-    assert worst_batch1_error(fit_costs(cells)) < 0.5 * worst_batch1_error(absolute)
-
-
-def test_refit_reassembles_fits_errors_and_predictor_from_the_cells():
-    held = [ProfileCell(1, 200, 2, 17.0)]
-    fresh = _hand_profile(held_out=held)
-    stale = dataclasses.replace(fresh, target_fit=CostFit(1.0, 1.0, 1.0), fit_mape=0.0, predictor="fit")
-    again = refit(stale)
-    assert again == fresh and again.target_fit == fit_costs(fresh.target_cells)
-    assert again.meta == stale.meta and again.identity == stale.identity
-
-
-def test_cli_profile_refit_writes_back_and_to_the_cache(tmp_path):
-    path = tmp_path / "profile.json"
-    profile = _hand_profile(held_out=[ProfileCell(1, 200, 2, 17.0)])
-    save_profile(dataclasses.replace(profile, target_fit=CostFit(1.0, 1.0, 1.0)), path)
-    result = CliRunner().invoke(cli.app, ["profile", "--refit", str(path)])
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert load_profile(path) == profile == load_profile(summary["cache_copy"])
-    assert summary["held_out_mape_pct"]["fit"] == pytest.approx(profile.fit_mape, abs=0.01)
-    assert "hf-adaspec profile --output" in _error_text(["profile", "--refit", str(tmp_path / "nope.json")])
 
 
 def test_choose_predictor_prefers_the_lower_held_out_error():
