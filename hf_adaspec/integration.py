@@ -395,6 +395,11 @@ def speculative_generate(
     return result.sequences
 
 
+# generate() keywords that set SpeculationConfig fields of the same name
+_CONFIG_KEYWORDS = ("num_speculative_tokens", "max_speculative_tokens", "prompt_lookup_max_ngram", "draft_p_min",
+                    "tpot_slo_ms", "adapt_costs", "target_confidence", "learn_horizon", "alpha_prior_quantile")
+
+
 @dataclass
 class SpeculationState:
     """What ``generate`` learns across requests of one model: α per drafter (``memory``), the confidence
@@ -417,18 +422,8 @@ def _speculative_entry(original, state: SpeculationState, speculation=None, **kw
         return original(**kwargs)
     state = given or state
     draft = kwargs.pop("assistant_model", None)
-    config = SpeculationConfig(
-        speculation=speculation,
-        num_speculative_tokens=kwargs.pop("num_speculative_tokens", None),
-        max_speculative_tokens=kwargs.pop("max_speculative_tokens", 8),
-        prompt_lookup_max_ngram=kwargs.pop("prompt_lookup_max_ngram", 3),
-        draft_p_min=kwargs.pop("draft_p_min", 0.75),
-        tpot_slo_ms=kwargs.pop("tpot_slo_ms", None),
-        adapt_costs=kwargs.pop("adapt_costs", False),
-        target_confidence=kwargs.pop("target_confidence", False),
-        learn_horizon=kwargs.pop("learn_horizon", True),
-        alpha_prior_quantile=kwargs.pop("alpha_prior_quantile", 0.75),
-    )
+    given_config = {name: kwargs.pop(name) for name in _CONFIG_KEYWORDS if name in kwargs}
+    config = SpeculationConfig(speculation=speculation, **given_config)  # the rest: SpeculationConfig's defaults
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
     profile = kwargs.pop("speculation_profile", None)

@@ -110,3 +110,13 @@ def test_load_rejects_unknown_quantization():
 def test_load_rejects_unknown_dtype():
     with pytest.raises(ValueError, match="float8"):
         hf_adaspec.load("smollm2-135m", quantization="none", dtype="float8")
+
+
+def test_every_generate_config_keyword_is_a_config_field():
+    import dataclasses
+
+    from hf_adaspec.integration import _CONFIG_KEYWORDS
+
+    fields = {f.name for f in dataclasses.fields(SpeculationConfig)}
+    assert set(_CONFIG_KEYWORDS) <= fields - {"speculation"}
+    assert {"learn_horizon", "alpha_prior_quantile"} <= set(_CONFIG_KEYWORDS)
