@@ -32,13 +32,13 @@ from .integration import SpeculationState
 
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
            "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar",
-           "adaptive-mean", "hybrid-mean")
+           "adaptive-mean", "hybrid-mean", "hybrid-confidence", "plain-again")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
                  "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "confidence-target": "draft",
                  "pmin": "draft", "adaptive-sofar": "draft", "hybrid-sofar": "hybrid", "confidence-sofar": "draft",
-                 "adaptive-mean": "draft", "hybrid-mean": "hybrid"}
+                 "adaptive-mean": "draft", "hybrid-mean": "hybrid", "hybrid-confidence": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,8 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         "confidence": {"assistant_model": draft, "speculation": "confidence"},
         "confidence-target": {"assistant_model": draft, "speculation": "confidence", "target_confidence": True},
         "pmin": {"assistant_model": draft, "speculation": "pmin", "draft_p_min": 0.75},
+        "hybrid-confidence": {"assistant_model": draft, "speculation": "hybrid-confidence"},
+        "plain-again": {},  # an A/A control: plain decoding timed again, its speedup is the run's noise
     }
     for mode in ("adaptive", "hybrid", "confidence"):  # the horizon ablation: catch-up amortised over tokens so far
         table[f"{mode}-sofar"] = {**table[mode], "learn_horizon": False}
@@ -123,7 +125,7 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
     if method not in table:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     kwargs = dict(table[method])
-    if kwargs.get("speculation") in ("adaptive", "hybrid", "confidence"):
+    if kwargs.get("speculation") in ("adaptive", "hybrid", "confidence", "hybrid-confidence"):
         kwargs.update({"adapt_costs": True} if adapt_costs else {})
         kwargs.update({"target_confidence": True} if target_confidence else {})
     return kwargs

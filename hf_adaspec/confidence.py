@@ -291,14 +291,22 @@ class ConfidenceController(TrackedCosts):
         one-off catch-up must be amortised: one token rarely pays it, a run of them may. Reports the
         best length's predicted goodput; alpha = P(accept | c̄)."""
         opt = options[0]
+        best = select_decision(*self._path_candidates(opt, horizon), self.min_gain, self.tpot_slo_ms)
+        return self._draft_decision(opt, best)
+
+    def _path_candidates(self, opt: DraftOption, horizon: int) -> tuple[Candidate, list[Candidate]]:
+        """A plain step and the draft's lengths k = 1..k_upper along the predicted path ĉ_j = c̄^j."""
         self._setup_ms, self._horizon = opt.catchup_tokens * self.drafters[0].catchup_ms, horizon
         path = [self.calibrator.predict(self.c_bar.value ** j) for j in range(1, opt.k_upper + 1)]
         plain = prefix_candidate([], self.drafters[0].draft_ms, self.costs.t_verify)
         longer = [prefix_candidate(path[:k], self.drafters[0].draft_ms, self.costs.t_verify, self._setup_ms, horizon)
                   for k in range(1, opt.k_upper + 1)]
-        best = select_decision(plain, longer, self.min_gain, self.tpot_slo_ms)
-        rate = best.predicted_goodput
-        return Decision(opt.k_upper if best.k else 0, opt.drafter, self.calibrator.predict(self.c_bar.value), rate)
+        return plain, longer
+
+    def _draft_decision(self, opt: DraftOption, best: Decision) -> Decision:
+        """``best`` as a draft-model step: k = k_upper (the stop rule ends it) or 0; alpha = P(accept | c̄)."""
+        alpha = self.calibrator.predict(self.c_bar.value)
+        return Decision(opt.k_upper if best.k else 0, opt.drafter, alpha, best.predicted_goodput)
 
     def stop_rule(self, drafter: int) -> StopRule:
         """stop(j, confidences): True when token j+1 is predicted not to pay, from the real c_1..c_j."""

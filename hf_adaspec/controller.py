@@ -18,7 +18,7 @@ only where ``min_gain`` or a catch-up cost made the goodput pick a slower-per-to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,6 +84,19 @@ def select_decision(
     return best.decision
 
 
+def iid_candidates(opt: DraftOption, alpha: float, cost: DrafterCosts, t_verify_ms: Callable[[int], float],
+                   horizon: int = 1) -> list[Candidate]:
+    """Drafter ``opt.drafter``'s proposals k = 1..k_upper under i.i.d. acceptance α: goodput (tokens/s,
+    its catch-up amortised over ``horizon`` tokens) and steady-state TPOT (ms/token) each."""
+    out = []
+    for k in range(1, opt.k_upper + 1):
+        rate = horizon_goodput(goodput(alpha, k, cost.draft_ms, t_verify_ms), opt.catchup_tokens * cost.catchup_ms,
+                               horizon)
+        tpot = step_time_ms(k, cost.draft_ms, t_verify_ms) / expected_tokens(alpha, k)
+        out.append(Candidate(Decision(k, opt.drafter, alpha, rate), tpot))
+    return out
+
+
 class Controller(Protocol):
     """Chooses (drafter, k) each step and learns from the outcome."""
 
@@ -126,14 +139,8 @@ class GoodputController(TrackedCosts):
         t_verify = self.costs.t_verify
         plain = Candidate(Decision(0, first, self.estimators[first].alpha, goodput(0.0, 0, 0.0, t_verify)),
                           t_verify(1))
-        others = []
-        for opt in options:
-            cost, alpha = self.drafters[opt.drafter], self.estimators[opt.drafter].alpha
-            for k in range(1, opt.k_upper + 1):
-                rate = horizon_goodput(goodput(alpha, k, cost.draft_ms, t_verify),
-                                       opt.catchup_tokens * cost.catchup_ms, horizon)
-                tpot = step_time_ms(k, cost.draft_ms, t_verify) / expected_tokens(alpha, k)
-                others.append(Candidate(Decision(k, opt.drafter, alpha, rate), tpot))
+        others = [c for opt in options for c in iid_candidates(opt, self.estimators[opt.drafter].alpha,
+                                                                self.drafters[opt.drafter], t_verify, horizon)]
         return select_decision(plain, others, self.min_gain, self.tpot_slo_ms)
 
     def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:

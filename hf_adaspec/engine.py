@@ -150,9 +150,10 @@ def _propose(proposer: Proposer, controller: Controller, ids: torch.Tensor, deci
     if not decision.k:
         return Proposal(ids[:, :0])
     stop_rule = getattr(controller, "stop_rule", None)
-    if stop_rule is None:
+    stop = stop_rule(decision.drafter) if stop_rule is not None else None  # None: this drafter is not stopped early
+    if stop is None:
         return proposer.propose(ids, decision.k)
-    return proposer.propose(ids, decision.k, stop=stop_rule(decision.drafter))
+    return proposer.propose(ids, decision.k, stop=stop)
 
 
 def _stream(settings: DecodeSettings, tokens: torch.Tensor, record: StepRecord | None) -> None:

@@ -32,6 +32,7 @@ from .cost_tracking import CostScaleMemory
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
 from .horizon import LengthMemory, lindy_horizon
+from .hybrid_confidence import HybridConfidenceController
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
 from .proposers.batch_draft_model import BatchDraftModelProposer
 from .proposers.batch_prompt_lookup import BatchPromptLookupProposer
@@ -45,8 +46,10 @@ class SpeculationConfig:
     "fixed" (always ``num_speculative_tokens``), "hybrid" (each step the best of a plain step, a
     prompt-lookup proposal and a draft-model proposal by predicted goodput; needs a draft model),
     "confidence" (the draft model drafts while its calibrated confidence predicts rising goodput,
-    AdaSpec; in a batch also token elimination before verification) or "pmin" (llama.cpp-style:
-    drafts up to k_max, stopping once a token's draft probability < ``draft_p_min``; batch size 1).
+    AdaSpec; in a batch also token elimination before verification), "hybrid-confidence" (as "hybrid",
+    with the draft model priced and stopped as "confidence" does; batch size 1) or "pmin"
+    (llama.cpp-style: drafts up to k_max, stopping once a token's draft probability < ``draft_p_min``;
+    batch size 1).
     max_speculative_tokens: k_max.
     prompt_lookup_max_ngram: n-gram size for the prompt-lookup drafter (used when no draft model is
     given). min_gain: relative goodput margin a k > 0 must predict over a plain step to be chosen.
@@ -246,6 +249,15 @@ def _confidence_controller(request: SpeculationRequest, costs: CostTable, drafte
                                 adapt_costs=_adapts(request), target_confidence=config.target_confidence)
 
 
+def _hybrid_confidence_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
+                                  proposers: list[Proposer]) -> Controller:
+    """hybrid-confidence: a plain step, prompt lookup or the confidence-stopped draft model, by goodput."""
+    calibrator = (request.calibrators or CalibratorMemory()).calibrator_for(_memory_key(proposers[0]))
+    config = request.config
+    return HybridConfidenceController(costs, drafters, calibrator, _priors(request, proposers)[1], config.min_gain,
+                                      config.tpot_slo_ms, _adapts(request), config.target_confidence)
+
+
 def _adapts(request: SpeculationRequest) -> bool:
     """Online cost correction: asked for, and the costs were measured here (not given as is)."""
     return request.config.adapt_costs and request.costs is None
@@ -275,6 +287,8 @@ SPECULATION_MODES: dict[str, SpeculationMode] = {
     "hybrid": SpeculationMode(_goodput_controller, needs_draft=True, lookup_with_draft=True),
     "confidence": SpeculationMode(_confidence_controller, needs_draft=True),
     "pmin": SpeculationMode(_pmin_controller, needs_draft=True, batch=False),
+    "hybrid-confidence": SpeculationMode(_hybrid_confidence_controller, needs_draft=True, lookup_with_draft=True,
+                                         batch=False),
 }
 
 
@@ -434,7 +448,7 @@ def _speculative_entry(original, state: SpeculationState, speculation=None, **kw
 
 def enable(model) -> Any:
     """Let ``model.generate`` take ``speculation=`` one of ``SPECULATION_MODES`` ("adaptive", "fixed",
-    "hybrid", "confidence", "pmin"; ``assistant_model`` is the draft). Idempotent; returns the model.
+    "hybrid", "confidence", "hybrid-confidence", "pmin"; ``assistant_model`` is the draft). Idempotent; returns the model.
     Without ``speculation`` generate is unchanged. Acceptance, confidence calibration and the online cost
     correction's ratios are kept per (model, drafter) pair across requests, and the requests' lengths per
     model (the horizon over which a draft's catch-up is amortised, ``horizon``): one ``SpeculationState``.

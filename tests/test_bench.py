@@ -50,7 +50,7 @@ def test_unknown_method_lists_valid_ones():
 def test_bench_flags_reach_the_goodput_and_confidence_methods_only(flag):
     flagged = {m for m in METHODS if method_kwargs(m, None, 5, **{flag: True}).get(flag)}
     assert flagged == {"adaptive", "adaptive-lookup", "hybrid", "confidence", "confidence-target", "adaptive-sofar",
-                       "hybrid-sofar", "confidence-sofar", "adaptive-mean", "hybrid-mean"}
+                       "hybrid-sofar", "confidence-sofar", "adaptive-mean", "hybrid-mean", "hybrid-confidence"}
     assert {m for m in METHODS if method_kwargs(m, None, 5).get(flag)} == (
         {"confidence-target"} if flag == "target_confidence" else set())
 
@@ -153,7 +153,9 @@ def test_summarize_reports_pct_of_oracle_acceptance_and_k():
 def test_every_speculative_method_has_an_oracle_family():
     from hf_adaspec.bench import METHOD_FAMILY, METHODS
 
-    assert {m for m in METHODS if m != "plain"} <= set(METHOD_FAMILY)
+    speculative = {m for m in METHODS if method_kwargs(m, None, 5)}  # plain and its A/A control pass nothing
+    assert speculative == set(METHODS) - {"plain", "plain-again"}
+    assert speculative <= set(METHOD_FAMILY)
 
 
 def test_write_results_json_markdown_and_png(tmp_path):
