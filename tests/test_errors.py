@@ -31,7 +31,7 @@ def test_unknown_speculation_value(target, value):
         _generate(target, speculation=value)
 
 
-@pytest.mark.parametrize("mode", ["hybrid", "confidence", "pmin"])
+@pytest.mark.parametrize("mode", ["hybrid", "confidence", "pmin", "hybrid-confidence"])
 def test_mode_needs_a_draft_model(target, mode):
     with pytest.raises(ValueError, match="assistant_model") as err:
         _generate(target, speculation=mode)
@@ -39,6 +39,7 @@ def test_mode_needs_a_draft_model(target, mode):
 
 
 @pytest.mark.parametrize("kwargs, message", [({"speculation": "pmin"}, "batch size 1"),
+                                             ({"speculation": "hybrid-confidence"}, "batch size 1"),
                                              ({"speculation": "adaptive", "tpot_slo_ms": 50.0}, "tpot_slo_ms")])
 def test_single_request_modes_and_slo_reject_batches(target, tiny_factory, kwargs, message):
     batch = torch.cat([PROMPT, PROMPT])  # [2, 6]
