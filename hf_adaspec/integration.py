@@ -22,17 +22,16 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import hf_compat
-from .acceptance import AcceptanceMemory, AcceptancePrior
+from .acceptance import AcceptanceMemory
 from .batch_confidence import BatchConfidenceController
 from .batch_controller import BatchFixedController, BatchGoodputController
 from .batch_engine import speculative_decode_batch
-from .confidence import CalibratorMemory, ConfidenceController, PMinController
-from .controller import Controller, DrafterCosts, FixedController, GoodputController
+from .confidence import CalibratorMemory
 from .cost_tracking import CostScaleMemory
 from .costs import CostCache, CostTable
 from .engine import DecodeSettings, speculative_decode
 from .horizon import LengthMemory, lindy_horizon
-from .hybrid_confidence import HybridConfidenceController
+from .modes import SPECULATION_MODES, build_controller, drafter_priors, memory_key, scale_key
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
 from .proposers.batch_draft_model import BatchDraftModelProposer
 from .proposers.batch_prompt_lookup import BatchPromptLookupProposer
@@ -194,18 +193,6 @@ def _check_batch(input_ids: torch.Tensor, mask: torch.Tensor, request: Speculati
         raise ValueError("streamer and speculation_callback support batch size 1; drop them for batches")
 
 
-def _memory_key(proposer: Proposer) -> str:
-    """Identifies a drafter in the pair's acceptance memory (the draft model by identity)."""
-    return f"{proposer.name}:{id(getattr(proposer, 'model', None))}"
-
-
-def _priors(request: SpeculationRequest, proposers: list) -> list[AcceptancePrior | None]:
-    """Each drafter's α prior from the pair's memory (``config.alpha_prior_quantile``); None without one."""
-    if request.memory is None:
-        return [None] * len(proposers)
-    return [request.memory.prior_for(_memory_key(p), request.config.alpha_prior_quantile) for p in proposers]
-
-
 def _build_proposers(request: SpeculationRequest, logits_processor, generation_config, batch: int | None = None,
                      pad: int = 0) -> list:
     """Draft model (if given), then prompt lookup (if no draft model, or for hybrid drafting); the
@@ -223,104 +210,11 @@ def _build_proposers(request: SpeculationRequest, logits_processor, generation_c
     return proposers
 
 
-def _goodput_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
-                        proposers: list[Proposer]) -> Controller:
-    """adaptive / hybrid: per-step (drafter, k) by predicted goodput, α priors from the pair's memory."""
-    priors = _priors(request, proposers)
-    config, memory = request.config, request.memory or AcceptanceMemory()
-    maps = [memory.target_map_for(_memory_key(p)) if config.target_confidence and isinstance(p, DraftModelProposer)
-            else None for p in proposers]
-    return GoodputController(costs, drafters, priors, config.min_gain, config.tpot_slo_ms, _adapts(request), maps)
-
-
-def _fixed_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
-                      proposers: list[Proposer]) -> Controller:
-    """fixed: always k = num_speculative_tokens."""
-    return FixedController(request.config.k_max, costs, drafters[0].draft_ms)
-
-
-def _confidence_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
-                           proposers: list[Proposer]) -> Controller:
-    """confidence: AdaSpec's confidence-prior stopping, calibrated per pair across requests."""
-    calibrators = request.calibrators or CalibratorMemory()
-    calibrator = calibrators.calibrator_for(_memory_key(proposers[0]))
-    config = request.config
-    return ConfidenceController(costs, drafters[0], calibrator, config.min_gain, config.tpot_slo_ms,
-                                adapt_costs=_adapts(request), target_confidence=config.target_confidence)
-
-
-def _hybrid_confidence_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
-                                  proposers: list[Proposer]) -> Controller:
-    """hybrid-confidence: a plain step, prompt lookup or the confidence-stopped draft model, by goodput."""
-    calibrator = (request.calibrators or CalibratorMemory()).calibrator_for(_memory_key(proposers[0]))
-    config = request.config
-    return HybridConfidenceController(costs, drafters, calibrator, _priors(request, proposers)[1], config.min_gain,
-                                      config.tpot_slo_ms, _adapts(request), config.target_confidence)
-
-
-def _adapts(request: SpeculationRequest) -> bool:
-    """Online cost correction: asked for, and the costs were measured here (not given as is)."""
-    return request.config.adapt_costs and request.costs is None
-
-
-def _pmin_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
-                     proposers: list[Proposer]) -> Controller:
-    """pmin: llama.cpp-style stop at the first draft token with q(x_u) < draft_p_min."""
-    return PMinController(request.config.draft_p_min)
-
-
-@dataclass(frozen=True)
-class SpeculationMode:
-    """One ``speculation=`` value: its controller builder ``build(request, costs, drafter_costs,
-    proposers)``, whether it needs a draft model, whether prompt lookup joins the draft model as a
-    second drafter, and whether the static-batch engine runs it."""
-
-    build: Callable[[SpeculationRequest, CostTable, list[DrafterCosts], list[Proposer]], Controller]
-    needs_draft: bool = False
-    lookup_with_draft: bool = False
-    batch: bool = True
-
-
-SPECULATION_MODES: dict[str, SpeculationMode] = {
-    "adaptive": SpeculationMode(_goodput_controller),
-    "fixed": SpeculationMode(_fixed_controller),
-    "hybrid": SpeculationMode(_goodput_controller, needs_draft=True, lookup_with_draft=True),
-    "confidence": SpeculationMode(_confidence_controller, needs_draft=True),
-    "pmin": SpeculationMode(_pmin_controller, needs_draft=True, batch=False),
-    "hybrid-confidence": SpeculationMode(_hybrid_confidence_controller, needs_draft=True, lookup_with_draft=True,
-                                         batch=False),
-}
-
-
-def _build_controller(model, request: SpeculationRequest, proposers: list[Proposer], context: int) -> Controller:
-    """The mode's controller over the given cost table, else the pair's profile at ``context`` tokens (the
-    prompt length) or its calibrated table (``CostCache.load_or_measure``)."""
-    config, costs = request.config, request.costs
-    if costs is None:
-        log = functools.partial(print, file=sys.stderr)
-        costs = CostCache().load_or_measure(model, request.draft_model, config.max_speculative_tokens + 1, log,
-                                            context=context, profile=request.profile)
-    drafter_costs = [
-        DrafterCosts(costs.draft_ms, costs.draft_catchup_ms) if isinstance(p, DraftModelProposer) else DrafterCosts()
-        for p in proposers
-    ]
-    controller = SPECULATION_MODES[config.speculation].build(request, costs, drafter_costs, proposers)
-    scale = request.cost_scales.scale_for(_scale_key(costs, proposers)) if request.cost_scales else None
-    if scale is not None and hasattr(controller, "resume_costs"):
-        controller.resume_costs(scale)
-    return controller
-
-
-def _scale_key(costs: CostTable, proposers: list[Proposer]) -> str:
-    """Identifies a pair and its drafters in the cost-scale memory."""
-    return ":".join([costs.key, *(_memory_key(p) for p in proposers)])
-
-
 def _remember(memory: AcceptanceMemory, proposers: list[Proposer], stats: SpeculationStats) -> None:
     """Blend this request's per-drafter acceptance into the pair's memory."""
     for p in proposers:
         steps = [s for s in stats.steps if s.drafter == p.name]
-        memory.record(_memory_key(p), sum(s.k for s in steps), sum(s.accepted for s in steps))
+        memory.record(memory_key(p), sum(s.k for s in steps), sum(s.accepted for s in steps))
 
 
 def _batch_costs(model, request: SpeculationRequest, batch: int, context: int) -> Callable[[int], CostTable]:
@@ -341,12 +235,12 @@ def _generate_batch(model, input_ids, logits_processor, stopping_criteria, gener
     if config.speculation == "fixed":
         controller = BatchFixedController(config.k_max)
     else:
-        priors = _priors(request, proposers)
+        priors = drafter_priors(request, proposers)
         kinds = [isinstance(p, BatchDraftModelProposer) for p in proposers]
         costs_for = _batch_costs(model, request, batch, input_ids.shape[1])
         controller = BatchGoodputController(costs_for, batch, kinds, priors, config.min_gain)
         if config.speculation == "confidence":
-            calibrator = (request.calibrators or CalibratorMemory()).calibrator_for(_memory_key(proposers[0]))
+            calibrator = (request.calibrators or CalibratorMemory()).calibrator_for(memory_key(proposers[0]))
             controller = BatchConfidenceController(controller, calibrator, costs_for)
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
                               generation_config.do_sample, config.k_max, horizon=request.horizon)
@@ -357,7 +251,7 @@ def _generate_batch(model, input_ids, logits_processor, stopping_criteria, gener
     if request.memory is not None:
         for p in proposers:
             pairs = [(k, n) for s in result.stats.steps for k, n, d in zip(s.ks, s.accepted, s.drafters) if d == p.name]
-            request.memory.record(_memory_key(p), sum(k for k, _ in pairs), sum(n for _, n in pairs))
+            request.memory.record(memory_key(p), sum(k for k, _ in pairs), sum(n for _, n in pairs))
     return result
 
 
@@ -395,13 +289,13 @@ def speculative_generate(
         on_step=request.on_step,
         horizon=request.horizon,
     )
-    controller = _build_controller(model, request, proposers, input_ids.shape[1])
+    controller = build_controller(model, request, proposers, input_ids.shape[1])
     result = speculative_decode(model, input_ids, proposers, controller, settings)
     if request.lengths is not None:
         request.lengths.record(result.stats.new_tokens)
     result.stats.tpot_slo_ms = request.config.tpot_slo_ms
     if request.cost_scales is not None and hasattr(controller, "tracker"):
-        request.cost_scales.record(_scale_key(controller.tracker.base, proposers), controller.tracker.scale)
+        request.cost_scales.record(scale_key(controller.tracker.base, proposers), controller.tracker.scale)
     if request.memory is not None:
         _remember(request.memory, proposers, result.stats)
     if generation_config.return_dict_in_generate:
@@ -448,7 +342,8 @@ def _speculative_entry(original, state: SpeculationState, speculation=None, **kw
 
 def enable(model) -> Any:
     """Let ``model.generate`` take ``speculation=`` one of ``SPECULATION_MODES`` ("adaptive", "fixed",
-    "hybrid", "confidence", "hybrid-confidence", "pmin"; ``assistant_model`` is the draft). Idempotent; returns the model.
+    "hybrid", "confidence", "hybrid-confidence", "pmin"; ``assistant_model`` is the draft). Idempotent;
+    returns the model.
     Without ``speculation`` generate is unchanged. Acceptance, confidence calibration and the online cost
     correction's ratios are kept per (model, drafter) pair across requests, and the requests' lengths per
     model (the horizon over which a draft's catch-up is amortised, ``horizon``): one ``SpeculationState``.

@@ -65,7 +65,7 @@ def test_engine_asks_the_settings_horizon_with_generated_and_tokens_left(models)
     settings = DecodeSettings(LogitsProcessorList(), stop, 24 + 12, False, 8, horizon=horizon)
     proposers = hf_adaspec.integration._build_proposers(request, LogitsProcessorList(),
                                                         models["target"].generation_config)
-    controller = hf_adaspec.integration._build_controller(models["target"], request, proposers, 24)
+    controller = hf_adaspec.modes.build_controller(models["target"], request, proposers, 24)
     hf_adaspec.engine.speculative_decode(models["target"], PROMPT, proposers, controller, settings)
     assert calls[0] == (1, 11)  # after the prefill's token: 1 generated, 11 of 12 left
     assert all(g + left == 12 for g, left in calls)
