@@ -32,13 +32,15 @@ from .integration import SpeculationState
 
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
            "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar",
-           "adaptive-mean", "hybrid-mean", "hybrid-confidence", "plain-again")
+           "adaptive-mean", "hybrid-mean", "hybrid-confidence", "plain-again", "confidence-hedged",
+           "hybrid-confidence-hedged")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
                  "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "confidence-target": "draft",
                  "pmin": "draft", "adaptive-sofar": "draft", "hybrid-sofar": "hybrid", "confidence-sofar": "draft",
-                 "adaptive-mean": "draft", "hybrid-mean": "hybrid", "hybrid-confidence": "hybrid"}
+                 "adaptive-mean": "draft", "hybrid-mean": "hybrid", "hybrid-confidence": "hybrid",
+                 "confidence-hedged": "draft", "hybrid-confidence-hedged": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
     }
     for mode in ("adaptive", "hybrid", "confidence"):  # the horizon ablation: catch-up amortised over tokens so far
         table[f"{mode}-sofar"] = {**table[mode], "learn_horizon": False}
+    for mode in ("confidence", "hybrid-confidence"):  # the hedged horizon: the lower quartile of remaining lengths
+        table[f"{mode}-hedged"] = {**table[mode], "horizon_quantile": 0.25}
     for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
         table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}
     if method not in table:

@@ -13,6 +13,7 @@ import typer
 from tqdm.auto import tqdm
 
 from .bench import METHODS
+from .modes import SPECULATION_MODES
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET
 
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
@@ -38,7 +39,8 @@ def generate(
     prompt: str = typer.Argument(DEFAULT_PROMPT, help="User message; the chat template is applied."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' for prompt lookup."),
-    speculation: str = typer.Option("adaptive", help="adaptive | fixed | hybrid | off (plain decoding)."),
+    speculation: str = typer.Option("adaptive", help="adaptive | fixed | hybrid | confidence | hybrid-confidence | "
+                                                     "pmin | off (plain decoding)."),
     k: int = typer.Option(5, help="Proposal length for --speculation fixed."),
     max_new_tokens: int = typer.Option(256, min=1),
     quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
@@ -50,8 +52,8 @@ def generate(
     """Generate for one prompt, streaming the text; then print one stats line."""
     from transformers import TextStreamer
 
-    if speculation not in ("adaptive", "fixed", "hybrid", "off"):
-        raise typer.BadParameter(f"--speculation {speculation!r}: use adaptive, fixed, hybrid or off")
+    if speculation not in (*SPECULATION_MODES, "off"):
+        raise typer.BadParameter(f"--speculation {speculation!r}: use one of {', '.join(SPECULATION_MODES)} or off")
 
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     inputs = tgt.tokenizer.apply_chat_template(

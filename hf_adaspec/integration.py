@@ -65,6 +65,8 @@ class SpeculationConfig:
     default: on Spec-Bench it made the controllers draft more but not faster (README).
     learn_horizon: amortise a draft's catch-up over the tokens the model's past requests ran past this
     point (``horizon.LengthMemory``); False: over as many tokens as generated so far (``lindy_horizon``).
+    horizon_quantile: with ``learn_horizon``, amortise over this quantile of those past requests'
+    remaining lengths (a hedge against short answers, ``horizon``); None: over their mean.
     alpha_prior_quantile: adaptive and hybrid start each request's α at this quantile of the pair's
     recent requests' acceptance rates (``AcceptanceMemory``); None: at their running mean.
     """
@@ -79,6 +81,7 @@ class SpeculationConfig:
     adapt_costs: bool = False
     target_confidence: bool = False
     learn_horizon: bool = True
+    horizon_quantile: float | None = None
     alpha_prior_quantile: float | None = 0.75
 
     def __post_init__(self) -> None:
@@ -100,6 +103,8 @@ class SpeculationConfig:
         if self.alpha_prior_quantile is not None and not 0.0 <= self.alpha_prior_quantile <= 1.0:
             raise ValueError(f"alpha_prior_quantile must be in [0, 1] (or None for the running mean), "
                              f"got {self.alpha_prior_quantile}")
+        if self.horizon_quantile is not None and not 0.0 <= self.horizon_quantile <= 1.0:
+            raise ValueError(f"horizon_quantile must be in [0, 1] (or None for the mean), got {self.horizon_quantile}")
         if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:
             raise ValueError(f"tpot_slo_ms must be > 0 ms per token (or None for no SLO), got {self.tpot_slo_ms}")
 
@@ -128,9 +133,10 @@ class SpeculationRequest:
 
     def horizon(self, generated: int, tokens_left: int) -> int:
         """Tokens still to come: learned from the model's past requests (``lengths``, when
-        ``config.learn_horizon``), else ``lindy_horizon``."""
-        learned = self.lengths is not None and self.config.learn_horizon
-        return (self.lengths.horizon if learned else lindy_horizon)(generated, tokens_left)
+        ``config.learn_horizon``; their mean, or ``config.horizon_quantile``), else ``lindy_horizon``."""
+        if self.lengths is None or not self.config.learn_horizon:
+            return lindy_horizon(generated, tokens_left)
+        return self.lengths.horizon(generated, tokens_left, self.config.horizon_quantile)
 
 
 @dataclass
@@ -305,7 +311,8 @@ def speculative_generate(
 
 # generate() keywords that set SpeculationConfig fields of the same name
 _CONFIG_KEYWORDS = ("num_speculative_tokens", "max_speculative_tokens", "prompt_lookup_max_ngram", "draft_p_min",
-                    "tpot_slo_ms", "adapt_costs", "target_confidence", "learn_horizon", "alpha_prior_quantile")
+                    "tpot_slo_ms", "adapt_costs", "target_confidence", "learn_horizon", "horizon_quantile",
+                    "alpha_prior_quantile")
 
 
 @dataclass
@@ -354,6 +361,8 @@ def enable(model) -> Any:
     realized step times), ``target_confidence`` (default False; True: the draft model's c̄ or α also
     learns from the target's top probability on steps it does not draft), ``learn_horizon`` (default True;
     False: amortise a draft's catch-up over the tokens so far, not the model's past request lengths),
+    ``horizon_quantile`` (default None, the mean; q: amortise over the q-quantile of the past requests'
+    remaining lengths, a hedge against short answers),
     ``alpha_prior_quantile`` (default 0.75; None: start α at the pair's running acceptance),
     ``speculation_state`` (a ``SpeculationState`` to learn into instead of the model's own),
     ``speculation_costs`` (a ``CostTable``, used as is),

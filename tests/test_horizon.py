@@ -35,6 +35,17 @@ def test_expected_remaining_by_hand():
         expected_remaining(-1, 10, lengths)
 
 
+def test_expected_remaining_quantile_by_hand():
+    lengths = [3, 10, 20, 64, 64]
+    assert expected_remaining(5, 59, lengths, quantile=0.25) == 5  # of 5, 15, 59, 59: nearest rank 1
+    assert expected_remaining(5, 59, lengths, quantile=0.5) == 15
+    assert expected_remaining(5, 59, lengths, quantile=1.0) == 59
+    assert expected_remaining(5, 10, lengths, quantile=0.75) == 10  # capped by tokens left
+    assert expected_remaining(64, 10, lengths, quantile=0.5) is None
+    with pytest.raises(ValueError, match=r"quantile must be in \[0, 1\]"):
+        expected_remaining(5, 59, lengths, quantile=1.5)
+
+
 def test_length_memory_falls_back_to_lindy_and_keeps_the_last_requests():
     memory = LengthMemory(size=2)
     assert memory.horizon(3, 50) == 3  # no history: as many as so far
@@ -43,6 +54,7 @@ def test_length_memory_falls_back_to_lindy_and_keeps_the_last_requests():
     assert memory.horizon(3, 10) == 10  # never past the tokens left
     assert memory.horizon(39, 50) == 1
     assert memory.horizon(45, 50) == 45  # nothing ran this long: lindy again
+    assert memory.horizon(45, 50, quantile=0.25) == 45
     memory.record(4)
     memory.record(5)
     assert list(memory.lengths) == [4, 5]
@@ -84,9 +96,31 @@ def test_a_model_that_ran_long_requests_drafts_from_the_first_step(tiny_factory)
     assert first_k(learn_horizon=False) == 0  # the ablation: as many tokens as so far
 
 
+def test_a_hedged_horizon_waits_where_some_past_requests_were_short(tiny_factory):
+    target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
+
+    def first_k(**kwargs):
+        state = hf_adaspec.SpeculationState()
+        for length in (3, 40, 40, 40):  # one short answer among long ones
+            state.lengths.record(length)
+        out = target.generate(PROMPT, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
+                              max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
+                              speculation_state=state, **kwargs)
+        return out.speculation.steps[0].k
+
+    assert first_k() > 0  # the mean remaining length (about 30 tokens) pays the prompt's catch-up
+    assert first_k(horizon_quantile=0.25) == 0  # its lower quartile (2 tokens) does not
+    assert first_k(horizon_quantile=0.75) > 0
+    with pytest.raises(ValueError, match="horizon_quantile must be in"):
+        first_k(horizon_quantile=-0.1)
+
+
 def test_bench_sofar_methods_turn_the_learned_horizon_off():
     from hf_adaspec.bench import METHOD_FAMILY, method_kwargs
 
     for mode in ("adaptive", "hybrid", "confidence"):
         assert method_kwargs(f"{mode}-sofar", "d", 5) == {**method_kwargs(mode, "d", 5), "learn_horizon": False}
         assert METHOD_FAMILY[f"{mode}-sofar"] == METHOD_FAMILY[mode]
+    for mode in ("confidence", "hybrid-confidence"):
+        assert method_kwargs(f"{mode}-hedged", "d", 5) == {**method_kwargs(mode, "d", 5), "horizon_quantile": 0.25}
+        assert METHOD_FAMILY[f"{mode}-hedged"] == METHOD_FAMILY[mode]

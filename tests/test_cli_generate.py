@@ -1,0 +1,41 @@
+"""`hf-adaspec generate`: every speculation mode of the library is reachable from the command line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hf_adaspec import cli
+from hf_adaspec.loading import LoadedModel
+from hf_adaspec.modes import SPECULATION_MODES
+
+pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
+
+
+class _Tokenizer:
+    """A chat template that always gives the same 24-token prompt; one letter per token back."""
+
+    def apply_chat_template(self, messages, **kwargs) -> dict:
+        ids = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    def decode(self, ids, **kwargs) -> str:
+        return "".join(chr(97 + int(i) % 26) for i in ids)
+
+
+@pytest.mark.parametrize("mode", list(SPECULATION_MODES))
+def test_generate_runs_every_mode_and_prints_its_stats(mode, models, monkeypatch):
+    target = LoadedModel(models["target"], _Tokenizer(), "t")
+    draft = LoadedModel(models["noisy_copy"], None, "d")
+    monkeypatch.setattr(cli, "_load_pair", lambda *args: (target, draft))
+    result = CliRunner().invoke(cli.app, ["generate", "--speculation", mode, "--max-new-tokens", "8", "hi"])
+    assert result.exit_code == 0, result.output
+    assert f"[hf-adaspec] {mode}: " in result.stdout
+
+
+def test_generate_names_the_modes_on_a_bad_one():
+    result = CliRunner().invoke(cli.app, ["generate", "--speculation", "fast"])
+    assert result.exit_code != 0
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "hybrid-confidence" in text and "off" in text
