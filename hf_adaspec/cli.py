@@ -39,8 +39,7 @@ def generate(
     prompt: str = typer.Argument(DEFAULT_PROMPT, help="User message; the chat template is applied."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' for prompt lookup."),
-    speculation: str = typer.Option("adaptive", help="adaptive | fixed | hybrid | confidence | hybrid-confidence | "
-                                                     "pmin | off (plain decoding)."),
+    speculation: str = typer.Option("adaptive", help=" | ".join(SPECULATION_MODES) + " | off (plain decoding)."),
     k: int = typer.Option(5, help="Proposal length for --speculation fixed."),
     max_new_tokens: int = typer.Option(256, min=1),
     quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),

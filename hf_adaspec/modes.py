@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .acceptance import AcceptanceMemory, AcceptancePrior
-from .confidence import CalibratorMemory, ConfidenceController, PMinController
+from .confidence import CalibratorMemory, ConfidenceCalibrator, ConfidenceController, PMinController
 from .controller import Controller, DrafterCosts, FixedController, GoodputController
 from .costs import CostCache, CostTable
 from .hybrid_confidence import HybridConfidenceController
@@ -53,23 +53,27 @@ def _fixed_controller(request: SpeculationRequest, costs: CostTable, drafters: l
     return FixedController(request.config.k_max, costs, drafters[0].draft_ms)
 
 
+def _calibrator(request: SpeculationRequest, proposers: list[Proposer]) -> ConfidenceCalibrator:
+    """The draft model's (``proposers[0]``) confidence calibration, kept per pair across requests."""
+    return (request.calibrators or CalibratorMemory()).calibrator_for(memory_key(proposers[0]))
+
+
 def _confidence_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
                            proposers: list[Proposer]) -> Controller:
     """confidence: AdaSpec's confidence-prior stopping, calibrated per pair across requests."""
-    calibrators = request.calibrators or CalibratorMemory()
-    calibrator = calibrators.calibrator_for(memory_key(proposers[0]))
     config = request.config
-    return ConfidenceController(costs, drafters[0], calibrator, config.min_gain, config.tpot_slo_ms,
-                                adapt_costs=_adapts(request), target_confidence=config.target_confidence)
+    return ConfidenceController(costs, drafters[0], _calibrator(request, proposers), config.min_gain,
+                                config.tpot_slo_ms, adapt_costs=_adapts(request),
+                                target_confidence=config.target_confidence)
 
 
 def _hybrid_confidence_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
                                   proposers: list[Proposer]) -> Controller:
     """hybrid-confidence: a plain step, prompt lookup or the confidence-stopped draft model, by goodput."""
-    calibrator = (request.calibrators or CalibratorMemory()).calibrator_for(memory_key(proposers[0]))
     config = request.config
-    return HybridConfidenceController(costs, drafters, calibrator, drafter_priors(request, proposers)[1], config.min_gain,
-                                      config.tpot_slo_ms, _adapts(request), config.target_confidence)
+    return HybridConfidenceController(costs, drafters, _calibrator(request, proposers),
+                                      drafter_priors(request, proposers)[1], config.min_gain, config.tpot_slo_ms,
+                                      _adapts(request), config.target_confidence)
 
 
 def _adapts(request: SpeculationRequest) -> bool:
