@@ -35,7 +35,8 @@ from .integration import SpeculationState
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
            "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar",
            "adaptive-mean", "hybrid-mean", "hybrid-confidence", "plain-again", "confidence-hedged",
-           "hybrid-confidence-hedged", "confidence-fit", "adaptive-lookup-fit", "hybrid-confidence-fit")
+           "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit", "adaptive-lookup-fit", "hybrid-fit",
+           "hybrid-confidence-fit")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
@@ -43,7 +44,8 @@ METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k"
                  "pmin": "draft", "adaptive-sofar": "draft", "hybrid-sofar": "hybrid", "confidence-sofar": "draft",
                  "adaptive-mean": "draft", "hybrid-mean": "hybrid", "hybrid-confidence": "hybrid",
                  "confidence-hedged": "draft", "hybrid-confidence-hedged": "hybrid", "confidence-fit": "draft",
-                 "adaptive-lookup-fit": "lookup", "hybrid-confidence-fit": "hybrid"}
+                 "adaptive-lookup-fit": "lookup", "hybrid-confidence-fit": "hybrid", "adaptive-fit": "draft",
+                 "hybrid-fit": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         table[f"{mode}-sofar"] = {**table[mode], "learn_horizon": False}
     for mode in ("confidence", "hybrid-confidence"):  # the hedged horizon: the lower quartile of remaining lengths
         table[f"{mode}-hedged"] = {**table[mode], "horizon_quantile": 0.25}
-    for mode in ("confidence", "adaptive-lookup", "hybrid-confidence"):  # the predictor ablation: see run_prompt
+    for mode in ("adaptive", "confidence", "adaptive-lookup", "hybrid", "hybrid-confidence"):  # predictor ablation
         table[f"{mode}-fit"] = dict(table[mode])
     for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
         table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}

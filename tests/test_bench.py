@@ -53,8 +53,8 @@ def test_bench_flags_reach_the_goodput_and_confidence_methods_only(flag):
     flagged = {m for m in METHODS if method_kwargs(m, None, 5, **{flag: True}).get(flag)}
     assert flagged == {"adaptive", "adaptive-lookup", "hybrid", "confidence", "confidence-target", "adaptive-sofar",
                        "hybrid-sofar", "confidence-sofar", "adaptive-mean", "hybrid-mean", "hybrid-confidence",
-                       "confidence-hedged", "hybrid-confidence-hedged", "confidence-fit", "adaptive-lookup-fit",
-                       "hybrid-confidence-fit"}
+                       "confidence-hedged", "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit",
+                       "adaptive-lookup-fit", "hybrid-fit", "hybrid-confidence-fit"}
     assert {m for m in METHODS if method_kwargs(m, None, 5).get(flag)} == (
         {"confidence-target"} if flag == "target_confidence" else set())
 
