@@ -117,11 +117,12 @@ def bench(
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     draft_model = drf.model if drf is not None else None
     warm = bm.Prompt(-1, "warm-up", "Say hello.")
-    bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
+    fit = _fit_costs(tgt.model, draft_model, 8)
+    bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0,
+                  {"fixed_k": fixed_k, "max_new_tokens": 8, "fit_costs": fit})
     runs, oracles = [], []
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,
-           "costs": _controller_costs(tgt.model, draft_model, 8), "adapt_costs": adapt_costs,
-           "fit_costs": _fit_costs(tgt.model, draft_model, 8),
+           "costs": _controller_costs(tgt.model, draft_model, 8), "adapt_costs": adapt_costs, "fit_costs": fit,
            "target_confidence": target_confidence, "states": {}}
     for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
         result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
