@@ -32,8 +32,9 @@ import torch
 from .assets import cache_dir
 from .costs import CostTable, _atomic_write_json, identity_key, pair_identity
 
-SCHEMA = 2
-READABLE_SCHEMAS = (1, 2)  # schema 1 held one pooled predictor; its cells are re-scored per quantity
+SCHEMA = 2  # the JSON layout; schema 1 held one pooled predictor, its cells are re-scored per quantity
+READABLE_SCHEMAS = (1, 2)
+MEASUREMENT_SCHEMA = 1  # what the cells mean, part of a profile's key: unchanged, so schema-1 profiles still match
 PROFILE_ENV = "HF_ADASPEC_PROFILE"
 PREDICTORS = ("table", "fit")
 CATCHUP_CHUNK = 32
@@ -262,9 +263,9 @@ def assemble_profile(pair: str, identity: dict, cells: dict[str, Sequence[Profil
 
 def profile_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dict:
     """What a profile holds for: ``costs.pair_identity`` (models, torch/transformers, machine, threads)
-    plus the bitsandbytes version and this module's schema."""
+    plus the bitsandbytes version and the measurement schema."""
     bnb = library_versions()["bitsandbytes"]
-    return {"profile_schema": SCHEMA, **pair_identity(target, draft), "bitsandbytes": bnb}
+    return {"profile_schema": MEASUREMENT_SCHEMA, **pair_identity(target, draft), "bitsandbytes": bnb}
 
 
 def profile_key(target: torch.nn.Module, draft: torch.nn.Module | None) -> str:

@@ -204,6 +204,7 @@ def test_measure_on_tiny_models_saves_atomically_and_round_trips(tiny_factory, t
     assert data["grid"]["max_tokens_per_forward"] == 6 and "skip_rule" in data["grid"]
     assert set(data["predictors"]) == set(QUANTITIES) and set(data["predictors"].values()) <= {"table", "fit"}
     assert data["schema"] == 2
+    assert data["identity"]["profile_schema"] == 1  # profiles measured before per-quantity scoring keep their key
     table = profile.cost_table(batch=2, context=30, n_max=6)
     assert len(table.verify_ms) == 6 and all(t > 0 for t in table.verify_ms) and table.draft_ms > 0
     assert table.t_verify(9) >= table.t_verify(6)
