@@ -5,7 +5,9 @@ once the assistant's token probability falls below ``assistant_confidence_thresh
 transformers confidence baseline; with scikit-learn installed transformers re-tunes that threshold
 online from an ROC curve of draft probability vs. match; without it the threshold stays fixed).
 "confidence" is AdaSpec's calibrated confidence-prior stopping (arXiv 2503.05096); "pmin" the
-llama.cpp-style baseline that stops drafting at a draft probability < 0.75.
+llama.cpp-style baseline that stops drafting at a draft probability < 0.75. A "-fit" method is its
+namesake priced by the profile's fitted line for every quantity (the pooled predictor choice that
+per-quantity scoring replaced, ``profile``), an in-run ablation.
 
 Methods run interleaved per prompt (the order rotates from prompt to prompt) so machine drift hits
 every method alike; each run is greedy, so every method's output is also checked against plain.
@@ -33,14 +35,17 @@ from .integration import SpeculationState
 METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "adaptive-lookup", "hybrid",
            "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar",
            "adaptive-mean", "hybrid-mean", "hybrid-confidence", "plain-again", "confidence-hedged",
-           "hybrid-confidence-hedged")
+           "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit", "adaptive-lookup-fit", "hybrid-fit",
+           "hybrid-confidence-fit")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
                  "adaptive-lookup": "lookup", "hybrid": "hybrid", "confidence": "draft", "confidence-target": "draft",
                  "pmin": "draft", "adaptive-sofar": "draft", "hybrid-sofar": "hybrid", "confidence-sofar": "draft",
                  "adaptive-mean": "draft", "hybrid-mean": "hybrid", "hybrid-confidence": "hybrid",
-                 "confidence-hedged": "draft", "hybrid-confidence-hedged": "hybrid"}
+                 "confidence-hedged": "draft", "hybrid-confidence-hedged": "hybrid", "confidence-fit": "draft",
+                 "adaptive-lookup-fit": "lookup", "hybrid-confidence-fit": "hybrid", "adaptive-fit": "draft",
+                 "hybrid-fit": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,8 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         table[f"{mode}-sofar"] = {**table[mode], "learn_horizon": False}
     for mode in ("confidence", "hybrid-confidence"):  # the hedged horizon: the lower quartile of remaining lengths
         table[f"{mode}-hedged"] = {**table[mode], "horizon_quantile": 0.25}
+    for mode in ("adaptive", "confidence", "adaptive-lookup", "hybrid", "hybrid-confidence"):  # predictor ablation
+        table[f"{mode}-fit"] = dict(table[mode])
     for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
         table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}
     if method not in table:
@@ -133,6 +140,18 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         kwargs.update({"adapt_costs": True} if adapt_costs else {})
         kwargs.update({"target_confidence": True} if target_confidence else {})
     return kwargs
+
+
+def fit_costs(cfg: dict, context: int):
+    """The cost table a "-fit" method runs with: the pair's profile at ``context`` tokens with every quantity
+    from the fitted line (``cfg["fit_costs"]``), as one pooled predictor chose before per-quantity scoring.
+
+    Raises:
+        ValueError: no profile (``cfg["fit_costs"]`` None or missing); names the command that measures one.
+    """
+    if cfg.get("fit_costs") is None:
+        raise ValueError("the -fit methods need the pair's cost profile; measure one with `hf-adaspec profile`")
+    return cfg["fit_costs"](context)
 
 
 def _timed(generate: Callable[..., object], inputs: dict, kwargs: dict, max_new_tokens: int):
@@ -158,6 +177,8 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
                                    cfg.get("target_confidence", False))
             if "speculation" in kwargs and "states" in cfg:
                 kwargs["speculation_state"] = cfg["states"].setdefault(method, SpeculationState())
+            if method.endswith("-fit"):
+                kwargs["speculation_costs"] = fit_costs(cfg, prompt_len)
             outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None

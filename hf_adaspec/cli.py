@@ -117,10 +117,12 @@ def bench(
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     draft_model = drf.model if drf is not None else None
     warm = bm.Prompt(-1, "warm-up", "Say hello.")
-    bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
+    fit = _fit_costs(tgt.model, draft_model, 8)
+    bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0,
+                  {"fixed_k": fixed_k, "max_new_tokens": 8, "fit_costs": fit})
     runs, oracles = [], []
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,
-           "costs": _controller_costs(tgt.model, draft_model, 8), "adapt_costs": adapt_costs,
+           "costs": _controller_costs(tgt.model, draft_model, 8), "adapt_costs": adapt_costs, "fit_costs": fit,
            "target_confidence": target_confidence, "states": {}}
     for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
         result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
@@ -152,6 +154,15 @@ def _controller_costs(model, draft_model, k_max: int):
 
     log = functools.partial(print, file=sys.stderr)
     return lambda context: CostCache().load_or_measure(model, draft_model, k_max + 1, log, context=context)
+
+
+def _fit_costs(model, draft_model, k_max: int):
+    """costs(context) → the pair's profile priced by its fitted line alone (the bench's "-fit" methods);
+    None without a matching profile."""
+    from .profile import find_profile
+
+    profile = find_profile(model, draft_model, log=lambda message: None)
+    return None if profile is None else lambda context: profile.cost_table(1, context, k_max + 1, forced="fit")
 
 
 def _parse_sizes(text: str, flag: str = "--batch-size") -> list[int]:
@@ -228,7 +239,7 @@ def profile(
                                        "cost_curves.png beside it; a copy goes to the cache for the engine."),
 ) -> None:
     """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
-    vs batch × context; table and fitted predictors scored on held-out cells. Last stdout line: JSON."""
+    vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
     from . import profiling
     from .profile import default_profile_path, save_profile
 
@@ -253,8 +264,10 @@ def profile(
     cells = len(result.target_cells) + len(result.draft_cells) + held_out
     typer.echo(json.dumps({"output": str(output), "cache_copy": str(cached), "cells_measured": cells,
                            "held_out_cells": held_out,
-                           "held_out_mape_pct": {"table": _round(result.table_mape), "fit": _round(result.fit_mape)},
-                           "predictor": result.predictor, "seconds": round(time.perf_counter() - start, 1)}))
+                           "held_out_mape_pct": {q: {"table": _round(s.table_mape), "fit": _round(s.fit_mape)}
+                                                 for q, s in result.scores.items()},
+                           "predictors": {q: s.predictor for q, s in result.scores.items()},
+                           "seconds": round(time.perf_counter() - start, 1)}))
 
 
 def _profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,

@@ -7,7 +7,10 @@ forward and 32-token catch-up chunk vs (b, c). Two predictors: (a) the table, li
 n, then context, then batch (flat below the grid, linear extrapolation above it); (b) a least-squares
 fit t = α·(b·c) + γ·(b·n) + δ per model (SmartSpec, arXiv 2406.14066: a batch's step cost is
 linear in its context and new tokens). Off-grid "held-out" cells, used for neither, give each
-predictor's mean absolute percentage error; lookups use the lower one. Profiles are JSON written
+predictor's mean absolute percentage error per quantity (the target's verification, the draft's
+1-token forward, its catch-up chunk), and each quantity uses its lower one: one pooled choice let the
+many-token and batch-16 cells pick the fit for all three, and the Qwen draft's 1-token forwards then
+took 1.4–1.6x the fit's prediction in the engine (README, Benchmark). Profiles are JSON written
 atomically and verified by reading back; the engine uses one only when its key (models, dtype,
 quantization, device, library versions, machine, threads) matches the loaded pair (``find_profile``).
 """
@@ -29,10 +32,13 @@ import torch
 from .assets import cache_dir
 from .costs import CostTable, _atomic_write_json, identity_key, pair_identity
 
-SCHEMA = 1
+SCHEMA = 2  # the JSON layout; schema 1 held one pooled predictor, its cells are re-scored per quantity
+READABLE_SCHEMAS = (1, 2)
+MEASUREMENT_SCHEMA = 1  # what the cells mean, part of a profile's key: unchanged, so schema-1 profiles still match
 PROFILE_ENV = "HF_ADASPEC_PROFILE"
 PREDICTORS = ("table", "fit")
 CATCHUP_CHUNK = 32
+QUANTITIES = ("verify", "draft", "catchup")
 _FIX = "re-run `hf-adaspec profile` to measure it again"
 
 
@@ -125,8 +131,42 @@ def choose_predictor(table_mape: float | None, fit_mape: float | None) -> str:
 
 
 @dataclass(frozen=True)
+class HeldOutScore:
+    """One quantity's held-out mean absolute percentage errors (%) of the table and the fit (None: no
+    held-out cell for it), and the predictor they choose."""
+
+    table_mape: float | None = None
+    fit_mape: float | None = None
+
+    @property
+    def predictor(self) -> str:
+        """``choose_predictor`` of the two errors."""
+        return choose_predictor(self.table_mape, self.fit_mape)
+
+
+def _mape(predict: Callable[[int, int, int], float], held: Sequence[ProfileCell]) -> float | None:
+    """Mean absolute percentage error (%) of ``predict`` on ``held``; None without held-out cells."""
+    return 100.0 * statistics.fmean(_relative_errors(predict, held)) if held else None
+
+
+def score_predictors(cells: dict[str, tuple[ProfileCell, ...]], target_fit: CostFit, draft_fit: CostFit | None
+                     ) -> dict[str, HeldOutScore]:
+    """Per quantity (``QUANTITIES``), both predictors' errors on its held-out cells: verification on
+    "held_out_target", the draft token and the catch-up chunk on "held_out_draft" cells of 1 and
+    ``CATCHUP_CHUNK`` new tokens. ``cells``: the four cell groups, as in ``assemble_profile``."""
+    held_draft = cells.get("held_out_draft", ())
+    groups = {"verify": (cells["target"], target_fit, cells.get("held_out_target", ())),
+              "draft": (cells.get("draft", ()), draft_fit, [c for c in held_draft if c.new_tokens == 1]),
+              "catchup": (cells.get("draft", ()), draft_fit, [c for c in held_draft if c.new_tokens == CATCHUP_CHUNK])}
+    return {q: HeldOutScore(_mape(functools.partial(table_predict, grid), held) if grid else None,
+                            _mape(fit.predict, held) if fit is not None else None)
+            for q, (grid, fit, held) in groups.items()}
+
+
+@dataclass(frozen=True)
 class Profile:
-    """A measured cost profile of a (target, draft) pair: cells, fits, held-out errors, chosen predictor.
+    """A measured cost profile of a (target, draft) pair: cells, fits, and per quantity (``QUANTITIES``)
+    the held-out errors that choose its predictor (``scores``).
 
     ``key``/``identity``: what it was measured for (``profile_identity``); ``meta``: versions, machine,
     cpu, threads, creation time, command line and grid. All costs in ms.
@@ -141,44 +181,58 @@ class Profile:
     held_out_draft: tuple[ProfileCell, ...]
     target_fit: CostFit
     draft_fit: CostFit | None
-    table_mape: float | None
-    fit_mape: float | None
-    predictor: str
+    scores: dict[str, HeldOutScore]
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.predictor not in PREDICTORS:
-            raise ValueError(f"predictor must be one of {PREDICTORS}, got {self.predictor!r}")
+        if set(self.scores) != set(QUANTITIES):
+            raise ValueError(f"scores must cover {QUANTITIES}, got {sorted(self.scores)}")
         if not self.target_cells:
             raise ValueError("a profile needs measured target cells")
         if (self.draft_fit is None) != (not self.draft_cells):
             raise ValueError("draft cells and draft fit must be given together")
 
-    def _predict(self, cells: Sequence[ProfileCell], fit: CostFit, batch: int, context: int, n: int) -> float:
+    def predictor(self, quantity: str) -> str:
+        """"table" or "fit": the one with the lower held-out error for ``quantity`` (``QUANTITIES``)."""
+        return self.scores[quantity].predictor
+
+    def _predict(self, quantity: str, batch: int, context: int, n: int, forced: str | None = None) -> float:
         if min(batch, context, n) < 1:
             raise ValueError(f"batch, context and new tokens must be >= 1, got {batch}, {context}, {n}")
-        return fit.predict(batch, context, n) if self.predictor == "fit" else table_predict(cells, batch, context, n)
+        verify = quantity == "verify"
+        cells, fit = (self.target_cells, self.target_fit) if verify else (self.draft_cells, self.draft_fit)
+        use = forced or self.predictor(quantity)
+        return fit.predict(batch, context, n) if use == "fit" else table_predict(cells, batch, context, n)
 
-    def verify_ms(self, batch: int, context: int, new_tokens: int) -> float:
-        """Predicted ms of a target forward over ``new_tokens`` for ``batch`` rows at ``context``."""
-        return self._predict(self.target_cells, self.target_fit, batch, context, new_tokens)
+    def verify_ms(self, batch: int, context: int, new_tokens: int, forced: str | None = None) -> float:
+        """Predicted ms of a target forward over ``new_tokens`` for ``batch`` rows at ``context``
+        (``forced``: that predictor instead of the chosen one)."""
+        return self._predict("verify", batch, context, new_tokens, forced)
 
-    def draft_ms(self, batch: int, context: int) -> float:
+    def draft_ms(self, batch: int, context: int, forced: str | None = None) -> float:
         """Predicted ms of the draft's 1-token forward (one draft token per row); 0 without a draft."""
-        return self._predict(self.draft_cells, self.draft_fit, batch, context, 1) if self.draft_fit else 0.0
+        return self._predict("draft", batch, context, 1, forced) if self.draft_fit else 0.0
 
-    def catchup_ms(self, batch: int, context: int) -> float:
+    def catchup_ms(self, batch: int, context: int, forced: str | None = None) -> float:
         """Predicted ms per token column the draft ingests, from its 32-token chunk; 0 without a draft."""
         if self.draft_fit is None:
             return 0.0
-        return self._predict(self.draft_cells, self.draft_fit, batch, context, CATCHUP_CHUNK) / CATCHUP_CHUNK
+        return self._predict("catchup", batch, context, CATCHUP_CHUNK, forced) / CATCHUP_CHUNK
 
-    def cost_table(self, batch: int, context: int, n_max: int) -> CostTable:
-        """The ``CostTable`` the controllers use, at this batch size and context (tokens), n = 1..n_max."""
+    def cost_table(self, batch: int, context: int, n_max: int, forced: str | None = None) -> CostTable:
+        """The ``CostTable`` the controllers use, at this batch size and context (tokens), n = 1..n_max;
+        ``forced`` ("table" or "fit"): every quantity from that predictor (an ablation).
+
+        Raises:
+            ValueError: n_max < 1 or an unknown ``forced`` predictor.
+        """
         if n_max < 1:
             raise ValueError(f"n_max must be >= 1, got {n_max}")
-        verify = tuple(self.verify_ms(batch, context, n) for n in range(1, n_max + 1))
-        return CostTable(verify, self.draft_ms(batch, context), context, self.key, self.catchup_ms(batch, context))
+        if forced is not None and forced not in PREDICTORS:
+            raise ValueError(f"forced predictor must be one of {PREDICTORS}, got {forced!r}")
+        verify = tuple(self.verify_ms(batch, context, n, forced) for n in range(1, n_max + 1))
+        return CostTable(verify, self.draft_ms(batch, context, forced), context, self.key,
+                         self.catchup_ms(batch, context, forced))
 
     def to_json(self) -> dict:
         """The JSON document ``save_profile`` writes (schema ``SCHEMA``)."""
@@ -187,7 +241,8 @@ class Profile:
                 "target_cells": cells(self.target_cells), "draft_cells": cells(self.draft_cells),
                 "held_out_target": cells(self.held_out_target), "held_out_draft": cells(self.held_out_draft),
                 "fit": {"target": asdict(self.target_fit), "draft": asdict(self.draft_fit) if self.draft_fit else None},
-                "held_out_mape_pct": {"table": self.table_mape, "fit": self.fit_mape}, "predictor": self.predictor}
+                "held_out_mape_pct": {q: {"table": s.table_mape, "fit": s.fit_mape} for q, s in self.scores.items()},
+                "predictors": {q: s.predictor for q, s in self.scores.items()}}
 
 
 def _cells_json(cells: Sequence[ProfileCell]) -> list[dict]:
@@ -195,29 +250,22 @@ def _cells_json(cells: Sequence[ProfileCell]) -> list[dict]:
 
 
 def assemble_profile(pair: str, identity: dict, cells: dict[str, Sequence[ProfileCell]], meta: dict) -> Profile:
-    """Fit both models, score both predictors on the held-out cells and pick the better one.
+    """Fit both models and score both predictors per quantity on the held-out cells (``score_predictors``).
 
     ``cells``: "target", "draft", "held_out_target", "held_out_draft" → cells (draft ones may be empty).
     """
-    target, draft = tuple(cells["target"]), tuple(cells.get("draft", ()))
-    ho_target, ho_draft = tuple(cells.get("held_out_target", ())), tuple(cells.get("held_out_draft", ()))
-    target_fit, draft_fit = fit_costs(target), fit_costs(draft) if draft else None
-    table_errors = _relative_errors(functools.partial(table_predict, target), ho_target)
-    fit_errors = _relative_errors(target_fit.predict, ho_target)
-    if draft_fit is not None:
-        table_errors += _relative_errors(functools.partial(table_predict, draft), ho_draft)
-        fit_errors += _relative_errors(draft_fit.predict, ho_draft)
-    table_err = 100.0 * statistics.fmean(table_errors) if table_errors else None
-    fit_err = 100.0 * statistics.fmean(fit_errors) if fit_errors else None
-    return Profile(pair, identity_key(identity), identity, target, draft, ho_target, ho_draft, target_fit,
-                   draft_fit, table_err, fit_err, choose_predictor(table_err, fit_err), meta)
+    groups = {name: tuple(cells.get(name, ())) for name in ("target", "draft", "held_out_target", "held_out_draft")}
+    target_fit = fit_costs(groups["target"])
+    draft_fit = fit_costs(groups["draft"]) if groups["draft"] else None
+    return Profile(pair, identity_key(identity), identity, *groups.values(), target_fit, draft_fit,
+                   score_predictors(groups, target_fit, draft_fit), meta)
 
 
 def profile_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dict:
     """What a profile holds for: ``costs.pair_identity`` (models, torch/transformers, machine, threads)
-    plus the bitsandbytes version and this module's schema."""
+    plus the bitsandbytes version and the measurement schema."""
     bnb = library_versions()["bitsandbytes"]
-    return {"profile_schema": SCHEMA, **pair_identity(target, draft), "bitsandbytes": bnb}
+    return {"profile_schema": MEASUREMENT_SCHEMA, **pair_identity(target, draft), "bitsandbytes": bnb}
 
 
 def profile_key(target: torch.nn.Module, draft: torch.nn.Module | None) -> str:
@@ -246,29 +294,30 @@ def library_versions() -> dict[str, str | None]:
 
 _META_FIELDS = ("versions", "machine", "cpu", "threads", "created", "command", "grid")
 _FIELDS = ("schema", "pair", "key", "identity", "target_cells", "draft_cells", "held_out_target", "held_out_draft",
-           "fit", "held_out_mape_pct", "predictor", *_META_FIELDS)
+           "fit", *_META_FIELDS)
 
 
 def _from_json(data: dict) -> Profile:
-    """Profile from its JSON document; raises KeyError/TypeError/ValueError on anything malformed."""
+    """Profile from its JSON document; raises KeyError/TypeError/ValueError on anything malformed. The
+    held-out scores and predictors are recomputed from the stored cells (so schema 1 reads too)."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     missing = [f for f in _FIELDS if f not in data]
     if missing:
         raise ValueError(f"missing fields {missing}")
-    if data["schema"] != SCHEMA:
-        raise ValueError(f"schema {data['schema']!r}, this version reads {SCHEMA}")
+    if data["schema"] not in READABLE_SCHEMAS:
+        raise ValueError(f"schema {data['schema']!r}, this version reads {READABLE_SCHEMAS}")
     if data["key"] != identity_key(data["identity"]):
         raise ValueError("its key does not match its identity (edited by hand?)")
     cells = {name: tuple(ProfileCell(**{**c, "samples": tuple(c["samples"])}) for c in data[name])
              for name in ("target_cells", "draft_cells", "held_out_target", "held_out_draft")}
-    fits, errors = data["fit"], data["held_out_mape_pct"]
-    for value in errors.values():
-        if value is not None and not isinstance(value, int | float):
-            raise TypeError(f"held-out errors must be numbers or null, got {errors}")
-    return Profile(data["pair"], data["key"], data["identity"], *cells.values(), CostFit(**fits["target"]),
-                   CostFit(**fits["draft"]) if fits["draft"] is not None else None, errors["table"], errors["fit"],
-                   data["predictor"], {k: data[k] for k in _META_FIELDS})
+    fits = data["fit"]
+    target_fit = CostFit(**fits["target"])
+    draft_fit = CostFit(**fits["draft"]) if fits["draft"] is not None else None
+    groups = {"target": cells["target_cells"], "draft": cells["draft_cells"],
+              "held_out_target": cells["held_out_target"], "held_out_draft": cells["held_out_draft"]}
+    return Profile(data["pair"], data["key"], data["identity"], *cells.values(), target_fit, draft_fit,
+                   score_predictors(groups, target_fit, draft_fit), {k: data[k] for k in _META_FIELDS})
 
 
 def _missing(path: Path) -> str:
@@ -365,5 +414,6 @@ def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explici
                        f"(differs in: {', '.join(_differences(identity, profile.identity))}); falling back to "
                        "calibrated costs; run `hf-adaspec profile` for this pair")
         return None
-    _say_once(log, f"hf-adaspec: using cost profile {path} ({profile.predictor})")
+    chosen = ", ".join(f"{q}: {profile.predictor(q)}" for q in QUANTITIES)
+    _say_once(log, f"hf-adaspec: using cost profile {path} ({chosen})")
     return profile

@@ -149,7 +149,7 @@ def _measure_group(models: dict, batch: int, context: int, jobs: list[_Job], rep
 def measure_profile(target: torch.nn.Module, draft: torch.nn.Module | None, grid: ProfileGrid = ProfileGrid(),
                     pair: str = "", command: str = "", progress: bool = False) -> Profile:
     """Measure ``grid`` for the pair (``draft`` None: target only, for prompt lookup) and return the
-    profile with fits, held-out errors and the chosen predictor. ``progress``: a tqdm bar per group."""
+    profile with fits, held-out errors and each quantity's predictor. ``progress``: a tqdm bar per group."""
     models = {"target": target, "draft": draft}
     cells: dict[str, list[ProfileCell]] = {"target": [], "draft": [], "held_out_target": [], "held_out_draft": []}
     for (b, c), jobs in tqdm(_plan(grid, draft is not None).items(), desc="profile (batch, context)",
@@ -174,7 +174,7 @@ def _meta(grid: ProfileGrid, command: str) -> dict:
 def plot_profile(profile: Profile, path: str | Path) -> None:
     """``cost_curves.png`` (written atomically): target ms vs new tokens, one line per batch size, at the
     middle measured context; and ms vs context at the smallest batch for a few n and the draft token.
-    Dots: measured medians; lines: the chosen predictor. Raises ImportError without matplotlib."""
+    Dots: measured medians; lines: each quantity's chosen predictor. Raises ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,5 +217,6 @@ def _plot_vs_context(ax, profile: Profile) -> None:
         ax.plot(xs, [profile.verify_ms(b0, c, n) for c in xs], "-", color=f"C{i}", label=f"target n={n}")
     if profile.draft_cells:
         ax.plot(xs, [profile.draft_ms(b0, c) for c in xs], "--", color="k", label="draft token")
-    ax.set(xlabel="context, tokens", ylabel="ms", title=f"Batch {b0} ({profile.predictor} predictor)")
+    chosen = f"target: {profile.predictor('verify')}, draft: {profile.predictor('draft')}"
+    ax.set(xlabel="context, tokens", ylabel="ms", title=f"Batch {b0} ({chosen})")
     ax.legend()

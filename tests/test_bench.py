@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_adaspec.bench import METHODS, Run, load_prompts, markdown, method_kwargs, summarize
+from hf_adaspec.bench import (METHODS, Prompt, Run, load_prompts, markdown, method_kwargs, run_prompt,
+                              summarize)
+from hf_adaspec.costs import CostTable
 
 SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
 
@@ -51,7 +53,8 @@ def test_bench_flags_reach_the_goodput_and_confidence_methods_only(flag):
     flagged = {m for m in METHODS if method_kwargs(m, None, 5, **{flag: True}).get(flag)}
     assert flagged == {"adaptive", "adaptive-lookup", "hybrid", "confidence", "confidence-target", "adaptive-sofar",
                        "hybrid-sofar", "confidence-sofar", "adaptive-mean", "hybrid-mean", "hybrid-confidence",
-                       "confidence-hedged", "hybrid-confidence-hedged"}
+                       "confidence-hedged", "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit",
+                       "adaptive-lookup-fit", "hybrid-fit", "hybrid-confidence-fit"}
     assert {m for m in METHODS if method_kwargs(m, None, 5).get(flag)} == (
         {"confidence-target"} if flag == "target_confidence" else set())
 
@@ -174,3 +177,33 @@ def test_write_results_json_markdown_and_png(tmp_path):
     assert out.with_suffix(".md").read_text().startswith("tokens/s")
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert not list(out.parent.glob("*.tmp*"))
+
+
+class _Tokenizer:
+    """apply_chat_template → a fixed 6-token prompt (the bench's only use of the tokenizer here)."""
+
+    def apply_chat_template(self, msgs, **kwargs):
+        ids = torch.tensor([[3, 5, 7, 3, 5, 7]])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def test_fit_methods_run_their_namesake_with_the_fitted_costs_at_the_prompt_length(models, monkeypatch):
+    seen = {}
+    original = models["target"].generate
+
+    def spy(**kwargs):
+        seen[kwargs.get("speculation_costs") is not None] = kwargs.get("speculation")
+        return original(**kwargs)
+
+    monkeypatch.setattr(models["target"], "generate", spy)
+    contexts = []
+    table = CostTable(verify_ms=(50.0,) * 9, draft_ms=5.0)
+    cfg = {"fixed_k": 3, "max_new_tokens": 6, "fit_costs": lambda c: contexts.append(c) or table, "states": {}}
+    result = run_prompt(models["target"], _Tokenizer(), models["noisy_copy"], Prompt(1, "qa", "hi"),
+                        ["plain", "confidence", "confidence-fit"], 0, cfg)
+    assert seen == {False: "confidence", True: "confidence"} and contexts == [6]
+    assert all(r.matches_plain for r in result.runs)
+    assert method_kwargs("hybrid-confidence-fit", None, 5) == method_kwargs("hybrid-confidence", None, 5)
+    with pytest.raises(ValueError, match="hf-adaspec profile"):
+        run_prompt(models["target"], _Tokenizer(), models["noisy_copy"], Prompt(1, "qa", "hi"),
+                   ["plain", "confidence-fit"], 0, {"fixed_k": 3, "max_new_tokens": 6})

@@ -13,6 +13,7 @@ from hf_adaspec.costs import CostCache
 from hf_adaspec.loading import LoadedModel
 from hf_adaspec.profile import (
     PROFILE_ENV,
+    QUANTITIES,
     CostFit,
     ProfileCell,
     assemble_profile,
@@ -87,7 +88,8 @@ def test_table_predict_interpolates_n_then_context_then_batch():
 
 def test_profile_cost_table_from_the_table_predictor():
     profile = _hand_profile()
-    assert profile.predictor == "table" and profile.table_mape is None  # no held-out cells: table
+    assert all(profile.predictor(q) == "table" and profile.scores[q].table_mape is None  # no held-out cells
+               for q in QUANTITIES)
     table = profile.cost_table(batch=1, context=200, n_max=4)
     assert table.verify_ms == (15.0, 18.5, 22.0, 25.5)
     assert table.draft_ms == 4.0 and table.draft_catchup_ms == 0.75 and table.context == 200
@@ -117,7 +119,8 @@ def test_assemble_picks_fit_when_the_table_interpolates_noise():
     cells = [ProfileCell(b, c, n, truth.predict(b, c, n) * wobble(i)) for i, (b, c, n) in enumerate(grid)]
     held = [ProfileCell(b, c, n, truth.predict(b, c, n)) for b in (1, 4) for c in (200, 400) for n in (2, 3)]
     profile = assemble_profile("p", HAND_IDENTITY, {"target": cells, "held_out_target": held}, META)
-    assert profile.fit_mape < profile.table_mape and profile.predictor == "fit"
+    score = profile.scores["verify"]
+    assert score.fit_mape < score.table_mape and profile.predictor("verify") == "fit"
     assert profile.verify_ms(2, 250, 3) == profile.target_fit.predict(2, 250, 3)
     assert profile.draft_ms(1, 100) == 0.0 and profile.catchup_ms(1, 100) == 0.0  # no draft measured
 
@@ -127,8 +130,58 @@ def test_assemble_picks_table_for_a_flat_then_linear_curve():
     cells = [ProfileCell(b, c, n, curve(b, c, n)) for b in (1, 2) for c in (128, 512) for n in (1, 2, 3, 4, 6, 8)]
     held = [ProfileCell(b, c, n, curve(b, c, n)) for b in (1, 2) for c in (256,) for n in (1, 3, 5, 7)]
     profile = assemble_profile("p", HAND_IDENTITY, {"target": cells, "held_out_target": held}, META)
-    assert profile.table_mape < profile.fit_mape and profile.predictor == "table"
+    score = profile.scores["verify"]
+    assert score.table_mape < score.fit_mape and profile.predictor("verify") == "table"
     assert profile.verify_ms(1, 256, 3) == pytest.approx(curve(1, 256, 3))
+
+
+def _split_draft_profile():
+    """Draft 1-token forwards flat at 30 ms (the table is exact) and catch-up chunks on a line with the grid
+    medians off it by ±15% (the table interpolates noise); held-out cells near the grid's ends."""
+    wobble = (0.85, 1.15, 0.85)
+    draft = [ProfileCell(1, c, 1, 30.0) for c in (100, 300, 500)]
+    draft += [ProfileCell(1, c, 32, (0.1 * c + 100.0) * w) for c, w in zip((100, 300, 500), wobble, strict=True)]
+    held = [ProfileCell(1, c, 1, 30.0) for c in (110, 490)]
+    held += [ProfileCell(1, c, 32, 0.1 * c + 100.0) for c in (110, 490)]
+    target = [ProfileCell(1, c, n, 10.0 + n) for c in (100, 500) for n in (1, 2)]
+    return assemble_profile("p", HAND_IDENTITY, {"target": target, "draft": draft, "held_out_draft": held}, META)
+
+
+def test_each_quantity_uses_the_predictor_with_its_lower_held_out_error():
+    profile = _split_draft_profile()
+    draft, catchup = profile.scores["draft"], profile.scores["catchup"]
+    assert draft.table_mape == 0.0 < draft.fit_mape and profile.predictor("draft") == "table"
+    assert catchup.fit_mape < catchup.table_mape and profile.predictor("catchup") == "fit"
+    assert profile.scores["verify"].table_mape is None and profile.predictor("verify") == "table"  # no held-out
+    assert profile.draft_ms(1, 200) == 30.0  # the table, where the joint fit would say otherwise
+    assert profile.draft_fit.predict(1, 200, 1) != pytest.approx(30.0, rel=0.05)
+    assert profile.catchup_ms(1, 200) == pytest.approx(profile.draft_fit.predict(1, 200, 32) / 32)
+    table = profile.cost_table(1, 200, 2)
+    assert (table.draft_ms, table.draft_catchup_ms) == (30.0, profile.catchup_ms(1, 200))
+
+
+def test_a_forced_predictor_prices_every_quantity_with_it():
+    profile = _split_draft_profile()
+    fit = profile.cost_table(1, 200, 2, forced="fit")
+    assert fit.verify_ms == (profile.target_fit.predict(1, 200, 1), profile.target_fit.predict(1, 200, 2))
+    assert fit.draft_ms == profile.draft_fit.predict(1, 200, 1)
+    assert profile.cost_table(1, 200, 2, forced="table").draft_catchup_ms == pytest.approx(
+        table_predict(profile.draft_cells, 1, 200, 32) / 32)
+    with pytest.raises(ValueError, match="forced predictor must be one of"):
+        profile.cost_table(1, 200, 2, forced="median")
+
+
+def test_a_schema_1_profile_is_read_and_scored_per_quantity(tmp_path):
+    profile = _split_draft_profile()
+    data = profile.to_json()
+    old = {k: v for k, v in data.items() if k != "predictors"}
+    old.update(schema=1, predictor="fit", held_out_mape_pct={"table": 5.0, "fit": 4.0})  # one pooled choice
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    assert load_profile(path) == profile  # re-scored from its cells: the draft token from the table again
+    path.write_text(json.dumps({**data, "schema": 3}))
+    with pytest.raises(ValueError, match=r"schema 3, this version reads \(1, 2\).*re-run `hf-adaspec profile`"):
+        load_profile(path)
 
 
 def test_measure_on_tiny_models_saves_atomically_and_round_trips(tiny_factory, tmp_path):
@@ -149,7 +202,9 @@ def test_measure_on_tiny_models_saves_atomically_and_round_trips(tiny_factory, t
         assert name in data, name
     assert set(data["identity"]["target"]) == {"name", "params", "dtype", "quantization", "device"}
     assert data["grid"]["max_tokens_per_forward"] == 6 and "skip_rule" in data["grid"]
-    assert data["predictor"] in ("table", "fit")
+    assert set(data["predictors"]) == set(QUANTITIES) and set(data["predictors"].values()) <= {"table", "fit"}
+    assert data["schema"] == 2
+    assert data["identity"]["profile_schema"] == 1  # profiles measured before per-quantity scoring keep their key
     table = profile.cost_table(batch=2, context=30, n_max=6)
     assert len(table.verify_ms) == 6 and all(t > 0 for t in table.verify_ms) and table.draft_ms > 0
     assert table.t_verify(9) >= table.t_verify(6)
@@ -209,7 +264,8 @@ def test_engine_uses_a_matching_profile_and_greedy_output_is_unchanged(models, t
     path = _matching_profile(models, tmp_path)
     _no_calibration(monkeypatch)
     out = _greedy(models, speculation="adaptive", assistant_model=models["noisy_copy"], speculation_profile=str(path))
-    assert f"hf-adaspec: using cost profile {path} (table)" in capsys.readouterr().err
+    chosen = "verify: table, draft: table, catchup: table"
+    assert f"hf-adaspec: using cost profile {path} ({chosen})" in capsys.readouterr().err
     assert torch.equal(out, _greedy(models))
 
 
@@ -298,7 +354,7 @@ def test_cli_profile_writes_json_png_and_a_last_json_line(models, tmp_path, monk
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["output"] == str(output) and summary["predictor"] in ("table", "fit")
+    assert summary["output"] == str(output) and set(summary["predictors"]) == set(QUANTITIES)
     assert summary["cells_measured"] == len(load_profile(output).target_cells) + 4 * 2 + summary["held_out_cells"]
     assert (tmp_path / "cards" / "cost_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert load_profile(summary["cache_copy"]) == load_profile(output)
@@ -326,5 +382,6 @@ def test_cli_profile_quick_on_smollm2(tmp_path):
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     profile = load_profile(output)
-    assert profile.predictor == json.loads(result.stdout.strip().splitlines()[-1])["predictor"]
+    predictors = json.loads(result.stdout.strip().splitlines()[-1])["predictors"]
+    assert predictors == {q: profile.predictor(q) for q in QUANTITIES}
     assert {c.context for c in profile.target_cells} == {128, 256}
