@@ -77,6 +77,28 @@ class AcceptanceEstimator:
         self.trials += 1.0
 
 
+def beta_quantile(mean: float, strength: float, quantile: float, cells: int = 4096) -> float:
+    """The ``quantile`` ∈ [0, 1] of α ~ Beta(mean·strength, (1 − mean)·strength), the ``AcceptancePrior``
+    read as a spread of per-request rates: the CDF by the midpoint rule on ``cells`` equal cells of (0, 1).
+
+    Raises:
+        ValueError: mean outside (0, 1), strength ≤ 0, or quantile outside [0, 1].
+    """
+    if not 0.0 < mean < 1.0 or strength <= 0:
+        raise ValueError(f"need a mean in (0, 1) and a strength > 0, got {mean}, {strength}")
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    a, b = mean * strength, (1.0 - mean) * strength
+    xs = [(i + 0.5) / cells for i in range(cells)]
+    density = [math.exp((a - 1) * math.log(x) + (b - 1) * math.log1p(-x)) for x in xs]
+    total, running = sum(density), 0.0
+    for x, d in zip(xs, density, strict=True):
+        running += d
+        if running >= quantile * total:
+            return x
+    return xs[-1]
+
+
 def nearest_rank(values: Sequence[float], quantile: float) -> float:
     """The ``quantile`` ∈ [0, 1] of ``values`` by nearest rank (the smallest value with at least that
     share of ``values`` at or below it). Raises ValueError when ``values`` is empty."""
@@ -93,13 +115,17 @@ class AcceptanceMemory:
     A new request's prior mean (``prior_for``) is either the pair's running acceptance (``quantile``
     None: each request blended in with weight drafted / (drafted + ``pseudo_tokens``)), or the
     ``quantile`` (nearest rank) of the acceptance rates of the pair's last ``size`` requests that drafted
-    at least ``min_drafted`` tokens, once ``min_requests`` have. Both are clamped to [0.05, 0.95].
+    at least ``min_drafted`` tokens, once ``min_requests`` have; until then, the ``quantile`` of the
+    initial prior read as a spread of rates, Beta(mean·strength, (1 − mean)·strength) (``beta_quantile``).
+    Both are clamped to [0.05, 0.95].
     Why a quantile: acceptance differs more between requests than within one (greedy draft agreement
     0.52 on roleplay to 0.93 on math), and a request whose prior is the pair's mean does not draft
     when only well-predicted requests pay, so it never learns that it is one of them, and the mean
     never recovers: the controller stops drafting for good (README, Benchmark: the α-prior ablation).
     An upper quantile is optimism in the face of uncertainty: the request drafts, and its own
-    estimator pulls α down within a few steps when it is not such a request.
+    estimator pulls α down within a few steps when it is not such a request. The same holds for a
+    new pair: at its prior mean (0.6) a draft priced as measured does not pay at the Qwen pair's
+    contexts, so without the prior's own upper quantile no request drafts and no rate is ever recorded.
     """
 
     def __init__(self, initial: AcceptancePrior | None = None, pseudo_tokens: float = 8.0, size: int = 64,
@@ -120,14 +146,16 @@ class AcceptanceMemory:
 
     def prior_for(self, key: str, quantile: float | None = None) -> AcceptancePrior:
         """The prior for the next request with drafter ``key``: the running mean (``quantile`` None) or
-        that quantile of the recent requests' acceptance rates (the running mean until there are
-        ``min_requests``). Raises ValueError for a quantile outside [0, 1]."""
+        that quantile of the recent requests' acceptance rates (of the initial prior's Beta until there
+        are ``min_requests``). Raises ValueError for a quantile outside [0, 1]."""
         if quantile is not None and not 0.0 <= quantile <= 1.0:
             raise ValueError(f"quantile must be in [0, 1] (or None for the running mean), got {quantile}")
         mean = self._mean.get(key, self.initial.mean)
         rates = self._rates.get(key, ())
         if quantile is not None and len(rates) >= self.min_requests:
             mean = min(0.95, max(0.05, nearest_rank(rates, quantile)))
+        elif quantile is not None:
+            mean = min(0.95, max(0.05, beta_quantile(self.initial.mean, self.initial.strength, quantile)))
         return AcceptancePrior(mean, self.initial.strength, self.initial.decay)
 
     def record(self, key: str, drafted: int, accepted: int) -> None:

@@ -8,7 +8,7 @@ import torch
 
 import hf_adaspec
 from hf_adaspec import CostTable
-from hf_adaspec.acceptance import AcceptanceMemory, AcceptancePrior, nearest_rank
+from hf_adaspec.acceptance import AcceptanceMemory, AcceptancePrior, beta_quantile, nearest_rank
 from hf_adaspec.controller import DraftOption, DrafterCosts, GoodputController
 from hf_adaspec.integration import SpeculationState
 
@@ -23,12 +23,23 @@ def test_nearest_rank_by_hand():
         nearest_rank([], 0.5)
 
 
+def test_beta_quantile_by_hand():
+    assert beta_quantile(0.5, 2.0, 0.3) == pytest.approx(0.3, abs=1e-3)  # Beta(1, 1): uniform
+    assert beta_quantile(2 / 3, 3.0, 0.49) == pytest.approx(0.7, abs=1e-3)  # Beta(2, 1): F(x) = x²
+    assert beta_quantile(0.5, 4.0, 0.75) == pytest.approx(0.6736, abs=1e-3)  # Beta(2, 2): 3x² − 2x³ = 0.75
+    assert beta_quantile(0.6, 4.0, 0.75) > 0.6 > beta_quantile(0.6, 4.0, 0.25)
+    with pytest.raises(ValueError, match="quantile"):
+        beta_quantile(0.6, 4.0, 1.5)
+    with pytest.raises(ValueError, match="strength"):
+        beta_quantile(0.6, 0.0, 0.5)
+
+
 def test_memory_quantile_prior_from_recent_requests():
     memory = AcceptanceMemory(AcceptancePrior(mean=0.6), size=4, min_drafted=4, min_requests=3)
     memory.record("a", drafted=8, accepted=2)  # rate 0.25
     memory.record("a", drafted=3, accepted=3)  # under min_drafted: the running mean only
     memory.record("a", drafted=10, accepted=9)  # rate 0.9
-    assert memory.prior_for("a", 0.75).mean == memory.prior_for("a").mean  # 2 rates < min_requests
+    assert memory.prior_for("a", 0.75).mean == pytest.approx(beta_quantile(0.6, 4.0, 0.75))  # 2 rates < min_requests
     memory.record("a", drafted=4, accepted=2)  # rate 0.5
     assert memory.prior_for("a", 0.75).mean == pytest.approx(0.9)  # ceil(2.25) = 3rd of 0.25, 0.5, 0.9
     assert memory.prior_for("a", 0.5).mean == pytest.approx(0.5)
@@ -59,6 +70,22 @@ def test_a_quantile_prior_drafts_where_the_running_mean_would_lock_the_draft_out
         return controller.choose([DraftOption(0, 8)], horizon=64).k
 
     assert memory.prior_for("d").mean == pytest.approx(0.34, abs=0.01)
+    assert first_k(None) == 0
+    assert first_k(0.75) > 0
+
+
+def test_a_new_pair_drafts_at_its_priors_upper_quantile_where_the_prior_mean_would_not():
+    """No request recorded yet: at α = 0.6 a draft does not pay at these costs (k = 1: 1.6 tokens in
+    160 ms, as fast as a plain step), so no request would draft and no rate would ever be recorded;
+    the prior's 0.75 quantile (≈ 0.78) tries it."""
+    memory = AcceptanceMemory(AcceptancePrior(mean=0.6))
+    costs = CostTable(verify_ms=tuple(100.0 + 10 * i for i in range(9)), draft_ms=50.0)
+
+    def first_k(quantile):
+        controller = GoodputController(costs, [DrafterCosts(50.0)], [memory.prior_for("d", quantile)])
+        return controller.choose([DraftOption(0, 8)], horizon=64).k
+
+    assert memory.prior_for("d", 0.75).mean == pytest.approx(0.776, abs=0.01)
     assert first_k(None) == 0
     assert first_k(0.75) > 0
 
