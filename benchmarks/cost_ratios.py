@@ -13,7 +13,8 @@ import sys
 
 
 def main() -> None:
-    runs = json.load(open(sys.argv[1]))["runs"]
+    with open(sys.argv[1]) as f:
+        runs = json.load(f)["runs"]
     by = {(r["question_id"], r["method"]): r for r in runs}
     ids, methods = sorted({r["question_id"] for r in runs}), sorted({r["method"] for r in runs})
     result = {}
