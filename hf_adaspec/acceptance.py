@@ -78,6 +78,20 @@ class AcceptanceEstimator:
         self.trials += 1.0
 
 
+def observe_drafters(estimators: Sequence[AcceptanceEstimator], drafter: int, drafted: int, accepted: int) -> None:
+    """Record one step across a request's drafters (one estimator each): ``drafter`` drafted ``drafted``
+    tokens and ``accepted`` were kept. A plain step (``drafted`` 0) relaxes every estimator towards its
+    prior, so the controller tries speculation again; while one drafter drafts, the others keep their
+    evidence. (Relaxing them too let prompt lookup's α climb back to its prior between the draft model's
+    steps: on a Spec-Bench writing prompt, lookup proposed 46 tokens in 17 steps and 1 was accepted;
+    ``benchmarks/drafter_steps.py``, README.)"""
+    if drafted == 0:
+        for estimator in estimators:
+            estimator.update(0, 0)
+    else:
+        estimators[drafter].update(drafted, accepted)
+
+
 @functools.lru_cache(maxsize=64)
 def beta_quantile(mean: float, strength: float, quantile: float, cells: int = 4096) -> float:
     """The ``quantile`` ∈ [0, 1] of α ~ Beta(mean·strength, (1 − mean)·strength), the ``AcceptancePrior``
@@ -147,10 +161,12 @@ class AcceptanceMemory:
         """Drafter ``key``'s map from the target's p_max to P(draft token accepted), created on first use."""
         return self._target_maps.setdefault(key, TargetConfidenceMap())
 
-    def prior_for(self, key: str, quantile: float | None = None) -> AcceptancePrior:
+    def prior_for(self, key: str, quantile: float | None = None, explore: bool = True) -> AcceptancePrior:
         """The prior for the next request with drafter ``key``: the running mean (``quantile`` None) or
-        that quantile of the recent requests' acceptance rates (of the initial prior's Beta until there
-        are ``min_requests``). Raises ValueError for a quantile outside [0, 1]."""
+        that quantile of the recent requests' acceptance rates; until there are ``min_requests``, that
+        quantile of the initial prior's Beta (``explore``) or the initial mean (``explore`` False: for a
+        drafter that drafts at the mean anyway, such as prompt lookup, whose drafts cost nothing).
+        Raises ValueError for a quantile outside [0, 1]."""
         if quantile is not None and not 0.0 <= quantile <= 1.0:
             raise ValueError(f"quantile must be in [0, 1] (or None for the running mean), got {quantile}")
         rates = self._rates.get(key, ())
@@ -159,7 +175,7 @@ class AcceptanceMemory:
         elif len(rates) >= self.min_requests:
             mean = nearest_rank(rates, quantile)
         else:
-            mean = beta_quantile(self.initial.mean, self.initial.strength, quantile)
+            mean = beta_quantile(self.initial.mean, self.initial.strength, quantile) if explore else self.initial.mean
         return AcceptancePrior(min(0.95, max(0.05, mean)), self.initial.strength, self.initial.decay)
 
     def record(self, key: str, drafted: int, accepted: int) -> None:

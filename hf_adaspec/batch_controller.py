@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .acceptance import AcceptanceEstimator, AcceptancePrior
+from .acceptance import AcceptanceEstimator, AcceptancePrior, observe_drafters
 from .costs import CostTable
 from .goodput import best_batch_plan
 
@@ -68,12 +68,10 @@ class BatchGoodputController:
 
     def observe(self, drafters: Sequence[int], ks: Sequence[int], accepted: Sequence[int],
                 confidences: Sequence[tuple[float, ...]] = ()) -> None:
-        """Row i drafted ks[i] tokens with drafter drafters[i] and ``accepted[i]`` were kept; the row's
-        other drafters relax towards their prior. ``confidences`` (per row q(x_u)) are not used."""
-        for d, row in enumerate(self.estimators):
-            for i, estimator in enumerate(row):
-                used = drafters[i] == d
-                estimator.update(ks[i] if used else 0, accepted[i] if used else 0)
+        """Row i drafted ks[i] tokens with drafter drafters[i] and ``accepted[i]`` were kept
+        (``observe_drafters`` per row). ``confidences`` (per row q(x_u)) are not used."""
+        for i, (d, k, n) in enumerate(zip(drafters, ks, accepted, strict=True)):
+            observe_drafters([row[i] for row in self.estimators], d, k, n)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep the estimators of rows ``rows`` ([b] long indices; finished rows leave)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .acceptance import AcceptanceEstimator, AcceptancePrior
+from .acceptance import AcceptanceEstimator, AcceptancePrior, observe_drafters
 from .cost_tracking import TrackedCosts
 from .costs import CostTable, DrafterCosts
 from .goodput import expected_tokens, goodput, horizon_goodput, step_time_ms
@@ -144,11 +144,7 @@ class GoodputController(TrackedCosts):
         return select_decision(plain, others, self.min_gain, self.tpot_slo_ms)
 
     def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
-        for i, estimator in enumerate(self.estimators):
-            if i == drafter:
-                estimator.update(drafted, accepted)
-            else:
-                estimator.update(0, 0)  # unused drafters relax towards their prior
+        observe_drafters(self.estimators, drafter, drafted, accepted)
 
     def observe_target(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...],
                        target_top: tuple[float, ...]) -> None:

@@ -69,14 +69,14 @@ class HybridConfidenceController(ConfidenceController):
         return super().stop_rule(drafter) if drafter == DRAFT else None
 
     def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
-        """A lookup step updates lookup's α; any other step the draft's calibration, while lookup's α
-        relaxes towards its prior (as ``GoodputController`` does for an unused drafter)."""
+        """A lookup step updates lookup's α; any other step the draft's calibration. Lookup's α relaxes
+        towards its prior on a plain step only (``acceptance.observe_drafters``)."""
         if drafter == LOOKUP:
             self.lookup.update(drafted, accepted)
             return
         super().observe(drafter, drafted, accepted, confidences)
-        self.lookup.update(0, 0)
-
+        if drafted == 0:
+            self.lookup.update(0, 0)
 
     def observe_target(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...],
                        target_top: tuple[float, ...]) -> None:

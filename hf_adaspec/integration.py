@@ -68,8 +68,8 @@ class SpeculationConfig:
     horizon_quantile: with ``learn_horizon``, amortise over this quantile of those past requests'
     remaining lengths (a hedge against short answers, ``horizon``); None: over their mean.
     alpha_prior_quantile: adaptive and hybrid start each request's α at this quantile of the pair's
-    recent requests' acceptance rates (``AcceptanceMemory``; of the initial Beta prior until three
-    requests have drafted); None: at their running mean.
+    recent requests' acceptance rates (``AcceptanceMemory``; until three requests have drafted, of the
+    initial Beta prior for the draft model, the initial mean for prompt lookup); None: at their running mean.
     """
 
     speculation: str = "adaptive"

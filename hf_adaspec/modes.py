@@ -31,10 +31,14 @@ def memory_key(proposer: Proposer) -> str:
 
 
 def drafter_priors(request: SpeculationRequest, proposers: list) -> list[AcceptancePrior | None]:
-    """Each drafter's α prior from the pair's memory (``config.alpha_prior_quantile``); None without one."""
+    """Each drafter's α prior from the pair's memory (``config.alpha_prior_quantile``); None without one.
+    Only the draft model explores a new pair optimistically (``AcceptanceMemory.prior_for``): at the
+    prior mean it may not draft at all, while prompt lookup drafts there, and its optimism only bought
+    rejected lookup tokens (README, Benchmark)."""
     if request.memory is None:
         return [None] * len(proposers)
-    return [request.memory.prior_for(memory_key(p), request.config.alpha_prior_quantile) for p in proposers]
+    return [request.memory.prior_for(memory_key(p), request.config.alpha_prior_quantile,
+                                     explore=isinstance(p, DraftModelProposer)) for p in proposers]
 
 
 def _goodput_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],

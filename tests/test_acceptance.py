@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_adaspec.acceptance import AcceptanceEstimator, AcceptanceMemory, AcceptancePrior
+from hf_adaspec.acceptance import AcceptanceEstimator, AcceptanceMemory, AcceptancePrior, observe_drafters
 
 
 def test_starts_at_prior_mean():
@@ -109,3 +109,14 @@ def test_memory_carries_acceptance_across_requests():
     for _ in range(50):
         memory.record("a", drafted=100, accepted=0)
     assert memory.prior_for("a").mean == 0.05  # clamped, so the prior stays valid
+
+
+def test_observe_drafters_relaxes_on_plain_steps_only():
+    draft, lookup = AcceptanceEstimator(), AcceptanceEstimator()
+    observe_drafters([draft, lookup], 1, drafted=3, accepted=0)
+    low = lookup.alpha
+    assert low < 0.6 and draft.alpha == 0.6  # only the drafter that drafted learns
+    observe_drafters([draft, lookup], 0, drafted=2, accepted=2)
+    assert lookup.alpha == low and draft.alpha > 0.6  # lookup keeps its evidence while the draft model drafts
+    observe_drafters([draft, lookup], 0, drafted=0, accepted=0)
+    assert low < lookup.alpha < 0.6  # a plain step relaxes every drafter towards its prior

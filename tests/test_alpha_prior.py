@@ -40,6 +40,7 @@ def test_memory_quantile_prior_from_recent_requests():
     memory.record("a", drafted=3, accepted=3)  # under min_drafted: the running mean only
     memory.record("a", drafted=10, accepted=9)  # rate 0.9
     assert memory.prior_for("a", 0.75).mean == pytest.approx(beta_quantile(0.6, 4.0, 0.75))  # 2 rates < min_requests
+    assert memory.prior_for("a", 0.75, explore=False).mean == 0.6  # a drafter that drafts at the mean anyway
     memory.record("a", drafted=4, accepted=2)  # rate 0.5
     assert memory.prior_for("a", 0.75).mean == pytest.approx(0.9)  # ceil(2.25) = 3rd of 0.25, 0.5, 0.9
     assert memory.prior_for("a", 0.5).mean == pytest.approx(0.5)
@@ -116,3 +117,16 @@ def test_a_given_speculation_state_learns_instead_of_the_models_own(tiny_factory
 def test_a_speculation_state_without_speculation_names_the_fix(models):
     with pytest.raises(ValueError, match="speculation="):
         models["target"].generate(PROMPT, max_new_tokens=2, speculation_state=SpeculationState())
+
+
+def test_only_the_draft_model_starts_a_new_pair_optimistically(tiny_factory):
+    from transformers import LogitsProcessorList
+
+    from hf_adaspec.integration import SpeculationRequest
+    from hf_adaspec.modes import drafter_priors
+    from hf_adaspec.proposers import DraftModelProposer, PromptLookupProposer
+
+    proposers = [DraftModelProposer(tiny_factory(0), LogitsProcessorList(), False), PromptLookupProposer()]
+    request = SpeculationRequest(hf_adaspec.SpeculationConfig("hybrid"), memory=AcceptanceMemory())
+    draft, lookup = drafter_priors(request, proposers)
+    assert draft.mean == pytest.approx(beta_quantile(0.6, 4.0, 0.75)) and lookup.mean == 0.6

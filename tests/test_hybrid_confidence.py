@@ -73,7 +73,9 @@ def test_each_step_teaches_its_own_drafter():
     lookup_alpha = ctl.lookup.alpha
     ctl.observe(DRAFT, 2, 2, confidences=(0.9, 0.8))
     assert sum(ctl.calibrator.trials) == pytest.approx(trials + 2)  # two drafted prefixes observed
-    assert ctl.lookup.alpha > lookup_alpha  # unused lookup relaxes towards its prior
+    assert ctl.lookup.alpha == lookup_alpha  # lookup keeps its evidence while the draft model drafts
+    ctl.observe(DRAFT, 0, 0)
+    assert ctl.lookup.alpha > lookup_alpha  # a plain step relaxes it towards its prior
 
 
 def test_needs_two_drafters():

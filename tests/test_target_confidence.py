@@ -130,9 +130,9 @@ def test_goodput_learns_acceptance_given_confidence_from_its_own_drafts():
     assert tmap.weights[9] == 4.0 and tmap.sums[9] == pytest.approx(2 * 0.95 + 2.0)
     assert tmap.weights[1] == 3.0 and tmap.sums[1] == pytest.approx(2 * 0.15 + 0.0)
     assert ctl.estimators[0].alpha == pytest.approx((0.3 * 4 + 2) / (4 + 3))
-    ctl.observe(1, drafted=2, accepted=2)  # a prompt-lookup step: the draft model's α gets 3 soft trials
-    ctl.observe_target(1, 2, 2, (), (0.95, 0.95, 0.95))  # each at the map's (2·0.95 + 2) / 4 = 0.975
-    assert ctl.estimators[0].alpha == pytest.approx((1.2 + 0.9 * 2 + 3 * 0.975) / (4 + 0.9 * 3 + 3))
+    ctl.observe(1, drafted=2, accepted=2)  # a prompt-lookup step: the draft model's α keeps its counts
+    ctl.observe_target(1, 2, 2, (), (0.95, 0.95, 0.95))  # and gets 3 soft trials at (2·0.95 + 2) / 4 = 0.975
+    assert ctl.estimators[0].alpha == pytest.approx((1.2 + 2 + 3 * 0.975) / (4 + 3 + 3))
     assert sum(tmap.weights) == 23.0  # the map learns only from the draft model's own drafts
 
 

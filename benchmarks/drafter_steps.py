@@ -1,0 +1,63 @@
+"""Where each request's steps went, per method: steps by drafter, prompt-lookup tokens proposed and
+accepted, and wall time against the time inside draft + verification steps (ms). Methods run on the
+same Spec-Bench prompts in bench order, each learning into its own ``SpeculationState``; greedy, the
+default Qwen pair (NF4), as ``hf-adaspec bench``.
+
+Run: python benchmarks/drafter_steps.py --categories writing --methods confidence,hybrid-confidence
+Last stdout line: one JSON object (per method: lookup tokens proposed / accepted, steps by drafter).
+"""
+
+import argparse
+import collections
+import json
+import time
+from pathlib import Path
+
+import hf_adaspec
+from hf_adaspec.bench import load_prompts
+from hf_adaspec.integration import SpeculationState, enable
+
+
+def request_row(out, wall_ms: float) -> dict:
+    """One request's step breakdown from its ``SpeculationStats``."""
+    s = out.speculation
+    lookup = [x for x in s.steps if x.k and x.drafter == "prompt_lookup"]
+    step_ms = sum(x.draft_ms + x.verify_ms for x in s.steps)
+    return {"new_tokens": s.new_tokens, "wall_ms": round(wall_ms), "prefill_ms": round(s.prefill_ms),
+            "outside_steps_ms": round(wall_ms - s.prefill_ms - step_ms),
+            "steps": dict(collections.Counter(x.drafter if x.k else "plain" for x in s.steps)),
+            "lookup_proposed": sum(x.k for x in lookup), "lookup_accepted": sum(x.accepted for x in lookup)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--categories", default="writing")
+    ap.add_argument("--methods", default="confidence,hybrid-confidence")
+    ap.add_argument("--per-category", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    args = ap.parse_args()
+    target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET)
+    draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantize_lm_head=True)
+    model, tokenizer = target.model, target.tokenizer
+    enable(model)
+    methods = args.methods.split(",")
+    states = {m: SpeculationState() for m in methods}
+    totals = {m: collections.Counter() for m in methods}
+    for prompt in load_prompts(Path(args.questions), args.per_category, args.categories.split(",")):
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)
+        for m in methods:
+            start = time.perf_counter()
+            out = model.generate(**inputs, assistant_model=draft.model, speculation=m, speculation_state=states[m],
+                                 max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+            row = request_row(out, (time.perf_counter() - start) * 1000.0)
+            totals[m].update({"lookup_proposed": row["lookup_proposed"], "lookup_accepted": row["lookup_accepted"],
+                              **{f"steps_{k}": v for k, v in row["steps"].items()}})
+            print(json.dumps({"question_id": prompt.question_id, "category": prompt.category, "method": m, **row}),
+                  flush=True)
+    print(json.dumps({m: dict(c) for m, c in totals.items()}))
+
+
+if __name__ == "__main__":
+    main()
