@@ -161,12 +161,11 @@ class AcceptanceMemory:
         """Drafter ``key``'s map from the target's p_max to P(draft token accepted), created on first use."""
         return self._target_maps.setdefault(key, TargetConfidenceMap())
 
-    def prior_for(self, key: str, quantile: float | None = None, explore: bool = True) -> AcceptancePrior:
+    def prior_for(self, key: str, quantile: float | None = None, start: float | None = None) -> AcceptancePrior:
         """The prior for the next request with drafter ``key``: the running mean (``quantile`` None) or
-        that quantile of the recent requests' acceptance rates; until there are ``min_requests``, that
-        quantile of the initial prior's Beta (``explore``) or the initial mean (``explore`` False: for a
-        drafter that drafts at the mean anyway, such as prompt lookup, whose drafts cost nothing).
-        Raises ValueError for a quantile outside [0, 1]."""
+        that quantile of the recent requests' acceptance rates; until there are ``min_requests``, the
+        drafter's own ``start`` rate if given (prompt lookup: ``LOOKUP_START_ALPHA``), else that quantile
+        of the initial prior's Beta. Raises ValueError for a quantile outside [0, 1]."""
         if quantile is not None and not 0.0 <= quantile <= 1.0:
             raise ValueError(f"quantile must be in [0, 1] (or None for the running mean), got {quantile}")
         rates = self._rates.get(key, ())
@@ -174,8 +173,10 @@ class AcceptanceMemory:
             mean = self._mean.get(key, self.initial.mean)
         elif len(rates) >= self.min_requests:
             mean = nearest_rank(rates, quantile)
+        elif start is not None:
+            mean = start
         else:
-            mean = beta_quantile(self.initial.mean, self.initial.strength, quantile) if explore else self.initial.mean
+            mean = beta_quantile(self.initial.mean, self.initial.strength, quantile)
         return AcceptancePrior(min(0.95, max(0.05, mean)), self.initial.strength, self.initial.decay)
 
     def record(self, key: str, drafted: int, accepted: int) -> None:

@@ -69,7 +69,8 @@ class SpeculationConfig:
     remaining lengths (a hedge against short answers, ``horizon``); None: over their mean.
     alpha_prior_quantile: adaptive and hybrid start each request's α at this quantile of the pair's
     recent requests' acceptance rates (``AcceptanceMemory``; until three requests have drafted, of the
-    initial Beta prior for the draft model, the initial mean for prompt lookup); None: at their running mean.
+    initial Beta prior for the draft model, and ``LOOKUP_START_ALPHA`` for prompt lookup); None: at their
+    running mean.
     """
 
     speculation: str = "adaptive"

@@ -19,7 +19,8 @@ from .confidence import CalibratorMemory, ConfidenceCalibrator, ConfidenceContro
 from .controller import Controller, DrafterCosts, FixedController, GoodputController
 from .costs import CostCache, CostTable
 from .hybrid_confidence import HybridConfidenceController
-from .proposers import DraftModelProposer, Proposer
+from .proposers import DraftModelProposer, PromptLookupProposer, Proposer
+from .proposers.prompt_lookup import LOOKUP_START_ALPHA
 
 if TYPE_CHECKING:
     from .integration import SpeculationRequest
@@ -32,13 +33,13 @@ def memory_key(proposer: Proposer) -> str:
 
 def drafter_priors(request: SpeculationRequest, proposers: list) -> list[AcceptancePrior | None]:
     """Each drafter's α prior from the pair's memory (``config.alpha_prior_quantile``); None without one.
-    Only the draft model explores a new pair optimistically (``AcceptanceMemory.prior_for``): at the
-    prior mean it may not draft at all, while prompt lookup drafts there, and its optimism only bought
-    rejected lookup tokens (README, Benchmark)."""
+    A new pair's prompt lookup starts at ``LOOKUP_START_ALPHA``, the draft model at the initial prior's
+    upper quantile (``AcceptanceMemory.prior_for``)."""
     if request.memory is None:
         return [None] * len(proposers)
     return [request.memory.prior_for(memory_key(p), request.config.alpha_prior_quantile,
-                                     explore=isinstance(p, DraftModelProposer)) for p in proposers]
+                                     start=LOOKUP_START_ALPHA if isinstance(p, PromptLookupProposer) else None)
+            for p in proposers]
 
 
 def _goodput_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],

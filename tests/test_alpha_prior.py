@@ -40,7 +40,7 @@ def test_memory_quantile_prior_from_recent_requests():
     memory.record("a", drafted=3, accepted=3)  # under min_drafted: the running mean only
     memory.record("a", drafted=10, accepted=9)  # rate 0.9
     assert memory.prior_for("a", 0.75).mean == pytest.approx(beta_quantile(0.6, 4.0, 0.75))  # 2 rates < min_requests
-    assert memory.prior_for("a", 0.75, explore=False).mean == 0.6  # a drafter that drafts at the mean anyway
+    assert memory.prior_for("a", 0.75, start=0.37).mean == 0.37  # a drafter's own start rate
     memory.record("a", drafted=4, accepted=2)  # rate 0.5
     assert memory.prior_for("a", 0.75).mean == pytest.approx(0.9)  # ceil(2.25) = 3rd of 0.25, 0.5, 0.9
     assert memory.prior_for("a", 0.5).mean == pytest.approx(0.5)
@@ -125,8 +125,9 @@ def test_only_the_draft_model_starts_a_new_pair_optimistically(tiny_factory):
     from hf_adaspec.integration import SpeculationRequest
     from hf_adaspec.modes import drafter_priors
     from hf_adaspec.proposers import DraftModelProposer, PromptLookupProposer
+    from hf_adaspec.proposers.prompt_lookup import LOOKUP_START_ALPHA
 
     proposers = [DraftModelProposer(tiny_factory(0), LogitsProcessorList(), False), PromptLookupProposer()]
     request = SpeculationRequest(hf_adaspec.SpeculationConfig("hybrid"), memory=AcceptanceMemory())
     draft, lookup = drafter_priors(request, proposers)
-    assert draft.mean == pytest.approx(beta_quantile(0.6, 4.0, 0.75)) and lookup.mean == 0.6
+    assert draft.mean == pytest.approx(beta_quantile(0.6, 4.0, 0.75)) and lookup.mean == LOOKUP_START_ALPHA < 0.6

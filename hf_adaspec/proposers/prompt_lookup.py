@@ -10,6 +10,13 @@ import torch
 
 from .base import Proposal
 
+# A new pair's α for prompt lookup until it has recorded acceptance rates (``AcceptanceMemory.prior_for``):
+# 0.37 is the upper quartile of its per-request acceptance (accepted / drafted tokens) on 52 Spec-Bench
+# prompts, median 0.29 (``adaptive-lookup`` in benchmarks/results/spec_bench_4pc_64tok_coldstart.json).
+# The draft model's start, the upper quartile of Beta(0.6·4, 0.4·4) ≈ 0.78, is twice that: as prompt
+# lookup's start it had the hybrids verify lookup tokens that were rarely accepted (README, Benchmark).
+LOOKUP_START_ALPHA = 0.37
+
 
 def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_max: int) -> torch.Tensor:
     """Tokens that followed the most recent earlier match of the sequence's last n-gram.
