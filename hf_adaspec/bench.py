@@ -142,7 +142,7 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
     return kwargs
 
 
-def fit_costs(cfg: dict, context: int):
+def fit_cost_table(cfg: dict, context: int):
     """The cost table a "-fit" method runs with: the pair's profile at ``context`` tokens with every quantity
     from the fitted line (``cfg["fit_costs"]``), as one pooled predictor chose before per-quantity scoring.
 
@@ -178,7 +178,7 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
             if "speculation" in kwargs and "states" in cfg:
                 kwargs["speculation_state"] = cfg["states"].setdefault(method, SpeculationState())
             if method.endswith("-fit"):
-                kwargs["speculation_costs"] = fit_costs(cfg, prompt_len)
+                kwargs["speculation_costs"] = fit_cost_table(cfg, prompt_len)
             outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None

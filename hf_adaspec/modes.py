@@ -31,14 +31,13 @@ def memory_key(proposer: Proposer) -> str:
     return f"{proposer.name}:{id(getattr(proposer, 'model', None))}"
 
 
-def drafter_priors(request: SpeculationRequest, proposers: list) -> list[AcceptancePrior | None]:
-    """Each drafter's α prior from the pair's memory (``config.alpha_prior_quantile``); None without one.
-    A new pair's prompt lookup starts at ``LOOKUP_START_ALPHA``, the draft model at the initial prior's
-    upper quantile (``AcceptanceMemory.prior_for``)."""
-    if request.memory is None:
-        return [None] * len(proposers)
-    return [request.memory.prior_for(memory_key(p), request.config.alpha_prior_quantile,
-                                     start=LOOKUP_START_ALPHA if isinstance(p, PromptLookupProposer) else None)
+def drafter_priors(request: SpeculationRequest, proposers: list) -> list[AcceptancePrior]:
+    """Each drafter's α prior from the pair's memory (``config.alpha_prior_quantile``); a request without
+    one starts as a new pair: prompt lookup at ``LOOKUP_START_ALPHA``, the draft model at the initial
+    prior's upper quantile (``AcceptanceMemory.prior_for``)."""
+    memory = request.memory or AcceptanceMemory()
+    return [memory.prior_for(memory_key(p), request.config.alpha_prior_quantile,
+                             start=LOOKUP_START_ALPHA if isinstance(p, PromptLookupProposer) else None)
             for p in proposers]
 
 
