@@ -36,7 +36,7 @@ METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "a
            "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar",
            "adaptive-mean", "hybrid-mean", "hybrid-confidence", "plain-again", "confidence-hedged",
            "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit", "adaptive-lookup-fit", "hybrid-fit",
-           "hybrid-confidence-fit")
+           "hybrid-confidence-fit", "confidence-recal", "hybrid-confidence-recal")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
@@ -45,7 +45,7 @@ METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k"
                  "adaptive-mean": "draft", "hybrid-mean": "hybrid", "hybrid-confidence": "hybrid",
                  "confidence-hedged": "draft", "hybrid-confidence-hedged": "hybrid", "confidence-fit": "draft",
                  "adaptive-lookup-fit": "lookup", "hybrid-confidence-fit": "hybrid", "adaptive-fit": "draft",
-                 "hybrid-fit": "hybrid"}
+                 "hybrid-fit": "hybrid", "confidence-recal": "draft", "hybrid-confidence-recal": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,8 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         table[f"{mode}-hedged"] = {**table[mode], "horizon_quantile": 0.25}
     for mode in ("adaptive", "confidence", "adaptive-lookup", "hybrid", "hybrid-confidence"):  # predictor ablation
         table[f"{mode}-fit"] = dict(table[mode])
+    for mode in ("confidence", "hybrid-confidence"):  # per-request recalibration of the confidence calibration
+        table[f"{mode}-recal"] = {**table[mode], "recalibrate": True}
     for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
         table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}
     if method not in table:

@@ -30,6 +30,7 @@ from .controller import Candidate, Decision, DraftOption, select_decision
 from .cost_tracking import TrackedCosts
 from .costs import CostTable, DrafterCosts
 from .goodput import horizon_goodput, step_time_ms
+from .recalibration import RequestRecalibration
 from .target_confidence import TargetConfidenceMap, interpolate_bins, judged_positions
 
 StopRule = Callable[[int, tuple[float, ...]], bool]
@@ -256,7 +257,8 @@ class ConfidenceController(TrackedCosts):
     calibrated confidence (AdaSpec, arXiv 2503.05096); k = 0 (a plain step) when even one draft token
     is predicted not to pay. Uses the first option's drafter (a draft model). ``adapt_costs``: correct
     the costs by realized step times (``cost_tracking``). ``target_confidence``: on a plain step, fold
-    the draft confidence that the target's p_max predicts into c̄ (``observe_target``)."""
+    the draft confidence that the target's p_max predicts into c̄ (``observe_target``). ``recalibrate``:
+    scale the pooled calibration by this request's observed / expected accepted tokens (``recalibration``)."""
 
     def __init__(
         self,
@@ -268,6 +270,7 @@ class ConfidenceController(TrackedCosts):
         mean_weight: float = 4.0,
         adapt_costs: bool = False,
         target_confidence: bool = False,
+        recalibrate: bool = False,
     ) -> None:
         self._track_costs(costs, [drafter], adapt_costs)
         self.uses_target = target_confidence  # the engine reports the target's p_max (observe_target)
@@ -276,11 +279,16 @@ class ConfidenceController(TrackedCosts):
         self.c_bar = RunningMean(self.calibrator.request_seed(), mean_weight)  # this request's c̄, seeded per pair
         self._q_sum, self._q_count, self._slot = 0.0, 0, None  # this request's Σ q(x_u), its count and slot
         self.estimator = AcceptanceEstimator()
+        self.recalibration = RequestRecalibration(active=recalibrate)
         self._setup_ms, self._horizon = 0.0, 1
+
+    def _predict(self, c: float) -> float:
+        """P(prefix accepted | cumulative confidence c) for this request: the pooled calibration times ρ."""
+        return self.recalibration.scale(self.calibrator.predict(c))
 
     def _draft_more(self, prefix_probs: Sequence[float], c_j: float) -> bool:
         """Predict ĉ_{j+1} = c_j·c̄ and ask ``should_draft_next`` whether token j+1 pays."""
-        next_prob = self.calibrator.predict(min(1.0, c_j * self.c_bar.value))
+        next_prob = self._predict(min(1.0, c_j * self.c_bar.value))
         return should_draft_next(prefix_probs, next_prob, self.drafters[0].draft_ms, self.costs.t_verify,
                                  self._setup_ms, self._horizon, self.min_gain, self.tpot_slo_ms)
 
@@ -297,7 +305,7 @@ class ConfidenceController(TrackedCosts):
     def _path_candidates(self, opt: DraftOption, horizon: int) -> tuple[Candidate, list[Candidate]]:
         """A plain step and the draft's lengths k = 1..k_upper along the predicted path ĉ_j = c̄^j."""
         self._setup_ms, self._horizon = opt.catchup_tokens * self.drafters[0].catchup_ms, horizon
-        path = [self.calibrator.predict(self.c_bar.value ** j) for j in range(1, opt.k_upper + 1)]
+        path = [self._predict(self.c_bar.value ** j) for j in range(1, opt.k_upper + 1)]
         plain = prefix_candidate([], self.drafters[0].draft_ms, self.costs.t_verify)
         longer = [prefix_candidate(path[:k], self.drafters[0].draft_ms, self.costs.t_verify, self._setup_ms, horizon)
                   for k in range(1, opt.k_upper + 1)]
@@ -305,21 +313,25 @@ class ConfidenceController(TrackedCosts):
 
     def _draft_decision(self, opt: DraftOption, best: Decision) -> Decision:
         """``best`` as a draft-model step: k = k_upper (the stop rule ends it) or 0; alpha = P(accept | c̄)."""
-        alpha = self.calibrator.predict(self.c_bar.value)
+        alpha = self._predict(self.c_bar.value)
         return Decision(opt.k_upper if best.k else 0, opt.drafter, alpha, best.predicted_goodput)
 
     def stop_rule(self, drafter: int) -> StopRule:
         """stop(j, confidences): True when token j+1 is predicted not to pay, from the real c_1..c_j."""
         def stop(j: int, confidences: tuple[float, ...]) -> bool:
             cs = prefix_confidences(confidences)
-            return not self._draft_more([self.calibrator.predict(c) for c in cs], cs[-1])
+            return not self._draft_more([self._predict(c) for c in cs], cs[-1])
 
         return stop
 
     def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
-        """Correct: fold the real confidences and the verified outcome into the calibration and c̄."""
+        """Correct: fold the real confidences and the verified outcome into the request's ρ (a plain step
+        relaxes it), the pooled calibration and c̄."""
         self.estimator.update(drafted, accepted)
+        if not drafted:
+            self.recalibration.relax()
         if confidences:
+            self.recalibration.update([self.calibrator.predict(c) for c in prefix_confidences(confidences)], accepted)
             self.calibrator.update(confidences, accepted)
             for q in confidences:
                 self.c_bar.add(q)

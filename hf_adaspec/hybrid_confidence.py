@@ -34,7 +34,8 @@ class HybridConfidenceController(ConfidenceController):
 
     ``drafters``: the draft model's costs, then prompt lookup's (ms). ``lookup_prior``: prompt lookup's α
     prior (the pair's memory; None: the estimator's default). ``target_confidence``: as in
-    ``ConfidenceController``; a lookup step counts as a step without the draft model."""
+    ``ConfidenceController``; a lookup step counts as a step without the draft model. ``recalibrate``: as
+    in ``ConfidenceController``; a lookup step leaves ρ as it is."""
 
     def __init__(
         self,
@@ -46,11 +47,12 @@ class HybridConfidenceController(ConfidenceController):
         tpot_slo_ms: float | None = None,
         adapt_costs: bool = False,
         target_confidence: bool = False,
+        recalibrate: bool = False,
     ) -> None:
         if len(drafters) != 2:
             raise ValueError(f"hybrid confidence needs two drafters (draft model, prompt lookup), got {len(drafters)}")
         super().__init__(costs, drafters[DRAFT], calibrator, min_gain, tpot_slo_ms, adapt_costs=adapt_costs,
-                         target_confidence=target_confidence)
+                         target_confidence=target_confidence, recalibrate=recalibrate)
         self._track_costs(costs, drafters, adapt_costs)
         self.lookup = AcceptanceEstimator(lookup_prior)
 

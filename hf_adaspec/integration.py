@@ -71,6 +71,8 @@ class SpeculationConfig:
     recent requests' acceptance rates (``AcceptanceMemory``; until three requests have drafted, of the
     initial Beta prior for the draft model, and ``LOOKUP_START_ALPHA`` for prompt lookup); None: at their
     running mean.
+    recalibrate: "confidence" and "hybrid-confidence" scale the pair's confidence calibration by the
+    request's observed / expected accepted draft tokens (``recalibration``), at batch size 1.
     """
 
     speculation: str = "adaptive"
@@ -85,6 +87,7 @@ class SpeculationConfig:
     learn_horizon: bool = True
     horizon_quantile: float | None = None
     alpha_prior_quantile: float | None = 0.75
+    recalibrate: bool = False
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -314,7 +317,7 @@ def speculative_generate(
 # generate() keywords that set SpeculationConfig fields of the same name
 _CONFIG_KEYWORDS = ("num_speculative_tokens", "max_speculative_tokens", "prompt_lookup_max_ngram", "draft_p_min",
                     "tpot_slo_ms", "adapt_costs", "target_confidence", "learn_horizon", "horizon_quantile",
-                    "alpha_prior_quantile")
+                    "alpha_prior_quantile", "recalibrate")
 
 
 @dataclass

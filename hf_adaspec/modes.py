@@ -68,7 +68,7 @@ def _confidence_controller(request: SpeculationRequest, costs: CostTable, drafte
     config = request.config
     return ConfidenceController(costs, drafters[0], _calibrator(request, proposers), config.min_gain,
                                 config.tpot_slo_ms, adapt_costs=_adapts(request),
-                                target_confidence=config.target_confidence)
+                                target_confidence=config.target_confidence, recalibrate=config.recalibrate)
 
 
 def _hybrid_confidence_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
@@ -77,7 +77,7 @@ def _hybrid_confidence_controller(request: SpeculationRequest, costs: CostTable,
     config = request.config
     return HybridConfidenceController(costs, drafters, _calibrator(request, proposers),
                                       drafter_priors(request, proposers)[1], config.min_gain, config.tpot_slo_ms,
-                                      _adapts(request), config.target_confidence)
+                                      _adapts(request), config.target_confidence, config.recalibrate)
 
 
 def _adapts(request: SpeculationRequest) -> bool:

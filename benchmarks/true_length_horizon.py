@@ -1,0 +1,70 @@
+"""How much of the confidence methods' loss on short answers is the horizon? Each method runs twice on
+the bench's Spec-Bench prompts: with the learned horizon (``LengthMemory`` of its past requests) and with
+the true one (a ``LengthMemory`` holding only this prompt's plain-greedy answer length, so the catch-up
+is amortised over exactly the tokens still to come). Plain greedy runs first on each prompt (it gives
+the length); the methods follow in a rotating order, each learning into its own ``SpeculationState``.
+Greedy, 64 tokens, the default Qwen pair (NF4).
+
+Run: python benchmarks/true_length_horizon.py --methods confidence,hybrid-confidence
+Last stdout line: one JSON object, per category (and "all") the geometric-mean speedup over plain of
+each method and its ``-truelen`` twin.
+"""
+
+import argparse
+import collections
+import json
+import math
+import time
+from pathlib import Path
+
+import hf_adaspec
+from hf_adaspec.bench import load_prompts, method_kwargs
+from hf_adaspec.horizon import LengthMemory
+from hf_adaspec.integration import SpeculationState, enable
+
+
+def timed(generate, **kwargs) -> tuple[object, float]:
+    """generate(**kwargs) and its wall time (s)."""
+    start = time.perf_counter()
+    out = generate(**kwargs)
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default="confidence,hybrid-confidence")
+    ap.add_argument("--per-category", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    args = ap.parse_args()
+    target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET)
+    draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantize_lm_head=True)
+    model, tokenizer = target.model, target.tokenizer
+    enable(model)
+    runs = [(m, true) for m in args.methods.split(",") for true in (False, True)]
+    states = {run: SpeculationState() for run in runs}
+    speedups = collections.defaultdict(lambda: collections.defaultdict(list))
+    for i, prompt in enumerate(load_prompts(Path(args.questions), args.per_category)):
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)
+        out, seconds = timed(model.generate, **inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
+        n = out.shape[1] - inputs["input_ids"].shape[1]
+        row = {"question_id": prompt.question_id, "category": prompt.category, "new_tokens": n}
+        for m, true in runs[i % len(runs):] + runs[: i % len(runs)]:
+            state = states[(m, true)]
+            if true:
+                state.lengths = LengthMemory()
+                state.lengths.record(n)
+            spec, s = timed(model.generate, **inputs, **method_kwargs(m, draft.model, 5), speculation_state=state,
+                            max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+            name = m + ("-truelen" if true else "")
+            row[name] = round((spec.speculation.new_tokens / s) / (n / seconds), 3)
+            for key in (prompt.category, "all"):
+                speedups[key][name].append(row[name])
+        print(json.dumps(row), flush=True)
+    print(json.dumps({c: {m: round(math.exp(sum(map(math.log, v)) / len(v)), 3) for m, v in by.items()}
+                      for c, by in speedups.items()}))
+
+
+if __name__ == "__main__":
+    main()
