@@ -14,33 +14,27 @@ import collections
 import json
 from pathlib import Path
 
-import hf_adaspec
+from common import chat_inputs, load_pair, prompt_options
 from hf_adaspec.bench import load_prompts, method_kwargs
-from hf_adaspec.integration import SpeculationState, enable
+from hf_adaspec.integration import SpeculationState
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--category", default="translation")
     ap.add_argument("--methods", default="confidence,confidence-recal")
-    ap.add_argument("--per-category", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    prompt_options(ap)
     args = ap.parse_args()
-    target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET)
-    draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantize_lm_head=True)
-    model, tokenizer = target.model, target.tokenizer
-    enable(model)
+    model, tokenizer, draft = load_pair()
     methods = args.methods.split(",")
     states = {m: SpeculationState() for m in methods}
     totals = {m: collections.Counter() for m in methods}
     prompts = load_prompts(Path(args.questions), args.per_category)
     last = max(i for i, p in enumerate(prompts) if p.category == args.category)
     for prompt in prompts[: last + 1]:
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)
+        inputs = chat_inputs(tokenizer, prompt.text)
         for m in methods:
-            out = model.generate(**inputs, **method_kwargs(m, draft.model, 5), speculation_state=states[m],
+            out = model.generate(**inputs, **method_kwargs(m, draft, 5), speculation_state=states[m],
                                  max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
             if prompt.category == args.category:
                 print(f"{prompt.question_id} {m}: {out.speculation.new_tokens} tokens")

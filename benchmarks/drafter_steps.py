@@ -13,9 +13,9 @@ import json
 import time
 from pathlib import Path
 
-import hf_adaspec
+from common import chat_inputs, load_pair, prompt_options
 from hf_adaspec.bench import load_prompts
-from hf_adaspec.integration import SpeculationState, enable
+from hf_adaspec.integration import SpeculationState
 
 
 def request_row(out, wall_ms: float) -> dict:
@@ -33,23 +33,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--categories", default="writing")
     ap.add_argument("--methods", default="confidence,hybrid-confidence")
-    ap.add_argument("--per-category", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    prompt_options(ap)
     args = ap.parse_args()
-    target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET)
-    draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantize_lm_head=True)
-    model, tokenizer = target.model, target.tokenizer
-    enable(model)
+    model, tokenizer, draft = load_pair()
     methods = args.methods.split(",")
     states = {m: SpeculationState() for m in methods}
     totals = {m: collections.Counter() for m in methods}
     for prompt in load_prompts(Path(args.questions), args.per_category, args.categories.split(",")):
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)
+        inputs = chat_inputs(tokenizer, prompt.text)
         for m in methods:
             start = time.perf_counter()
-            out = model.generate(**inputs, assistant_model=draft.model, speculation=m, speculation_state=states[m],
+            out = model.generate(**inputs, assistant_model=draft, speculation=m, speculation_state=states[m],
                                  max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
             row = request_row(out, (time.perf_counter() - start) * 1000.0)
             totals[m].update({"lookup_proposed": row["lookup_proposed"], "lookup_accepted": row["lookup_accepted"],

@@ -17,10 +17,10 @@ import math
 import time
 from pathlib import Path
 
-import hf_adaspec
+from common import chat_inputs, load_pair, prompt_options
 from hf_adaspec.bench import load_prompts, method_kwargs
 from hf_adaspec.horizon import LengthMemory
-from hf_adaspec.integration import SpeculationState, enable
+from hf_adaspec.integration import SpeculationState
 
 
 def timed(generate, **kwargs) -> tuple[object, float]:
@@ -33,20 +33,14 @@ def timed(generate, **kwargs) -> tuple[object, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--methods", default="confidence,hybrid-confidence")
-    ap.add_argument("--per-category", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    prompt_options(ap)
     args = ap.parse_args()
-    target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET)
-    draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantize_lm_head=True)
-    model, tokenizer = target.model, target.tokenizer
-    enable(model)
+    model, tokenizer, draft = load_pair()
     runs = [(m, true) for m in args.methods.split(",") for true in (False, True)]
     states = {run: SpeculationState() for run in runs}
     speedups = collections.defaultdict(lambda: collections.defaultdict(list))
     for i, prompt in enumerate(load_prompts(Path(args.questions), args.per_category)):
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)
+        inputs = chat_inputs(tokenizer, prompt.text)
         out, seconds = timed(model.generate, **inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
         n = out.shape[1] - inputs["input_ids"].shape[1]
         row = {"question_id": prompt.question_id, "category": prompt.category, "new_tokens": n}
@@ -55,7 +49,7 @@ def main() -> None:
             if true:
                 state.lengths = LengthMemory()
                 state.lengths.record(n)
-            spec, s = timed(model.generate, **inputs, **method_kwargs(m, draft.model, 5), speculation_state=state,
+            spec, s = timed(model.generate, **inputs, **method_kwargs(m, draft, 5), speculation_state=state,
                             max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
             name = m + ("-truelen" if true else "")
             row[name] = round((spec.speculation.new_tokens / s) / (n / seconds), 3)
