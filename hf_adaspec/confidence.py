@@ -330,8 +330,9 @@ class ConfidenceController(TrackedCosts):
         self.estimator.update(drafted, accepted)
         if not drafted:
             self.recalibration.relax()
-        if confidences:
+        if confidences and self.recalibration.active:  # off by default: no per-step predictions to pay for
             self.recalibration.update([self.calibrator.predict(c) for c in prefix_confidences(confidences)], accepted)
+        if confidences:
             self.calibrator.update(confidences, accepted)
             for q in confidences:
                 self.c_bar.add(q)
