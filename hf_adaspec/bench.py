@@ -36,7 +36,8 @@ METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "a
            "confidence", "confidence-target", "pmin", "adaptive-sofar", "hybrid-sofar", "confidence-sofar",
            "adaptive-mean", "hybrid-mean", "hybrid-confidence", "plain-again", "confidence-hedged",
            "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit", "adaptive-lookup-fit", "hybrid-fit",
-           "hybrid-confidence-fit", "confidence-recal", "hybrid-confidence-recal")
+           "hybrid-confidence-fit", "confidence-recal", "hybrid-confidence-recal", "adaptive-noprefix",
+           "confidence-noprefix", "hybrid-confidence-noprefix")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
@@ -45,7 +46,8 @@ METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k"
                  "adaptive-mean": "draft", "hybrid-mean": "hybrid", "hybrid-confidence": "hybrid",
                  "confidence-hedged": "draft", "hybrid-confidence-hedged": "hybrid", "confidence-fit": "draft",
                  "adaptive-lookup-fit": "lookup", "hybrid-confidence-fit": "hybrid", "adaptive-fit": "draft",
-                 "hybrid-fit": "hybrid", "confidence-recal": "draft", "hybrid-confidence-recal": "hybrid"}
+                 "hybrid-fit": "hybrid", "confidence-recal": "draft", "hybrid-confidence-recal": "hybrid",
+                 "adaptive-noprefix": "draft", "confidence-noprefix": "draft", "hybrid-confidence-noprefix": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Run:
     oracle_tokens_per_s: float | None = None
     realized_oracle_tokens_per_s: float | None = None
     cost_scale: CostScale | None = None
+    draft_prefix_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         table[f"{mode}-fit"] = dict(table[mode])
     for mode in ("confidence", "hybrid-confidence"):  # per-request recalibration of the confidence calibration
         table[f"{mode}-recal"] = {**table[mode], "recalibrate": True}
+    for mode in ("adaptive", "confidence", "hybrid-confidence"):  # the draft's prompt catch-up from scratch
+        table[f"{mode}-noprefix"] = {**table[mode], "reuse_draft_prefix": False}
     for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
         table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}
     if method not in table:
@@ -185,10 +190,11 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None
     scales = {m: getattr(getattr(out, "speculation", None), "cost_scale", None) for m, (out, _) in outputs.items()}
+    reused = [getattr(getattr(out, "speculation", None), "draft_prefix_tokens", 0) for out, _ in outputs.values()]
     oracle = None
-    if plain_seq is not None and cfg.get("costs") is not None:
+    if plain_seq is not None and cfg.get("costs") is not None:  # the draft's catch-up less the best reused prefix
         oracle = prompt_oracle(model, draft, plain_seq, prompt_len, cfg["costs"](prompt_len), cfg.get("k_max", 8),
-                               (prompt.question_id, prompt.category), median_scale(scales))
+                               (prompt.question_id, prompt.category), median_scale(scales), max(reused))
     runs = []
     for method in methods:
         out, elapsed = outputs[method][0], statistics.median(seconds[method])
@@ -202,7 +208,7 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
                         plain_seq is not None and gap is None,
                         stats.mean_accepted_length if stats else None, stats.plain_share if stats else None,
                         gap, stats.acceptance_rate if stats else None, stats.mean_k if stats else None, bound,
-                        realized, scales.get(method)))
+                        realized, scales.get(method), getattr(stats, "draft_prefix_tokens", None)))
     return PromptResult(runs, oracle)
 
 

@@ -84,28 +84,29 @@ def realized_costs(costs: CostTable, scale: CostScale) -> CostTable:
 
 
 def _family_rates(agree_runs: tuple[int, ...], lookup: OracleDrafter, has_draft: bool, costs: CostTable,
-                  n: int, prompt_len: int, prefill_ms: float, k_max: int) -> dict[str, float]:
+                  n: int, catchup_tokens: int, prefill_ms: float, k_max: int) -> dict[str, float]:
     """Oracle tokens/s (prefill included) per family under ``costs``."""
-    model = OracleDrafter(agree_runs, costs.draft_ms, prompt_len * costs.draft_catchup_ms)
+    model = OracleDrafter(agree_runs, costs.draft_ms, catchup_tokens * costs.draft_catchup_ms)
     sets = {"draft": [model] if has_draft else [], "lookup": [lookup], "hybrid": [model, lookup] if has_draft else []}
     return {family: 1000.0 * n / (prefill_ms + oracle_schedule(drafters, k_max, costs.t_verify).time_ms)
             for family, drafters in sets.items() if drafters}
 
 
 def prompt_oracle(target, draft, sequence: torch.Tensor, prompt_len: int, costs: CostTable, k_max: int,
-                  ids: tuple[int, str], scale: CostScale | None = None) -> PromptOracle:
+                  ids: tuple[int, str], scale: CostScale | None = None, reused: int = 0) -> PromptOracle:
     """Oracle tokens/s per family for one greedy output ``sequence`` [1, T]; ids = (question_id, category).
 
     draft: the draft model alone (its setup: ingesting the prompt at ``costs.draft_catchup_ms`` per
-    token); lookup: prompt lookup alone (free); hybrid: both. Plain steps are always allowed. With
-    ``scale`` (the ratios the runs measured) also under ``realized_costs(costs, scale)``.
+    token, less the ``reused`` prefix tokens its cache was seeded with, ``draft_prefix``); lookup: prompt
+    lookup alone (free); hybrid: both. Plain steps are always allowed. With ``scale`` (the ratios the
+    runs measured) also under ``realized_costs(costs, scale)``.
     """
     n = sequence.shape[1] - prompt_len
     agree = draft_agreement(draft, sequence, prompt_len) if draft is not None else []
     lookup = OracleDrafter(tuple(lookup_runs(sequence, prompt_len, k_max)))
     prefill = time_prefill_ms(target, sequence[:, :prompt_len])
     rates = functools.partial(_family_rates, tuple(agreement_runs(agree)), lookup, draft is not None,
-                              n=n, prompt_len=prompt_len, prefill_ms=prefill, k_max=k_max)
+                              n=n, catchup_tokens=prompt_len - reused, prefill_ms=prefill, k_max=k_max)
     hits = sum(1 for r in lookup.runs if r > 0)
     return PromptOracle(ids[0], ids[1], n, prefill, sum(agree) / len(agree) if agree else float("nan"),
                         hits / len(lookup.runs) if lookup.runs else float("nan"), rates(costs),

@@ -6,6 +6,8 @@ transformers upgrade that moves an internal breaks one module.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import DynamicCache
 
@@ -49,6 +51,15 @@ def rollback(cache: DynamicCache, length: int) -> None:
     excess = cache.get_seq_length() - length
     if excess > 0:
         cache.crop(-excess)  # transformers 5.x: a negative argument removes that many positions
+
+
+def copy_cache(cache: DynamicCache, length: int) -> DynamicCache:
+    """An independent copy of ``cache`` holding only its first ``length`` positions (tokens)."""
+    if not 0 <= length <= cache.get_seq_length():
+        raise ValueError(f"length must be in [0, {cache.get_seq_length()}], got {length}")
+    out = copy.deepcopy(cache)
+    rollback(out, length)
+    return out
 
 
 def forward_logits(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from .batch_engine import speculative_decode_batch
 from .confidence import CalibratorMemory
 from .cost_tracking import CostScaleMemory
 from .costs import CostCache, CostTable
+from .draft_prefix import DraftPrefixStore
 from .engine import DecodeSettings, speculative_decode
 from .horizon import LengthMemory, lindy_horizon
 from .modes import SPECULATION_MODES, build_controller, drafter_priors, memory_key, scale_key
@@ -73,6 +74,9 @@ class SpeculationConfig:
     running mean.
     recalibrate: "confidence" and "hybrid-confidence" scale the pair's confidence calibration by the
     request's observed / expected accepted draft tokens (``recalibration``), at batch size 1.
+    reuse_draft_prefix: at batch size 1 the draft model's cache starts from the longest prefix the prompt
+    shares with a recent request's (``draft_prefix``: the chat template's system turn, a conversation's
+    history), so its catch-up ingests only the rest; the target still ingests the whole prompt.
     """
 
     speculation: str = "adaptive"
@@ -88,6 +92,7 @@ class SpeculationConfig:
     horizon_quantile: float | None = None
     alpha_prior_quantile: float | None = 0.75
     recalibrate: bool = False
+    reuse_draft_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -135,6 +140,7 @@ class SpeculationRequest:
     profile: str | Path | None = None
     cost_scales: CostScaleMemory | None = None
     lengths: LengthMemory | None = None
+    draft_prefixes: DraftPrefixStore | None = None
 
     def horizon(self, generated: int, tokens_left: int) -> int:
         """Tokens still to come: learned from the model's past requests (``lengths``, when
@@ -205,14 +211,16 @@ def _check_batch(input_ids: torch.Tensor, mask: torch.Tensor, request: Speculati
 
 
 def _build_proposers(request: SpeculationRequest, logits_processor, generation_config, batch: int | None = None,
-                     pad: int = 0) -> list:
-    """Draft model (if given), then prompt lookup (if no draft model, or for hybrid drafting); the
-    static-batch versions when ``batch`` rows are given (``pad``: the pad id for ragged draft blocks)."""
+                     pad: int = 0, draft_cache: object | None = None) -> list:
+    """Draft model (if given; ``draft_cache``: its starting cache at batch size 1), then prompt lookup (if
+    no draft model, or for hybrid drafting); the static-batch versions when ``batch`` rows are given
+    (``pad``: the pad id for ragged draft blocks)."""
     proposers: list = []
     if request.draft_model is not None:
         eos_ids = hf_compat.eos_token_ids(generation_config)
         do_sample = generation_config.do_sample
-        proposers.append(DraftModelProposer(request.draft_model, logits_processor, do_sample, eos_ids) if batch is None
+        proposers.append(DraftModelProposer(request.draft_model, logits_processor, do_sample, eos_ids,
+                                            cache=draft_cache) if batch is None
                          else BatchDraftModelProposer(request.draft_model, batch, logits_processor, do_sample, pad,
                                                       eos_ids))
     if request.draft_model is None or SPECULATION_MODES[request.config.speculation].lookup_with_draft:
@@ -289,7 +297,10 @@ def speculative_generate(
         if generation_config.return_dict_in_generate:
             return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
         return result.sequences
-    proposers = _build_proposers(request, logits_processor, generation_config)
+    store = request.draft_prefixes if request.config.reuse_draft_prefix and request.draft_model is not None else None
+    seed = store.seed(request.draft_model, input_ids) if store is not None else None  # the draft's starting cache
+    proposers = _build_proposers(request, logits_processor, generation_config,
+                                 draft_cache=seed.cache if seed is not None else None)
     settings = DecodeSettings(
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
@@ -305,6 +316,9 @@ def speculative_generate(
     if request.lengths is not None:
         request.lengths.record(result.stats.new_tokens)
     result.stats.tpot_slo_ms = request.config.tpot_slo_ms
+    if seed is not None:
+        result.stats.draft_prefix_tokens = seed.length
+        store.remember(request.draft_model, result.sequences, proposers[0].cache, seed.length)
     if request.cost_scales is not None and hasattr(controller, "tracker"):
         request.cost_scales.record(scale_key(controller.tracker.base, proposers), controller.tracker.scale)
     if request.memory is not None:
@@ -315,21 +329,21 @@ def speculative_generate(
 
 
 # generate() keywords that set SpeculationConfig fields of the same name
-_CONFIG_KEYWORDS = ("num_speculative_tokens", "max_speculative_tokens", "prompt_lookup_max_ngram", "draft_p_min",
-                    "tpot_slo_ms", "adapt_costs", "target_confidence", "learn_horizon", "horizon_quantile",
-                    "alpha_prior_quantile", "recalibrate")
+_CONFIG_KEYWORDS = tuple(f.name for f in fields(SpeculationConfig) if f.name != "speculation")
 
 
 @dataclass
 class SpeculationState:
     """What ``generate`` learns across requests of one model: α per drafter (``memory``), the confidence
-    calibration, the cost correction's ratios and the requests' lengths. ``enable`` keeps one per model;
+    calibration, the cost correction's ratios, the requests' lengths and the draft's recent caches
+    (``draft_prefix``). ``enable`` keeps one per model;
     ``generate(..., speculation_state=SpeculationState())`` keeps workloads (or benchmarked methods) apart."""
 
     memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
     calibrators: CalibratorMemory = field(default_factory=CalibratorMemory)
     cost_scales: CostScaleMemory = field(default_factory=CostScaleMemory)
     lengths: LengthMemory = field(default_factory=LengthMemory)
+    draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
 
 
 def _speculative_entry(original, state: SpeculationState, speculation=None, **kwargs):
@@ -348,7 +362,7 @@ def _speculative_entry(original, state: SpeculationState, speculation=None, **kw
     on_step = kwargs.pop("speculation_callback", None)
     profile = kwargs.pop("speculation_profile", None)
     request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, state.memory, on_step,
-                                 state.calibrators, profile, state.cost_scales, state.lengths)
+                                 state.calibrators, profile, state.cost_scales, state.lengths, state.draft_prefixes)
     return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
 
 
@@ -360,15 +374,8 @@ def enable(model) -> Any:
     correction's ratios are kept per (model, drafter) pair across requests, and the requests' lengths per
     model (the horizon over which a draft's catch-up is amortised, ``horizon``): one ``SpeculationState``.
 
-    Extra keywords with ``speculation``: ``num_speculative_tokens``, ``max_speculative_tokens``,
-    ``prompt_lookup_max_ngram``, ``draft_p_min`` ("pmin"), ``tpot_slo_ms`` (ms per output token; its
-    attainment lands in ``.speculation``), ``adapt_costs`` (default False; True: correct measured costs by
-    realized step times), ``target_confidence`` (default False; True: the draft model's c̄ or α also
-    learns from the target's top probability on steps it does not draft), ``learn_horizon`` (default True;
-    False: amortise a draft's catch-up over the tokens so far, not the model's past request lengths),
-    ``horizon_quantile`` (default None, the mean; q: amortise over the q-quantile of the past requests'
-    remaining lengths, a hedge against short answers),
-    ``alpha_prior_quantile`` (default 0.75; None: start α at the pair's running acceptance),
+    Extra keywords with ``speculation``: every ``SpeculationConfig`` field but ``speculation`` (see there:
+    ``num_speculative_tokens``, ``tpot_slo_ms``, ``reuse_draft_prefix``, …),
     ``speculation_state`` (a ``SpeculationState`` to learn into instead of the model's own),
     ``speculation_costs`` (a ``CostTable``, used as is),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the

@@ -41,7 +41,8 @@ class StepRecord:
 class SpeculationStats:
     """All decisions of one request plus wall time; ``new_tokens`` counts the generated tokens;
     ``tpot_slo_ms``: the request's TPOT service-level objective (ms/token), None when none was set;
-    ``cost_scale``: the controller's realized / predicted cost ratios at the end (None: no cost model)."""
+    ``cost_scale``: the controller's realized / predicted cost ratios at the end (None: no cost model);
+    ``draft_prefix_tokens``: prompt tokens the draft's cache started with, reused from an earlier request."""
 
     steps: list[StepRecord] = field(default_factory=list)
     prefill_ms: float = 0.0
@@ -49,6 +50,7 @@ class SpeculationStats:
     new_tokens: int = 0
     tpot_slo_ms: float | None = None
     cost_scale: CostScale | None = None
+    draft_prefix_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -108,14 +110,16 @@ class SpeculationStats:
         return met / emitted if emitted else float("nan")
 
     def summary(self) -> str:
-        """One line: tokens/s, mean accepted length, acceptance, k histogram, share of plain steps, and
-        the SLO attainment when an SLO was set."""
+        """One line: tokens/s, mean accepted length, acceptance, k histogram, share of plain steps, the
+        draft's reused prompt tokens when any, and the SLO attainment when an SLO was set."""
         hist = " ".join(f"{k}:{n}" for k, n in self.k_histogram.items())
         line = (
             f"{self.new_tokens} tokens in {self.wall_ms / 1000:.2f} s = {self.tokens_per_s:.2f} tokens/s | "
             f"mean accepted length {self.mean_accepted_length:.2f} | acceptance {self.acceptance_rate:.2f} | "
             f"k histogram {{{hist}}} | plain steps {100 * self.plain_share:.0f}%"
         )
+        if self.draft_prefix_tokens:
+            line += f" | draft reused {self.draft_prefix_tokens} prompt tokens"
         if self.tpot_slo_ms is not None:
             line += f" | TPOT SLO {self.tpot_slo_ms:g} ms met by {100 * self.slo_attainment():.0f}% of tokens"
         return line
@@ -131,6 +135,7 @@ class SpeculationStats:
             "acceptance_rate": self.acceptance_rate,
             "k_histogram": self.k_histogram,
             "plain_share": self.plain_share,
+            "draft_prefix_tokens": self.draft_prefix_tokens,
             "tpot_slo_ms": self.tpot_slo_ms,
             "slo_attainment": self.slo_attainment() if self.tpot_slo_ms is not None else None,
             "cost_scale": asdict(self.cost_scale) if self.cost_scale is not None else None,

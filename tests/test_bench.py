@@ -55,7 +55,7 @@ def test_bench_flags_reach_the_goodput_and_confidence_methods_only(flag):
                        "hybrid-sofar", "confidence-sofar", "adaptive-mean", "hybrid-mean", "hybrid-confidence",
                        "confidence-hedged", "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit",
                        "adaptive-lookup-fit", "hybrid-fit", "hybrid-confidence-fit", "confidence-recal",
-                       "hybrid-confidence-recal"}
+                       "hybrid-confidence-recal", "adaptive-noprefix", "confidence-noprefix", "hybrid-confidence-noprefix"}
     assert {m for m in METHODS if method_kwargs(m, None, 5).get(flag)} == (
         {"confidence-target"} if flag == "target_confidence" else set())
 
@@ -101,6 +101,19 @@ def test_bench_oracle_agreement_lookup_runs_and_rates(models):
     assert oracle.tokens_per_s["draft"] == pytest.approx(1000.0 * 12 / (oracle.prefill_ms + 18.0 + 11.0))
     assert oracle.tokens_per_s["hybrid"] >= oracle.tokens_per_s["draft"] - 1e-9
     assert set(oracle.tokens_per_s) == {"draft", "lookup", "hybrid"}
+
+
+def test_bench_oracle_charges_the_draft_only_for_prompt_tokens_it_did_not_reuse(models):
+    from hf_adaspec.bench_oracle import prompt_oracle
+    from hf_adaspec.costs import CostTable
+
+    target, prompt = models["target"], torch.tensor([[5, 6, 7, 8, 9, 10]])
+    seq = target.generate(prompt, max_new_tokens=12, do_sample=False)  # [1, 18]
+    costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0, draft_catchup_ms=5.0)
+    for reused, ingest_ms in ((0, 30.0), (4, 10.0)):  # 6 or 2 prompt tokens at 5 ms
+        oracle = prompt_oracle(target, models["same_model"], seq, 6, costs, 8, (7, "qa"), reused=reused)
+        # k=8, then k=1: (8 + 10) + (1 + 10) ms
+        assert oracle.tokens_per_s["draft"] == pytest.approx(1000.0 * 12 / (oracle.prefill_ms + 29.0 + ingest_ms))
 
 
 def test_bench_oracle_at_realized_costs_scales_verify_and_draft(models):

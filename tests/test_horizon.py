@@ -86,9 +86,10 @@ def test_engine_asks_the_settings_horizon_with_generated_and_tokens_left(models)
 def test_a_model_that_ran_long_requests_drafts_from_the_first_step(tiny_factory):
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
 
-    def first_k(**kwargs):
+    def first_k(**kwargs):  # the same prompt each time: no draft prefix reuse, or it would cost no catch-up
         out = target.generate(PROMPT, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
-                              max_new_tokens=40, do_sample=False, return_dict_in_generate=True, **kwargs)
+                              max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
+                              reuse_draft_prefix=False, **kwargs)
         return out.speculation.steps[0].k
 
     assert first_k() == 0  # no history: a horizon of 1 token does not pay the prompt's catch-up

@@ -4,7 +4,8 @@ Notation: q = draft distribution. The draft keeps its own KV cache. It lazily ca
 has not seen (the previous step's bonus/correction token, or many tokens after a run of plain steps)
 in one forward, then drafts one token per forward, reporting q(x_u) of each drafted token; an
 optional ``stop`` callable may end the proposal after any token. Rolled back to the confirmed prefix
-after every verification.
+after every verification. It may start from a cache that already holds a prefix of the prompt, reused
+from an earlier request (``draft_prefix``).
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ class DraftModelProposer:
         do_sample: bool,
         eos_token_ids: tuple[int, ...] = (),
         generator: torch.Generator | None = None,
+        cache: object | None = None,
     ) -> None:
+        """``cache``: a draft KV cache already holding a prefix of the prompt (``draft_prefix``); None: empty."""
         self.model = model
         self.logits_processor = logits_processor
         self.do_sample = do_sample
         self.eos = torch.tensor(eos_token_ids, dtype=torch.long)
         self.generator = generator
-        self.cache = hf_compat.new_cache(model)
+        self.cache = cache if cache is not None else hf_compat.new_cache(model)
 
     def available(self, tokens: torch.Tensor, k_max: int) -> int:
         """A draft model can always offer k_max tokens."""

@@ -1,0 +1,125 @@
+"""Draft prefix reuse: the store's seeds, their caches, and generate's use of them."""
+
+import pytest
+import torch
+
+import hf_adaspec
+from hf_adaspec import hf_compat
+from hf_adaspec.costs import CostTable
+from hf_adaspec.draft_prefix import DraftPrefixStore, common_prefix_length
+
+COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0, draft_catchup_ms=0.1)
+
+
+def prefilled(model, tokens: torch.Tensor):
+    """The model's cache after one forward over tokens [1, T]."""
+    cache = hf_compat.new_cache(model)
+    with torch.no_grad():
+        hf_compat.forward_logits(model, tokens, cache, keep=1)
+    return cache
+
+
+def layer_keys(cache) -> list[torch.Tensor]:
+    return [layer.keys.clone() for layer in cache.layers]
+
+
+def test_common_prefix_length():
+    a = torch.tensor([1, 2, 3, 4])
+    assert common_prefix_length(a, torch.tensor([1, 2, 3, 4])) == 4
+    assert common_prefix_length(a, torch.tensor([1, 2, 9, 4])) == 2
+    assert common_prefix_length(a, torch.tensor([7, 2, 3])) == 0
+    assert common_prefix_length(a, torch.tensor([1, 2])) == 2
+    assert common_prefix_length(a, torch.tensor([], dtype=torch.long)) == 0
+
+
+def test_seed_is_an_independent_copy_of_the_longest_shared_prefix(models, one_thread):
+    draft, store = models["same_model"], DraftPrefixStore()
+    assert store.seed(draft, torch.tensor([[1, 2, 3]])).length == 0  # nothing stored yet
+    first = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+    store.remember(draft, first, prefilled(draft, first), seeded=0)
+    stored = layer_keys(store.entries[0].cache)
+    seed = store.seed(draft, torch.tensor([[5, 6, 7, 8, 20, 21]]))
+    assert seed.length == 4 and hf_compat.cache_length(seed.cache) == 4
+    fresh = prefilled(draft, torch.tensor([[5, 6, 7, 8]]))
+    for got, want in zip(layer_keys(seed.cache), layer_keys(fresh)):
+        torch.testing.assert_close(got, want)  # a position's keys depend only on the tokens before it
+    hf_compat.rollback(seed.cache, 1)
+    assert all(torch.equal(a, b) for a, b in zip(layer_keys(store.entries[0].cache), stored))  # store untouched
+
+
+def test_seed_matches_only_the_same_model(models, one_thread):
+    store, prompt = DraftPrefixStore(), torch.tensor([[5, 6, 7, 8]])
+    store.remember(models["same_model"], prompt, prefilled(models["same_model"], prompt), seeded=0)
+    assert store.seed(models["other_seed"], prompt).length == 0
+    assert store.seed(models["same_model"], prompt).length == 4
+
+
+def test_remember_keeps_grown_caches_and_forgets_the_oldest(models, one_thread):
+    draft, store = models["same_model"], DraftPrefixStore(size=2)
+    prompts = [torch.tensor([[i, 1, 2]]) for i in (10, 11, 12)]
+    store.remember(draft, prompts[0], prefilled(draft, prompts[0]), seeded=3)  # did not grow past its seed
+    assert len(store.entries) == 0
+    for p in prompts:
+        store.remember(draft, p, prefilled(draft, p), seeded=0)
+    assert len(store.entries) == 2
+    assert store.seed(draft, prompts[0]).length == 0 and store.seed(draft, prompts[2]).length == 3
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        DraftPrefixStore(size=0)
+    with pytest.raises(ValueError, match="length must be in"):
+        hf_compat.copy_cache(prefilled(draft, prompts[0]), 4)
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "confidence", "hybrid-confidence"])
+def test_a_shared_prefix_is_reused_and_greedy_output_equals_plain(tiny_factory, mode, one_thread):
+    target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(1)
+    prompts = [torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 3 + i]]) for i in range(3)]  # 8 shared tokens
+    state = hf_adaspec.SpeculationState()
+    reused = []
+    for prompt in prompts:
+        plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+        out = target.generate(prompt, assistant_model=draft, speculation=mode, speculation_costs=COSTS,
+                              speculation_state=state, max_new_tokens=16, do_sample=False,
+                              return_dict_in_generate=True)
+        assert torch.equal(out.sequences, plain)
+        reused.append(out.speculation.draft_prefix_tokens)
+    assert reused == [0, 8, 8]
+    assert "draft reused 8 prompt tokens" in out.speculation.summary()
+    assert out.speculation.to_dict()["draft_prefix_tokens"] == 8
+
+
+def test_reuse_off_ingests_the_whole_prompt(tiny_factory, one_thread):
+    target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
+    prompt, state, catchups = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]]), hf_adaspec.SpeculationState(), []
+
+    def first_catchup(**kwargs) -> tuple[int, int]:
+        out = target.generate(prompt, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
+                              speculation_state=state, max_new_tokens=12, do_sample=False,
+                              return_dict_in_generate=True, **kwargs)
+        return out.speculation.draft_prefix_tokens, len(state.draft_prefixes.entries)
+
+    assert first_catchup() == (0, 1)  # the first request stores its draft cache
+    assert first_catchup(reuse_draft_prefix=False) == (0, 1)  # off: neither seeded nor stored
+    assert first_catchup() == (8, 2)  # the whole prompt reused; its cache grew past it, so it is stored too
+
+
+def test_a_seeded_proposer_catches_up_only_on_the_rest(models, one_thread):
+    from hf_adaspec.proposers import DraftModelProposer
+
+    draft, store = models["same_model"], DraftPrefixStore()
+    first = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    store.remember(draft, first, prefilled(draft, first), seeded=0)
+    ids = torch.tensor([[5, 6, 7, 8, 1, 2, 3, 4, 0]])  # a 8-token prompt sharing 4, then the prefill's token
+    seed = store.seed(draft, ids[:, :8])
+    seeded = DraftModelProposer(draft, lambda ids, scores: scores, False, cache=seed.cache)
+    assert seeded.catchup_tokens(ids) == 9 - 4 - 2
+    assert DraftModelProposer(draft, lambda ids, scores: scores, False).catchup_tokens(ids) == 9 - 2
+    fresh = DraftModelProposer(draft, lambda ids, scores: scores, False)
+    assert torch.equal(seeded.propose(ids, 4).tokens, fresh.propose(ids, 4).tokens)
+
+
+def test_bench_noprefix_methods_turn_reuse_off():
+    from hf_adaspec.bench import METHOD_FAMILY, method_kwargs
+
+    for mode in ("adaptive", "confidence", "hybrid-confidence"):
+        assert method_kwargs(f"{mode}-noprefix", "d", 5) == {**method_kwargs(mode, "d", 5), "reuse_draft_prefix": False}
+        assert METHOD_FAMILY[f"{mode}-noprefix"] == METHOD_FAMILY[mode]
