@@ -1,9 +1,11 @@
-"""What the Spec-Bench diagnostic scripts share: their prompt options and the default Qwen pair (NF4)."""
+"""What the Spec-Bench diagnostic scripts share: their prompt options, the default Qwen pair (NF4) and a
+session of bench methods, each learning into its own state."""
 
 import argparse
 
 import hf_adaspec
-from hf_adaspec.integration import enable
+from hf_adaspec.bench import method_kwargs
+from hf_adaspec.integration import SpeculationState, enable
 
 
 def prompt_options(ap: argparse.ArgumentParser) -> None:
@@ -25,3 +27,20 @@ def chat_inputs(tokenizer, text: str) -> dict:
     """One user turn with the chat template: input_ids and attention_mask, [1, T]."""
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                          return_tensors="pt", return_dict=True)
+
+
+class MethodSession:
+    """The default pair and one ``SpeculationState`` per bench method (as ``hf-adaspec bench`` keeps
+    them), for scripts that run several methods on the same prompts."""
+
+    def __init__(self, methods: str) -> None:
+        self.model, self.tokenizer, self.draft = load_pair()
+        self.methods = methods.split(",")
+        self.states = {m: SpeculationState() for m in self.methods}
+
+    def generate(self, text: str, method: str, max_new_tokens: int):
+        """One greedy request of ``method`` (``hf-adaspec bench``'s keywords) on a user message, learning
+        into the method's state; the output has ``.speculation``."""
+        return self.model.generate(**chat_inputs(self.tokenizer, text), **method_kwargs(method, self.draft, 5),
+                                   speculation_state=self.states[method], max_new_tokens=max_new_tokens,
+                                   do_sample=False, return_dict_in_generate=True)

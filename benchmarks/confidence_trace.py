@@ -14,9 +14,8 @@ import collections
 import json
 from pathlib import Path
 
-from common import chat_inputs, load_pair, prompt_options
-from hf_adaspec.bench import load_prompts, method_kwargs
-from hf_adaspec.integration import SpeculationState
+from common import MethodSession, prompt_options
+from hf_adaspec.bench import load_prompts
 
 
 def main() -> None:
@@ -25,17 +24,13 @@ def main() -> None:
     ap.add_argument("--methods", default="confidence,confidence-recal")
     prompt_options(ap)
     args = ap.parse_args()
-    model, tokenizer, draft = load_pair()
-    methods = args.methods.split(",")
-    states = {m: SpeculationState() for m in methods}
-    totals = {m: collections.Counter() for m in methods}
+    session = MethodSession(args.methods)
+    totals = {m: collections.Counter() for m in session.methods}
     prompts = load_prompts(Path(args.questions), args.per_category)
     last = max(i for i, p in enumerate(prompts) if p.category == args.category)
     for prompt in prompts[: last + 1]:
-        inputs = chat_inputs(tokenizer, prompt.text)
-        for m in methods:
-            out = model.generate(**inputs, **method_kwargs(m, draft, 5), speculation_state=states[m],
-                                 max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+        for m in session.methods:
+            out = session.generate(prompt.text, m, args.max_new_tokens)
             if prompt.category == args.category:
                 print(f"{prompt.question_id} {m}: {out.speculation.new_tokens} tokens")
                 for s in out.speculation.steps:

@@ -13,9 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from common import chat_inputs, load_pair, prompt_options
+from common import MethodSession, prompt_options
 from hf_adaspec.bench import load_prompts
-from hf_adaspec.integration import SpeculationState
 
 
 def request_row(out, wall_ms: float) -> dict:
@@ -35,16 +34,12 @@ def main() -> None:
     ap.add_argument("--methods", default="confidence,hybrid-confidence")
     prompt_options(ap)
     args = ap.parse_args()
-    model, tokenizer, draft = load_pair()
-    methods = args.methods.split(",")
-    states = {m: SpeculationState() for m in methods}
-    totals = {m: collections.Counter() for m in methods}
+    session = MethodSession(args.methods)
+    totals = {m: collections.Counter() for m in session.methods}
     for prompt in load_prompts(Path(args.questions), args.per_category, args.categories.split(",")):
-        inputs = chat_inputs(tokenizer, prompt.text)
-        for m in methods:
+        for m in session.methods:
             start = time.perf_counter()
-            out = model.generate(**inputs, assistant_model=draft, speculation=m, speculation_state=states[m],
-                                 max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+            out = session.generate(prompt.text, m, args.max_new_tokens)
             row = request_row(out, (time.perf_counter() - start) * 1000.0)
             totals[m].update({"lookup_proposed": row["lookup_proposed"], "lookup_accepted": row["lookup_accepted"],
                               **{f"steps_{k}": v for k, v in row["steps"].items()}})
