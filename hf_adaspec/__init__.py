@@ -15,7 +15,8 @@ from .assets import AssetError
 from .costs import CostTable
 from .goodput import best_k, expected_tokens
 from .generate_batch import BatchGeneration, generate_batch
-from .integration import SpeculationConfig, SpeculationState, SpeculativeGenerateOutput, enable
+from .config import SpeculationConfig
+from .integration import SpeculationState, SpeculativeGenerateOutput, enable
 from .loading import LoadedModel, load
 from .presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from .stats import BatchSpeculationStats, BatchStepRecord, SpeculationStats, StepRecord

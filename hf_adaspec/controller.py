@@ -13,6 +13,8 @@ excluded before goodput is compared; when no choice meets it, the one with the l
 is taken (best effort). The TPOT is the steady-state one: a drafter's one-off catch-up is left out.
 At batch size 1 the TPOT is 1 / (goodput before amortising catch-up), so the SLO changes a decision
 only where ``min_gain`` or a catch-up cost made the goodput pick a slower-per-token choice.
+With ``hindsight``, a costless drafter (prompt lookup) also learns α on the steps it was not verified,
+from its proposal scored against the tokens the step emitted (``hindsight``).
 ``FixedController``: always k from the first drafter (capped by what it offers and the budget).
 """
 
@@ -26,6 +28,7 @@ from .acceptance import AcceptanceEstimator, AcceptancePrior, observe_drafters
 from .cost_tracking import TrackedCosts
 from .costs import CostTable, DrafterCosts
 from .goodput import expected_tokens, goodput, horizon_goodput, step_time_ms
+from .hindsight import HindsightTrial
 from .target_confidence import TargetConfidenceMap, judged_positions
 
 
@@ -114,7 +117,8 @@ class GoodputController(TrackedCosts):
     """Per-step (drafter, k) by maximum predicted goodput; k = 0 when speculation does not pay.
     ``adapt_costs``: correct the costs by realized step times (``cost_tracking``). ``target_maps``: per
     drafter, a map from the target's p_max to acceptance (``target_confidence``; None: no such signal),
-    which keeps its α near what the text's predictability says while it does not draft."""
+    which keeps its α near what the text's predictability says while it does not draft. ``hindsight``:
+    the engine passes ``observe_hindsight`` trials of costless drafters on steps they were not verified."""
 
     def __init__(
         self,
@@ -125,8 +129,10 @@ class GoodputController(TrackedCosts):
         tpot_slo_ms: float | None = None,
         adapt_costs: bool = False,
         target_maps: Sequence[TargetConfidenceMap | None] | None = None,
+        hindsight: bool = False,
     ) -> None:
         self._track_costs(costs, drafters, adapt_costs)
+        self.hindsight = hindsight
         self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self.estimators = [AcceptanceEstimator(p) for p in (priors or [None] * len(self.drafters))]
         self.target_maps = list(target_maps or [None] * len(self.drafters))
@@ -145,6 +151,10 @@ class GoodputController(TrackedCosts):
 
     def observe(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
         observe_drafters(self.estimators, drafter, drafted, accepted)
+
+    def observe_hindsight(self, drafter: int, trial: HindsightTrial) -> None:
+        """An unverified proposal's trial (``hindsight``) counts as evidence for that drafter's α."""
+        self.estimators[drafter].update(trial.drafted, trial.accepted)
 
     def observe_target(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...],
                        target_top: tuple[float, ...]) -> None:

@@ -11,6 +11,8 @@ A controller whose ``uses_target`` is true gets the target's top probability at 
 position through ``observe_target`` (``target_confidence``). A controller with ``observe_time`` gets
 each step's realized draft and verify time (ms), so it can correct its cost table online
 (``cost_tracking``).
+A controller with ``hindsight`` true also gets, through ``observe_hindsight``, a trial of each costless
+drafter (prompt lookup) on the steps it was not verified: its proposal scored against the emitted tokens.
 A drafter's one-off catch-up cost is amortised over the expected remaining length, ``settings.horizon``
 (generated, tokens left) → tokens: by default as many as generated so far (``horizon.lindy_horizon``);
 ``generate`` passes the target model's ``LengthMemory``, which learns it from past requests.
@@ -26,6 +28,7 @@ import torch
 
 from . import hf_compat
 from .controller import Controller, Decision, DraftOption
+from .hindsight import hindsight_trial, unverified_proposals
 from .horizon import lindy_horizon
 from .proposers.base import Proposal, Proposer
 from .stats import SpeculationStats, StepRecord
@@ -113,6 +116,8 @@ def speculative_decode(
                    for i, p in enumerate(proposers)]
         decision = controller.choose(options, settings.horizon(length - prompt_len, budget + 1))
         proposer = proposers[decision.drafter]
+        hindsight = getattr(controller, "hindsight", False)  # score costless drafters it does not verify
+        unverified = unverified_proposals(proposers, options, decision, ids) if hindsight else {}
         t0 = time.perf_counter()
         proposal = _propose(proposer, controller, ids, decision)
         t1 = time.perf_counter()
@@ -129,6 +134,8 @@ def speculative_decode(
             top = torch.softmax(scores[0, : n + 1].float(), dim=-1).amax(dim=-1)  # [n+1]: p_max per position
             controller.observe_target(decision.drafter, proposal.k, n, proposal.confidences, tuple(top.tolist()))
         new = torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1)  # [1, n+1]
+        for d, proposed in unverified.items():  # [L]: what a costless drafter would have proposed
+            controller.observe_hindsight(d, hindsight_trial(proposed, new[0]))
         ids, done = append_tokens(ids, new, settings)
         t2 = time.perf_counter()
         if hasattr(controller, "observe_time"):

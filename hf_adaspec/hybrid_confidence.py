@@ -25,6 +25,7 @@ from .acceptance import AcceptanceEstimator, AcceptancePrior
 from .confidence import ConfidenceCalibrator, ConfidenceController, StopRule
 from .controller import Decision, DraftOption, iid_candidates, select_decision
 from .costs import CostTable, DrafterCosts
+from .hindsight import HindsightTrial
 
 DRAFT, LOOKUP = 0, 1  # drafter indices: the draft model first, prompt lookup second
 
@@ -35,7 +36,8 @@ class HybridConfidenceController(ConfidenceController):
     ``drafters``: the draft model's costs, then prompt lookup's (ms). ``lookup_prior``: prompt lookup's α
     prior (the pair's memory; None: the estimator's default). ``target_confidence``: as in
     ``ConfidenceController``; a lookup step counts as a step without the draft model. ``recalibrate``: as
-    in ``ConfidenceController``; a lookup step leaves ρ as it is."""
+    in ``ConfidenceController``; a lookup step leaves ρ as it is. ``hindsight``: prompt lookup's α also
+    learns on the steps it is not verified, from its proposal scored against the emitted tokens."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class HybridConfidenceController(ConfidenceController):
         adapt_costs: bool = False,
         target_confidence: bool = False,
         recalibrate: bool = False,
+        hindsight: bool = False,
     ) -> None:
         if len(drafters) != 2:
             raise ValueError(f"hybrid confidence needs two drafters (draft model, prompt lookup), got {len(drafters)}")
@@ -55,6 +58,7 @@ class HybridConfidenceController(ConfidenceController):
                          target_confidence=target_confidence, recalibrate=recalibrate)
         self._track_costs(costs, drafters, adapt_costs)
         self.lookup = AcceptanceEstimator(lookup_prior)
+        self.hindsight = hindsight
 
     def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
         """The best of a plain step, the draft model's confidence path and prompt lookup's k = 1..k_upper."""
@@ -79,6 +83,11 @@ class HybridConfidenceController(ConfidenceController):
         super().observe(drafter, drafted, accepted, confidences)
         if drafted == 0:
             self.lookup.update(0, 0)
+
+    def observe_hindsight(self, drafter: int, trial: HindsightTrial) -> None:
+        """Prompt lookup's unverified proposal, scored against the emitted tokens, updates its α."""
+        if drafter == LOOKUP:
+            self.lookup.update(trial.drafted, trial.accepted)
 
     def observe_target(self, drafter: int, drafted: int, accepted: int, confidences: tuple[float, ...],
                        target_top: tuple[float, ...]) -> None:

@@ -48,7 +48,8 @@ def _goodput_controller(request: SpeculationRequest, costs: CostTable, drafters:
     config, memory = request.config, request.memory or AcceptanceMemory()
     maps = [memory.target_map_for(memory_key(p)) if config.target_confidence and isinstance(p, DraftModelProposer)
             else None for p in proposers]
-    return GoodputController(costs, drafters, priors, config.min_gain, config.tpot_slo_ms, _adapts(request), maps)
+    return GoodputController(costs, drafters, priors, config.min_gain, config.tpot_slo_ms, _adapts(request), maps,
+                             hindsight=config.lookup_hindsight)
 
 
 def _fixed_controller(request: SpeculationRequest, costs: CostTable, drafters: list[DrafterCosts],
@@ -77,7 +78,8 @@ def _hybrid_confidence_controller(request: SpeculationRequest, costs: CostTable,
     config = request.config
     return HybridConfidenceController(costs, drafters, _calibrator(request, proposers),
                                       drafter_priors(request, proposers)[1], config.min_gain, config.tpot_slo_ms,
-                                      _adapts(request), config.target_confidence, config.recalibrate)
+                                      _adapts(request), config.target_confidence, config.recalibrate,
+                                      hindsight=config.lookup_hindsight)
 
 
 def _adapts(request: SpeculationRequest) -> bool:

@@ -77,7 +77,7 @@ def load_pair(spec: PairSpec) -> LoadedPair:
 
     from . import enable, load
     from .costs import CostCache
-    from .integration import SpeculationConfig
+    from .config import SpeculationConfig
 
     target = load(spec.target, quantization=spec.quantization, dtype=spec.dtype)
     enable(target.model)

@@ -7,7 +7,7 @@ import torch
 
 import hf_adaspec
 from hf_adaspec import CostTable
-from hf_adaspec.integration import SpeculationConfig
+from hf_adaspec.config import SpeculationConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)

@@ -10,7 +10,8 @@ from hf_adaspec.confidence import ConfidenceCalibrator, ConfidenceController
 from hf_adaspec.controller import DraftOption, DrafterCosts
 from hf_adaspec.costs import CostTable
 from hf_adaspec.hybrid_confidence import LOOKUP, HybridConfidenceController
-from hf_adaspec.integration import SpeculationConfig, SpeculationRequest
+from hf_adaspec.config import SpeculationConfig
+from hf_adaspec.integration import SpeculationRequest
 from hf_adaspec.modes import build_controller
 from hf_adaspec.proposers import DraftModelProposer, PromptLookupProposer
 from hf_adaspec.recalibration import RequestRecalibration, recalibration_ratio

@@ -12,7 +12,7 @@ from hf_adaspec.acceptance import AcceptancePrior
 from hf_adaspec.confidence import ConfidenceCalibrator, ConfidenceController
 from hf_adaspec.controller import DraftOption, DrafterCosts, GoodputController
 from hf_adaspec.costs import CostTable
-from hf_adaspec.integration import SpeculationConfig
+from hf_adaspec.config import SpeculationConfig
 from hf_adaspec.stats import SpeculationStats, StepRecord
 
 FLAT = CostTable(verify_ms=(50.0,) * 9, draft_ms=20.0)  # verification costs 50 ms for 1..9 tokens

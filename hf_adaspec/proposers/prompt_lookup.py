@@ -49,6 +49,7 @@ class PromptLookupProposer:
     """Drafts by n-gram lookup over prompt + output so far (batch size 1)."""
 
     name = "prompt_lookup"
+    costless = True  # no forward pass and no state: its unverified proposals can be scored (``hindsight``)
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram, self.min_ngram = check_ngram_sizes(max_ngram, min_ngram)
