@@ -37,8 +37,8 @@ METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "a
            "adaptive-mean", "hybrid-mean", "hybrid-confidence", "plain-again", "confidence-hedged",
            "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit", "adaptive-lookup-fit", "hybrid-fit",
            "hybrid-confidence-fit", "confidence-recal", "hybrid-confidence-recal", "adaptive-noprefix",
-           "confidence-noprefix", "hybrid-confidence-noprefix", "adaptive-lookup-nohindsight", "hybrid-nohindsight",
-           "hybrid-confidence-nohindsight")
+           "confidence-noprefix", "hybrid-confidence-noprefix", "adaptive-lookup-hindsight", "hybrid-hindsight",
+           "hybrid-confidence-hindsight")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
@@ -49,8 +49,8 @@ METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k"
                  "adaptive-lookup-fit": "lookup", "hybrid-confidence-fit": "hybrid", "adaptive-fit": "draft",
                  "hybrid-fit": "hybrid", "confidence-recal": "draft", "hybrid-confidence-recal": "hybrid",
                  "adaptive-noprefix": "draft", "confidence-noprefix": "draft", "hybrid-confidence-noprefix": "hybrid",
-                 "adaptive-lookup-nohindsight": "lookup", "hybrid-nohindsight": "hybrid",
-                 "hybrid-confidence-nohindsight": "hybrid"}
+                 "adaptive-lookup-hindsight": "lookup", "hybrid-hindsight": "hybrid",
+                 "hybrid-confidence-hindsight": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         table[f"{mode}-recal"] = {**table[mode], "recalibrate": True}
     for mode in ("adaptive", "confidence", "hybrid-confidence"):  # the draft's prompt catch-up from scratch
         table[f"{mode}-noprefix"] = {**table[mode], "reuse_draft_prefix": False}
-    for mode in ("adaptive-lookup", "hybrid", "hybrid-confidence"):  # lookup learns only from its verified steps
-        table[f"{mode}-nohindsight"] = {**table[mode], "lookup_hindsight": False}
+    for mode in ("adaptive-lookup", "hybrid", "hybrid-confidence"):  # lookup also scored on unverified steps
+        table[f"{mode}-hindsight"] = {**table[mode], "lookup_hindsight": True}
     for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
         table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}
     if method not in table:

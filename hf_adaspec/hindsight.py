@@ -10,9 +10,10 @@ the emitted token is distributed as p, so it equals x with that same probability
 When every compared token matches but the proposal was longer than what the step emitted, no rejection
 was seen: the trial ends there (drafted = accepted = tokens compared), as ``AcceptanceEstimator`` reads it.
 
-Why: in the hybrids prompt lookup's α was learned only from its own verified steps, so while the draft
-model drafted it stayed near its start prior. On Spec-Bench extraction the hybrid then drafted with the
-draft model where prompt lookup alone ran faster, and verified shorter lookup proposals (README).
+Why: in the hybrids prompt lookup's α is otherwise learned only from its own verified steps, so while
+the draft model drafts it stays near its start prior. On Spec-Bench extraction the hybrid drafted with
+the draft model where prompt lookup alone ran faster. Opt-in (``SpeculationConfig.lookup_hindsight``):
+over the whole bench it measured no faster (README, Benchmark).
 """
 
 from __future__ import annotations

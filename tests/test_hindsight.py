@@ -150,8 +150,19 @@ def test_hindsight_is_unbiased_under_speculative_sampling():
 
 
 def test_config_default_and_bench_ablation():
-    assert SpeculationConfig().lookup_hindsight
+    assert not SpeculationConfig().lookup_hindsight
     for mode in ("adaptive-lookup", "hybrid", "hybrid-confidence"):
-        off = {**method_kwargs(mode, "d", 5), "lookup_hindsight": False}
-        assert method_kwargs(f"{mode}-nohindsight", "d", 5) == off
-        assert METHOD_FAMILY[f"{mode}-nohindsight"] == METHOD_FAMILY[mode]
+        on = {**method_kwargs(mode, "d", 5), "lookup_hindsight": True}
+        assert method_kwargs(f"{mode}-hindsight", "d", 5) == on
+        assert METHOD_FAMILY[f"{mode}-hindsight"] == METHOD_FAMILY[mode]
+
+
+@pytest.mark.usefixtures("one_thread", "private_cache")
+@pytest.mark.parametrize("mode", ["hybrid", "hybrid-confidence"])
+def test_greedy_with_hindsight_equals_plain(models, mode):
+    plain = models["target"].generate(PROMPT, max_new_tokens=40, do_sample=False)
+    out = models["target"].generate(PROMPT, speculation=mode, assistant_model=models["noisy_copy"],
+                                    lookup_hindsight=True, speculation_costs=FLAT, max_new_tokens=40,
+                                    do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert {"draft_model", "prompt_lookup"} & {s.drafter for s in out.speculation.steps}
