@@ -135,6 +135,11 @@ def bench(
             "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
     bm.write_results(output, runs, summary, meta, oracles)
     typer.echo(bm.markdown(summary, method_list))
+    _echo_overall(summary, method_list, output)
+
+
+def _echo_overall(summary: dict, method_list: list[str], output: Path) -> None:
+    """The bench's last stdout line: one JSON object of overall speedups, % of oracle and greedy checks."""
     overall = summary["table"]["overall"]
     typer.echo(json.dumps({"output": str(output), "prompts": summary["prompts"],
                            "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},

@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 
 from . import hf_compat
 from .costs import atomic_write, time_forward_ms
-from .profile import CATCHUP_CHUNK, Profile, ProfileCell, assemble_profile, library_versions, profile_identity
+from .cost_predictors import CATCHUP_CHUNK, ProfileCell
+from .profile import Profile, assemble_profile, library_versions, profile_identity
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)
 SKIP_RULE = "target cells with batch * new_tokens > max_tokens_per_forward are not measured"

@@ -11,22 +11,16 @@ from typer.testing import CliRunner
 from hf_adaspec import CostTable, cli, costs, hf_compat
 from hf_adaspec.costs import CostCache
 from hf_adaspec.loading import LoadedModel
+from hf_adaspec.cost_predictors import QUANTITIES, CostFit, ProfileCell, choose_predictor, fit_costs, interp1, table_predict
 from hf_adaspec.profile import (
     PROFILE_ENV,
-    QUANTITIES,
-    CostFit,
-    ProfileCell,
     assemble_profile,
-    choose_predictor,
     default_profile_path,
     find_profile,
-    fit_costs,
-    interp1,
     load_profile,
     profile_identity,
     profile_key,
     save_profile,
-    table_predict,
 )
 from hf_adaspec.profiling import ProfileGrid, measure_profile, pair_name
 
