@@ -43,9 +43,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", default="confidence/plain,plain-again/plain,hybrid-confidence/confidence,"
                                        "hybrid-confidence/adaptive-lookup")
-    ap.add_argument("--results", default="benchmarks/results/spec_bench_4pc_*.json")
+    ap.add_argument("--results", default="benchmarks/results/spec_bench_4pc_*.json",
+                    help="glob(s) of results files, comma-separated")
     args = ap.parse_args()
-    files = sorted(glob.glob(args.results))
+    files = sorted({f for pattern in args.results.split(",") for f in glob.glob(pattern)})
     out: dict[str, dict] = {}
     for pair in args.pairs.split(","):
         a, b = pair.split("/")
@@ -58,8 +59,8 @@ def main() -> None:
     print("category".ljust(16) + "".join(p.rjust(34) for p in out))
     for cat in cats:
         cells = [out[p].get(cat) for p in out]
-        print(cat.ljust(16) + "".join((f"{c['ratio']:.3f} ± {c['se']:.3f} ({c['runs']} runs)" if c else "–").rjust(34)
-                                      for c in cells))
+        text = [f"{c['ratio']:.3f} ± {c['se']:.3f} ({c['runs']} runs)" if c else "–" for c in cells]
+        print(cat.ljust(16) + "".join(t.rjust(34) for t in text))
     print(json.dumps(out))
 
 
