@@ -1,5 +1,6 @@
-"""What a draft forward costs in NF4 and as a dense copy, by new tokens: the measurement behind
-``assistant_catchup_model`` (``hf_adaspec/proposers/draft_model.py``).
+"""What a draft forward costs in NF4 and as a dense copy, by new tokens: the measurement behind the
+dense catch-up tried in 0539a22 (``assistant_catchup_model``: a dense copy of the draft ingested
+pending chunks of >= 64 tokens) and reverted after its in-run A/B (README, Benchmark).
 
 The default draft (Qwen2.5-Coder-0.5B) is loaded twice: NF4 with a quantized head, as the library's
 default draft, and dense in the same compute dtype. For each chunk size n, a cache holding the 24

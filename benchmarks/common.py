@@ -37,13 +37,10 @@ class MethodSession:
         self.model, self.tokenizer, self.draft = load_pair()
         self.methods = methods.split(",")
         self.states = {m: SpeculationState() for m in self.methods}
-        dense = any(m.endswith("-dense-catchup") for m in self.methods)
-        self.catchup_draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantization="none").model if dense else None
 
     def generate(self, text: str, method: str, max_new_tokens: int):
         """One greedy request of ``method`` (``hf-adaspec bench``'s keywords) on a user message, learning
         into the method's state; the output has ``.speculation``."""
-        kwargs = method_kwargs(method, self.draft, 5, catchup_draft=self.catchup_draft)
-        return self.model.generate(**chat_inputs(self.tokenizer, text), **kwargs,
+        return self.model.generate(**chat_inputs(self.tokenizer, text), **method_kwargs(method, self.draft, 5),
                                    speculation_state=self.states[method], max_new_tokens=max_new_tokens,
                                    do_sample=False, return_dict_in_generate=True)

@@ -39,8 +39,7 @@ METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "a
            "hybrid-confidence-fit", "confidence-recal", "hybrid-confidence-recal", "adaptive-noprefix",
            "confidence-noprefix", "hybrid-confidence-noprefix", "adaptive-lookup-hindsight", "hybrid-hindsight",
            "hybrid-confidence-hindsight", "hybrid-confidence-catchup",
-           "hybrid-confidence-hindsight-catchup", "adaptive-dense-catchup", "confidence-dense-catchup",
-           "hybrid-confidence-dense-catchup")
+           "hybrid-confidence-hindsight-catchup")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
@@ -53,8 +52,7 @@ METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k"
                  "adaptive-noprefix": "draft", "confidence-noprefix": "draft", "hybrid-confidence-noprefix": "hybrid",
                  "adaptive-lookup-hindsight": "lookup", "hybrid-hindsight": "hybrid",
                  "hybrid-confidence-hindsight": "hybrid", "hybrid-confidence-catchup": "hybrid",
-                 "hybrid-confidence-hindsight-catchup": "hybrid", "adaptive-dense-catchup": "draft",
-                 "confidence-dense-catchup": "draft", "hybrid-confidence-dense-catchup": "hybrid"}
+                 "hybrid-confidence-hindsight-catchup": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -116,12 +114,11 @@ def load_prompts(path: Path, per_category: int, categories: list[str] | None = N
     return [p for bucket in taken.values() for p in bucket]
 
 
-def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, target_confidence: bool = False,
-                  catchup_draft=None) -> dict:
+def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, target_confidence: bool = False
+                  ) -> dict:
     """generate() keyword arguments for one method (all greedy). For the goodput and confidence methods,
     ``adapt_costs``: correct measured costs online (``cost_tracking``); ``target_confidence``: learn
-    from the target's confidence on steps without the draft (``target_confidence``). ``catchup_draft``:
-    the dense copy of the draft that the "-dense-catchup" methods pass as ``assistant_catchup_model``."""
+    from the target's confidence on steps without the draft (``target_confidence``)."""
     table = {
         "plain": {},
         "hf-assisted": {"assistant_model": draft},
@@ -151,8 +148,6 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
     table["hybrid-confidence-catchup"] = {**table["hybrid-confidence"], "lookup_priced_catchup": True}
     table["hybrid-confidence-hindsight-catchup"] = {**table["hybrid-confidence-hindsight"],
                                                     "lookup_priced_catchup": True}
-    for mode in ("adaptive", "confidence", "hybrid-confidence"):  # long catch-ups on the draft's dense copy
-        table[f"{mode}-dense-catchup"] = {**table[mode], "assistant_catchup_model": catchup_draft}
     for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
         table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}
     if method not in table:
@@ -196,7 +191,7 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
     for _ in range(cfg.get("repeats", 1)):  # every method once per round: drift hits all alike
         for method in order:
             kwargs = method_kwargs(method, draft, cfg["fixed_k"], cfg.get("adapt_costs", False),
-                                   cfg.get("target_confidence", False), cfg.get("catchup_draft"))
+                                   cfg.get("target_confidence", False))
             if "speculation" in kwargs and "states" in cfg:
                 kwargs["speculation_state"] = cfg["states"].setdefault(method, SpeculationState())
             if method.endswith("-fit"):

@@ -34,15 +34,6 @@ def _load_pair(target: str, draft: str, quantization: str, dtype: str):
     return tgt, drf
 
 
-def _load_catchup_draft(draft: str, dtype: str):
-    """The draft's dense copy for its long catch-ups (``assistant_catchup_model``), its kernels warmed up."""
-    from . import load
-
-    dense = load(draft, quantization="none", dtype=dtype).model
-    dense.generate(torch.tensor([[0, 1, 2, 3]], device=dense.device), max_new_tokens=2, do_sample=False)
-    return dense
-
-
 @app.command()
 def generate(
     prompt: str = typer.Argument(DEFAULT_PROMPT, help="User message; the chat template is applied."),
@@ -125,16 +116,14 @@ def bench(
     selected = bm.load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None)
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     draft_model = drf.model if drf is not None else None
-    dense = any(m.endswith("-dense-catchup") for m in method_list) and draft != "none"
-    catchup_draft = _load_catchup_draft(draft, dtype) if dense else None
     warm = bm.Prompt(-1, "warm-up", "Say hello.")
     fit = _fit_costs(tgt.model, draft_model, 8)
     bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0,
-                  {"fixed_k": fixed_k, "max_new_tokens": 8, "fit_costs": fit, "catchup_draft": catchup_draft})
+                  {"fixed_k": fixed_k, "max_new_tokens": 8, "fit_costs": fit})
     runs, oracles = [], []
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,
            "costs": _controller_costs(tgt.model, draft_model, 8), "adapt_costs": adapt_costs, "fit_costs": fit,
-           "target_confidence": target_confidence, "states": {}, "catchup_draft": catchup_draft}
+           "target_confidence": target_confidence, "states": {}}
     for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
         result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
         runs += result.runs

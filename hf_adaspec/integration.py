@@ -55,7 +55,6 @@ class SpeculationRequest:
     cost_scales: CostScaleMemory | None = None
     lengths: LengthMemory | None = None
     draft_prefixes: DraftPrefixStore | None = None
-    draft_catchup_model: torch.nn.Module | None = None
 
     def horizon(self, generated: int, tokens_left: int) -> int:
         """Tokens still to come: learned from the model's past requests (``lengths``, when
@@ -88,11 +87,7 @@ def _check_inputs(model, input_ids: torch.Tensor, request: SpeculationRequest, g
             f"({hf_compat.vocab_size(model)}); pick a draft with the target's tokenizer, or drop "
             "assistant_model to use prompt lookup"
         )
-    if request.draft_catchup_model is not None and draft is None:
-        raise ValueError("assistant_catchup_model is a dense copy of the draft model: pass assistant_model=draft too")
     if _is_batch(input_ids, kw):
-        if request.draft_catchup_model is not None:
-            raise ValueError("assistant_catchup_model supports batch size 1; drop it for batches")
         if not SPECULATION_MODES[mode].batch:
             raise ValueError(f'speculation="{mode}" supports batch size 1; use "adaptive", "hybrid", "confidence" '
                              'or "fixed" for batches')
@@ -139,8 +134,7 @@ def _build_proposers(request: SpeculationRequest, logits_processor, generation_c
         eos_ids = hf_compat.eos_token_ids(generation_config)
         do_sample = generation_config.do_sample
         proposers.append(DraftModelProposer(request.draft_model, logits_processor, do_sample, eos_ids,
-                                            cache=draft_cache, catchup_model=request.draft_catchup_model)
-                         if batch is None
+                                            cache=draft_cache) if batch is None
                          else BatchDraftModelProposer(request.draft_model, batch, logits_processor, do_sample, pad,
                                                       eos_ids))
     if request.draft_model is None or SPECULATION_MODES[request.config.speculation].lookup_with_draft:
@@ -276,15 +270,13 @@ def _speculative_entry(original, state: SpeculationState, speculation=None, **kw
         return original(**kwargs)
     state = given or state
     draft = kwargs.pop("assistant_model", None)
-    catchup_model = kwargs.pop("assistant_catchup_model", None)
     given_config = {name: kwargs.pop(name) for name in _CONFIG_KEYWORDS if name in kwargs}
     config = SpeculationConfig(speculation=speculation, **given_config)  # the rest: SpeculationConfig's defaults
     costs = kwargs.pop("speculation_costs", None)
     on_step = kwargs.pop("speculation_callback", None)
     profile = kwargs.pop("speculation_profile", None)
     request = SpeculationRequest(config, draft, kwargs.get("streamer"), costs, state.memory, on_step,
-                                 state.calibrators, profile, state.cost_scales, state.lengths, state.draft_prefixes,
-                                 catchup_model)
+                                 state.calibrators, profile, state.cost_scales, state.lengths, state.draft_prefixes)
     return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
 
 
@@ -300,8 +292,6 @@ def enable(model) -> Any:
     ``num_speculative_tokens``, ``tpot_slo_ms``, ``reuse_draft_prefix``, …),
     ``speculation_state`` (a ``SpeculationState`` to learn into instead of the model's own),
     ``speculation_costs`` (a ``CostTable``, used as is),
-    ``assistant_catchup_model`` (a dense copy of the draft model that ingests its long catch-ups, batch
-    size 1; ``proposers.draft_model``),
     ``speculation_profile`` (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the
     cached profile of this pair, else calibration at first use) and ``speculation_callback``:
     called as ``fn(record, tokens)`` after each step with its ``StepRecord`` (None for the prefill's

@@ -6,15 +6,6 @@ in one forward, then drafts one token per forward, reporting q(x_u) of each draf
 optional ``stop`` callable may end the proposal after any token. Rolled back to the confirmed prefix
 after every verification. It may start from a cache that already holds a prefix of the prompt, reused
 from an earlier request (``draft_prefix``).
-
-A long catch-up may run on a second copy of the draft, ``catchup_model``: the same weights, dense. On
-a CPU a one-token draft forward is bound by reading the weights, so NF4 wins there, while a forward
-over hundreds of tokens is bound by arithmetic, where bitsandbytes' NF4 path costs more per token than
-a dense bf16 matmul (0.5B draft, 24 cached tokens, median of 3: 300 new tokens 921 ms NF4 vs 698 ms
-bf16, 160: 507 vs 393, 64: 212 vs 200, 16: 72 vs 107; ``python benchmarks/catchup_model.py``). So
-a pending chunk of at least ``CATCHUP_MODEL_MIN_TOKENS`` goes through ``catchup_model``; both models
-write the same KV cache. Lossless: the draft only proposes, and under sampling q is the distribution
-the token was drawn from, whichever copy computed it.
 """
 
 from __future__ import annotations
@@ -25,27 +16,6 @@ from collections.abc import Callable
 
 from .. import hf_compat
 from .base import Proposal
-
-CATCHUP_MODEL_MIN_TOKENS = 64  # pending tokens from which the dense copy ingests faster (see above)
-
-
-def check_catchup_model(draft: torch.nn.Module, catchup_model: torch.nn.Module) -> None:
-    """Raise ValueError unless ``catchup_model`` can write ``draft``'s KV cache: the same vocabulary,
-    layers, KV heads and head size, and activations of the same dtype on the same device."""
-    def shape(model: torch.nn.Module) -> tuple:
-        cfg = model.config.get_text_config()
-        heads = cfg.num_attention_heads
-        return (hf_compat.vocab_size(model), cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
-                getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-
-    if shape(draft) != shape(catchup_model):
-        raise ValueError(f"assistant_catchup_model must be a copy of the draft model (vocabulary, layers, KV heads, "
-                         f"head size {shape(draft)}), got {shape(catchup_model)}: load the same draft with "
-                         "quantization='none'")
-    a, b = draft.get_input_embeddings().weight, catchup_model.get_input_embeddings().weight
-    if (a.dtype, a.device) != (b.dtype, b.device):
-        raise ValueError(f"assistant_catchup_model computes in {b.dtype} on {b.device}, the draft in {a.dtype} on "
-                         f"{a.device}; their KV caches must match: load it with the draft's dtype and device")
 
 
 class DraftModelProposer:
@@ -61,18 +31,9 @@ class DraftModelProposer:
         eos_token_ids: tuple[int, ...] = (),
         generator: torch.Generator | None = None,
         cache: object | None = None,
-        catchup_model: torch.nn.Module | None = None,
     ) -> None:
-        """``cache``: a draft KV cache already holding a prefix of the prompt (``draft_prefix``); None: empty.
-        ``catchup_model``: a dense copy of ``model`` that ingests pending chunks of at least
-        ``CATCHUP_MODEL_MIN_TOKENS`` (see the module docstring); None: ``model`` ingests everything.
-
-        Raises:
-            ValueError: ``catchup_model`` cannot write ``model``'s cache (``check_catchup_model``).
-        """
-        if catchup_model is not None:
-            check_catchup_model(model, catchup_model)
-        self.model, self.catchup_model = model, catchup_model
+        """``cache``: a draft KV cache already holding a prefix of the prompt (``draft_prefix``); None: empty."""
+        self.model = model
         self.logits_processor = logits_processor
         self.do_sample = do_sample
         self.eos = torch.tensor(eos_token_ids, dtype=torch.long)
@@ -99,10 +60,7 @@ class DraftModelProposer:
         pending = context[:, hf_compat.cache_length(self.cache) :]  # [1, m ≥ 1] not yet in the draft cache
         drafted, probs, confidences = [], [], []
         for _ in range(k):
-            model = self.model
-            if self.catchup_model is not None and pending.shape[1] >= CATCHUP_MODEL_MIN_TOKENS:
-                model = self.catchup_model
-            logits = hf_compat.forward_logits(model, pending, self.cache, keep=1)[:, -1]  # [1, V]
+            logits = hf_compat.forward_logits(self.model, pending, self.cache, keep=1)[:, -1]  # [1, V]
             scores = self.logits_processor(context, logits)  # [1, V]
             q = torch.softmax(scores, dim=-1)  # [1, V]
             if self.do_sample:
