@@ -57,7 +57,7 @@ def test_bench_flags_reach_the_goodput_and_confidence_methods_only(flag):
                        "adaptive-lookup-fit", "hybrid-fit", "hybrid-confidence-fit", "confidence-recal",
                        "hybrid-confidence-recal", "adaptive-noprefix", "confidence-noprefix", "hybrid-confidence-noprefix",
                        "adaptive-lookup-hindsight", "hybrid-hindsight", "hybrid-confidence-hindsight",
-                       "hybrid-confidence-catchup", "hybrid-confidence-hindsight-catchup"}
+                       "hybrid-confidence-catchup"}
     assert {m for m in METHODS if method_kwargs(m, None, 5).get(flag)} == (
         {"confidence-target"} if flag == "target_confidence" else set())
 
