@@ -38,7 +38,7 @@ METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "fixed-k", "adaptive", "a
            "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit", "adaptive-lookup-fit", "hybrid-fit",
            "hybrid-confidence-fit", "confidence-recal", "hybrid-confidence-recal", "adaptive-noprefix",
            "confidence-noprefix", "hybrid-confidence-noprefix", "adaptive-lookup-hindsight", "hybrid-hindsight",
-           "hybrid-confidence-hindsight", "hybrid-confidence-catchup")
+           "hybrid-confidence-hindsight")
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "adaptive": "draft",
@@ -50,7 +50,7 @@ METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k"
                  "hybrid-fit": "hybrid", "confidence-recal": "draft", "hybrid-confidence-recal": "hybrid",
                  "adaptive-noprefix": "draft", "confidence-noprefix": "draft", "hybrid-confidence-noprefix": "hybrid",
                  "adaptive-lookup-hindsight": "lookup", "hybrid-hindsight": "hybrid",
-                 "hybrid-confidence-hindsight": "hybrid", "hybrid-confidence-catchup": "hybrid"}
+                 "hybrid-confidence-hindsight": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,6 @@ def method_kwargs(method: str, draft, fixed_k: int, adapt_costs: bool = False, t
         table[f"{mode}-noprefix"] = {**table[mode], "reuse_draft_prefix": False}
     for mode in ("adaptive-lookup", "hybrid", "hybrid-confidence"):  # lookup also scored on unverified steps
         table[f"{mode}-hindsight"] = {**table[mode], "lookup_hindsight": True}
-    table["hybrid-confidence-catchup"] = {**table["hybrid-confidence"], "lookup_priced_catchup": True}
     for mode in ("adaptive", "hybrid"):  # the α-prior ablation: each request starts at the running mean
         table[f"{mode}-mean"] = {**table[mode], "alpha_prior_quantile": None}
     if method not in table:

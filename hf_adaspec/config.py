@@ -50,8 +50,6 @@ class SpeculationConfig:
     on the steps it is not verified, from the proposal it would have made scored against the tokens the
     step emitted (``hindsight``: free, since a lookup proposal needs no forward pass). Off by default: on
     Spec-Bench it changed hybrid-confidence by 1.007x / 0.994x per prompt in two runs (README).
-    lookup_priced_catchup: hybrid-confidence lets the draft model pay a catch-up only where it pays
-    against going on with prompt lookup and plain steps over the horizon (``goodput.catchup_pays``).
     """
 
     speculation: str = "adaptive"
@@ -69,7 +67,6 @@ class SpeculationConfig:
     recalibrate: bool = False
     reuse_draft_prefix: bool = True
     lookup_hindsight: bool = False
-    lookup_priced_catchup: bool = False
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:

@@ -62,28 +62,6 @@ def horizon_goodput(rate: float, setup_ms: float, horizon: int) -> float:
     return horizon / (setup_ms / 1000.0 + horizon / rate)
 
 
-def catchup_pays(setup_ms: float, horizon: int, match_share: float, draft_rate: float, lookup_rate: float,
-                 plain_rate: float) -> bool:
-    """Whether a draft model's one-off catch-up ``setup_ms`` (ms) pays over the next ``horizon`` tokens
-    when the alternative is to go on without it: prompt lookup where it finds a match, plain steps
-    elsewhere. Rates are steady-state goodputs (tokens/s); per-token times mix by ``match_share`` m, the
-    share of steps where lookup finds a match: 1/r_without = m / max(r_l, r_p) + (1 − m) / r_p and
-    1/r_with = m / max(r_d, r_l, r_p) + (1 − m) / max(r_d, r_p). It pays iff setup + H / r_with <
-    H / r_without (goodput over a horizon, SmartSpec, arXiv 2406.14066, §4, with the catch-up as setup).
-
-    Raises:
-        ValueError: match_share outside [0, 1], or a rate ≤ 0.
-    """
-    if not 0.0 <= match_share <= 1.0:
-        raise ValueError(f"match_share must be in [0, 1], got {match_share}")
-    if min(draft_rate, lookup_rate, plain_rate) <= 0:
-        raise ValueError(f"rates must be > 0 tokens/s, got {draft_rate}, {lookup_rate}, {plain_rate}")
-    m = match_share
-    without = m / max(lookup_rate, plain_rate) + (1 - m) / plain_rate  # s/token
-    with_draft = m / max(draft_rate, lookup_rate, plain_rate) + (1 - m) / max(draft_rate, plain_rate)
-    return setup_ms / 1000.0 + horizon * with_draft < horizon * without
-
-
 def best_k(
     alpha: float,
     k_max: int,

@@ -22,10 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .acceptance import AcceptanceEstimator, AcceptancePrior
-from .confidence import ConfidenceCalibrator, ConfidenceController, RunningMean, StopRule
-from .controller import Candidate, Decision, DraftOption, iid_candidates, select_decision
+from .confidence import ConfidenceCalibrator, ConfidenceController, StopRule
+from .controller import Decision, DraftOption, iid_candidates, select_decision
 from .costs import CostTable, DrafterCosts
-from .goodput import catchup_pays, goodput
 from .hindsight import HindsightTrial
 
 DRAFT, LOOKUP = 0, 1  # drafter indices: the draft model first, prompt lookup second
@@ -38,10 +37,7 @@ class HybridConfidenceController(ConfidenceController):
     prior (the pair's memory; None: the estimator's default). ``target_confidence``: as in
     ``ConfidenceController``; a lookup step counts as a step without the draft model. ``recalibrate``: as
     in ``ConfidenceController``; a lookup step leaves ρ as it is. ``hindsight``: prompt lookup's α also
-    learns on the steps it is not verified, from its proposal scored against the emitted tokens.
-    ``lookup_priced_catchup``: the draft model may pay a catch-up only if it pays against going on with
-    prompt lookup and plain steps over the horizon (``goodput.catchup_pays``; lookup's match share per
-    request, seeded at 0.5 worth 2 steps), not only against this step's alternatives."""
+    learns on the steps it is not verified, from its proposal scored against the emitted tokens."""
 
     def __init__(
         self,
@@ -55,7 +51,6 @@ class HybridConfidenceController(ConfidenceController):
         target_confidence: bool = False,
         recalibrate: bool = False,
         hindsight: bool = False,
-        lookup_priced_catchup: bool = False,
     ) -> None:
         if len(drafters) != 2:
             raise ValueError(f"hybrid confidence needs two drafters (draft model, prompt lookup), got {len(drafters)}")
@@ -63,30 +58,17 @@ class HybridConfidenceController(ConfidenceController):
                          target_confidence=target_confidence, recalibrate=recalibrate)
         self._track_costs(costs, drafters, adapt_costs)
         self.lookup = AcceptanceEstimator(lookup_prior)
-        self.hindsight, self.lookup_priced_catchup = hindsight, lookup_priced_catchup
-        self.match_share = RunningMean(0.5, 2.0)  # share of this request's steps where lookup found a match
+        self.hindsight = hindsight
 
     def choose(self, options: Sequence[DraftOption], horizon: int = 1) -> Decision:
         """The best of a plain step, the draft model's confidence path and prompt lookup's k = 1..k_upper."""
         draft, lookup = options[DRAFT], options[LOOKUP]
-        self.match_share.add(1.0 if lookup.k_upper else 0.0)
         plain, longer = self._path_candidates(draft, horizon)
         lookups = iid_candidates(lookup, self.lookup.alpha, self.drafters[LOOKUP], self.costs.t_verify, horizon)
-        if self.lookup_priced_catchup and self._setup_ms and longer and not self._catchup_pays(plain, longer,
-                                                                                              draft, horizon):
-            longer = []  # the draft model would not earn its catch-up back against lookup and plain steps
         best = select_decision(plain, [*longer, *lookups], self.min_gain, self.tpot_slo_ms)
         if best.k and best.drafter == LOOKUP:
             return best
         return self._draft_decision(draft, best)
-
-    def _catchup_pays(self, plain: Candidate, longer: list[Candidate], draft: DraftOption, horizon: int) -> bool:
-        """``catchup_pays`` with the draft's best steady rate (its amortised rates R undone: 1/r = 1/R − S/H),
-        lookup's best rate at its α over k ≤ the draft's k_upper, and a plain step's rate (tokens/s)."""
-        draft_rate = max(1.0 / (1.0 / c.rate - self._setup_ms / 1000.0 / horizon) for c in longer)
-        lookup_rate = max(goodput(self.lookup.alpha, k, self.drafters[LOOKUP].draft_ms, self.costs.t_verify)
-                          for k in range(1, draft.k_upper + 1))
-        return catchup_pays(self._setup_ms, horizon, self.match_share.value, draft_rate, lookup_rate, plain.rate)
 
     def stop_rule(self, drafter: int) -> StopRule | None:
         """The confidence stop rule for the draft model; None for prompt lookup (verified up to its k)."""

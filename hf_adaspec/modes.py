@@ -79,8 +79,7 @@ def _hybrid_confidence_controller(request: SpeculationRequest, costs: CostTable,
     return HybridConfidenceController(costs, drafters, _calibrator(request, proposers),
                                       drafter_priors(request, proposers)[1], config.min_gain, config.tpot_slo_ms,
                                       _adapts(request), config.target_confidence, config.recalibrate,
-                                      hindsight=config.lookup_hindsight,
-                                      lookup_priced_catchup=config.lookup_priced_catchup)
+                                      hindsight=config.lookup_hindsight)
 
 
 def _adapts(request: SpeculationRequest) -> bool:

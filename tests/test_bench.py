@@ -56,8 +56,7 @@ def test_bench_flags_reach_the_goodput_and_confidence_methods_only(flag):
                        "confidence-hedged", "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit",
                        "adaptive-lookup-fit", "hybrid-fit", "hybrid-confidence-fit", "confidence-recal",
                        "hybrid-confidence-recal", "adaptive-noprefix", "confidence-noprefix", "hybrid-confidence-noprefix",
-                       "adaptive-lookup-hindsight", "hybrid-hindsight", "hybrid-confidence-hindsight",
-                       "hybrid-confidence-catchup"}
+                       "adaptive-lookup-hindsight", "hybrid-hindsight", "hybrid-confidence-hindsight"}
     assert {m for m in METHODS if method_kwargs(m, None, 5).get(flag)} == (
         {"confidence-target"} if flag == "target_confidence" else set())
 

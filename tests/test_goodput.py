@@ -133,21 +133,3 @@ def test_cost_table_t_verify_indexing_and_extrapolation():
 def test_cost_table_validation(kwargs):
     with pytest.raises(ValueError):
         CostTable(**kwargs)
-
-
-def test_catchup_pays_against_lookup_and_plain_steps():
-    from hf_adaspec.goodput import catchup_pays
-
-    # no lookup matches: the draft (25 tokens/s) against plain (20): 400 ms back over 60 tokens?
-    assert catchup_pays(400.0, 60, 0.0, 25.0, 100.0, 20.0)  # 0.4 + 60/25 = 2.8 s < 60/20 = 3.0 s
-    assert not catchup_pays(400.0, 30, 0.0, 25.0, 100.0, 20.0)  # 0.4 + 1.2 > 1.5
-    assert catchup_pays(0.0, 1, 0.9, 25.0, 100.0, 20.0)  # free: better on the steps without a match
-    # lookup matches on every step and beats the draft there: the catch-up never pays
-    assert not catchup_pays(1.0, 10_000, 1.0, 25.0, 100.0, 20.0)
-    # mostly matches: the draft helps only on the 20% of steps without one
-    assert not catchup_pays(400.0, 60, 0.8, 25.0, 100.0, 20.0)  # saves 60·0.2·(1/20 − 1/25) = 0.12 s
-    assert catchup_pays(100.0, 60, 0.8, 25.0, 100.0, 20.0)
-    with pytest.raises(ValueError, match="match_share"):
-        catchup_pays(1.0, 10, 1.5, 25.0, 100.0, 20.0)
-    with pytest.raises(ValueError, match="rates"):
-        catchup_pays(1.0, 10, 0.5, 0.0, 100.0, 20.0)

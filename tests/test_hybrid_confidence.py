@@ -104,24 +104,3 @@ def test_both_drafters_are_used_and_sampling_runs(models):
                                     return_dict_in_generate=True)
     assert out.sequences.shape == (1, PROMPT.shape[1] + 60)
     assert {"draft_model", "prompt_lookup"} <= {s.drafter for s in out.speculation.steps}
-
-
-def test_lookup_priced_catchup_keeps_a_matching_request_off_the_draft_model():
-    costs = [DrafterCosts(draft_ms=20.0, catchup_ms=2.0), DrafterCosts()]
-
-    def controller(priced: bool) -> HybridConfidenceController:
-        calibrator = ConfidenceCalibrator(prior_strength=1e6, token_mean=0.8, optimism=0.0)
-        return HybridConfidenceController(FLAT, costs, calibrator, AcceptancePrior(0.9, 1e6),
-                                          lookup_priced_catchup=priced)
-
-    matched = [DraftOption(DRAFT, 8, catchup_tokens=200), DraftOption(LOOKUP, 8)]
-    unmatched = [DraftOption(DRAFT, 8, catchup_tokens=200), DraftOption(LOOKUP, 0)]  # 400 ms of catch-up
-    plain_priced, lookup_priced = controller(False), controller(True)
-    for _ in range(6):  # lookup finds a match on most steps of this request
-        assert plain_priced.choose(matched, 60).drafter == lookup_priced.choose(matched, 60).drafter == LOOKUP
-    decision = plain_priced.choose(unmatched, 60)
-    assert (decision.drafter, decision.k) == (DRAFT, 8)  # the catch-up beats a plain step over 60 tokens
-    assert lookup_priced.choose(unmatched, 60).k == 0  # but not lookup on ~80% of the steps to come
-    caught_up = [DraftOption(DRAFT, 8), DraftOption(LOOKUP, 0)]
-    decision = lookup_priced.choose(caught_up, 60)
-    assert (decision.drafter, decision.k) == (DRAFT, 8)  # nothing to pay: the draft beats a plain step
