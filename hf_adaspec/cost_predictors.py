@@ -22,6 +22,7 @@ import torch
 CATCHUP_CHUNK = 32
 QUANTITIES = ("verify", "draft", "catchup")
 
+
 @dataclass(frozen=True)
 class ProfileCell:
     """Median wall time (ms) of one forward over ``new_tokens`` tokens for ``batch`` rows on top of a

@@ -3,8 +3,9 @@
 Design: the per-pair ``CostTable`` of ``costs`` is measured at one context (128 tokens). A profile
 (measured by ``profiling.measure_profile``, the ``hf-adaspec profile`` command) holds the median ms of
 target forwards over n new tokens at batch b on top of a c-token context, and of the draft's 1-token
-forward and 32-token catch-up chunk vs (b, c). Two predictors (``cost_predictors``): (a) the table, linearly interpolated over
-n, then context, then batch (flat below the grid, linear extrapolation above it); (b) a least-squares
+forward and 32-token catch-up chunk vs (b, c). Two predictors (``cost_predictors``): (a) the table,
+linearly interpolated over n, then context, then batch (flat below the grid, linear extrapolation
+above it); (b) a least-squares
 fit t = α·(b·c) + γ·(b·n) + δ per model (SmartSpec, arXiv 2406.14066: a batch's step cost is
 linear in its context and new tokens). Off-grid "held-out" cells, used for neither, give each
 predictor's mean absolute percentage error per quantity (the target's verification, the draft's
@@ -26,8 +27,16 @@ from pathlib import Path
 import torch
 
 from .assets import cache_dir
-from .cost_predictors import (CATCHUP_CHUNK, QUANTITIES, CostFit, HeldOutScore, ProfileCell, fit_costs, score_predictors,
-                              table_predict)
+from .cost_predictors import (
+    CATCHUP_CHUNK,
+    QUANTITIES,
+    CostFit,
+    HeldOutScore,
+    ProfileCell,
+    fit_costs,
+    score_predictors,
+    table_predict,
+)
 from .costs import CostTable, _atomic_write_json, identity_key, pair_identity
 
 SCHEMA = 2  # the JSON layout; schema 1 held one pooled predictor, its cells are re-scored per quantity

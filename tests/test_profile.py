@@ -9,9 +9,17 @@ import torch
 from typer.testing import CliRunner
 
 from hf_adaspec import CostTable, cli, costs, hf_compat
+from hf_adaspec.cost_predictors import (
+    QUANTITIES,
+    CostFit,
+    ProfileCell,
+    choose_predictor,
+    fit_costs,
+    interp1,
+    table_predict,
+)
 from hf_adaspec.costs import CostCache
 from hf_adaspec.loading import LoadedModel
-from hf_adaspec.cost_predictors import QUANTITIES, CostFit, ProfileCell, choose_predictor, fit_costs, interp1, table_predict
 from hf_adaspec.profile import (
     PROFILE_ENV,
     assemble_profile,
