@@ -34,7 +34,7 @@ test: install browser
 	$(BIN)/python -m pytest -q
 
 bench: install
-	$(BIN)/hf-adaspec bench --per-category 2 --max-new-tokens 64
+	$(BIN)/hf-adaspec bench --per-category 2 --max-new-tokens 256
 
 profile: install
 	$(BIN)/hf-adaspec profile

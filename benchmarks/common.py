@@ -4,8 +4,8 @@ session of bench methods, each learning into its own state."""
 import argparse
 
 import hf_adaspec
-from hf_adaspec.bench import method_kwargs
-from hf_adaspec.integration import SpeculationState, enable
+from hf_adaspec.seam.integration import SpeculationState, enable
+from hf_adaspec.tools.bench import method_kwargs
 
 
 def prompt_options(ap: argparse.ArgumentParser) -> None:

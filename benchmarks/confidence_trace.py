@@ -1,10 +1,10 @@
-"""Per-step decisions of the confidence methods on one Spec-Bench category: each method first learns on
+"""Per-step decisions of the adaptive methods on one Spec-Bench category: each method first learns on
 the bench's prompts before that category (as in ``hf-adaspec bench``, each in its own
 ``SpeculationState``), then every step of the category's requests is printed: drafter, k, accepted,
-the predicted α (P_1 for the draft model) and goodput (tokens/s), draft and verify time (ms).
-Greedy, the default Qwen pair (NF4).
+the predicted α (P_1 for the draft model, from its calibrated confidence) and goodput (tokens/s),
+draft and verify time (ms). Greedy, the default Qwen pair (NF4).
 
-Run: python benchmarks/confidence_trace.py --category translation --methods confidence,confidence-recal
+Run: python benchmarks/confidence_trace.py --category translation --methods adaptive
 Last stdout line: one JSON object (per method: draft-model tokens drafted, accepted, and the mean
 predicted α of its steps on the category).
 """
@@ -15,13 +15,14 @@ import json
 from pathlib import Path
 
 from common import MethodSession, prompt_options
-from hf_adaspec.bench import load_prompts
+
+from hf_adaspec.tools.bench import load_prompts
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--category", default="translation")
-    ap.add_argument("--methods", default="confidence,confidence-recal")
+    ap.add_argument("--methods", default="adaptive")
     prompt_options(ap)
     args = ap.parse_args()
     session = MethodSession(args.methods)

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import chat_inputs, load_pair, prompt_options
-from hf_adaspec import hf_compat
-from hf_adaspec.bench import load_prompts
+
+from hf_adaspec.seam import hf_compat
+from hf_adaspec.tools.bench import load_prompts
 
 
 def windowed(prompt: torch.Tensor, sink: int, window: int | None) -> torch.Tensor:

@@ -3,7 +3,7 @@ accepted, and wall time against the time inside draft + verification steps (ms).
 same Spec-Bench prompts in bench order, each learning into its own ``SpeculationState``; greedy, the
 default Qwen pair (NF4), as ``hf-adaspec bench``.
 
-Run: python benchmarks/drafter_steps.py --categories writing --methods confidence,hybrid-confidence
+Run: python benchmarks/drafter_steps.py --categories writing --methods adaptive,adaptive-lookup
 Last stdout line: one JSON object (per method: lookup tokens proposed / accepted, steps by drafter).
 """
 
@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from common import MethodSession, prompt_options
-from hf_adaspec.bench import load_prompts
+
+from hf_adaspec.tools.bench import load_prompts
 
 
 def request_row(out, wall_ms: float) -> dict:
@@ -31,7 +32,7 @@ def request_row(out, wall_ms: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--categories", default="writing")
-    ap.add_argument("--methods", default="confidence,hybrid-confidence")
+    ap.add_argument("--methods", default="adaptive,adaptive-lookup")
     prompt_options(ap)
     args = ap.parse_args()
     session = MethodSession(args.methods)

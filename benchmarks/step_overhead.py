@@ -1,12 +1,10 @@
 """Realized engine step time vs the cost profile's prediction (k·t_draft + t_verify(k+1)).
 
-Runs "pmin" and "confidence" (64 greedy tokens) on the first Spec-Bench prompt of four categories with
+Runs the bench's "pmin" and "adaptive" methods (64 greedy tokens) on the first Spec-Bench prompt of four categories with
 the Qwen pair and compares each step's measured draft + verify time with what the controller's cost
 table (the cached profile at the prompt's length) predicts for that step. A ratio above 1 is per-step
 work the profile does not time (logits processing, verification, cache rollback, Python), or a
-forward the profile under-predicts (the draft's fitted line at contexts below 128). The engine now
-measures these ratios itself (``cost_tracking``; ``.speculation.cost_scale``) and, with
-``adapt_costs=True``, corrects its costs by them.
+forward the profile under-predicts (the draft's fitted line at contexts below 128).
 
 Run: python benchmarks/step_overhead.py
 Last stdout line: one JSON object.
@@ -18,9 +16,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from hf_adaspec.bench import load_prompts
-from hf_adaspec.cli import SPEC_BENCH, _load_pair
-from hf_adaspec.costs import CostCache
+from hf_adaspec.costs.cache import CostCache
+from hf_adaspec.tools.bench import load_prompts, method_kwargs
+from hf_adaspec.tools.cli import SPEC_BENCH, _load_pair
 
 CATEGORIES = ("coding", "qa", "math", "extraction")
 
@@ -35,8 +33,8 @@ def main() -> None:
         ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
                                                 return_tensors="pt", return_dict=True)
         costs = CostCache().load_or_measure(tgt.model, drf.model, 9, log, context=ids["input_ids"].shape[1])
-        for mode in ("pmin", "confidence"):
-            out = tgt.model.generate(**ids, assistant_model=drf.model, speculation=mode, max_new_tokens=64,
+        for mode in ("pmin", "adaptive"):
+            out = tgt.model.generate(**ids, **method_kwargs(mode, drf.model, 5), max_new_tokens=64,
                                      do_sample=False, return_dict_in_generate=True)
             for s in out.speculation.steps:
                 predicted = s.k * costs.draft_ms + costs.t_verify(s.k + 1)

@@ -1,11 +1,11 @@
-"""How much of the confidence methods' loss on short answers is the horizon? Each method runs twice on
+"""How much of the adaptive methods' loss on short answers is the horizon? Each method runs twice on
 the bench's Spec-Bench prompts: with the learned horizon (``LengthMemory`` of its past requests) and with
 the true one (a ``LengthMemory`` holding only this prompt's plain-greedy answer length, so the catch-up
 is amortised over exactly the tokens still to come). Plain greedy runs first on each prompt (it gives
 the length); the methods follow in a rotating order, each learning into its own ``SpeculationState``.
 Greedy, 64 tokens, the default Qwen pair (NF4).
 
-Run: python benchmarks/true_length_horizon.py --methods confidence,hybrid-confidence
+Run: python benchmarks/true_length_horizon.py --methods adaptive,adaptive-lookup
 Last stdout line: one JSON object, per category (and "all") the geometric-mean speedup over plain of
 each method and its ``-truelen`` twin.
 """
@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 from common import chat_inputs, load_pair, prompt_options
-from hf_adaspec.bench import load_prompts, method_kwargs
-from hf_adaspec.horizon import LengthMemory
-from hf_adaspec.integration import SpeculationState
+
+from hf_adaspec.policy.horizon import LengthMemory
+from hf_adaspec.seam.integration import SpeculationState
+from hf_adaspec.tools.bench import load_prompts, method_kwargs
 
 
 def timed(generate, **kwargs) -> tuple[object, float]:
@@ -32,7 +33,7 @@ def timed(generate, **kwargs) -> tuple[object, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--methods", default="confidence,hybrid-confidence")
+    ap.add_argument("--methods", default="adaptive,adaptive-lookup")
     prompt_options(ap)
     args = ap.parse_args()
     model, tokenizer, draft = load_pair()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_adaspec.acceptance import AcceptanceEstimator, AcceptanceMemory, AcceptancePrior, observe_drafters
+from hf_adaspec.policy.acceptance import AcceptanceEstimator, AcceptanceMemory, AcceptancePrior, beta_quantile
 
 
 def test_starts_at_prior_mean():
@@ -78,10 +78,12 @@ def test_decay_forgets_old_evidence():
 
 @pytest.mark.parametrize("drafted, accepted", [(3, 4), (3, -1), (0, 1)])
 def test_update_rejects_invalid_counts(drafted, accepted):
-    est = AcceptanceEstimator()
+    est = AcceptanceEstimator(AcceptancePrior(decay=0.5))
+    est.update(4, 4)
+    before = est.alpha
     with pytest.raises(ValueError):
         est.update(drafted, accepted)
-    assert est.trials == 0.0  # nothing recorded
+    assert est.alpha == before  # nothing recorded, not even the decay
 
 
 @pytest.mark.parametrize(
@@ -98,25 +100,23 @@ def test_prior_accepts_boundary_decay_one():
     assert AcceptancePrior(mean=0.01, strength=0.1, decay=1.0).decay == 1.0
 
 
-def test_memory_carries_acceptance_across_requests():
-    memory = AcceptanceMemory(AcceptancePrior(mean=0.6), pseudo_tokens=8.0)
-    assert memory.prior_for("a").mean == 0.6
-    memory.record("a", drafted=8, accepted=8)  # weight 8/16 → 0.5·0.6 + 0.5·1.0
-    assert memory.prior_for("a").mean == pytest.approx(0.8)
-    assert memory.prior_for("b").mean == 0.6  # per drafter
-    memory.record("a", drafted=0, accepted=0)  # nothing drafted: unchanged
-    assert memory.prior_for("a").mean == pytest.approx(0.8)
-    for _ in range(50):
+def test_memory_starts_a_new_pair_at_its_priors_upper_quartile_then_at_its_requests():
+    memory = AcceptanceMemory(AcceptancePrior(mean=0.6, strength=4.0, decay=0.8))
+    first = memory.prior_for("a")
+    assert first.mean == pytest.approx(beta_quantile(0.6, 4.0, 0.75)) and first.mean > 0.6
+    assert (first.strength, first.decay) == (4.0, 0.8)  # the initial prior's strength and decay are kept
+    assert memory.prior_for("a", start=0.37).mean == 0.37  # a drafter's own start rate, until it has history
+    for _ in range(3):
+        memory.record("a", drafted=8, accepted=8)
+    assert memory.prior_for("a").mean == 0.95  # clamped, so the prior stays valid
+    assert memory.prior_for("a", start=0.37).mean == 0.95  # history wins over the start rate
+    assert memory.prior_for("b").mean == first.mean  # per drafter
+    for _ in range(64):
         memory.record("a", drafted=100, accepted=0)
-    assert memory.prior_for("a").mean == 0.05  # clamped, so the prior stays valid
+    assert memory.prior_for("a").mean == 0.05  # clamped below too
 
 
-def test_observe_drafters_relaxes_on_plain_steps_only():
-    draft, lookup = AcceptanceEstimator(), AcceptanceEstimator()
-    observe_drafters([draft, lookup], 1, drafted=3, accepted=0)
-    low = lookup.alpha
-    assert low < 0.6 and draft.alpha == 0.6  # only the drafter that drafted learns
-    observe_drafters([draft, lookup], 0, drafted=2, accepted=2)
-    assert lookup.alpha == low and draft.alpha > 0.6  # lookup keeps its evidence while the draft model drafts
-    observe_drafters([draft, lookup], 0, drafted=0, accepted=0)
-    assert low < lookup.alpha < 0.6  # a plain step relaxes every drafter towards its prior
+@pytest.mark.parametrize("kwargs", [{"size": 0}, {"min_drafted": 0}, {"min_requests": 0}, {"quantile": 1.5}])
+def test_memory_validation(kwargs):
+    with pytest.raises(ValueError):
+        AcceptanceMemory(**kwargs)

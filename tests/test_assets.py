@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import hf_adaspec.assets as assets
-from hf_adaspec.assets import AssetError, GgufAsset, assemble, locate_parts
+from hf_adaspec.models import assets
+from hf_adaspec.models.assets import AssetError, GgufAsset, assemble, locate_parts
 
 MISSING = ("hf-adaspec-test-no-such-part1", "hf-adaspec-test-no-such-part2")
 PART1, PART2 = b"GGUF" + bytes(range(256)) * 3, b"second part \x00\xff" * 50
@@ -133,8 +133,8 @@ def test_discard_removes_the_assembled_file_and_assemble_rebuilds_it(tmp_path, p
 
 def test_preset_keeps_only_its_dense_copy(tmp_path, parts, monkeypatch):
     """A preset is converted once; the assembled GGUF is discarded and not rebuilt for a later load."""
-    from hf_adaspec import loading
-    from hf_adaspec.presets import ModelPreset
+    from hf_adaspec.models import loading
+    from hf_adaspec.models.presets import ModelPreset
 
     monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path))
     monkeypatch.setitem(loading.PRESETS, "tiny", ModelPreset("tiny", _asset(), "test asset"))

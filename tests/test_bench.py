@@ -6,9 +6,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_adaspec.bench import (METHODS, Prompt, Run, load_prompts, markdown, method_kwargs, run_prompt,
-                              summarize)
-from hf_adaspec.costs import CostTable
+from hf_adaspec.costs.table import CostTable
+from hf_adaspec.tools.bench import (
+    Prompt,
+    Run,
+    load_prompts,
+    markdown,
+    method_kwargs,
+    run_prompt,
+    summarize,
+)
 
 SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
 
@@ -48,21 +55,8 @@ def test_unknown_method_lists_valid_ones():
         method_kwargs("turbo", None, 5)
 
 
-@pytest.mark.parametrize("flag", ["adapt_costs", "target_confidence"])
-def test_bench_flags_reach_the_goodput_and_confidence_methods_only(flag):
-    flagged = {m for m in METHODS if method_kwargs(m, None, 5, **{flag: True}).get(flag)}
-    assert flagged == {"adaptive", "adaptive-lookup", "hybrid", "confidence", "confidence-target", "adaptive-sofar",
-                       "hybrid-sofar", "confidence-sofar", "adaptive-mean", "hybrid-mean", "hybrid-confidence",
-                       "confidence-hedged", "hybrid-confidence-hedged", "adaptive-fit", "confidence-fit",
-                       "adaptive-lookup-fit", "hybrid-fit", "hybrid-confidence-fit", "confidence-recal",
-                       "hybrid-confidence-recal", "adaptive-noprefix", "confidence-noprefix", "hybrid-confidence-noprefix",
-                       "adaptive-lookup-hindsight", "hybrid-hindsight", "hybrid-confidence-hindsight"}
-    assert {m for m in METHODS if method_kwargs(m, None, 5).get(flag)} == (
-        {"confidence-target"} if flag == "target_confidence" else set())
-
-
 def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
-    from hf_adaspec import batch_bench as bb
+    from hf_adaspec.tools import batch_bench as bb
 
     runs = [
         bb.BatchRun(2, "plain", 2, 100, 10.0, 10.0, rows_equal_plain=2),
@@ -87,8 +81,11 @@ def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
 
 
 def test_bench_oracle_agreement_lookup_runs_and_rates(models):
-    from hf_adaspec.bench_oracle import draft_agreement, lookup_runs, prompt_oracle
-    from hf_adaspec.costs import CostTable
+    from hf_adaspec.costs.table import CostTable
+    from hf_adaspec.tools.bench_oracle import (
+        draft_agreement,
+        prompt_oracle,
+    )
 
     target, prompt = models["target"], torch.tensor([[5, 6, 7, 8, 9, 10]])
     seq = target.generate(prompt, max_new_tokens=12, do_sample=False)  # plain greedy, [1, 18]
@@ -105,8 +102,8 @@ def test_bench_oracle_agreement_lookup_runs_and_rates(models):
 
 
 def test_bench_oracle_charges_the_draft_only_for_prompt_tokens_it_did_not_reuse(models):
-    from hf_adaspec.bench_oracle import prompt_oracle
-    from hf_adaspec.costs import CostTable
+    from hf_adaspec.costs.table import CostTable
+    from hf_adaspec.tools.bench_oracle import prompt_oracle
 
     target, prompt = models["target"], torch.tensor([[5, 6, 7, 8, 9, 10]])
     seq = target.generate(prompt, max_new_tokens=12, do_sample=False)  # [1, 18]
@@ -117,35 +114,8 @@ def test_bench_oracle_charges_the_draft_only_for_prompt_tokens_it_did_not_reuse(
         assert oracle.tokens_per_s["draft"] == pytest.approx(1000.0 * 12 / (oracle.prefill_ms + 29.0 + ingest_ms))
 
 
-def test_bench_oracle_at_realized_costs_scales_verify_and_draft(models):
-    from hf_adaspec.bench_oracle import prompt_oracle, realized_costs
-    from hf_adaspec.cost_tracking import CostScale
-    from hf_adaspec.costs import CostTable
-
-    target, prompt = models["target"], torch.tensor([[5, 6, 7, 8, 9, 10]])
-    seq = target.generate(prompt, max_new_tokens=12, do_sample=False)  # [1, 18]
-    costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0, draft_catchup_ms=0.5)
-    table = realized_costs(costs, CostScale(2.0, (3.0,)))
-    assert table.verify_ms == (20.0,) * 9 and table.draft_ms == 3.0 and table.draft_catchup_ms == 0.5
-    oracle = prompt_oracle(target, models["same_model"], seq, 6, costs, 8, (7, "qa"), CostScale(2.0, (3.0,)))
-    # k=8 then k=1, as at the profile's costs: (8·3 + 20) + (3 + 20) ms, plus the prompt ingest 6·0.5 ms
-    expected = 1000.0 * 12 / (oracle.prefill_ms + 44.0 + 23.0 + 3.0)
-    assert oracle.realized_tokens_per_s["draft"] == pytest.approx(expected)
-    assert prompt_oracle(target, models["same_model"], seq, 6, costs, 8, (7, "qa")).realized_tokens_per_s is None
-
-
-def test_median_scale_takes_draft_ratios_from_draft_model_methods_only():
-    from hf_adaspec.bench import median_scale
-    from hf_adaspec.cost_tracking import CostScale
-
-    scales = {"plain": None, "pmin": None, "adaptive": CostScale(1.1, (2.0,)), "confidence": CostScale(1.3, (1.6,)),
-              "adaptive-lookup": CostScale(1.2, (1.0,)), "hybrid": CostScale(1.0, (1.8, 1.0))}
-    assert median_scale(scales) == CostScale(pytest.approx(1.15), (pytest.approx(1.8),))
-    assert median_scale({"plain": None}) is None
-
-
 def test_lookup_runs_count_the_matching_prefix():
-    from hf_adaspec.bench_oracle import lookup_runs
+    from hf_adaspec.tools.bench_oracle import lookup_runs
 
     seq = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 9, 1, 2]])  # prompt = first 4 tokens
     # generated tokens: 1 2 3 9 1 2 (positions 4..9); decode tokens start at position 5
@@ -155,7 +125,7 @@ def test_lookup_runs_count_the_matching_prefix():
 
 
 def test_summarize_reports_pct_of_oracle_acceptance_and_k():
-    from hf_adaspec.bench_oracle import PromptOracle
+    from hf_adaspec.tools.bench_oracle import PromptOracle
 
     runs = [_run(1, "a", "plain", 10.0), Run(1, "a", "adaptive", 64, 3.2, 20.0, True, acceptance=0.5, mean_k=2.0,
                                               oracle_tokens_per_s=25.0)]
@@ -169,17 +139,9 @@ def test_summarize_reports_pct_of_oracle_acceptance_and_k():
     assert "| a | 80% |" in text and "| a | 0.50 / 2.00 |" in text and "| a | 0.70 | 0.20 | 2.50x | 2.60x | 1.20x |" in text
 
 
-def test_every_speculative_method_has_an_oracle_family():
-    from hf_adaspec.bench import METHOD_FAMILY, METHODS
-
-    speculative = {m for m in METHODS if method_kwargs(m, None, 5)}  # plain and its A/A control pass nothing
-    assert speculative == set(METHODS) - {"plain", "plain-again"}
-    assert speculative <= set(METHOD_FAMILY)
-
-
 def test_write_results_json_markdown_and_png(tmp_path):
-    from hf_adaspec.bench import write_results
-    from hf_adaspec.bench_oracle import PromptOracle
+    from hf_adaspec.tools.bench import write_results
+    from hf_adaspec.tools.bench_oracle import PromptOracle
 
     runs = [_run(1, "a", "plain", 10.0), _run(1, "a", "adaptive", 12.0), _run(2, "b", "plain", 9.0),
             _run(2, "b", "adaptive", 8.0)]
@@ -202,23 +164,30 @@ class _Tokenizer:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def test_fit_methods_run_their_namesake_with_the_fitted_costs_at_the_prompt_length(models, monkeypatch):
-    seen = {}
+
+
+@pytest.mark.usefixtures("one_thread", "private_cache")
+def test_run_prompt_methods_match_plain_learn_apart_and_get_an_oracle_bound(models, monkeypatch):
+    costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
+    calls = []
     original = models["target"].generate
 
-    def spy(**kwargs):
-        seen[kwargs.get("speculation_costs") is not None] = kwargs.get("speculation")
+    def with_costs(**kwargs):  # a fixed table instead of calibrating the tiny pair
+        if "speculation" in kwargs:
+            calls.append(kwargs)
+            kwargs = {**kwargs, "speculation_costs": costs}
         return original(**kwargs)
 
-    monkeypatch.setattr(models["target"], "generate", spy)
-    contexts = []
-    table = CostTable(verify_ms=(50.0,) * 9, draft_ms=5.0)
-    cfg = {"fixed_k": 3, "max_new_tokens": 6, "fit_costs": lambda c: contexts.append(c) or table, "states": {}}
-    result = run_prompt(models["target"], _Tokenizer(), models["noisy_copy"], Prompt(1, "qa", "hi"),
-                        ["plain", "confidence", "confidence-fit"], 0, cfg)
-    assert seen == {False: "confidence", True: "confidence"} and contexts == [6]
-    assert all(r.matches_plain for r in result.runs)
-    assert method_kwargs("hybrid-confidence-fit", None, 5) == method_kwargs("hybrid-confidence", None, 5)
-    with pytest.raises(ValueError, match="hf-adaspec profile"):
-        run_prompt(models["target"], _Tokenizer(), models["noisy_copy"], Prompt(1, "qa", "hi"),
-                   ["plain", "confidence-fit"], 0, {"fixed_k": 3, "max_new_tokens": 6})
+    monkeypatch.setattr(models["target"], "generate", with_costs)
+    methods = ["plain", "fixed-k", "pmin", "adaptive", "adaptive-lookup"]
+    cfg = {"fixed_k": 3, "max_new_tokens": 8, "states": {}, "costs": lambda context: costs}
+    result = run_prompt(models["target"], _Tokenizer(), models["noisy_copy"], Prompt(1, "qa", "hi"), methods, 2, cfg)
+    assert [r.method for r in result.runs] == methods
+    assert all(r.matches_plain and r.new_tokens == 8 for r in result.runs)  # greedy: every method equals plain
+    by_method = {r.method: r for r in result.runs}
+    assert by_method["plain"].mean_k is None and by_method["plain"].oracle_tokens_per_s is None
+    assert by_method["fixed-k"].mean_k > 0 and by_method["adaptive"].oracle_tokens_per_s > 0
+    assert [c.get("draft_p_min") for c in calls if c.get("num_speculative_tokens") == 8] == [0.75]  # pmin
+    states = cfg["states"]
+    assert set(states) == set(methods) - {"plain"} and len({id(s) for s in states.values()}) == 4
+    assert result.oracle is not None and set(result.oracle.tokens_per_s) == {"draft", "lookup", "hybrid"}

@@ -6,9 +6,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from hf_adaspec import cli
-from hf_adaspec.loading import LoadedModel
-from hf_adaspec.modes import SPECULATION_MODES
+from hf_adaspec import SPECULATION_MODES, LoadedModel
+from hf_adaspec.tools import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 
@@ -38,4 +37,4 @@ def test_generate_names_the_modes_on_a_bad_one():
     result = CliRunner().invoke(cli.app, ["generate", "--speculation", "fast"])
     assert result.exit_code != 0
     text = " ".join(result.output.replace("│", " ").split())
-    assert "hybrid-confidence" in text and "off" in text
+    assert "adaptive" in text and "fixed" in text and "off" in text

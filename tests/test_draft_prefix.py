@@ -1,12 +1,16 @@
-"""Draft prefix reuse: the store's seeds, their caches, and generate's use of them."""
+"""Draft prefix reuse (always on at batch size 1 with a draft model): the store's seeds, their caches, and
+generate's use of them."""
 
 import pytest
 import torch
+from transformers import LogitsProcessorList
 
 import hf_adaspec
-from hf_adaspec import hf_compat
-from hf_adaspec.costs import CostTable
-from hf_adaspec.draft_prefix import DraftPrefixStore, common_prefix_length
+from hf_adaspec.costs.table import CostTable
+from hf_adaspec.engine.draft_prefix import DraftPrefixStore, common_prefix_length
+from hf_adaspec.engine.ragged import RaggedCache
+from hf_adaspec.proposers import DraftModelProposer, Rows
+from hf_adaspec.seam import hf_compat
 
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0, draft_catchup_ms=0.1)
 
@@ -69,7 +73,10 @@ def test_remember_keeps_grown_caches_and_forgets_the_oldest(models, one_thread):
         hf_compat.copy_cache(prefilled(draft, prompts[0]), 4)
 
 
-@pytest.mark.parametrize("mode", ["adaptive", "confidence", "hybrid-confidence"])
+MODES = {"adaptive": {"speculation": "adaptive"}, "fixed": {"speculation": "fixed", "num_speculative_tokens": 3}}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 def test_a_shared_prefix_is_reused_and_greedy_output_equals_plain(tiny_factory, mode, one_thread):
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(1)
     prompts = [torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 3 + i]]) for i in range(3)]  # 8 shared tokens
@@ -77,49 +84,67 @@ def test_a_shared_prefix_is_reused_and_greedy_output_equals_plain(tiny_factory, 
     reused = []
     for prompt in prompts:
         plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
-        out = target.generate(prompt, assistant_model=draft, speculation=mode, speculation_costs=COSTS,
+        out = target.generate(prompt, assistant_model=draft, **MODES[mode], speculation_costs=COSTS,
                               speculation_state=state, max_new_tokens=16, do_sample=False,
                               return_dict_in_generate=True)
         assert torch.equal(out.sequences, plain)
+        assert any(s.drafter == "draft_model" for s in out.speculation.steps)  # the seeded draft did draft
         reused.append(out.speculation.draft_prefix_tokens)
     assert reused == [0, 8, 8]
     assert "draft reused 8 prompt tokens" in out.speculation.summary()
     assert out.speculation.to_dict()["draft_prefix_tokens"] == 8
 
 
-def test_reuse_off_ingests_the_whole_prompt(tiny_factory, one_thread):
+def test_the_whole_prompt_is_reused_and_the_grown_cache_stored(tiny_factory, one_thread):
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
-    prompt, state, catchups = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]]), hf_adaspec.SpeculationState(), []
+    prompt, state = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]]), hf_adaspec.SpeculationState()
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
 
-    def first_catchup(**kwargs) -> tuple[int, int]:
+    def run() -> tuple[int, int]:
         out = target.generate(prompt, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
                               speculation_state=state, max_new_tokens=12, do_sample=False,
-                              return_dict_in_generate=True, **kwargs)
+                              return_dict_in_generate=True)
+        assert torch.equal(out.sequences, plain)
         return out.speculation.draft_prefix_tokens, len(state.draft_prefixes.entries)
 
-    assert first_catchup() == (0, 1)  # the first request stores its draft cache
-    assert first_catchup(reuse_draft_prefix=False) == (0, 1)  # off: neither seeded nor stored
-    assert first_catchup() == (8, 2)  # the whole prompt reused; its cache grew past it, so it is stored too
+    assert run() == (0, 1)  # the first request stores its draft cache
+    assert run() == (8, 2)  # the whole prompt reused; its cache grew past it, so it is stored too
+
+
+def test_batches_neither_reuse_nor_store_draft_prefixes(tiny_factory, one_thread):
+    target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(1)
+    state, prompt = hf_adaspec.SpeculationState(), torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    kwargs = dict(assistant_model=draft, speculation="adaptive", speculation_costs=COSTS, speculation_state=state,
+                  max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
+    assert target.generate(prompt, **kwargs).speculation.draft_prefix_tokens == 0
+    assert len(state.draft_prefixes.entries) == 1
+    batch = target.generate(prompt.repeat(2, 1), **kwargs)  # shares all 8 tokens with the stored request
+    assert batch.speculation.draft_prefix_tokens == 0 and len(state.draft_prefixes.entries) == 1
+    assert target.generate(prompt, **kwargs).speculation.draft_prefix_tokens == 8  # batch size 1 reuses again
 
 
 def test_a_seeded_proposer_catches_up_only_on_the_rest(models, one_thread):
-    from hf_adaspec.proposers import DraftModelProposer
-
     draft, store = models["same_model"], DraftPrefixStore()
     first = torch.tensor([[5, 6, 7, 8, 9, 10]])
     store.remember(draft, first, prefilled(draft, first), seeded=0)
-    ids = torch.tensor([[5, 6, 7, 8, 1, 2, 3, 4, 0]])  # a 8-token prompt sharing 4, then the prefill's token
-    seed = store.seed(draft, ids[:, :8])
-    seeded = DraftModelProposer(draft, lambda ids, scores: scores, False, cache=seed.cache)
-    assert seeded.catchup_tokens(ids) == 9 - 4 - 2
-    assert DraftModelProposer(draft, lambda ids, scores: scores, False).catchup_tokens(ids) == 9 - 2
-    fresh = DraftModelProposer(draft, lambda ids, scores: scores, False)
-    assert torch.equal(seeded.propose(ids, 4).tokens, fresh.propose(ids, 4).tokens)
+    ids = torch.tensor([5, 6, 7, 8, 1, 2, 3, 4, 9])  # an 8-token prompt sharing 4, then the prefill's token
+    rows = Rows((ids,), (0,))
+    seed = store.seed(draft, ids[None, :8])
+    seeded = DraftModelProposer(draft, 1, LogitsProcessorList(), False, 0, cache=RaggedCache(draft, 1, seed.cache))
+    fresh = DraftModelProposer(draft, 1, LogitsProcessorList(), False, 0)
+    assert seeded.catchup_tokens(rows) == 9 - 4 - 2
+    assert fresh.catchup_tokens(rows) == 9 - 2
+    (a,), (b,) = seeded.propose(rows, [4]), fresh.propose(rows, [4])
+    assert a.k == 4 and torch.equal(a.tokens, b.tokens)
 
 
-def test_bench_noprefix_methods_turn_reuse_off():
-    from hf_adaspec.bench import METHOD_FAMILY, method_kwargs
-
-    for mode in ("adaptive", "confidence", "hybrid-confidence"):
-        assert method_kwargs(f"{mode}-noprefix", "d", 5) == {**method_kwargs(mode, "d", 5), "reuse_draft_prefix": False}
-        assert METHOD_FAMILY[f"{mode}-noprefix"] == METHOD_FAMILY[mode]
+def test_a_left_padded_single_request_can_be_repeated(tiny_factory, one_thread):
+    target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 9, 10, 11, 12]])  # one row, left-padded by two
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1]])
+    plain = target.generate(ids[:, 2:], max_new_tokens=12, do_sample=False)[0, 8:]
+    state = hf_adaspec.SpeculationState()
+    for _ in range(2):
+        out = target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="adaptive",
+                              speculation_costs=COSTS, speculation_state=state, max_new_tokens=12, do_sample=False)
+        assert torch.equal(out[0, 10:], plain)  # a padded row neither seeds nor stores a draft prefix

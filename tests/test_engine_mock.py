@@ -1,6 +1,8 @@
-"""The whole speculative loop through ``model.generate`` on tiny random Llamas (no downloads).
+"""The speculative loop at batch size 1 through ``model.generate`` on tiny random Llamas (no downloads):
+what each mode drafts, the budget, EOS, the streamer and the step callback, sampling, calibration.
 
-fp32 tiny models are shape-stable, so greedy speculative output must equal plain greedy token for token.
+fp32 tiny models are shape-stable, so greedy speculative output must equal plain greedy token for token
+(the mode × drafter × batch matrix of that invariant is in test_invariants.py).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 import hf_adaspec
-import hf_adaspec.costs as costs_module
-from hf_adaspec import CostTable, SpeculationStats, SpeculativeGenerateOutput
+import hf_adaspec.costs.cache as cost_cache
+from hf_adaspec import CostTable, SpeculationState, SpeculationStats, SpeculativeGenerateOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
@@ -29,52 +31,64 @@ def _spec(models, drafter: str, **kwargs):
     draft = {} if drafter == "prompt_lookup" else {"assistant_model": models[drafter]}
     kwargs.setdefault("speculation", "adaptive")
     kwargs.setdefault("speculation_costs", COSTS)
+    kwargs.setdefault("speculation_state", SpeculationState())
     kwargs.setdefault("do_sample", False)
     return models["target"].generate(PROMPT, **draft, **kwargs)
 
 
-@pytest.mark.parametrize("drafter", DRAFTERS)
-def test_adaspec_greedy_equals_plain(models, drafter):
-    plain = _plain(models, max_new_tokens=40)
-    out = _spec(models, drafter, max_new_tokens=40, return_dict_in_generate=True)
-    assert isinstance(out, SpeculativeGenerateOutput)
-    assert torch.equal(out.sequences, plain)  # [1, 24 + 40]
+def test_adaptive_output_and_stats(models):
+    plain = _plain(models, max_new_tokens=30)
+    out = _spec(models, "noisy_copy", max_new_tokens=30, return_dict_in_generate=True)
+    assert isinstance(out, SpeculativeGenerateOutput) and isinstance(out.speculation, SpeculationStats)
+    assert torch.equal(out.sequences, plain)  # [1, 24 + 30]
     stats = out.speculation
-    assert isinstance(stats, SpeculationStats)
-    assert stats.new_tokens == 40 == plain.shape[1] - PROMPT.shape[1]
+    assert stats.new_tokens == 30 == plain.shape[1] - PROMPT.shape[1]
     assert sum(stats.k_histogram.values()) == len(stats.steps) > 0
-    assert sum(s.emitted for s in stats.steps) == 39  # the prefill emits the first token
-    assert all(0 <= s.accepted <= s.k and s.emitted <= s.accepted + 1 for s in stats.steps)
+    assert sum(s.emitted for s in stats.steps) == 29  # the prefill emits the first token
     assert any(s.k > 0 for s in stats.steps)
+    assert all(s.alpha == s.alpha for s in stats.steps)  # adaptive predicts α for every step (not NaN)
 
 
-@pytest.mark.parametrize("drafter", ["other_seed", "noisy_copy", "same_model"])
-def test_hybrid_greedy_equals_plain(models, drafter):
-    plain = _plain(models, max_new_tokens=40)
-    out = _spec(models, drafter, speculation="hybrid", max_new_tokens=40, return_dict_in_generate=True)
-    assert torch.equal(out.sequences, plain)
-    used = {s.drafter for s in out.speculation.steps}
-    assert used <= {"plain", "draft_model", "prompt_lookup"} and used - {"plain"}
+def test_adaptive_with_a_draft_model_also_uses_prompt_lookup(models):
+    """The draft agrees almost never (α ≈ 0) but the prompt repeats: adaptive lets prompt lookup and plain
+    steps compete with the draft model every step."""
+    out = _spec(models, "other_seed", max_new_tokens=30, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
+    assert {"draft_model", "prompt_lookup"} <= {s.drafter for s in out.speculation.steps}
 
 
-def test_drafters_reach_expected_acceptance(models):
-    rate = {d: _spec(models, d, max_new_tokens=40, return_dict_in_generate=True).speculation.acceptance_rate
-            for d in ("noisy_copy", "same_model")}
-    assert 0 < rate["noisy_copy"] < 1
-    assert rate["same_model"] == 1.0  # identical draft: every draft token accepted (bonus path, no rollback)
+def test_fixed_uses_only_the_draft_model_when_given(models):
+    out = _spec(models, "other_seed", max_new_tokens=20, speculation="fixed", num_speculative_tokens=2,
+                return_dict_in_generate=True)
+    assert {s.drafter for s in out.speculation.steps if s.k} == {"draft_model"}  # no prompt lookup beside it
+
+
+@pytest.mark.parametrize("mode", [{"speculation": "adaptive"},
+                                  {"speculation": "fixed", "num_speculative_tokens": 3}])
+def test_identical_draft_is_always_accepted(models, mode):
+    out = _spec(models, "same_model", max_new_tokens=30, return_dict_in_generate=True, **mode)
+    assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
+    drafted = [s for s in out.speculation.steps if s.drafter == "draft_model"]
+    assert drafted and all(s.accepted == s.k for s in drafted)  # every draft token accepted (bonus path)
+
+
+def test_partial_agreement_is_partly_accepted(models):
+    rate = _spec(models, "noisy_copy", max_new_tokens=30, speculation="fixed", num_speculative_tokens=3,
+                 return_dict_in_generate=True).speculation.acceptance_rate
+    assert 0 < rate < 1
 
 
 @pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
-@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 8])
 def test_fixed_k_greedy_equals_plain(models, drafter, k):
-    out = _spec(models, drafter, max_new_tokens=40, speculation="fixed", num_speculative_tokens=k,
+    out = _spec(models, drafter, max_new_tokens=30, speculation="fixed", num_speculative_tokens=k,
                 return_dict_in_generate=True)
-    assert torch.equal(out.sequences, _plain(models, max_new_tokens=40))
+    assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
     assert max(out.speculation.k_histogram) <= k
     if drafter == "noisy_copy":  # a draft model always offers k, capped by the tokens left in the budget
         emitted = 1  # by the prefill
         for step in out.speculation.steps:
-            assert step.k == min(k, 40 - emitted - 1)  # k drafts + 1 bonus must fit
+            assert step.k == min(k, 30 - emitted - 1)  # k drafts + 1 bonus must fit
             emitted += step.emitted
 
 
@@ -83,6 +97,25 @@ def test_fixed_k0_is_plain_decoding(models):
                 return_dict_in_generate=True)
     assert torch.equal(out.sequences, _plain(models, max_new_tokens=12))
     assert out.speculation.k_histogram == {0: 11}
+
+
+@pytest.mark.parametrize(("p_min", "expected_k"), [(0.0, "all"), (1.0, "one")])
+def test_draft_p_min_stops_drafting(models, p_min, expected_k):
+    """draft_p_min = 0 never stops (always k = 8, capped by the budget); 1 stops after the first drafted token
+    (every q(x) < 1); 0.75, the llama.cpp default, stops in between."""
+    def steps(p):
+        out = _spec(models, "noisy_copy", max_new_tokens=30, speculation="fixed", num_speculative_tokens=8,
+                    draft_p_min=p, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
+        return out.speculation.steps
+
+    emitted, ks = 1, []
+    for step in steps(p_min):
+        ks.append((step.k, min(8, 30 - emitted - 1)))
+        emitted += step.emitted
+    assert all(k == (cap if expected_k == "all" else min(1, cap)) for k, cap in ks)
+    middle = [s.k for s in steps(0.75)]
+    assert max(middle) > 1 and any(1 <= k < 8 for k in middle[:-2])
 
 
 @pytest.mark.parametrize("drafter", ["noisy_copy", "same_model", "prompt_lookup"])
@@ -128,18 +161,37 @@ def test_streamer_receives_exactly_the_generated_tokens(models, drafter):
     assert any(len(chunk) > 1 for chunk in streamer.puts[1:])  # multi-token steps arrive as one chunk
 
 
+@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+def test_step_callback_sees_every_token_with_its_source(models, drafter):
+    events = []
+    out = _spec(models, drafter, max_new_tokens=30, return_dict_in_generate=True,
+                speculation_callback=lambda record, tokens: events.append((record, tokens.tolist())))
+    assert events[0][0] is None and len(events[0][1]) == 1  # the prefill's token
+    assert [r for r, _ in events[1:]] == out.speculation.steps
+    streamed = [t for _, tokens in events for t in tokens]
+    assert streamed == out.sequences[0, PROMPT.shape[1]:].tolist()
+    sources = [s for record, _ in events[1:] for s in record.token_sources()]
+    assert len(sources) == 29 and "correction" in sources
+    name = "draft_model" if drafter == "noisy_copy" else "prompt_lookup"
+    assert set(sources) <= {"draft_model", "prompt_lookup", "bonus", "correction", "plain"} and name in sources
+    for record, tokens in events[1:]:
+        assert len(record.token_sources()) == len(tokens) == record.emitted
+
+
 def test_sampling_with_top_k_1_equals_greedy(models):
     # top_k=1 makes p and q one-hot: the speculative-sampling path must reproduce greedy output
-    out = models["target"].generate(PROMPT, max_new_tokens=30, do_sample=True, top_k=1, speculation="adaptive",
-                                    speculation_costs=COSTS, assistant_model=models["noisy_copy"])
-    assert torch.equal(out, _plain(models, max_new_tokens=30))
+    out = _spec(models, "noisy_copy", max_new_tokens=30, do_sample=True, top_k=1, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
+    assert any(s.k > 0 for s in out.speculation.steps)
 
 
-def test_sampling_runs_and_respects_budget(models):
+@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+def test_sampling_runs_and_respects_budget(models, drafter):
     torch.manual_seed(0)
-    out = _spec(models, "prompt_lookup", max_new_tokens=25, do_sample=True, return_dict_in_generate=True)
+    out = _spec(models, drafter, max_new_tokens=25, do_sample=True, return_dict_in_generate=True)
     assert out.sequences.shape == (1, PROMPT.shape[1] + 25)
     assert torch.equal(out.sequences[:, :PROMPT.shape[1]], PROMPT)
+    assert out.speculation.new_tokens == 25 and any(s.k > 0 for s in out.speculation.steps)
 
 
 def test_without_speculation_generate_is_unchanged(models, tiny_factory):
@@ -147,11 +199,16 @@ def test_without_speculation_generate_is_unchanged(models, tiny_factory):
     expected = fresh.generate(PROMPT, max_new_tokens=20, do_sample=False)
     assert torch.equal(_plain(models, max_new_tokens=20), expected)
     assert hf_adaspec.enable(models["target"]) is models["target"]  # idempotent
+    # HF's own assisted generation still runs when speculation is not asked for
+    assisted = models["target"].generate(PROMPT, max_new_tokens=20, do_sample=False,
+                                         assistant_model=models["noisy_copy"])
+    assert torch.equal(assisted, expected)
 
 
 def test_calibration_is_cached(models, tmp_path, monkeypatch):
-    out = models["target"].generate(PROMPT, max_new_tokens=10, do_sample=False, speculation="adaptive",
-                                    assistant_model=models["noisy_copy"], max_speculative_tokens=3)
+    kwargs = dict(max_new_tokens=10, do_sample=False, speculation="adaptive", assistant_model=models["noisy_copy"],
+                  max_speculative_tokens=3)
+    out = models["target"].generate(PROMPT, **kwargs)  # no speculation_costs: calibrate (private_cache)
     assert torch.equal(out, _plain(models, max_new_tokens=10))
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1
@@ -161,22 +218,8 @@ def test_calibration_is_cached(models, tmp_path, monkeypatch):
     def no_measure(*args, **kwargs):
         raise AssertionError("the cached cost table must be reused")
 
-    monkeypatch.setattr(costs_module, "measure", no_measure)
-    again = models["target"].generate(PROMPT, max_new_tokens=10, do_sample=False, speculation="adaptive",
-                                      assistant_model=models["noisy_copy"], max_speculative_tokens=3)
+    monkeypatch.setattr(cost_cache, "measure", no_measure)
+    again = models["target"].generate(PROMPT, **kwargs)
     assert torch.equal(again, out)
-
-
-@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
-def test_step_callback_sees_every_token_with_its_source(models, drafter):
-    events = []
-    out = _spec(models, drafter, max_new_tokens=40, return_dict_in_generate=True,
-                speculation_callback=lambda record, tokens: events.append((record, tokens.tolist())))
-    assert events[0][0] is None and len(events[0][1]) == 1  # the prefill's token
-    assert [r for r, _ in events[1:]] == out.speculation.steps
-    streamed = [t for _, tokens in events for t in tokens]
-    assert streamed == out.sequences[0, PROMPT.shape[1]:].tolist()
-    sources = [s for record, _ in events[1:] for s in record.token_sources()]
-    assert len(sources) == 39 and "correction" in sources
-    name = "draft_model" if drafter == "noisy_copy" else "prompt_lookup"
-    assert set(sources) <= {name, "bonus", "correction", "plain"} and name in sources
+    with pytest.raises(AssertionError, match="reused"):  # another k_max is another table: it would measure
+        models["target"].generate(PROMPT, **{**kwargs, "max_speculative_tokens": 2})

@@ -1,9 +1,13 @@
-"""Unsupported inputs fail early with a ValueError that names the fix (tiny random Llama, no downloads)."""
+"""Unsupported inputs fail early, through ``generate``, with a ValueError that names the fix (tiny random
+Llama, no downloads)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 import hf_adaspec
 from hf_adaspec import CostTable
@@ -12,6 +16,8 @@ from hf_adaspec.config import SpeculationConfig
 pytestmark = pytest.mark.usefixtures("one_thread")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
 PROMPT = torch.tensor([[3, 4, 5, 3, 4, 5]])  # [1, 6]
+BATCH = {"input_ids": torch.tensor([[0, 0, 3, 4, 5, 6], [3, 4, 5, 3, 4, 5]]),  # [2, 6], row 0 left-padded
+         "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])}
 
 
 @pytest.fixture(scope="module")
@@ -22,29 +28,26 @@ def target(tiny_factory):
 def _generate(model, input_ids=PROMPT, **kwargs):
     kwargs.setdefault("speculation_costs", COSTS)
     kwargs.setdefault("do_sample", False)
-    return model.generate(input_ids, max_new_tokens=5, **kwargs)
+    kwargs.setdefault("max_new_tokens", 5)
+    return model.generate(input_ids, **kwargs)
 
 
-@pytest.mark.parametrize("value", ["adaptiv", "greedy", "Adaptive", ""])
-def test_unknown_speculation_value(target, value):
-    with pytest.raises(ValueError, match="adaptive"):
+class _NullStreamer(BaseStreamer):
+    def put(self, value):
+        pass
+
+    def end(self):
+        pass
+
+
+# --- the modes ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["adaptiv", "greedy", "Adaptive", "", "hybrid", "confidence", "pmin",
+                                   "hybrid-confidence"])
+def test_unknown_speculation_value_lists_the_modes(target, value):
+    with pytest.raises(ValueError, match="is not supported") as err:
         _generate(target, speculation=value)
-
-
-@pytest.mark.parametrize("mode", ["hybrid", "confidence", "pmin", "hybrid-confidence"])
-def test_mode_needs_a_draft_model(target, mode):
-    with pytest.raises(ValueError, match="assistant_model") as err:
-        _generate(target, speculation=mode)
-    assert mode in str(err.value)
-
-
-@pytest.mark.parametrize("kwargs, message", [({"speculation": "pmin"}, "batch size 1"),
-                                             ({"speculation": "hybrid-confidence"}, "batch size 1"),
-                                             ({"speculation": "adaptive", "tpot_slo_ms": 50.0}, "tpot_slo_ms")])
-def test_single_request_modes_and_slo_reject_batches(target, tiny_factory, kwargs, message):
-    batch = torch.cat([PROMPT, PROMPT])  # [2, 6]
-    with pytest.raises(ValueError, match=message):
-        _generate(target, batch, assistant_model=tiny_factory(1), **kwargs)
+    assert "'adaptive'" in str(err.value) and "'fixed'" in str(err.value)
 
 
 def test_fixed_needs_num_speculative_tokens(target):
@@ -52,23 +55,86 @@ def test_fixed_needs_num_speculative_tokens(target):
         _generate(target, speculation="fixed")
 
 
-def test_negative_num_speculative_tokens(target):
-    with pytest.raises(ValueError, match=">= 0"):
-        _generate(target, speculation="fixed", num_speculative_tokens=-1)
+@pytest.mark.parametrize("kwargs", [{"num_speculative_tokens": 3}, {"draft_p_min": 0.75}])
+def test_fixed_only_settings_with_adaptive(target, kwargs):
+    with pytest.raises(ValueError, match='belong to speculation="fixed"'):
+        _generate(target, speculation="adaptive", **kwargs)
 
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"speculation": "fixed", "num_speculative_tokens": 65}, r"num_speculative_tokens must be in \[0, 64\], got 65"),
+    ({"speculation": "fixed", "num_speculative_tokens": -1}, r"num_speculative_tokens must be in \[0, 64\], got -1"),
+    ({"speculation": "adaptive", "max_speculative_tokens": 65}, r"max_speculative_tokens must be in \[1, 64\]"),
+    ({"speculation": "adaptive", "max_speculative_tokens": 0}, r"max_speculative_tokens must be in \[1, 64\]"),
+    ({"speculation": "adaptive", "prompt_lookup_max_ngram": 0}, "prompt_lookup_max_ngram must be >= 1"),
+    ({"speculation": "adaptive", "tpot_slo_ms": -1.0}, "tpot_slo_ms must be > 0"),
+    ({"speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 1.5}, r"draft_p_min must be in \[0, 1\]"),
+])
+def test_out_of_range_settings(target, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _generate(target, **kwargs)
+
+
+def test_every_config_field_is_a_generate_keyword(target):
+    """Each SpeculationConfig field (but ``speculation``) reaches the config from generate: an invalid value
+    raises the config's error naming that field (a field generate dropped would not raise)."""
+    invalid = {"num_speculative_tokens": {"speculation": "fixed", "num_speculative_tokens": 99},
+               "max_speculative_tokens": {"speculation": "adaptive", "max_speculative_tokens": 99},
+               "prompt_lookup_max_ngram": {"speculation": "adaptive", "prompt_lookup_max_ngram": -3},
+               "tpot_slo_ms": {"speculation": "adaptive", "tpot_slo_ms": 0.0},
+               "draft_p_min": {"speculation": "fixed", "num_speculative_tokens": 2, "draft_p_min": -0.5}}
+    assert set(invalid) == {f.name for f in dataclasses.fields(SpeculationConfig)} - {"speculation"}
+    for name, kwargs in invalid.items():
+        with pytest.raises(ValueError, match=name):
+            _generate(target, **kwargs)
+
+
+def test_speculation_state_without_speculation(target):
+    with pytest.raises(ValueError, match="speculation_state"):
+        target.generate(PROMPT, max_new_tokens=2, speculation_state=hf_adaspec.SpeculationState())
+
+
+# --- the inputs -----------------------------------------------------------------------------------------
 
 def test_right_padded_prompt_is_rejected(target):
     mask = torch.ones_like(PROMPT)
     mask[0, -1] = 0
-    with pytest.raises(ValueError, match="left padding"):
+    with pytest.raises(ValueError, match="padding_side = 'left'"):
         _generate(target, speculation="adaptive", attention_mask=mask)
+    right = {"input_ids": BATCH["input_ids"].flip(1), "attention_mask": BATCH["attention_mask"].flip(1)}
+    with pytest.raises(ValueError, match="right-padded"):
+        _generate(target, right["input_ids"], attention_mask=right["attention_mask"], speculation="adaptive")
+
+
+def test_empty_prompt_is_rejected(target):
+    mask = BATCH["attention_mask"].clone()
+    mask[1] = 0
+    with pytest.raises(ValueError, match=r"prompt\(s\) \[1\] of the batch are empty"):
+        _generate(target, BATCH["input_ids"], attention_mask=mask, speculation="adaptive")
+
+
+@pytest.mark.parametrize("padded_single", [False, True])
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"streamer": _NullStreamer()}, "streamer and speculation_callback support batch size 1"),
+    ({"speculation_callback": lambda record, tokens: None}, "streamer and speculation_callback support batch size 1"),
+    ({"tpot_slo_ms": 50.0}, "tpot_slo_ms supports batch size 1"),
+])
+def test_batch_size_1_features_reject_batches(target, tiny_factory, kwargs, message, padded_single):
+    """A batch is B > 1 or a padded prompt; with or without a draft model."""
+    ids, mask = BATCH["input_ids"], BATCH["attention_mask"]
+    if padded_single:
+        ids, mask = ids[:1], mask[:1]
+    for draft in ({}, {"assistant_model": tiny_factory(1)}):
+        with pytest.raises(ValueError, match=message):
+            _generate(target, ids, attention_mask=mask, speculation="adaptive", **draft, **kwargs)
 
 
 def test_draft_with_other_vocabulary(target, tiny_factory):
     draft = tiny_factory(1, vocab_size=80)
-    with pytest.raises(ValueError, match="vocabulary") as err:
-        _generate(target, speculation="adaptive", assistant_model=draft)
-    assert "80" in str(err.value) and "64" in str(err.value)
+    for mode in ({"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 2}):
+        with pytest.raises(ValueError, match="vocabulary") as err:
+            _generate(target, assistant_model=draft, **mode)
+        assert "80" in str(err.value) and "64" in str(err.value)
 
 
 @pytest.mark.parametrize("kwargs", [{"num_beams": 2}, {"num_return_sequences": 2, "do_sample": True}])
@@ -82,25 +148,35 @@ def test_output_scores_is_rejected(target):
         _generate(target, speculation="adaptive", output_scores=True, return_dict_in_generate=True)
 
 
-def test_valid_call_still_works_after_errors(target):
-    out = _generate(target, speculation="adaptive")
-    assert out.shape == (1, PROMPT.shape[1] + 5)
+def test_valid_calls_still_work_after_errors(target):
+    assert _generate(target, speculation="adaptive").shape == (1, PROMPT.shape[1] + 5)
+    out = _generate(target, BATCH["input_ids"], attention_mask=BATCH["attention_mask"], speculation="fixed",
+                    num_speculative_tokens=64)  # the top of the range is allowed
+    assert out.shape == (2, 6 + 5)
 
+
+# --- SpeculationConfig and load -------------------------------------------------------------------------
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"min_gain": -0.1}, {"max_speculative_tokens": 0}, {"speculation": "fixed", "num_speculative_tokens": -2},
-     {"speculation": "pmin", "draft_p_min": 1.5}, {"tpot_slo_ms": -1.0}],
+    [{"max_speculative_tokens": 0}, {"max_speculative_tokens": 65}, {"speculation": "fixed"},
+     {"speculation": "fixed", "num_speculative_tokens": -2}, {"speculation": "fixed", "num_speculative_tokens": 65},
+     {"speculation": "fixed", "num_speculative_tokens": 4, "draft_p_min": 1.5}, {"draft_p_min": 0.5},
+     {"num_speculative_tokens": 4}, {"tpot_slo_ms": -1.0}, {"tpot_slo_ms": 0.0}, {"prompt_lookup_max_ngram": 0},
+     {"speculation": "pmin"}],
 )
 def test_speculation_config_validation(kwargs):
     with pytest.raises(ValueError):
         SpeculationConfig(**kwargs)
 
 
-def test_speculation_config_k_max():
+def test_speculation_config_k_max_and_modes():
+    assert hf_adaspec.SPECULATION_MODES == ("adaptive", "fixed")
     assert SpeculationConfig().k_max == 8
     assert SpeculationConfig(max_speculative_tokens=4).k_max == 4
     assert SpeculationConfig(speculation="fixed", num_speculative_tokens=3).k_max == 3
+    assert SpeculationConfig(speculation="fixed", num_speculative_tokens=0).k_max == 0
+    assert SpeculationConfig(speculation="fixed", num_speculative_tokens=64, draft_p_min=0.0).k_max == 64
 
 
 def test_load_rejects_unknown_quantization():
@@ -111,13 +187,3 @@ def test_load_rejects_unknown_quantization():
 def test_load_rejects_unknown_dtype():
     with pytest.raises(ValueError, match="float8"):
         hf_adaspec.load("smollm2-135m", quantization="none", dtype="float8")
-
-
-def test_every_generate_config_keyword_is_a_config_field():
-    import dataclasses
-
-    from hf_adaspec.integration import _CONFIG_KEYWORDS
-
-    fields = {f.name for f in dataclasses.fields(SpeculationConfig)}
-    assert set(_CONFIG_KEYWORDS) <= fields - {"speculation"}
-    assert {"learn_horizon", "alpha_prior_quantile"} <= set(_CONFIG_KEYWORDS)

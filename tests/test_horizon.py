@@ -8,13 +8,15 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteri
 
 import hf_adaspec
 from hf_adaspec import CostTable
-from hf_adaspec.engine import DecodeSettings
-from hf_adaspec.horizon import LengthMemory, expected_remaining, lindy_horizon
+from hf_adaspec.engine.loop import DecodeSettings, speculative_decode
+from hf_adaspec.policy.controller import FixedController, StepView
+from hf_adaspec.policy.horizon import LengthMemory, expected_remaining, lindy_horizon
+from hf_adaspec.proposers import PromptLookupProposer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 # α = 1 draft at 1 ms/token, 10 ms/verify, 1 ms per token of catch-up: ingesting the 24-token prompt
-# pays over a horizon of ≥ 4 tokens, not over 1 (horizon_goodput against a 100 tokens/s plain step).
+# pays over a horizon of tens of tokens, not over 1 or 2 (horizon_goodput against a 100 tokens/s plain step).
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0, draft_catchup_ms=1.0)
 
 
@@ -35,17 +37,6 @@ def test_expected_remaining_by_hand():
         expected_remaining(-1, 10, lengths)
 
 
-def test_expected_remaining_quantile_by_hand():
-    lengths = [3, 10, 20, 64, 64]
-    assert expected_remaining(5, 59, lengths, quantile=0.25) == 5  # of 5, 15, 59, 59: nearest rank 1
-    assert expected_remaining(5, 59, lengths, quantile=0.5) == 15
-    assert expected_remaining(5, 59, lengths, quantile=1.0) == 59
-    assert expected_remaining(5, 10, lengths, quantile=0.75) == 10  # capped by tokens left
-    assert expected_remaining(64, 10, lengths, quantile=0.5) is None
-    with pytest.raises(ValueError, match=r"quantile must be in \[0, 1\]"):
-        expected_remaining(5, 59, lengths, quantile=1.5)
-
-
 def test_length_memory_falls_back_to_lindy_and_keeps_the_last_requests():
     memory = LengthMemory(size=2)
     assert memory.horizon(3, 50) == 3  # no history: as many as so far
@@ -54,14 +45,26 @@ def test_length_memory_falls_back_to_lindy_and_keeps_the_last_requests():
     assert memory.horizon(3, 10) == 10  # never past the tokens left
     assert memory.horizon(39, 50) == 1
     assert memory.horizon(45, 50) == 45  # nothing ran this long: lindy again
-    assert memory.horizon(45, 50, quantile=0.25) == 45
     memory.record(4)
     memory.record(5)
     assert list(memory.lengths) == [4, 5]
+    assert memory.horizon(1, 50) == 4  # the 40-token request fell out: mean of 3 and 4, rounded
     with pytest.raises(ValueError, match=">= 0"):
         memory.record(-1)
     with pytest.raises(ValueError, match="size"):
         LengthMemory(size=0)
+
+
+class _Spy(FixedController):
+    """A fixed-k controller that keeps every StepView it is shown."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.views: list[StepView] = []
+
+    def decide(self, view: StepView):
+        self.views.append(view)
+        return super().decide(view)
 
 
 def test_engine_asks_the_settings_horizon_with_generated_and_tokens_left(models):
@@ -69,59 +72,42 @@ def test_engine_asks_the_settings_horizon_with_generated_and_tokens_left(models)
 
     def horizon(generated, tokens_left):
         calls.append((generated, tokens_left))
-        return tokens_left
+        return 1000 + generated
 
-    request = hf_adaspec.integration.SpeculationRequest(hf_adaspec.SpeculationConfig("adaptive"), models["same_model"],
-                                                        costs=COSTS)
     stop = StoppingCriteriaList([MaxLengthCriteria(24 + 12)])
     settings = DecodeSettings(LogitsProcessorList(), stop, 24 + 12, False, 8, horizon=horizon)
-    proposers = hf_adaspec.integration._build_proposers(request, LogitsProcessorList(),
-                                                        models["target"].generation_config)
-    controller = hf_adaspec.modes.build_controller(models["target"], request, proposers, 24)
-    hf_adaspec.engine.speculative_decode(models["target"], PROMPT, proposers, controller, settings)
+    controller = _Spy(2)
+    speculative_decode(models["target"], PROMPT, torch.ones_like(PROMPT), [PromptLookupProposer()], controller,
+                       settings)
     assert calls[0] == (1, 11)  # after the prefill's token: 1 generated, 11 of 12 left
-    assert all(g + left == 12 for g, left in calls)
+    assert all(g + left == 12 for g, left in calls) and len(calls) == len(controller.views)
+    assert [v.horizon for v in controller.views] == [1000 + g for g, _ in calls]  # what the controller sees
+
+
+def _first_k(target, draft, state: hf_adaspec.SpeculationState) -> int:
+    """k of the first step with a fresh draft cache (a fresh state: no prompt prefix to reuse)."""
+    out = target.generate(PROMPT, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
+                          max_new_tokens=40, do_sample=False, return_dict_in_generate=True, speculation_state=state)
+    return out.speculation.steps[0].k
 
 
 def test_a_model_that_ran_long_requests_drafts_from_the_first_step(tiny_factory):
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
-
-    def first_k(**kwargs):  # the same prompt each time: no draft prefix reuse, or it would cost no catch-up
-        out = target.generate(PROMPT, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
-                              max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
-                              reuse_draft_prefix=False, **kwargs)
-        return out.speculation.steps[0].k
-
-    assert first_k() == 0  # no history: a horizon of 1 token does not pay the prompt's catch-up
-    assert first_k() > 0  # the last request ran 40 tokens: this one is expected to as well
-    assert first_k(learn_horizon=False) == 0  # the ablation: as many tokens as so far
+    assert _first_k(target, draft, hf_adaspec.SpeculationState()) == 0  # no history: 1 token cannot pay the prompt
+    state = hf_adaspec.SpeculationState()
+    target.generate(PROMPT, speculation="adaptive", max_new_tokens=40, do_sample=False,
+                    speculation_costs=COSTS, speculation_state=state)  # 40 tokens by prompt lookup, recorded
+    assert _first_k(target, draft, state) > 0  # this one is expected to run as long
 
 
-def test_a_hedged_horizon_waits_where_some_past_requests_were_short(tiny_factory):
+def test_the_mean_remaining_length_decides_the_first_step(tiny_factory):
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
 
-    def first_k(**kwargs):
+    def first_k(lengths):
         state = hf_adaspec.SpeculationState()
-        for length in (3, 40, 40, 40):  # one short answer among long ones
+        for length in lengths:
             state.lengths.record(length)
-        out = target.generate(PROMPT, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
-                              max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
-                              speculation_state=state, **kwargs)
-        return out.speculation.steps[0].k
+        return _first_k(target, draft, state)
 
-    assert first_k() > 0  # the mean remaining length (about 30 tokens) pays the prompt's catch-up
-    assert first_k(horizon_quantile=0.25) == 0  # its lower quartile (2 tokens) does not
-    assert first_k(horizon_quantile=0.75) > 0
-    with pytest.raises(ValueError, match="horizon_quantile must be in"):
-        first_k(horizon_quantile=-0.1)
-
-
-def test_bench_sofar_methods_turn_the_learned_horizon_off():
-    from hf_adaspec.bench import METHOD_FAMILY, method_kwargs
-
-    for mode in ("adaptive", "hybrid", "confidence"):
-        assert method_kwargs(f"{mode}-sofar", "d", 5) == {**method_kwargs(mode, "d", 5), "learn_horizon": False}
-        assert METHOD_FAMILY[f"{mode}-sofar"] == METHOD_FAMILY[mode]
-    for mode in ("confidence", "hybrid-confidence"):
-        assert method_kwargs(f"{mode}-hedged", "d", 5) == {**method_kwargs(mode, "d", 5), "horizon_quantile": 0.25}
-        assert METHOD_FAMILY[f"{mode}-hedged"] == METHOD_FAMILY[mode]
+    assert first_k((3, 40, 40, 40)) > 0  # one short answer among long ones: about 30 tokens to come
+    assert first_k((3, 3, 3, 3)) == 0  # only short answers: 2 tokens to come do not pay the catch-up

@@ -9,8 +9,15 @@ import torch
 
 import hf_adaspec
 from hf_adaspec import CostTable
-from hf_adaspec.live import SOURCE_LABELS, RunSettings, TokenPieces, generate_kwargs, run_live, slo_attainment
-from hf_adaspec.stats import StepRecord
+from hf_adaspec.engine.stats import StepRecord
+from hf_adaspec.tools.live import (
+    SOURCE_LABELS,
+    RunSettings,
+    TokenPieces,
+    generate_kwargs,
+    run_live,
+    slo_attainment,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 COSTS = {"speculation_costs": CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)}  # skips calibration
@@ -47,12 +54,12 @@ def _final(pair, settings: RunSettings, **kwargs):
     return last
 
 
-@pytest.mark.parametrize("method", ["adaptive", "fixed", "prompt-lookup", "hybrid", "plain"])
+@pytest.mark.parametrize("method", ["adaptive", "fixed", "prompt-lookup", "plain"])
 def test_run_live_streams_every_token_labelled(pair, method):
     target, _ = pair
     last = _final(pair, RunSettings(method, k=3, max_new_tokens=30))
     plain = target.generate(**PROMPT, max_new_tokens=30, do_sample=False)[0, PROMPT["input_ids"].shape[1]:]
-    assert last.done and last.stats.new_tokens == 30
+    assert last.done and last.stats.new_tokens == 30 and last.stats.tokens_per_s > 0
     assert last.text == ByteTokenizer().decode(plain.tolist())  # greedy: the target's own text
     labels = {label for _, label in last.pieces}
     assert labels <= set(SOURCE_LABELS.values())
@@ -108,12 +115,13 @@ def test_generate_kwargs_per_method(pair):
     assert "assistant_model" not in generate_kwargs(RunSettings("prompt-lookup"), draft)
     fixed = generate_kwargs(RunSettings("fixed", k=5), draft)
     assert fixed["speculation"] == "fixed" and fixed["num_speculative_tokens"] == 5 and fixed["assistant_model"] is draft
-    sampled = generate_kwargs(RunSettings("hybrid", do_sample=True, temperature=0.5, top_p=0.8), draft)
+    sampled = generate_kwargs(RunSettings("adaptive", do_sample=True, temperature=0.5, top_p=0.8), draft)
     assert (sampled["temperature"], sampled["top_p"], sampled["do_sample"]) == (0.5, 0.8, True)
     with pytest.raises(ValueError, match="needs a draft model"):
-        generate_kwargs(RunSettings("hybrid"), None)
-    confident = generate_kwargs(RunSettings("confidence", tpot_slo_ms=90.0), draft)
-    assert confident["speculation"] == "confidence" and confident["tpot_slo_ms"] == 90.0
+        generate_kwargs(RunSettings("adaptive"), None)
+    adaptive = generate_kwargs(RunSettings("adaptive", tpot_slo_ms=90.0), draft)
+    assert adaptive["speculation"] == "adaptive" and adaptive["assistant_model"] is draft
+    assert adaptive["tpot_slo_ms"] == 90.0
     assert "tpot_slo_ms" not in generate_kwargs(RunSettings("plain", tpot_slo_ms=90.0), draft)
 
 

@@ -7,14 +7,21 @@ import threading
 
 import gradio as gr
 import pytest
-import torch
+from test_live import ByteTokenizer
 
 import hf_adaspec
-from hf_adaspec.live import LiveSnapshot, RunSettings
-from hf_adaspec.playground import (DRAFTER_COLORS, LoadedPair, Playground, RunControl, decisions_frame,
-                                   goodput_frame, k_frame, stats_markdown)
-from hf_adaspec.stats import SpeculationStats, StepRecord
-from test_live import ByteTokenizer
+from hf_adaspec.engine.stats import SpeculationStats, StepRecord
+from hf_adaspec.tools.live import LiveSnapshot, RunSettings
+from hf_adaspec.tools.playground import (
+    DRAFTER_COLORS,
+    LoadedPair,
+    Playground,
+    RunControl,
+    decisions_frame,
+    goodput_frame,
+    k_frame,
+    stats_markdown,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = [StepRecord(4, 2, 3, "draft_model", 5.0, 25.0, 0.7, 90.0), StepRecord(0, 0, 1, "plain", 0.0, 20.0, 0.6, 50.0)]
@@ -54,7 +61,7 @@ def test_decisions_frame_keeps_the_latest_rows():
 
 
 def test_stats_markdown_reports_speedup_and_slo():
-    snap = LiveSnapshot(stats=SpeculationStats(steps=STEPS, wall_ms=100.0, new_tokens=5))
+    snap = LiveSnapshot(stats=SpeculationStats(steps=STEPS, wall_ms=100.0, row_tokens=(5,)))
     text = stats_markdown(snap, RunSettings("adaptive", tpot_slo_ms=12.0), plain_tps=25.0)
     assert "50.0 tokens/s" in text and "speedup 2.00x" in text
     assert "TPOT SLO 12 ms met by 75% of tokens" in text  # 3 tokens at 10 ms/token, 1 at 20

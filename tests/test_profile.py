@@ -8,8 +8,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from hf_adaspec import CostTable, cli, costs, hf_compat
-from hf_adaspec.cost_predictors import (
+from hf_adaspec import CostTable, LoadedModel
+from hf_adaspec.costs import cache as cost_cache
+from hf_adaspec.costs.cache import CostCache
+from hf_adaspec.costs.measure import ProfileGrid, measure_profile, pair_name
+from hf_adaspec.costs.predictors import (
     QUANTITIES,
     CostFit,
     ProfileCell,
@@ -18,9 +21,7 @@ from hf_adaspec.cost_predictors import (
     interp1,
     table_predict,
 )
-from hf_adaspec.costs import CostCache
-from hf_adaspec.loading import LoadedModel
-from hf_adaspec.profile import (
+from hf_adaspec.costs.profile import (
     PROFILE_ENV,
     assemble_profile,
     default_profile_path,
@@ -30,7 +31,8 @@ from hf_adaspec.profile import (
     profile_key,
     save_profile,
 )
-from hf_adaspec.profiling import ProfileGrid, measure_profile, pair_name
+from hf_adaspec.seam import hf_compat
+from hf_adaspec.tools import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 TINY_GRID = ProfileGrid(new_tokens=(1, 2, 4), batch_sizes=(1, 2), contexts=(16, 48), repeats=1,
@@ -254,7 +256,7 @@ def _no_calibration(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("calibrated although a matching profile was given")
 
-    monkeypatch.setattr(costs, "measure", refuse)
+    monkeypatch.setattr(cost_cache, "measure", refuse)
 
 
 def _greedy(models, **kwargs):

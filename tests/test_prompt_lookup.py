@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hf_adaspec.proposers import PromptLookupProposer, Proposal
+from hf_adaspec.proposers.base import Rows
 from hf_adaspec.proposers.prompt_lookup import find_continuation
 
 
@@ -48,31 +49,50 @@ def test_continuation_never_includes_the_query_itself():
     assert find_continuation(tokens, 2, 1, 5).tolist() == [4]
 
 
+def _rows(*rows: tuple[int, ...], pad: int = 0) -> Rows:
+    """Left-padded rows as the engine keeps them: each row's padded view and its padding length."""
+    width = max(len(r) for r in rows)
+    return Rows(tuple(_t(*([pad] * (width - len(r)) + list(r))) for r in rows), tuple(width - len(r) for r in rows))
+
+
 def test_proposer_available_and_propose_shapes():
-    ids = _t(1, 2, 3, 4, 5, 1, 2, 3)[None, :]  # [1, 8]
+    rows = _rows((1, 2, 3, 4, 5, 1, 2, 3))
     proposer = PromptLookupProposer(max_ngram=3)
-    assert proposer.available(ids, 8) == 5  # 4 5 1 2 3
-    assert proposer.available(ids, 2) == 2
-    assert proposer.catchup_tokens(ids) == 0
+    assert proposer.available(rows, 8) == [5]  # 4 5 1 2 3
+    assert proposer.available(rows, 2) == [2]
+    assert proposer.catchup_tokens(rows) == 0
     for k in (1, 2):
-        proposal = proposer.propose(ids, k)
+        proposer.available(rows, 8)
+        (proposal,) = proposer.propose(rows, [k])
         assert isinstance(proposal, Proposal)
         assert proposal.tokens.shape == (1, k) and proposal.k == k and proposal.q is None
-        assert proposal.tokens[0].tolist() == [4, 5][:k]
+        assert proposal.tokens[0].tolist() == [4, 5][:k] and proposal.confidences == ()
+
+
+def test_proposer_rows_search_only_their_own_tokens():
+    # rows 1 and 2 are left-padded with the pad id 0: row 2's last token 0 would match the padding, but
+    # its own tokens hold no earlier 0
+    rows = _rows((1, 2, 3, 4, 5, 1, 2, 3), (7, 8, 9, 7, 8), (3, 0))
+    proposer = PromptLookupProposer(max_ngram=3)
+    assert proposer.available(rows, 8) == [5, 3, 0]
+    assert proposer.available(rows, 2) == [2, 2, 0]
+    proposals = proposer.propose(rows, [1, 2, 0])  # a row may take fewer than it was offered, or none
+    assert [p.tokens[0].tolist() for p in proposals] == [[4], [9, 7], []]
+    assert [p.k for p in proposals] == [1, 2, 0]
 
 
 def test_proposer_tracks_growing_sequence():
     proposer = PromptLookupProposer(max_ngram=2)
-    ids = _t(1, 2, 3, 1, 2)[None, :]
-    assert proposer.propose(ids, 3).tokens.tolist() == [[3, 1, 2]]
-    proposer.rollback(5)
-    longer = _t(1, 2, 3, 1, 2, 7)[None, :]  # (2,7) and 7 never occurred before
-    assert proposer.available(longer, 3) == 0
+    rows = _rows((1, 2, 3, 1, 2))
+    assert proposer.available(rows, 3) == [3]
+    assert proposer.propose(rows, [3])[0].tokens.tolist() == [[3, 1, 2]]
+    proposer.rollback(torch.tensor([5]))
+    longer = _rows((1, 2, 3, 1, 2, 7))  # (2,7) and 7 never occurred before
+    assert proposer.available(longer, 3) == [0]
 
 
 def test_proposer_no_match():
-    ids = _t(1, 2, 3, 4)[None, :]
-    assert PromptLookupProposer().available(ids, 8) == 0
+    assert PromptLookupProposer().available(_rows((1, 2, 3, 4)), 8) == [0]
 
 
 @pytest.mark.parametrize("max_ngram, min_ngram", [(0, 0), (2, 3), (3, 0)])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hf_adaspec
-from hf_adaspec.bench import divergence_gap
+from hf_adaspec.tools.bench import divergence_gap
 
 pytestmark = pytest.mark.slow
 PROMPTS = [json.loads(line) for line in (Path(__file__).parent / "data" / "spec_bench_sample.jsonl").open()]
@@ -61,10 +61,10 @@ def test_smollm_batch_rows_equal_batch1_plain_greedy(smollm):
         expected.append(model.generate(**inputs, max_new_tokens=32, do_sample=False)[0, inputs["input_ids"].shape[1]:])
     for kwargs in ({"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 4}):
         out = hf_adaspec.generate_batch(model, tok, texts, max_new_tokens=32, **kwargs)
-        width = out.sequences.shape[1] - max(out.stats.new_tokens)
+        width = out.sequences.shape[1] - max(out.stats.row_tokens)
         for i, want in enumerate(expected):
             assert out.sequences[i, width : width + want.shape[0]].tolist() == want.tolist(), (kwargs, i)
-            assert out.stats.new_tokens[i] == want.shape[0]
+            assert out.stats.row_tokens[i] == want.shape[0]
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +108,9 @@ def test_qwen_pair_batch_rows_match_batch1_plain_or_near_tie(qwen_pair):
     model, tok = target.model, target.tokenizer
     texts = [row["turns"][0] for row in PROMPTS[:3]]
     out = hf_adaspec.generate_batch(model, tok, texts, draft_model=draft.model, max_new_tokens=24)
-    width = out.sequences.shape[1] - max(out.stats.new_tokens)
+    width = out.sequences.shape[1] - max(out.stats.row_tokens)
     for i, text in enumerate(texts):
         inputs = _inputs(tok, text)
         plain = model.generate(**inputs, max_new_tokens=24, do_sample=False)
-        row = out.sequences[i, width : width + out.stats.new_tokens[i]]
+        row = out.sequences[i, width : width + out.stats.row_tokens[i]]
         _assert_equal_or_near_tie(model, plain, torch.cat([inputs["input_ids"][0], row])[None])

@@ -1,5 +1,6 @@
-"""TPOT SLO: controllers skip choices predicted to break it (best effort otherwise); stats report
-the share of tokens whose step met it."""
+"""TPOT SLO: best_plan skips plans predicted to break it (best effort otherwise), the adaptive
+controller passes it on, generate honours it at batch size 1, and stats report the share of tokens
+whose step met it."""
 
 from __future__ import annotations
 
@@ -8,68 +9,73 @@ import math
 import pytest
 import torch
 
-from hf_adaspec.acceptance import AcceptancePrior
-from hf_adaspec.confidence import ConfidenceCalibrator, ConfidenceController
-from hf_adaspec.controller import DraftOption, DrafterCosts, GoodputController
-from hf_adaspec.costs import CostTable
 from hf_adaspec.config import SpeculationConfig
-from hf_adaspec.stats import SpeculationStats, StepRecord
+from hf_adaspec.costs.table import CostTable
+from hf_adaspec.engine.stats import SpeculationStats, StepRecord
+from hf_adaspec.policy.confidence import ConfidenceCalibrator
+from hf_adaspec.policy.controller import AdaptiveController, ConfidenceAcceptance, StepView
+from hf_adaspec.policy.goodput import Offer, best_plan
 
 FLAT = CostTable(verify_ms=(50.0,) * 9, draft_ms=20.0)  # verification costs 50 ms for 1..9 tokens
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 
+# Draft model (α = 0.9, 20 ms/token, 100 catch-up tokens at 2 ms) and prompt lookup (α = 0.5, 1 token, free).
+# Draft k=4: E = 4.0951 tokens / 130 ms → 31.5 tokens/s, TPOT 31.75 ms, but the 200 ms catch-up over a
+# 64-token horizon brings it to 28.7 tokens/s. Lookup, k=1: 1.5 tokens / 50 ms → 30 tokens/s, TPOT 33.3 ms.
+# Draft k=3: TPOT 31.99 ms, k=5: 32.01 ms; plain: TPOT 50 ms.
+OFFERS = [Offer((tuple(0.9**j for j in range(1, 9)),), draft_ms=20.0, setup_ms=200.0), Offer(((0.5,),))]
 
-def _hybrid(tpot_slo_ms: float | None) -> GoodputController:
-    """Draft model (α = 0.9, 20 ms/token, 2 ms per catch-up token) and prompt lookup (α = 0.5, free)."""
-    priors = [AcceptancePrior(0.9, 1e9), AcceptancePrior(0.5, 1e9)]  # strong priors: α fixed
-    return GoodputController(FLAT, [DrafterCosts(20.0, 2.0), DrafterCosts()], priors, 0.0, tpot_slo_ms)
 
-
-# Draft model, k=4: E = 4.0951 tokens / 130 ms → 31.5 tokens/s, TPOT 31.75 ms, but 100 catch-up tokens
-# (200 ms) over a 64-token horizon bring it to 28.7 tokens/s. Lookup, k=1: 1.5 tokens / 50 ms → 30 tokens/s,
-# TPOT 33.3 ms. Draft k=3: TPOT 31.99 ms, k=5: 32.01 ms; plain: TPOT 50 ms.
-OPTIONS = [DraftOption(0, 8, catchup_tokens=100), DraftOption(1, 1)]
+def _plan(tpot_slo_ms: float | None, offers=OFFERS):
+    plan = best_plan(offers, FLAT.t_verify, horizon=64, tpot_slo_ms=tpot_slo_ms)
+    return plan.drafters[0], plan.k
 
 
 def test_without_slo_goodput_picks_the_free_lookup():
-    decision = _hybrid(None).choose(OPTIONS, horizon=64)
-    assert (decision.drafter, decision.k) == (1, 1)
+    assert _plan(None) == (1, 1)
 
 
-def test_slo_excludes_choices_whose_predicted_tpot_breaks_it():
-    decision = _hybrid(32.0).choose(OPTIONS, horizon=64)  # lookup (33.3 ms) and plain (50 ms) excluded
-    assert (decision.drafter, decision.k) == (0, 4)
-    decision = _hybrid(31.8).choose(OPTIONS, horizon=64)  # only k = 4 meets it
-    assert (decision.drafter, decision.k) == (0, 4)
+def test_slo_excludes_plans_whose_predicted_tpot_breaks_it():
+    assert _plan(32.0) == (0, 4)  # lookup (33.3 ms) and plain (50 ms) excluded
+    assert _plan(31.8) == (0, 4)  # only k = 4 meets it
 
 
-def test_no_option_meets_the_slo_takes_the_lowest_predicted_tpot():
-    decision = _hybrid(5.0).choose(OPTIONS, horizon=64)
-    assert (decision.drafter, decision.k) == (0, 4)  # 31.75 ms: the fastest per token, though it misses
-    decision = _hybrid(5.0).choose([DraftOption(0, 0), DraftOption(1, 0)], horizon=64)
-    assert decision.k == 0  # nothing to draft: a plain step, best effort
+def test_no_plan_meets_the_slo_takes_the_lowest_predicted_tpot():
+    assert _plan(5.0) == (0, 4)  # 31.75 ms: the fastest per token, though it misses
+    nothing = [Offer(((),), draft_ms=20.0), Offer(((),))]
+    assert _plan(5.0, nothing)[1] == 0  # nothing to draft: a plain step, best effort
 
 
 def test_loose_slo_changes_nothing():
-    assert _hybrid(1000.0).choose(OPTIONS, horizon=64) == _hybrid(None).choose(OPTIONS, horizon=64)
+    assert best_plan(OFFERS, FLAT.t_verify, 64, tpot_slo_ms=1000.0) == best_plan(OFFERS, FLAT.t_verify, 64)
 
 
-def test_confidence_controller_drafts_when_plain_breaks_the_slo():
-    # c̄ = 0.12 → P = 0.12: one 1 ms draft token gives TPOT 11/1.12 = 9.82 ms vs plain 10 ms,
-    # not enough for the 3% margin, but plain breaks a 9.9 ms SLO
+def test_slo_overrides_the_margin_when_plain_breaks_it():
+    # P_1 = 0.12: one 1 ms draft token gives TPOT 11/1.12 = 9.82 ms vs plain 10 ms, not enough for the
+    # 3% margin, but plain breaks a 9.9 ms SLO
+    costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
+    offers = [Offer(((0.12,),), draft_ms=1.0)]
+    assert best_plan(offers, costs.t_verify, min_gain=0.03).k == 0
+    assert best_plan(offers, costs.t_verify, min_gain=0.03, tpot_slo_ms=9.9).k == 1
+
+
+def test_adaptive_controller_drafts_when_plain_breaks_the_slo():
+    # c̄ = 0.12 → P = 0.12 (identity calibration): as above, with the controller's own 3% margin
     costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
 
-    def controller(slo):
-        return ConfidenceController(costs, DrafterCosts(1.0), ConfidenceCalibrator(token_mean=0.12, optimism=0.0), 0.03, slo)
+    def ks(slo):
+        model = ConfidenceAcceptance(1, ConfidenceCalibrator(token_mean=0.12, optimism=0.0))
+        return AdaptiveController(lambda b: costs, [model], [True], tpot_slo_ms=slo).decide(
+            StepView(((4,),), (0,), horizon=64)).ks
 
-    assert controller(None).choose([DraftOption(0, 4)], horizon=64).k == 0
-    assert controller(9.9).choose([DraftOption(0, 4)], horizon=64).k == 4
+    assert ks(None) == (0,)
+    assert ks(9.9) == (4,)  # the stop rule ends the draft
 
 
 def _stats(slo: float | None = None) -> SpeculationStats:
     steps = [StepRecord(3, 3, 4, "draft_model", 10.0, 30.0, 0.5, 1.0),  # 10 ms per token
-             StepRecord(0, 0, 1, "plain", 0.0, 25.0, 0.5, 1.0)]  # 25 ms per token
-    return SpeculationStats(steps=steps, wall_ms=100.0, new_tokens=6, tpot_slo_ms=slo)
+             StepRecord(0, 0, 1, "plain", 0.0, 25.0, 0.5, 1.0, step=1)]  # 25 ms per token
+    return SpeculationStats(steps=steps, wall_ms=100.0, row_tokens=(6,), finish_ms=(100.0,), tpot_slo_ms=slo)
 
 
 def test_slo_attainment_counts_tokens_of_steps_within_the_slo():
@@ -87,6 +93,7 @@ def test_stats_report_attainment_when_an_slo_was_set():
     assert "SLO" not in _stats().summary() and _stats().to_dict()["slo_attainment"] is None
     with pytest.raises(ValueError, match="tpot_slo_ms"):
         _stats().slo_attainment()
+    assert stats.row(0).slo_attainment() == pytest.approx(0.8)  # a row's view keeps the SLO
 
 
 @pytest.mark.parametrize("value", [0.0, -5.0, float("nan")])
@@ -96,12 +103,12 @@ def test_bad_tpot_slo_is_rejected(value):
 
 
 @pytest.mark.usefixtures("one_thread", "private_cache")
-@pytest.mark.parametrize("mode", ["adaptive", "confidence", "fixed"])
-def test_generate_with_slo_keeps_greedy_output_and_reports_attainment(models, mode):
+@pytest.mark.parametrize("mode, drafter", [("adaptive", "noisy_copy"), ("adaptive", None), ("fixed", "noisy_copy")])
+def test_generate_with_slo_keeps_greedy_output_and_reports_attainment(models, mode, drafter):
     plain = models["target"].generate(PROMPT, max_new_tokens=20, do_sample=False)
     extra = {"num_speculative_tokens": 3} if mode == "fixed" else {}
     out = models["target"].generate(PROMPT, max_new_tokens=20, do_sample=False, speculation=mode,
-                                    assistant_model=models["noisy_copy"], tpot_slo_ms=1000.0,
+                                    assistant_model=models.get(drafter), tpot_slo_ms=1000.0,
                                     speculation_costs=CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0),
                                     return_dict_in_generate=True, **extra)
     assert torch.equal(out.sequences, plain)
@@ -113,3 +120,9 @@ def test_generate_with_slo_keeps_greedy_output_and_reports_attainment(models, mo
 def test_generate_rejects_a_bad_slo(models):
     with pytest.raises(ValueError, match="tpot_slo_ms"):
         models["target"].generate(PROMPT, max_new_tokens=5, speculation="adaptive", tpot_slo_ms=0)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_generate_rejects_an_slo_for_a_batch(models):
+    with pytest.raises(ValueError, match="tpot_slo_ms supports batch size 1"):
+        models["target"].generate(PROMPT.repeat(2, 1), max_new_tokens=5, speculation="adaptive", tpot_slo_ms=50.0)

@@ -1,7 +1,7 @@
-"""Drafters (one per module) behind the ``Proposer`` interface."""
+"""Drafters, one per module, behind the row-batched ``Proposer`` interface."""
 
-from .base import Proposal, Proposer
+from .base import Proposal, Proposer, Rows, StopRule
 from .draft_model import DraftModelProposer
 from .prompt_lookup import PromptLookupProposer
 
-__all__ = ["DraftModelProposer", "PromptLookupProposer", "Proposal", "Proposer"]
+__all__ = ["DraftModelProposer", "PromptLookupProposer", "Proposal", "Proposer", "Rows", "StopRule"]

@@ -1,11 +1,14 @@
-"""The drafter interface: every proposer turns the tokens so far into up to k draft tokens.
+"""The drafter interface: every proposer drafts, for each row of a batch, up to k_i tokens continuing it.
 
 Notation: q = draft distribution. A deterministic drafter (prompt lookup) returns ``q=None``, which
-verification treats as one-hot on its tokens.
+verification treats as one-hot on its tokens. Rows are kept as ``Rows``: each row's padded view (its
+left padding, prompt and generated tokens, which is what logits processors and stopping criteria see,
+as in transformers' batched generate) and where its real tokens start. A single request is B = 1.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,9 +17,8 @@ import torch
 
 @dataclass(frozen=True)
 class Proposal:
-    """Draft tokens [B, k] long and, for sampling, their draft probabilities q [B, k, V] (else None);
-    ``confidences``: q(x_u) of each drafted token (empty for deterministic drafters, and from the batch
-    draft model when no stop rule asked for them)."""
+    """One row's draft tokens [1, k] long and, for sampling, their draft probabilities q [1, k, V] (else
+    None); ``confidences``: q(x_u) of each drafted token (empty for deterministic drafters)."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
@@ -27,10 +29,27 @@ class Proposal:
         """Proposal length (tokens)."""
         return self.tokens.shape[1]
 
-    def head(self, k: int) -> Proposal:
-        """The first k ≤ self.k draft tokens (tokens [B, k], q [B, k, V], their confidences)."""
-        q = self.q[:, :k] if self.q is not None else None
-        return Proposal(self.tokens[:, :k], q, self.confidences[:k])
+
+@dataclass(frozen=True)
+class Rows:
+    """views: per row a [T_i] long tensor (left padding + tokens); starts: per row its padding length."""
+
+    views: tuple[torch.Tensor, ...]
+    starts: tuple[int, ...]
+
+    def tokens(self, i: int) -> torch.Tensor:
+        """Row i's real tokens (prompt + generated), [n_i] long."""
+        return self.views[i][self.starts[i] :]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Real tokens per row, [B] long."""
+        return torch.tensor([v.shape[0] - s for v, s in zip(self.views, self.starts, strict=True)])
+
+
+StopRule = Callable[[int, Sequence[tuple[float, ...]], Sequence[bool]], bool]
+"""stop(j, confidences, growing) → True to end drafting after j columns: per row its confidences so far
+(q(x_u) of its kept tokens) and whether it could take one more token."""
 
 
 class Proposer(Protocol):
@@ -38,19 +57,23 @@ class Proposer(Protocol):
 
     name: str
 
-    def available(self, tokens: torch.Tensor, k_max: int) -> int:
-        """Most draft tokens this drafter can offer now (≤ k_max). tokens: [B, T] long."""
+    def available(self, rows: Rows, k_max: int) -> list[int]:
+        """Most draft tokens each row can get now (≤ k_max)."""
         ...
 
-    def catchup_tokens(self, tokens: torch.Tensor) -> int:
-        """Tokens beyond steady state the drafter must ingest before it can draft (0 if none)."""
+    def catchup_tokens(self, rows: Rows) -> int:
+        """Columns beyond steady state the drafter must ingest before drafting (0 if none)."""
         ...
 
-    def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
-        """Draft up to ``k`` ≥ 1 tokens continuing ``tokens`` [B, T]. A drafter with confidences (the
-        draft model) also takes ``stop=fn(j, confidences) -> bool``, asked after each drafted token."""
+    def propose(self, rows: Rows, ks: Sequence[int], stop: StopRule | None = None) -> list[Proposal]:
+        """Row i's proposal of up to ks[i] tokens ([1, k_i'] tokens; q [1, k_i', V] when sampling). A
+        drafter with confidences (the draft model) asks ``stop`` after each drafted column."""
         ...
 
-    def rollback(self, length: int) -> None:
-        """The first ``length`` tokens are confirmed; forget any state past them."""
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """The first lengths[i] tokens of row i are confirmed; forget state past them."""
+        ...
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only rows ``rows`` ([b] long indices; finished rows leave)."""
         ...

@@ -1,20 +1,23 @@
 """Prompt lookup drafting: copy the continuation of the latest earlier occurrence of the last n-gram.
 
 No forward pass, so a proposal costs ~nothing; its quality depends on how repetitive the text is
-(high for code edits and summaries, low for open QA). Saxena 2023, "Prompt Lookup Decoding".
+(high for code edits and summaries, low for open QA). Each row searches its own prompt and output.
+Saxena 2023, "Prompt Lookup Decoding".
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from .base import Proposal
+from .base import Proposal, Rows, StopRule
 
 # A new pair's α for prompt lookup until it has recorded acceptance rates (``AcceptanceMemory.prior_for``):
 # 0.37 is the upper quartile of its per-request acceptance (accepted / drafted tokens) on 52 Spec-Bench
-# prompts, median 0.29 (``adaptive-lookup`` in benchmarks/results/spec_bench_4pc_64tok_coldstart.json).
-# The draft model's start, the upper quartile of Beta(0.6·4, 0.4·4) ≈ 0.78, is twice that: as prompt
-# lookup's start it had the hybrids verify lookup tokens that were rarely accepted (README, Benchmark).
+# prompts, median 0.29 (docs/experiments.md, the lookup start). The draft model's start, the upper
+# quartile of Beta(0.6·4, 0.4·4) ≈ 0.78, is twice that: as prompt lookup's start it had the hybrid
+# verify lookup tokens that were rarely accepted.
 LOOKUP_START_ALPHA = 0.37
 
 
@@ -34,46 +37,38 @@ def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_ma
     return tokens[:0]
 
 
-def check_ngram_sizes(max_ngram: int, min_ngram: int) -> tuple[int, int]:
-    """(max_ngram, min_ngram) if 1 <= min_ngram <= max_ngram.
-
-    Raises:
-        ValueError: otherwise.
-    """
-    if not 1 <= min_ngram <= max_ngram:
-        raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-    return max_ngram, min_ngram
-
-
 class PromptLookupProposer:
-    """Drafts by n-gram lookup over prompt + output so far (batch size 1)."""
+    """Per-row n-gram lookup over prompt + output so far; q=None (deterministic drafter). No state beyond
+    the current step's lookups."""
 
     name = "prompt_lookup"
-    costless = True  # no forward pass and no state: its unverified proposals can be scored (``hindsight``)
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        self.max_ngram, self.min_ngram = check_ngram_sizes(max_ngram, min_ngram)
-        self._cached: tuple[int, int, torch.Tensor] | None = None  # (length, k searched, continuation)
+        """Raises ValueError unless 1 <= min_ngram <= max_ngram."""
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._found: list[torch.Tensor] = []
 
-    def _lookup(self, tokens: torch.Tensor, k_max: int) -> torch.Tensor:
-        """Continuation of at most k_max tokens; one search per step serves available() and propose()."""
-        length = tokens.shape[1]
-        if self._cached is None or self._cached[0] != length or self._cached[1] < k_max:
-            self._cached = (length, k_max, find_continuation(tokens[0], self.max_ngram, self.min_ngram, k_max))
-        return self._cached[2][:k_max]
+    def available(self, rows: Rows, k_max: int) -> list[int]:
+        """Per row, the length of the continuation of its last n-gram (0 if none)."""
+        self._found = [find_continuation(rows.tokens(i), self.max_ngram, self.min_ngram, k_max)
+                       for i in range(len(rows.views))]
+        return [int(f.shape[0]) for f in self._found]
 
-    def available(self, tokens: torch.Tensor, k_max: int) -> int:
-        """Length of the continuation found (0 when the last n-gram never occurred before)."""
-        return min(int(self._lookup(tokens, k_max).shape[0]), k_max)
-
-    def catchup_tokens(self, tokens: torch.Tensor) -> int:
+    def catchup_tokens(self, rows: Rows) -> int:
         """No model state to catch up."""
         return 0
 
-    def propose(self, tokens: torch.Tensor, k: int) -> Proposal:
-        """The first k tokens of the found continuation, [1, k]; q=None (deterministic drafter)."""
-        return Proposal(tokens=self._lookup(tokens, k)[:k][None, :])
+    def propose(self, rows: Rows, ks: Sequence[int], stop: StopRule | None = None) -> list[Proposal]:
+        """Row i: the first ks[i] tokens found by the last ``available`` call, [1, k_i]; ``stop`` is not
+        asked (lookup has no confidences and its tokens cost nothing to draft)."""
+        return [Proposal(tokens=f[:k][None, :]) for f, k in zip(self._found, ks, strict=True)]
 
-    def rollback(self, length: int) -> None:
-        """Stateless apart from the per-length lookup cache."""
-        self._cached = None
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Stateless across steps."""
+        self._found = []
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Stateless across steps."""
+        self._found = []

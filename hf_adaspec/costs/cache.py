@@ -1,0 +1,80 @@
+"""Where the controllers' costs come from: a matching cost profile (``profile.find_profile``), else
+tables calibrated at context 128 and cached per model pair under ``<cache>/costs/<key>.json``."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..models.assets import cache_dir
+from .profile import find_profile
+from .table import CostTable, _atomic_write_json, measure, table_key
+
+
+@dataclass
+class CostCache:
+    """Where the controllers' costs come from: a matching cost profile (``profile.find_profile``), else
+    tables calibrated at context 128 and cached per model pair under ``<cache>/costs/<key>.json``."""
+
+    root: Path = field(default_factory=lambda: cache_dir() / "costs")
+
+    def load_or_measure(
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module | None,
+        n_max: int,
+        log: Callable[[str], None],
+        batch: int = 1,
+        context: int = 128,
+        profile: str | Path | None = None,
+    ) -> CostTable:
+        """The pair's table at ``batch`` rows: from a matching cost profile at ``context`` tokens
+        (``profile``: its path; else $HF_ADASPEC_PROFILE or the cached profile of this pair), else the
+        cached calibration, else calibrate (seconds) and cache it. Raises ValueError when an explicitly
+        given profile is missing or invalid."""
+        found = find_profile(target, draft, profile, log)
+        if found is not None:
+            return found.cost_table(batch, context, n_max)
+        return self._calibrated(target, draft, n_max, log, batch)
+
+    def costs_for(
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module | None,
+        n_max: int,
+        log: Callable[[str], None],
+        batch: int,
+        context: int = 128,
+        profile: str | Path | None = None,
+    ) -> Callable[[int], CostTable]:
+        """costs_for(b) for a static batch of up to ``batch`` rows: a matching profile's table at b rows and
+        ``context`` tokens; else tables calibrated at b = 1, 2, 4, … and ``batch``, b rows using the table
+        of the smallest calibrated size ≥ b. Raises ValueError as ``load_or_measure``."""
+        found = find_profile(target, draft, profile, log)
+        if found is not None:
+            return functools.cache(lambda b: found.cost_table(b, context, n_max))
+        sizes = sorted({min(2**i, batch) for i in range(batch.bit_length() + 1)})
+        tables = {b: self._calibrated(target, draft, n_max, log, b) for b in sizes}
+        return lambda b: tables[min(s for s in sizes if s >= b)]
+
+    def _calibrated(self, target, draft, n_max: int, log: Callable[[str], None], batch: int) -> CostTable:
+        """The cached calibration at ``batch`` rows, or calibrate (seconds) and cache it."""
+        key = table_key(target, draft, n_max, batch)
+        path = self.root / f"{key}.json"
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                data["verify_ms"] = tuple(data["verify_ms"])
+                return CostTable(**data)
+            except (ValueError, KeyError, TypeError):
+                log(f"hf-adaspec: ignoring unreadable cost table {path}; recalibrating")
+        log(f"hf-adaspec: calibrating step costs for this model pair at batch {batch} (first use), cached at {path}; "
+            "run `hf-adaspec profile` for context-aware costs")
+        table = measure(target, draft, n_max, batch=batch)
+        _atomic_write_json(path, {**asdict(table), "verify_ms": list(table.verify_ms)})
+        return table

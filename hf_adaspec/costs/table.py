@@ -1,0 +1,194 @@
+"""Measured cost table: what a verification forward and a draft token cost on this machine.
+
+Design: the controller never assumes a cost model. At first use we time the target's forward over
+n = 1..k_max+1 new tokens and the draft's 1-token forward on a fixed context (warm-up, then the median
+of a few repeats, sizes interleaved), and cache the table as JSON, keyed by the model pair, dtype,
+quantization, device and library versions. On CPU with NF4 the curve is flat up to ~4 tokens and not
+linear, which is exactly what a fitted line would get wrong. A cost profile (``profile``, measured by
+``hf-adaspec profile`` over batch × context × new tokens) that matches the pair takes precedence:
+``CostCache`` looks for one first and calibrates only without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from ..seam import hf_compat
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Median latencies in ms: ``verify_ms[n-1]`` for a target forward over n new tokens,
+    ``draft_ms`` for proposing one draft token (0 for drafters that need no forward), and
+    ``draft_catchup_ms`` per token the draft must ingest before drafting (its prompt, or the tokens
+    of a run of plain steps)."""
+
+    verify_ms: tuple[float, ...]
+    draft_ms: float
+    context: int = 128
+    key: str = ""
+    draft_catchup_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.verify_ms or any(t <= 0 for t in self.verify_ms):
+            raise ValueError(f"verify_ms must be non-empty and positive, got {self.verify_ms}")
+        if self.draft_ms < 0 or self.draft_catchup_ms < 0:
+            raise ValueError(f"draft costs must be >= 0, got {self.draft_ms}, {self.draft_catchup_ms}")
+
+    @property
+    def max_tokens(self) -> int:
+        """Largest measured verification width (new tokens)."""
+        return len(self.verify_ms)
+
+    def t_verify(self, n: int) -> float:
+        """Latency (ms) of a target forward over n ≥ 1 new tokens; linear extrapolation past the table."""
+        if n < 1:
+            raise ValueError(f"a verification covers at least 1 token, got {n}")
+        if n <= self.max_tokens:
+            return self.verify_ms[n - 1]
+        slope = (self.verify_ms[-1] - self.verify_ms[0]) / max(self.max_tokens - 1, 1)
+        return self.verify_ms[-1] + max(slope, 0.0) * (n - self.max_tokens)
+
+
+@dataclass(frozen=True)
+class DrafterCosts:
+    """Per-drafter costs in ms: one draft token, and one token ingested while catching up."""
+
+    draft_ms: float = 0.0
+    catchup_ms: float = 0.0
+
+
+def _model_identity(model: torch.nn.Module) -> dict:
+    config = model.config
+    quant = getattr(config, "quantization_config", None)
+    quant_method = getattr(quant, "quant_method", None) if quant is not None else None
+    if isinstance(quant, dict):
+        quant_method = quant.get("quant_method")
+    return {
+        "name": str(getattr(config, "_name_or_path", type(model).__name__)),
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(model.dtype),
+        "quantization": str(quant_method),
+        "device": str(model.device),
+    }
+
+
+def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dict:
+    """What a measured cost depends on: both models (name, params, dtype, quantization, device), the
+    torch and transformers versions, the machine and torch's intra-op thread count."""
+    import transformers
+
+    return {
+        "target": _model_identity(target),
+        "draft": _model_identity(draft) if draft is not None else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def identity_key(ident: dict) -> str:
+    """16 hex digits of the SHA-256 of ``ident`` as sorted JSON: a stable file name for a cache entry."""
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, batch: int = 1) -> str:
+    """Stable cache key of a (target, draft) pair at a batch size on this machine and library versions."""
+    ident = {"schema": 2, **pair_identity(target, draft), "n_max": n_max, **({"batch": batch} if batch != 1 else {})}
+    return identity_key(ident)
+
+
+_CATCHUP_CHUNK = 32
+
+
+class _ForwardProbe:
+    """Times forwards over n new tokens on top of a fixed, prefilled ``context``-token cache."""
+
+    def __init__(self, model: torch.nn.Module, context: int, n_max: int, batch: int = 1) -> None:
+        vocab = model.get_input_embeddings().num_embeddings
+        gen = torch.Generator().manual_seed(0)
+        self.model, self.context = model, context
+        self.ids = torch.randint(0, vocab, (batch, context + n_max), generator=gen).to(model.device)
+        self.cache = hf_compat.new_cache(model)
+        with torch.no_grad():
+            hf_compat.forward_logits(model, self.ids[:, :context], self.cache, keep=1)
+
+    def time_ms(self, n_new: int) -> float:
+        """Wall ms of one forward over ``n_new`` tokens; the cache is rolled back afterwards."""
+        return time_forward_ms(self.model, self.ids[:, self.context : self.context + n_new], self.cache, keep=n_new)
+
+
+@torch.no_grad()
+def time_forward_ms(model: torch.nn.Module, input_ids: torch.Tensor, cache, keep: int) -> float:
+    """Wall ms of one forward of ``input_ids`` [B, n] on top of ``cache``, keeping ``keep`` positions'
+    logits; the cache is rolled back to its length before the call afterwards."""
+    length = hf_compat.cache_length(cache)
+    start = time.perf_counter()
+    hf_compat.forward_logits(model, input_ids, cache, keep=keep)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - start) * 1000.0
+    hf_compat.rollback(cache, length)
+    return elapsed
+
+
+def measure(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    n_max: int,
+    context: int = 128,
+    repeats: int = 7,
+    batch: int = 1,
+) -> CostTable:
+    """Time target forwards over 1..n_max new tokens, the draft's 1-token forward and its per-token
+    cost of ingesting a 32-token chunk (ms, medians), each over ``batch`` rows (so per batch step).
+
+    One warm-up round, then ``repeats`` rounds with all sizes interleaved so drift hits them alike.
+    """
+    target_probe = _ForwardProbe(target, context, n_max, batch)
+    draft_probe = _ForwardProbe(draft, context, _CATCHUP_CHUNK, batch) if draft is not None else None
+    verify: list[list[float]] = [[] for _ in range(n_max)]
+    drafts: list[float] = []
+    catchups: list[float] = []
+    for _ in range(repeats + 1):
+        for n in range(1, n_max + 1):
+            verify[n - 1].append(target_probe.time_ms(n))
+        if draft_probe is not None:
+            drafts.append(draft_probe.time_ms(1))
+            catchups.append(draft_probe.time_ms(_CATCHUP_CHUNK) / _CATCHUP_CHUNK)
+    verify_ms = tuple(statistics.median(v[1:]) for v in verify)
+    draft_ms = statistics.median(drafts[1:]) if drafts else 0.0
+    catchup_ms = statistics.median(catchups[1:]) if catchups else 0.0
+    return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max, batch), catchup_ms)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Create ``path`` (and its folder) from ``write(file)``: written to a temporary file beside it, then
+    renamed into place, so readers never see a half-written file; the temporary file is removed on error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_write_json(path: Path, data: dict) -> None:
+    atomic_write(path, lambda f: f.write(json.dumps(data, indent=2).encode()))

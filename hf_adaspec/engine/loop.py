@@ -1,0 +1,217 @@
+"""The speculative decoding loop, over the B rows of a left-padded batch (a single request is B = 1).
+
+Each step reads decide → propose → verify → commit → observe: the controller picks a drafter and k_i
+per active row from what the drafters offer; each drafter proposes at once for the rows that picked it
+(the controller's stop rule may end the draft model's proposal early); the target verifies every row's
+[last token, d_1..d_{k_i}] in one forward (right-padded to k+1 columns); greedy or lossless speculative
+sampling keeps n_i ≤ k_i tokens plus a bonus/correction token per row; target and drafter caches roll
+back per row (``RaggedCache``: rejected positions become masked holes, cropped when no row needs them);
+rows that stop (EOS, max_new_tokens, a stopping criterion) leave the batch. k_i = 0 is a plain step.
+Invariant: the target cache holds every token of a row but its last. Greedy rows equal their plain
+greedy output where the forward is shape-stable; sampling is lossless per row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..policy.controller import Controller, Decision, StepOutcome, StepView
+from ..policy.horizon import lindy_horizon
+from ..proposers.base import Proposal, Proposer, Rows
+from .ragged import RaggedCache, right_pad
+from .stats import SpeculationStats, StepRecord
+from .verification import Verification, greedy_verify, speculative_sample
+
+
+@dataclass
+class DecodeSettings:
+    """What the loop needs from the generation config: processors, stopping, budget, sampling, and at
+    batch size 1 the streamer and the step callback ``on_step(record, tokens [m])``."""
+
+    logits_processor: object
+    stopping_criteria: object
+    max_length: int
+    do_sample: bool
+    k_max: int
+    pad_token_id: int = 0
+    streamer: object | None = None
+    generator: torch.Generator | None = None
+    on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
+    horizon: Callable[[int, int], int] = lindy_horizon  # (generated, tokens left) → tokens still to come
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """sequences: [B, T + new] long (left-padded prompts, rows right-padded with the pad id)."""
+
+    sequences: torch.Tensor
+    stats: SpeculationStats
+
+
+def process_scores(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Apply logits processors position by position: scores_i sees ids + d_<i. logits: [1, k+1, V]."""
+    if not processor:
+        return logits
+    rows = [processor(torch.cat([ids, draft[:, :i]], dim=1), logits[:, i]) for i in range(logits.shape[1])]
+    return torch.stack(rows, dim=1)  # [1, k+1, V]
+
+
+def select_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from processed scores [B, V] → [B, 1]."""
+    if do_sample:
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
+    return scores.argmax(dim=-1, keepdim=True)
+
+
+def verify_proposal(proposal: Proposal, scores: torch.Tensor, settings: DecodeSettings) -> Verification:
+    """Greedy or speculative-sampling verification of one row's ``proposal`` against scores [1, k+1, V]."""
+    if not settings.do_sample:
+        return greedy_verify(proposal.tokens, scores)
+    p = torch.softmax(scores, dim=-1)  # [1, k+1, V]
+    q = proposal.q
+    if q is None:  # deterministic drafter: q is one-hot on its tokens
+        q = torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype)  # [1, k, V]
+    return speculative_sample(proposal.tokens, q, p, settings.generator)
+
+
+@dataclass
+class _Rows:
+    """Per request: padded views [T_i], padding lengths, the active rows and finish times (ms)."""
+
+    views: list[torch.Tensor]
+    starts: list[int]
+    active: list[int]
+    finish_ms: list[float]
+
+    def current(self) -> Rows:
+        return Rows(tuple(self.views[i] for i in self.active), tuple(self.starts[i] for i in self.active))
+
+    def emit(self, slot: int, new: torch.Tensor, settings: DecodeSettings, now_ms: float) -> bool:
+        """Append new tokens [1, m] to active row ``slot`` one at a time, stopping at the first token a
+        stopping criterion stops on; True when the row stopped."""
+        i = self.active[slot]
+        for t in new[0]:
+            self.views[i] = torch.cat([self.views[i], t.view(1)])
+            if bool(settings.stopping_criteria(self.views[i][None], None).all()):
+                self.finish_ms[i] = now_ms
+                return True
+        return False
+
+
+def _decide(rows: _Rows, proposers: Sequence[Proposer], controller: Controller, settings: DecodeSettings,
+            prompt_width: int) -> Decision:
+    """The controller's decision from what each drafter offers each active row (capped by the row's
+    budget), the drafters' catch-up, and the horizon of the shortest row and the smallest budget."""
+    current = rows.current()
+    budget = [settings.max_length - rows.views[i].shape[0] - 1 for i in rows.active]
+    offers = tuple(tuple(max(0, min(b, u)) for b, u in zip(budget, p.available(current, settings.k_max), strict=True))
+                   for p in proposers)  # [D][b]
+    generated = min(rows.views[i].shape[0] for i in rows.active) - prompt_width
+    horizon = settings.horizon(generated, min(budget) + 1)
+    return controller.decide(StepView(offers, tuple(p.catchup_tokens(current) for p in proposers), horizon))
+
+
+def _propose(proposers: Sequence[Proposer], current: Rows, decision: Decision, controller: Controller
+             ) -> list[Proposal]:
+    """Each row's proposal from its drafter; a drafter runs once for all rows that picked it."""
+    proposals = [Proposal(torch.zeros(1, 0, dtype=torch.long))] * len(decision.ks)
+    for d, proposer in enumerate(proposers):
+        ks = [k if drafter == d else 0 for k, drafter in zip(decision.ks, decision.drafters, strict=True)]
+        if max(ks):
+            for i, proposal in enumerate(proposer.propose(current, ks, stop=controller.stop_rule(d))):
+                proposals[i] = proposal if decision.drafters[i] == d else proposals[i]
+    return proposals
+
+
+def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: _Rows, settings: DecodeSettings
+            ) -> tuple[list[int], list[torch.Tensor]]:
+    """Per row verify its proposal against its logits [1, k_i+1, V] → accepted n_i, new tokens [1, n_i+1]."""
+    accepted, new = [], []
+    for slot, (i, proposal) in enumerate(zip(rows.active, proposals, strict=True)):
+        row_logits = logits[slot : slot + 1, : proposal.k + 1].cpu()  # [1, k_i+1, V]
+        scores = process_scores(settings.logits_processor, rows.views[i][None], proposal.tokens, row_logits)
+        result = verify_proposal(proposal, scores, settings)
+        n = int(result.num_accepted[0])
+        accepted.append(n)
+        new.append(torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1))
+    return accepted, new
+
+
+@torch.no_grad()
+def speculative_decode(target: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       proposers: Sequence[Proposer], controller: Controller, settings: DecodeSettings
+                       ) -> DecodeResult:
+    """Generate for a left-padded batch. input_ids, attention_mask: [B, T] → DecodeResult."""
+    start, batch = time.perf_counter(), input_ids.shape[0]
+    now = lambda: (time.perf_counter() - start) * 1000.0  # noqa: E731
+    rows = _Rows(list(input_ids.cpu()), (attention_mask.shape[1] - attention_mask.sum(1)).tolist(),
+                 list(range(batch)), [0.0] * batch)
+    stats, cache = SpeculationStats(), RaggedCache(target, batch)
+    logits = cache.append(input_ids, attention_mask.bool(), keep=1)[:, -1].cpu()  # [B, V]
+    firsts = [select_token(settings.logits_processor(rows.views[i][None], logits[i : i + 1]), settings.do_sample,
+                           settings.generator) for i in range(batch)]  # B × [1, 1]
+    finished = [rows.emit(i, t, settings, now()) for i, t in enumerate(firsts)]
+    stats.prefill_ms = now()
+    _stream(settings, rows.views[0][input_ids.shape[1]:], None)
+    step = 0
+    while True:
+        keep = torch.tensor([s for s, f in enumerate(finished) if not f], dtype=torch.long)
+        if not keep.numel():  # every row stopped (the caches stay whole: the draft's may be reused)
+            break
+        if keep.numel() < len(rows.active):
+            rows.active = [rows.active[int(s)] for s in keep]
+            for part in (cache, controller, *proposers):
+                part.select(keep)
+        decision = _decide(rows, proposers, controller, settings, input_ids.shape[1])  # decide
+        t0, current = time.perf_counter(), rows.current()
+        proposals = _propose(proposers, current, decision, controller)  # propose
+        t1 = time.perf_counter()
+        block, valid = right_pad([torch.cat([rows.views[i][-1:], p.tokens[0]])  # [b, k+1]
+                                  for i, p in zip(rows.active, proposals)], settings.pad_token_id)
+        accepted, new = _verify(cache.append(block, valid, keep=block.shape[1]), proposals, rows, settings)  # verify
+        confirmed = current.lengths + torch.tensor(accepted)  # tokens each row holds, minus its new last token
+        cache.rollback(confirmed)  # commit
+        for d, proposer in enumerate(proposers):  # a drafter keeps its own tokens only where they were accepted
+            mine = torch.tensor([drafter == d for drafter in decision.drafters])
+            proposer.rollback(torch.where(mine, confirmed, current.lengths))
+        lengths = [rows.views[i].shape[0] for i in rows.active]
+        finished = [rows.emit(s, n, settings, now()) for s, n in enumerate(new)]
+        ks = tuple(p.k for p in proposals)
+        controller.observe(StepOutcome(decision.drafters, ks, tuple(accepted),  # observe
+                                       tuple(p.confidences for p in proposals)))
+        draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
+        for s, i in enumerate(rows.active):
+            record = StepRecord(ks[s], accepted[s], rows.views[i].shape[0] - lengths[s],
+                                proposers[decision.drafters[s]].name if ks[s] else "plain", draft_ms, verify_ms,
+                                decision.alphas[s], decision.predicted_goodput, row=i, step=step)
+            stats.steps.append(record)
+            _stream(settings, rows.views[i][lengths[s]:], record)
+        step += 1
+    if settings.streamer is not None:
+        settings.streamer.end()
+    stats.wall_ms = now()
+    stats.row_tokens = tuple(int(v.shape[0]) - input_ids.shape[1] for v in rows.views)
+    stats.finish_ms = tuple(rows.finish_ms)
+    return DecodeResult(_pad_right(rows.views, settings.pad_token_id), stats)
+
+
+def _stream(settings: DecodeSettings, tokens: torch.Tensor, record: StepRecord | None) -> None:
+    """Hand newly emitted tokens [m] to the streamer and the step callback (batch size 1 only; record
+    None: the prefill's token)."""
+    if settings.streamer is not None and tokens.numel():
+        settings.streamer.put(tokens[None].cpu())
+    if settings.on_step is not None:
+        settings.on_step(record, tokens.cpu())
+
+
+def _pad_right(views: list[torch.Tensor], pad_token_id: int) -> torch.Tensor:
+    """Stack rows of different lengths, right-padding with pad_token_id → [B, max len]."""
+    width = max(v.shape[0] for v in views)
+    out = torch.full((len(views), width), pad_token_id, dtype=torch.long)
+    for i, v in enumerate(views):
+        out[i, : v.shape[0]] = v
+    return out

@@ -1,0 +1,232 @@
+"""Controllers: each step, which drafter proposes for each row and how many tokens k_i.
+
+The contract the engine drives (``Controller``), at any batch size B (a single request is B = 1):
+``decide`` (a ``StepView`` of what each drafter offers each row → a ``Decision``), ``stop_rule`` (an
+optional callable the draft model asks after each drafted column), ``observe`` (one ``StepOutcome``) and
+``select`` (finished rows leave). Nothing else is probed.
+
+``AdaptiveController`` (SmartSpec/TurboSpec, arXiv 2406.14066; AdaSpec, arXiv 2503.05096): every drafter
+prices each row's proposal by its acceptance model — i.i.d. α per row for prompt lookup
+(``IIDAcceptance``), the calibrated confidence path ĉ_j = c̄^j for the draft model
+(``ConfidenceAcceptance``) — and ``goodput.best_plan`` picks the batch-wide k and each row's drafter,
+down to a plain step; a draft-model row then drafts up to its offer and the confidence stop rule
+(``goodput.draft_next_column``) ends it token by token. ``FixedController``: always k from the first
+drafter, optionally stopped llama.cpp-style once a drafted token's q(x) < p_min (a baseline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..costs.table import CostTable
+from ..proposers.base import StopRule
+from .acceptance import AcceptanceEstimator, AcceptancePrior
+from .confidence import ConfidenceCalibrator, RunningMean, prefix_confidences
+from .goodput import Offer, best_plan, draft_next_column
+
+MIN_GAIN = 0.03  # a k > 0 must predict 3% more goodput than a plain step: α and the costs are estimates
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What the controller sees before a step: ``offers[d][i]`` = most tokens drafter d can draft for row
+    i (capped by the row's budget), ``catchup[d]`` = columns drafter d must ingest before drafting, and
+    ``horizon`` = tokens per row still to come (over which a catch-up is amortised)."""
+
+    offers: tuple[tuple[int, ...], ...]
+    catchup: tuple[int, ...]
+    horizon: int = 1
+
+    @property
+    def batch(self) -> int:
+        return len(self.offers[0])
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Per row its proposal length k_i and drafter index, the chosen drafter's predicted acceptance of
+    its first token (NaN when not estimated), and the predicted goodput (tokens/s; NaN when not predicted)."""
+
+    ks: tuple[int, ...]
+    drafters: tuple[int, ...]
+    alphas: tuple[float, ...]
+    predicted_goodput: float
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a step did per row: drafter index, tokens drafted (k_i), accepted (n_i ≤ k_i) and the draft's
+    q(x_u) of each drafted token (empty for deterministic drafters)."""
+
+    drafters: tuple[int, ...]
+    ks: tuple[int, ...]
+    accepted: tuple[int, ...]
+    confidences: tuple[tuple[float, ...], ...]
+
+
+class Controller(Protocol):
+    """Chooses (drafter, k_i) per row each step and learns from the outcome."""
+
+    def decide(self, view: StepView) -> Decision: ...
+
+    def stop_rule(self, drafter: int) -> StopRule | None:
+        """The rule that may end drafter ``drafter``'s proposal early (None: it drafts its k_i)."""
+        ...
+
+    def observe(self, outcome: StepOutcome) -> None: ...
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the per-row state of rows ``rows`` ([b] long indices)."""
+        ...
+
+
+class IIDAcceptance:
+    """Per row, a discounted Beta-geometric α (``AcceptanceEstimator``); P_j = α^j."""
+
+    confidence_stopped = False
+
+    def __init__(self, batch: int, prior: AcceptancePrior | None = None) -> None:
+        self.rows = [AcceptanceEstimator(prior) for _ in range(batch)]
+
+    def path(self, i: int, upper: int) -> tuple[float, ...]:
+        alpha = self.rows[i].alpha
+        return tuple(alpha ** j for j in range(1, upper + 1))
+
+    def alpha(self, i: int) -> float:
+        return self.rows[i].alpha
+
+    def observe(self, i: int, drafted: int, accepted: int, confidences: tuple[float, ...]) -> None:
+        """Row i drafted ``drafted`` with this drafter; a plain step (0) relaxes α towards its prior."""
+        self.rows[i].update(drafted, accepted)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.rows = [self.rows[int(i)] for i in rows]
+
+
+class ConfidenceAcceptance:
+    """The pair's confidence calibration and, per row, its running mean per-token confidence c̄ (seeded
+    with the pair's mean); P_j = calibrated(c̄^j) before drafting, calibrated(c_j) once drafted."""
+
+    confidence_stopped = True
+
+    def __init__(self, batch: int, calibrator: ConfidenceCalibrator) -> None:
+        self.calibrator = calibrator
+        self.c_bar = [RunningMean(calibrator.token_mean) for _ in range(batch)]
+
+    def path(self, i: int, upper: int) -> tuple[float, ...]:
+        c = self.c_bar[i].value
+        return tuple(self.calibrator.predict(c ** j) for j in range(1, upper + 1))
+
+    def alpha(self, i: int) -> float:
+        return self.calibrator.predict(self.c_bar[i].value)
+
+    def drafted(self, confidences: tuple[float, ...]) -> list[float]:
+        """Calibrated P_1..P_j of the tokens drafted so far, from their q(x_u)."""
+        return [self.calibrator.predict(c) for c in prefix_confidences(confidences)]
+
+    def next_prob(self, i: int, confidences: tuple[float, ...]) -> float:
+        """Predicted P_{j+1} of row i: calibrated(c_j·c̄)."""
+        return self.calibrator.predict(min(1.0, math.prod(confidences) * self.c_bar[i].value))
+
+    def observe(self, i: int, drafted: int, accepted: int, confidences: tuple[float, ...]) -> None:
+        """Fold a verified draft into the pooled calibration and row i's c̄; a plain step leaves both."""
+        if confidences:
+            self.calibrator.update(confidences, accepted)
+            for q in confidences:
+                self.c_bar[i].add(q)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.c_bar = [self.c_bar[int(i)] for i in rows]
+
+
+AcceptanceModel = IIDAcceptance | ConfidenceAcceptance
+
+
+class AdaptiveController:
+    """Per step the best of a plain step and every drafter's proposals by predicted goodput.
+
+    ``costs_for(b)``: the ``CostTable`` at b rows; ``models[d]``: drafter d's acceptance model;
+    ``paid[d]``: whether drafter d costs a draft forward (the draft model) or nothing (prompt lookup);
+    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can.
+    """
+
+    def __init__(self, costs_for: Callable[[int], CostTable], models: Sequence[AcceptanceModel],
+                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None) -> None:
+        self.costs_for, self.models, self.paid = costs_for, list(models), list(paid)
+        self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
+        self._costs: CostTable | None = None
+
+    def decide(self, view: StepView) -> Decision:
+        """``best_plan`` over every drafter's paths; a confidence-stopped row is offered its whole upper
+        bound (the stop rule ends it), another row its min(k, u_i)."""
+        costs = self._costs = self.costs_for(view.batch)
+        offers = [Offer(tuple(m.path(i, u) for i, u in enumerate(view.offers[d])),
+                        costs.draft_ms if self.paid[d] else 0.0,
+                        view.catchup[d] * costs.draft_catchup_ms if self.paid[d] else 0.0)
+                  for d, m in enumerate(self.models)]
+        plan = best_plan(offers, costs.t_verify, view.horizon, self.min_gain, self.tpot_slo_ms)
+        ks = tuple(0 if not plan.k else view.offers[d][i] if self.models[d].confidence_stopped
+                   else min(plan.k, view.offers[d][i]) for i, d in enumerate(plan.drafters))
+        alphas = tuple(self.models[d].alpha(i) for i, d in enumerate(plan.drafters))
+        return Decision(ks, plan.drafters, alphas, plan.goodput)
+
+    def stop_rule(self, drafter: int) -> StopRule | None:
+        """For a confidence-stopped drafter: stop once one more column is predicted not to pay
+        (``draft_next_column`` at the last decision's batch size); None for the others."""
+        model, costs = self.models[drafter], self._costs
+        if not isinstance(model, ConfidenceAcceptance) or costs is None:
+            return None
+
+        def stop(j: int, confidences: Sequence[tuple[float, ...]], growing: Sequence[bool]) -> bool:
+            probs = [model.drafted(c) for c in confidences]
+            nxt = [model.next_prob(i, c) if g else 0.0 for i, (c, g) in enumerate(zip(confidences, growing))]
+            return not draft_next_column(probs, nxt, costs.draft_ms, costs.t_verify)
+
+        return stop
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Each row teaches its drafter's model; a plain row relaxes every i.i.d. model of that row."""
+        for i, (d, k, n, conf) in enumerate(zip(outcome.drafters, outcome.ks, outcome.accepted,
+                                                outcome.confidences, strict=True)):
+            if k:
+                self.models[d].observe(i, k, n, conf)
+            else:
+                for m in self.models:
+                    m.observe(i, 0, 0, ())
+
+    def select(self, rows: torch.Tensor) -> None:
+        for m in self.models:
+            m.select(rows)
+
+
+class FixedController:
+    """Always k_i = min(k, u_i) from the first drafter; with ``p_min`` the llama.cpp-style stop: drafting
+    ends once every growing row's last drafted token has q(x) < p_min (that token stays in the proposal,
+    as in transformers' ``assistant_confidence_threshold``: its forward is already paid)."""
+
+    def __init__(self, k: int, p_min: float | None = None) -> None:
+        if k < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {k}")
+        self.k, self.p_min = k, p_min
+
+    def decide(self, view: StepView) -> Decision:
+        ks = tuple(min(self.k, u) for u in view.offers[0])
+        return Decision(ks, (0,) * view.batch, (math.nan,) * view.batch, math.nan)
+
+    def stop_rule(self, drafter: int) -> StopRule | None:
+        if self.p_min is None:
+            return None
+        p_min = self.p_min
+        return lambda j, confidences, growing: all(not c or c[-1] < p_min
+                                                   for c, g in zip(confidences, growing) if g)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Nothing to learn."""
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Stateless per row."""

@@ -1,0 +1,234 @@
+"""``model.generate(..., speculation="adaptive")``: the transformers integration.
+
+Seam: transformers 5.x ``generate(custom_generate=callable)`` prepares the generation config, logits
+processors and stopping criteria, then calls the callable — but forwards to it neither
+``assistant_model`` nor ``streamer`` (only keyword arguments its signature adds beyond ``_sample``'s).
+``enable(model)`` therefore wraps the instance's ``generate`` (the same mechanism transformers uses for
+Hub ``custom_generate`` recipes): with ``speculation=...`` it packs the draft model, streamer and
+settings into one ``SpeculationRequest`` keyword and calls the original ``generate`` with our
+callable; without it, ``generate`` behaves exactly as before (including HF assisted generation).
+One engine runs every request: a single prompt is a batch of one row.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..config import SpeculationConfig
+from ..costs.cache import CostCache
+from ..costs.table import CostTable
+from ..engine.draft_prefix import DraftPrefixStore, PrefixSeed
+from ..engine.loop import DecodeSettings, speculative_decode
+from ..engine.ragged import RaggedCache
+from ..engine.stats import SpeculationStats, StepRecord
+from ..policy.acceptance import AcceptanceMemory
+from ..policy.confidence import CalibratorMemory
+from ..policy.horizon import LengthMemory
+from ..policy.modes import SPECULATION_MODES, Learned, PolicyInputs
+from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer
+from . import hf_compat
+
+
+@dataclass
+class SpeculationState:
+    """What ``generate`` learns across requests of one model: α per drafter (``memory``), the draft's
+    confidence calibration, the requests' lengths (the horizon) and the draft's recent caches
+    (``draft_prefixes``). ``enable`` keeps one per model, so decisions — and with them sampled outputs —
+    change from call to call as it learns; ``generate(..., speculation_state=SpeculationState())`` starts
+    a call (or a workload, or a benchmarked method) from a fresh one."""
+
+    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
+    calibrators: CalibratorMemory = field(default_factory=CalibratorMemory)
+    lengths: LengthMemory = field(default_factory=LengthMemory)
+    draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
+
+
+@dataclass(frozen=True)
+class SpeculationRequest:
+    """Everything ``generate`` would otherwise drop before our callable: the draft model, the streamer,
+    the step callback, the costs (a table used as is, or a profile path) and the learned state."""
+
+    config: SpeculationConfig
+    state: SpeculationState = field(default_factory=SpeculationState)
+    draft_model: torch.nn.Module | None = None
+    streamer: Any = None
+    costs: CostTable | None = None
+    on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
+    profile: str | Path | None = None
+
+
+@dataclass
+class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
+    """transformers' decoder-only output plus ``speculation``: the request's ``SpeculationStats``."""
+
+    speculation: SpeculationStats | None = None
+
+
+def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: SpeculationRequest,
+                  gen_config) -> None:
+    """Raise ValueError for inputs the engine does not support, naming the fix."""
+    if gen_config.num_beams != 1 or gen_config.num_return_sequences != 1:
+        raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
+    if gen_config.output_scores or gen_config.output_logits or gen_config.output_attentions:
+        raise ValueError("speculation does not return scores, logits or attentions; drop output_scores/output_logits")
+    draft = request.draft_model
+    if draft is not None and hf_compat.vocab_size(draft) != hf_compat.vocab_size(model):
+        raise ValueError(
+            f"draft model vocabulary ({hf_compat.vocab_size(draft)}) differs from the target's "
+            f"({hf_compat.vocab_size(model)}); pick a draft with the target's tokenizer, or drop "
+            "assistant_model to use prompt lookup"
+        )
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+    empty = (mask.sum(dim=1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"prompt(s) {empty} of the batch are empty; every prompt needs at least one token")
+    if bool((mask[:, 1:] < mask[:, :-1]).any()):
+        raise ValueError("the batch is right-padded; speculation needs left padding: set "
+                         "tokenizer.padding_side = 'left' before tokenizing the prompts")
+    if input_ids.shape[0] > 1 or not bool(mask.all()):
+        if request.streamer is not None or request.on_step is not None:
+            raise ValueError("streamer and speculation_callback support batch size 1; drop them for batches")
+        if request.config.tpot_slo_ms is not None:
+            raise ValueError("tpot_slo_ms supports batch size 1; drop it for batches")
+
+
+def _build_proposers(request: SpeculationRequest, logits_processor, generation_config, batch: int,
+                     draft_cache: RaggedCache | None) -> list[Proposer]:
+    """Draft model (if given; ``draft_cache``: its starting cache), then prompt lookup (if no draft
+    model, or when the mode adds it as a second drafter)."""
+    proposers: list[Proposer] = []
+    pad = hf_compat.pad_token_id(generation_config)
+    if request.draft_model is not None:
+        proposers.append(DraftModelProposer(request.draft_model, batch, logits_processor, generation_config.do_sample,
+                                            pad, hf_compat.eos_token_ids(generation_config), cache=draft_cache))
+    if request.draft_model is None or SPECULATION_MODES[request.config.speculation].lookup_with_draft:
+        proposers.append(PromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram))
+    return proposers
+
+
+def memory_key(proposer: Proposer, draft: torch.nn.Module | None) -> str:
+    """Identifies a drafter in the pair's learned state (the draft model by identity)."""
+    return f"{proposer.name}:{id(draft) if isinstance(proposer, DraftModelProposer) else 0}"
+
+
+def _costs_for(model, request: SpeculationRequest, batch: int, context: int) -> Callable[[int], CostTable]:
+    """costs_for(b): the given table; else the pair's profile at b rows and ``context`` tokens (the padded
+    prompt length), or tables calibrated at b = 1, 2, 4, … and ``batch`` (``CostCache.costs_for``)."""
+    if request.costs is not None:
+        return lambda b: request.costs
+    log = functools.partial(print, file=sys.stderr)
+    n_max = request.config.max_speculative_tokens + 1
+    return CostCache().costs_for(model, request.draft_model, n_max, log, batch, context, request.profile)
+
+
+def _remember(request: SpeculationRequest, proposers: list[Proposer], stats: SpeculationStats) -> None:
+    """Record each row's length and each drafter's acceptance into the learned state."""
+    state = request.state
+    for generated in stats.row_tokens:  # one finished request per row
+        state.lengths.record(generated)
+    for p in proposers:
+        steps = [s for s in stats.steps if s.drafter == p.name]
+        state.memory.record(memory_key(p, request.draft_model), sum(s.k for s in steps), sum(s.accepted for s in steps))
+
+
+def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
+                         adaspec_request: SpeculationRequest | None = None, **model_kwargs):
+    """``custom_generate`` callable: speculative decoding with the request's drafters and controller.
+
+    input_ids: [B, T] long, left-padded when rows differ in length (``attention_mask`` [B, T]). Returns
+    sequences [B, T + new] (finished rows right-padded with the pad id) or, with
+    return_dict_in_generate, ``SpeculativeGenerateOutput`` whose ``speculation`` holds every decision.
+    Raises ValueError for inputs speculation cannot honour (see ``_check_inputs``).
+    """
+    request = adaspec_request or SpeculationRequest(SpeculationConfig())
+    mask = model_kwargs.get("attention_mask")
+    mask = torch.ones_like(input_ids) if mask is None else mask
+    _check_inputs(model, input_ids, mask, request, generation_config)
+    batch, config, state = input_ids.shape[0], request.config, request.state
+    seed = None
+    if batch == 1 and bool(mask.all()) and request.draft_model is not None:  # the draft starts from a recent prefix
+        seed = state.draft_prefixes.seed(request.draft_model, input_ids)
+    proposers = _build_proposers(request, logits_processor, generation_config, batch,
+                                 RaggedCache(request.draft_model, 1, seed.cache) if seed is not None else None)
+    inputs = PolicyInputs(config, _costs_for(model, request, batch, input_ids.shape[1]), batch,
+                          tuple((p.name, memory_key(p, request.draft_model)) for p in proposers),
+                          Learned(state.memory, state.calibrators))
+    controller = SPECULATION_MODES[config.speculation].build(inputs)
+    settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
+                              generation_config.do_sample, config.k_max, hf_compat.pad_token_id(generation_config),
+                              request.streamer, on_step=request.on_step, horizon=state.lengths.horizon)
+    result = speculative_decode(model, input_ids, mask, proposers, controller, settings)
+    result.stats.tpot_slo_ms = config.tpot_slo_ms
+    if seed is not None:
+        _keep_prefix(state.draft_prefixes, request.draft_model, result.sequences, proposers[0], seed)
+        result.stats.draft_prefix_tokens = seed.length
+    _remember(request, proposers, result.stats)
+    if generation_config.return_dict_in_generate:
+        return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
+    return result.sequences
+
+
+def _keep_prefix(store: DraftPrefixStore, draft: torch.nn.Module, sequences: torch.Tensor,
+                 proposer: DraftModelProposer, seed: PrefixSeed) -> None:
+    """Hand the draft's final cache (batch size 1) to the prefix store."""
+    store.remember(draft, sequences, proposer.cache.cache, seed.length)
+
+
+# generate() keywords that set SpeculationConfig fields of the same name
+_CONFIG_KEYWORDS = tuple(f.name for f in fields(SpeculationConfig) if f.name != "speculation")
+
+
+def _speculative_entry(original, state: SpeculationState, speculation=None, **kwargs):
+    """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``, learning
+    into ``state`` (or the ``speculation_state`` keyword's)."""
+    given = kwargs.pop("speculation_state", None)
+    if speculation is None:
+        if given is not None:
+            raise ValueError("speculation_state is hf-adaspec's: pass speculation=... with it, or leave it out")
+        return original(**kwargs)
+    given_config = {name: kwargs.pop(name) for name in _CONFIG_KEYWORDS if name in kwargs}
+    config = SpeculationConfig(speculation=speculation, **given_config)  # the rest: SpeculationConfig's defaults
+    request = SpeculationRequest(config, given or state, kwargs.pop("assistant_model", None), kwargs.get("streamer"),
+                                 kwargs.pop("speculation_costs", None), kwargs.pop("speculation_callback", None),
+                                 kwargs.pop("speculation_profile", None))
+    return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
+
+
+def enable(model) -> Any:
+    """Let ``model.generate`` take ``speculation="adaptive"`` or ``"fixed"`` (``assistant_model`` is the
+    draft). Idempotent; returns the model. Without ``speculation`` generate is unchanged. What the model
+    learns across requests (α per drafter, the confidence calibration, request lengths, the draft's
+    recent caches) lives in one ``SpeculationState`` per model.
+
+    Extra keywords with ``speculation``: every ``SpeculationConfig`` field but ``speculation``
+    (``num_speculative_tokens``, ``max_speculative_tokens``, ``prompt_lookup_max_ngram``, ``tpot_slo_ms``,
+    ``draft_p_min``), ``speculation_state`` (a ``SpeculationState`` to learn into instead of the model's
+    own), ``speculation_costs`` (a ``CostTable``, used as is), ``speculation_profile`` (path of an
+    ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the cached profile of this pair, else
+    calibration at first use) and ``speculation_callback``: called as ``fn(record, tokens)`` after each
+    step with its ``StepRecord`` (None for the prefill's token) and the tokens it emitted ([m] long, on
+    CPU); ``record.token_sources()`` says how each was made.
+    """
+    if getattr(model, "_adaspec_enabled", False):
+        return model
+    original = model.generate
+    state = SpeculationState()
+
+    @functools.wraps(original)
+    def generate(inputs=None, speculation=None, **kwargs):
+        if inputs is not None:
+            kwargs["inputs"] = inputs
+        return _speculative_entry(original, state, speculation=speculation, **kwargs)
+
+    model.generate = generate
+    model._adaspec_enabled = True
+    return model

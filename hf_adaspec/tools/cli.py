@@ -1,0 +1,287 @@
+"""``hf-adaspec`` command line: ``generate`` (stream text, then one stats line), ``bench``, ``profile`` (cost
+profile of a model pair) and ``playground``."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+import typer
+from tqdm.auto import tqdm
+
+from ..config import SPECULATION_MODES
+from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
+from .bench import METHODS
+
+app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
+
+DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
+SPEC_BENCH = Path("../shared/data/spec_bench/question.jsonl")
+
+
+def _load_pair(target: str, draft: str, quantization: str, dtype: str):
+    from .. import enable, load
+
+    tgt = load(target, quantization=quantization, dtype=dtype)
+    enable(tgt.model)
+    drf = load(draft, quantization=quantization, dtype=dtype, quantize_lm_head=True) if draft != "none" else None
+    for lm in (tgt, drf):  # first forwards initialise kernels; keep them out of the timed run
+        if lm is not None:
+            lm.model.generate(torch.tensor([[0, 1, 2, 3]], device=lm.model.device), max_new_tokens=2, do_sample=False)
+    return tgt, drf
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument(DEFAULT_PROMPT, help="User message; the chat template is applied."),
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' for prompt lookup."),
+    speculation: str = typer.Option("adaptive", help=" | ".join(SPECULATION_MODES) + " | off (plain decoding)."),
+    k: int = typer.Option(5, help="Proposal length for --speculation fixed."),
+    max_new_tokens: int = typer.Option(256, min=1),
+    quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
+    do_sample: bool = typer.Option(False, help="Sample (lossless speculative sampling) instead of greedy."),
+    temperature: float = typer.Option(0.7),
+    top_p: float = typer.Option(0.9),
+) -> None:
+    """Generate for one prompt, streaming the text; then print one stats line."""
+    from transformers import TextStreamer
+
+    if speculation not in (*SPECULATION_MODES, "off"):
+        raise typer.BadParameter(f"--speculation {speculation!r}: use one of {', '.join(SPECULATION_MODES)} or off")
+
+    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    inputs = tgt.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    kwargs: dict = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "return_dict_in_generate": True}
+    if do_sample:
+        kwargs.update(temperature=temperature, top_p=top_p)
+    if speculation != "off":
+        kwargs.update(speculation=speculation, num_speculative_tokens=k if speculation == "fixed" else None)
+        if drf is not None:
+            kwargs["assistant_model"] = drf.model
+    streamer = TextStreamer(tgt.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    start = time.perf_counter()
+    out = tgt.model.generate(**inputs, streamer=streamer, **kwargs)
+    seconds = time.perf_counter() - start
+    stats = getattr(out, "speculation", None)
+    if stats is not None:
+        typer.echo(f"[hf-adaspec] {speculation}: {stats.summary()}")
+    else:
+        new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
+        typer.echo(f"[hf-adaspec] plain: {new} tokens in {seconds:.2f} s = {new / seconds:.2f} tokens/s")
+
+
+@app.command()
+def bench(
+    prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (fields category, turns)."),
+    per_category: int = typer.Option(1, min=1, help="Prompts per category."),
+    categories: str = typer.Option("", help="Comma-separated categories (default: all)."),
+    methods: str = typer.Option(",".join(METHODS), help="Comma-separated subset of the methods."),
+    max_new_tokens: int = typer.Option(64, min=1),
+    fixed_k: int = typer.Option(5, min=1, help="k for the fixed-k method."),
+    repeats: int = typer.Option(1, min=1, help="Timed runs per method and prompt (median)."),
+    target: str = typer.Option(DEFAULT_TARGET),
+    draft: str = typer.Option(DEFAULT_DRAFT),
+    quantization: str = typer.Option("nf4"),
+    dtype: str = typer.Option("bfloat16"),
+    output: Path = typer.Option(Path("benchmarks/results/bench.json"), help="JSON out; a .md table beside it."),
+    batch_size: str = typer.Option("", help="e.g. 1,2,4,8,16: the batch benchmark (plain batched generate, "
+                                   "hf-assisted, fixed-k, adaptive) at these batch sizes instead."),
+    batch_prompts: int = typer.Option(16, min=1, help="Prompts for the batch benchmark (round-robin over categories)."),
+    batch_methods: str = typer.Option("", help="Comma-separated subset of the batch methods (default: all of "
+                                      "plain, hf-assisted, fixed-k, adaptive)."),
+) -> None:
+    """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
+    from . import bench as bm
+
+    if batch_size:
+        sizes = _parse_sizes(batch_size)
+        _batch_bench(prompts, sizes, batch_prompts, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
+                     batch_methods)
+        return
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    for m in method_list:
+        bm.method_kwargs(m, None, fixed_k)  # raises ValueError naming the valid methods
+    if "plain" not in method_list:
+        raise typer.BadParameter("methods must include 'plain' (speedups are relative to it)")
+    selected = bm.load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None)
+    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    draft_model = drf.model if drf is not None else None
+    warm = bm.Prompt(-1, "warm-up", "Say hello.")
+    bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
+    runs, oracles = [], []
+    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,
+           "costs": _controller_costs(tgt.model, draft_model, 8), "states": {}}
+    for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
+        result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
+        runs += result.runs
+        oracles += [result.oracle] if result.oracle is not None else []
+    summary = bm.summarize(runs, method_list, oracles)
+    meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": method_list,
+            "max_new_tokens": max_new_tokens, "per_category": per_category, "fixed_k": fixed_k, "repeats": repeats,
+            "learned_state": "per method",
+            "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
+    bm.write_results(output, runs, summary, meta, oracles)
+    typer.echo(bm.markdown(summary, method_list))
+    _echo_overall(summary, method_list, output)
+
+
+def _echo_overall(summary: dict, method_list: list[str], output: Path) -> None:
+    """The bench's last stdout line: one JSON object of overall speedups, % of oracle and greedy checks."""
+    overall = summary["table"]["overall"]
+    typer.echo(json.dumps({"output": str(output), "prompts": summary["prompts"],
+                           "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},
+                           "pct_oracle": {m: round(overall[m]["pct_oracle"], 1) for m in method_list
+                                          if overall[m]["pct_oracle"] is not None},
+                           "greedy_mismatches": summary["greedy_mismatches"],
+                           "max_divergence_gap": summary["max_divergence_gap"]}))
+
+
+def _controller_costs(model, draft_model, k_max: int):
+    """costs(context) → the CostTable the adaptive controller uses for this pair at a prompt of
+    ``context`` tokens (a matching profile, else the cached calibration), for the oracle."""
+    import functools
+    import sys
+
+    from ..costs.cache import CostCache
+
+    log = functools.partial(print, file=sys.stderr)
+    return lambda context: CostCache().load_or_measure(model, draft_model, k_max + 1, log, context=context)
+
+
+def _parse_sizes(text: str, flag: str = "--batch-size") -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise typer.BadParameter(f"{flag} {text!r}: comma-separated integers, e.g. 1,2,4,8,16") from None
+    if not sizes or sizes[0] < 1:
+        raise typer.BadParameter(f"{flag} {text!r}: sizes must be >= 1")
+    return sizes
+
+
+def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
+                 batch_methods: str = "") -> None:
+    """``bench --batch-size``: every size on the same prompts; JSON + markdown + PNG; last line JSON."""
+    from ..seam.generate_batch import generate_batch
+    from . import batch_bench as bb
+
+    methods = [m.strip() for m in batch_methods.split(",") if m.strip()] or list(bb.BATCH_METHODS)
+    unknown = [m for m in methods if m not in bb.BATCH_METHODS]
+    if unknown or "plain" not in methods:
+        raise typer.BadParameter(f"--batch-methods {batch_methods!r}: choose from {bb.BATCH_METHODS}, "
+                                 "including plain (speedups are relative to it)")
+    selected = bb.pick_prompts(prompts, max(count, max(sizes)))
+    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    for b in sizes:  # warm-up; calibrates the cost tables of every size before anything is timed
+        generate_batch(tgt.model, tgt.tokenizer, ["Say hello."] * b, draft_model=drf.model, max_new_tokens=4)
+    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
+    runs = []
+    for b in tqdm(sizes, desc="batch sizes"):
+        runs += bb.run_batch_size(tgt.model, tgt.tokenizer, drf.model, selected, b, methods, cfg)
+    summary = bb.summarize(runs, methods)
+    meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": methods,
+            "batch_sizes": sizes, "prompts": len(selected), "max_new_tokens": max_new_tokens, "fixed_k": fixed_k,
+            "machine": platform.machine(), "prompts_file": str(prompts)}
+    bb.write_results(output, runs, summary, meta)
+    typer.echo(bb.markdown(summary, methods))
+    table = summary["table"]
+    typer.echo(json.dumps({"output": str(output), "prompts": len(selected), "speedup_vs_plain": {
+        b: {m: round(r["speedup"], 3) for m, r in row.items() if "speedup" in r} for b, row in table.items()},
+        "mean_k": {b: {m: round(row[m]["mean_k"], 2) for m in ("adaptive",) if m in methods}
+                   for b, row in table.items()}}))
+
+
+@app.command()
+def playground(
+    pair: str = typer.Option("qwen", help="Model pair loaded at start: qwen (default) or smollm2 (small)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to serve on (localhost by default)."),
+    port: int = typer.Option(7860, min=1, max=65535),
+    max_prompt_tokens: int = typer.Option(2048, min=1, help="Longer prompts are refused with a message."),
+    concurrency: int = typer.Option(1, min=1, help="Generations running at once (the queue holds the rest)."),
+) -> None:
+    """Serve the Gradio playground: live speculation decisions, coloured tokens, k and goodput charts."""
+    from .playground import PAIRS, launch
+
+    if pair not in PAIRS:
+        raise typer.BadParameter(f"--pair {pair!r}: use one of {', '.join(PAIRS)}")
+    launch(pair=pair, host=host, port=port, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency)
+
+
+@app.command()
+def profile(
+    target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
+    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' (target only, for prompt lookup)."),
+    quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
+    quick: bool = typer.Option(False, help="Tiny grid for CI: n 1..4, batch 1..2, contexts 128 and 256, 1 repeat."),
+    contexts: str = typer.Option("", help="Context lengths in tokens (default 128,512,1024,2048)."),
+    batch_sizes: str = typer.Option("", help="Batch sizes (default 1,2,4,8,16)."),
+    new_tokens: str = typer.Option("", help="New tokens per target forward (default 1..9,12,16,24,32)."),
+    repeats: int | None = typer.Option(None, min=1, help="Timed rounds per cell, median kept (default 3; --quick 1)."),
+    max_tokens_per_forward: int = typer.Option(64, min=1, help="Skip target cells with batch × new tokens above it."),
+    output: Path | None = typer.Option(None, help="JSON out (default model_cards/<pair>/profile.json); "
+                                       "cost_curves.png beside it; a copy goes to the cache for the engine."),
+) -> None:
+    """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
+    vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
+    from ..costs import measure as profiling
+    from ..costs.profile import default_profile_path, save_profile
+
+    grid = _profile_grid(quick, contexts, batch_sizes, new_tokens, repeats, max_tokens_per_forward)
+    pair = profiling.pair_name(target, draft)
+    output = output or Path("model_cards") / pair / "profile.json"
+    command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
+               f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
+               f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
+               f"--max-tokens-per-forward {grid.max_tokens_per_forward}")
+    start = time.perf_counter()
+    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    result = profiling.measure_profile(tgt.model, drf.model if drf is not None else None, grid, pair, command, True)
+    save_profile(result, output)
+    cached = save_profile(result, default_profile_path(result.key))
+    try:
+        profiling.plot_profile(result, output.with_name("cost_curves.png"))
+    except ImportError:
+        typer.echo("hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot",
+                   err=True)
+    held_out = len(result.held_out_target) + len(result.held_out_draft)
+    cells = len(result.target_cells) + len(result.draft_cells) + held_out
+    typer.echo(json.dumps({"output": str(output), "cache_copy": str(cached), "cells_measured": cells,
+                           "held_out_cells": held_out,
+                           "held_out_mape_pct": {q: {"table": _round(s.table_mape), "fit": _round(s.fit_mape)}
+                                                 for q, s in result.scores.items()},
+                           "predictors": {q: s.predictor for q, s in result.scores.items()},
+                           "seconds": round(time.perf_counter() - start, 1)}))
+
+
+def _profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,
+                  max_tokens_per_forward: int):
+    """The ``profile`` command's grid: the default (or ``--quick``) one with the given options replaced."""
+    import dataclasses
+
+    from ..costs.measure import QUICK_GRID, ProfileGrid
+
+    lists = {"contexts": contexts, "batch_sizes": batch_sizes, "new_tokens": new_tokens}
+    changes: dict = {name: tuple(_parse_sizes(text, "--" + name.replace("_", "-")))
+                     for name, text in lists.items() if text}
+    if repeats is not None:
+        changes["repeats"] = repeats
+    base = QUICK_GRID if quick else ProfileGrid()
+    try:
+        return dataclasses.replace(base, max_tokens_per_forward=max_tokens_per_forward, **changes)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _csv(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None

@@ -1,0 +1,230 @@
+"""Live runs: one generation in a worker thread, observed step by step (what the playground shows).
+
+Design: ``run_live`` starts ``model.generate`` in a thread with ``speculation_callback`` (or, for plain
+decoding, a streamer), so every step arrives as (StepRecord, tokens, time) on a queue; the caller's
+iterator wakes once per interval (not per token, which would contend for the GIL with the worker),
+drains the queue and yields ``LiveSnapshot``s — the text cut into per-token pieces labelled
+by how each token was made, the steps so far and their ``SpeculationStats``. A ``threading.Event``
+stops the run at the next emitted token (a stopping criterion), and the thread is always joined, so
+a stopped run frees the model. No Gradio here: the UI lives in ``playground``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from ..engine.stats import SpeculationStats, StepRecord
+
+METHODS = ("adaptive", "prompt-lookup", "fixed", "plain")
+# how a token was made (StepRecord.token_sources) → the label the playground colours
+SOURCE_LABELS = {
+    "draft_model": "draft token, accepted",
+    "prompt_lookup": "n-gram token, accepted",
+    "correction": "target correction",
+    "bonus": "target bonus",
+    "plain": "target, plain step",
+}
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One playground request. method ∈ METHODS; k: proposal length for "fixed"; tpot_slo_ms: a TPOT
+    service-level objective in ms per token (None: none), reported as attainment and passed to
+    generate, where the adaptive controller excludes choices predicted to break it."""
+
+    method: str = "adaptive"
+    k: int = 4
+    max_new_tokens: int = 128
+    do_sample: bool = False
+    temperature: float = 0.7
+    top_p: float = 0.9
+    tpot_slo_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r} is not one of {METHODS}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1 for the fixed method, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.do_sample and not (self.temperature > 0 and 0 < self.top_p <= 1):
+            raise ValueError("sampling needs temperature > 0 and 0 < top_p <= 1")
+        if self.tpot_slo_ms is not None and self.tpot_slo_ms <= 0:
+            raise ValueError(f"tpot_slo_ms must be > 0 ms, got {self.tpot_slo_ms}")
+
+
+def generate_kwargs(settings: RunSettings, draft_model: torch.nn.Module | None) -> dict:
+    """``model.generate`` keywords for ``settings`` (raises ValueError when the method needs a draft)."""
+    kwargs: dict = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.do_sample}
+    if settings.do_sample:
+        kwargs.update(temperature=settings.temperature, top_p=settings.top_p)
+    if settings.method == "plain":
+        return kwargs
+    if settings.tpot_slo_ms is not None:
+        kwargs["tpot_slo_ms"] = settings.tpot_slo_ms
+    if settings.method == "prompt-lookup":
+        return kwargs | {"speculation": "adaptive"}
+    if draft_model is None:
+        raise ValueError(f"method {settings.method!r} needs a draft model; pick 'prompt-lookup' or a pair with one")
+    kwargs |= {"speculation": settings.method, "assistant_model": draft_model}
+    if settings.method == "fixed":
+        kwargs["num_speculative_tokens"] = settings.k
+    return kwargs
+
+
+class _StopOnEvent(StoppingCriteria):
+    """Stops generation once ``event`` is set (checked per emitted token)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class _QueueStreamer(BaseStreamer):
+    """Plain decoding: forwards each generated token to the queue as a k = 0 step (the prompt is skipped)."""
+
+    def __init__(self, events: queue.Queue) -> None:
+        self.events, self.prompt_seen = events, False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.events.put((None, value.reshape(-1).cpu(), time.perf_counter()))
+
+    def end(self) -> None:
+        pass
+
+
+class TokenPieces:
+    """Cuts streamed token ids into text pieces, one per token, decoding a short window per token.
+
+    The piece of a token is decode(window + token) minus decode(window), the window being the
+    ``context`` tokens before it (so each token costs O(context), not O(length)). A token that ends
+    inside a multi-byte character gets an empty piece; its text joins the next piece.
+    """
+
+    def __init__(self, tokenizer, context: int = 8) -> None:
+        self.tokenizer, self.context, self.ids, self.done = tokenizer, context, [], 0
+
+    def add(self, token: int) -> str:
+        """Append one token id; return the text it adds (possibly "")."""
+        self.ids.append(token)
+        start = max(0, self.done - self.context)
+        before = self.tokenizer.decode(self.ids[start:self.done], skip_special_tokens=True)
+        after = self.tokenizer.decode(self.ids[start:], skip_special_tokens=True)
+        if after.endswith("\ufffd"):
+            return ""
+        if after.startswith(before):
+            piece = after[len(before):]
+        else:  # decoding is not prefix-stable here: fall back to the new tokens alone
+            piece = self.tokenizer.decode(self.ids[self.done:], skip_special_tokens=True)
+        self.done = len(self.ids)
+        return piece
+
+
+@dataclass
+class LiveSnapshot:
+    """The run so far: (text, label) pieces, each step's record, stats; ``done`` once generate returned."""
+
+    pieces: list[tuple[str, str]] = field(default_factory=list)
+    stats: SpeculationStats = field(default_factory=lambda: SpeculationStats(row_tokens=(0,)))
+    done: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.pieces)
+
+
+def slo_attainment(steps: list[StepRecord], tpot_slo_ms: float) -> float:
+    """Share of emitted tokens whose step met the TPOT SLO (``SpeculationStats.slo_attainment``)."""
+    return SpeculationStats(steps=list(steps)).slo_attainment(tpot_slo_ms)
+
+
+def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock) -> None:
+    """Run generate under ``lock``; put its exception (if any), then _DONE, on the queue."""
+    try:
+        with lock:
+            model.generate(**inputs, **kwargs)
+    except Exception as exc:  # noqa: BLE001 — handed to the consumer thread, which re-raises it
+        events.put(exc)
+    finally:
+        events.put(_DONE)
+
+
+def _drain(events: queue.Queue) -> list:
+    """Everything on the queue now; waits for the first item if it is empty."""
+    items = [events.get()]
+    while True:
+        try:
+            items.append(events.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def _apply(snapshot: LiveSnapshot, pieces: TokenPieces, record: StepRecord | None, tokens: torch.Tensor) -> None:
+    """Add one step's tokens [m] to the snapshot, labelled by how each was made."""
+    sources = record.token_sources() if record is not None else ("plain",) * tokens.numel()
+    if record is not None:
+        snapshot.stats.steps.append(record)
+    for token, source in zip(tokens.tolist(), sources):
+        text = pieces.add(token)
+        if text:
+            snapshot.pieces.append((text, SOURCE_LABELS[source]))
+    snapshot.stats.row_tokens = (snapshot.stats.new_tokens + tokens.numel(),)  # one row
+
+
+def run_live(
+    model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None, stop: threading.Event | None = None,
+    lock: threading.Lock | None = None, min_interval_s: float = 0.1, extra_kwargs: dict | None = None,
+) -> Iterator[LiveSnapshot]:
+    """Generate in a worker thread; yield a snapshot at most every ``min_interval_s`` and once at the end.
+
+    inputs: ``input_ids`` [1, T] (and ``attention_mask``). ``model`` must be ``hf_adaspec.enable``d.
+    ``extra_kwargs`` go to ``generate`` as well (e.g. ``speculation_costs``).
+    ``stop`` set → generation ends at the next token. ``lock`` serialises runs on one model.
+    Raises ValueError for a method the pair cannot run, and re-raises the worker's exception.
+    """
+    stop, lock = stop or threading.Event(), lock or threading.Lock()
+    events: queue.Queue = queue.Queue()
+    kwargs = generate_kwargs(settings, draft_model) | (extra_kwargs or {})
+    kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnEvent(stop)])
+    if "speculation" in kwargs:
+        kwargs["speculation_callback"] = lambda record, tokens: events.put((record, tokens, time.perf_counter()))
+    else:
+        kwargs["streamer"] = _QueueStreamer(events)
+    thread = threading.Thread(target=_worker, args=(model, inputs, kwargs, events, lock), daemon=True)
+    snapshot, pieces, start, last = LiveSnapshot(), TokenPieces(tokenizer), time.perf_counter(), 0.0
+    thread.start()
+    try:
+        while not snapshot.done:
+            for item in _drain(events):  # wake up once per interval, not per token: the worker keeps the GIL
+                if isinstance(item, Exception):
+                    raise item
+                if item is _DONE:
+                    snapshot.done = True
+                    break
+                record, tokens, at = item  # at: when the worker emitted the tokens
+                if not snapshot.stats.new_tokens:
+                    snapshot.stats.prefill_ms = (at - start) * 1000.0  # TTFT
+                _apply(snapshot, pieces, record, tokens)
+                snapshot.stats.wall_ms = (at - start) * 1000.0
+            yield snapshot
+            if not snapshot.done:
+                time.sleep(max(0.0, last + min_interval_s - time.perf_counter()))
+                last = time.perf_counter()
+    finally:
+        if not snapshot.done:  # the consumer quit early (closed, or an error): end the worker too
+            stop.set()
+        thread.join()

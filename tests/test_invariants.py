@@ -1,0 +1,283 @@
+"""The invariants every speculation setting keeps, on the tiny random Llamas of conftest (fp32, no downloads).
+
+1. Greedy output is plain greedy ``generate``'s, token for token: one matrix over every mode ("adaptive";
+   "fixed" with k = 3; "fixed" with k = 8 and draft_p_min = 0.75) × every kind of drafter (a draft model that
+   agrees in part, one that almost never agrees, none: prompt lookup) × batch size 1 and 3 (left-padded rows
+   of different lengths, each compared with its own batch-1 plain output). fp32 tiny models are shape-stable,
+   so equality is exact even though speculation runs forwards of other widths and holes in the cache.
+2. Sampling is lossless: tokens emitted by speculative sampling follow the target's distribution, checked by
+   a chi-square test at p = 0.001 — on the verification functions directly and through ``generate`` — with
+   negative controls: deliberately biased samplers that the same test must reject.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_adaspec.engine.loop as loop
+import hf_adaspec.engine.verification as verification
+from hf_adaspec import CostTable, SpeculationState
+from hf_adaspec.engine.verification import Verification, speculative_sample
+
+pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
+COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
+# rows of different lengths, none holding the pad id 0 (plain generate would take a 0 for padding)
+PROMPTS = ([5, 6, 7, 8, 9, 10] * 4, [11, 12, 13], [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8])
+NEW = 24
+
+MODES = {
+    "adaptive": {"speculation": "adaptive"},
+    "fixed-k3": {"speculation": "fixed", "num_speculative_tokens": 3},
+    "fixed-k8-pmin": {"speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 0.75},
+}
+K_CAP = {"adaptive": 8, "fixed-k3": 3, "fixed-k8-pmin": 8}
+DRAFTERS = ("noisy_copy", "other_seed", "prompt_lookup")  # 0 < α < 1, α ≈ 0, no draft model
+
+
+def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask [B, T], rows right-aligned."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(models):
+    """plain_greedy(prompt) → the target's batch-1 plain greedy new tokens (a list), computed once per prompt."""
+    done: dict[tuple[int, ...], list[int]] = {}
+
+    def get(prompt: list[int]) -> list[int]:
+        key = tuple(prompt)
+        if key not in done:
+            out = models["target"].generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False)
+            done[key] = out[0, len(prompt) :].tolist()
+        return done[key]
+
+    return get
+
+
+# --- 1. greedy output equals plain generate -----------------------------------------------------------
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_greedy_output_equals_plain_generate(models, plain_greedy, mode, drafter, batch):
+    prompts = PROMPTS[:batch]
+    inputs = left_padded(prompts) if batch > 1 else {"input_ids": torch.tensor([prompts[0]])}
+    draft = {} if drafter == "prompt_lookup" else {"assistant_model": models[drafter]}
+    out = models["target"].generate(**inputs, **draft, **MODES[mode], speculation_costs=COSTS,
+                                    speculation_state=SpeculationState(), max_new_tokens=NEW, do_sample=False,
+                                    return_dict_in_generate=True)
+    width = inputs["input_ids"].shape[1]
+    assert out.sequences.shape == (batch, width + NEW)
+    assert torch.equal(out.sequences[:, :width], inputs["input_ids"])
+    for i, prompt in enumerate(prompts):
+        assert out.sequences[i, width:].tolist() == plain_greedy(prompt), f"row {i}"
+
+    # the bookkeeping agrees with the output, row by row
+    stats = out.speculation
+    assert stats.batch == batch and stats.row_tokens == (NEW,) * batch
+    for i in range(batch):
+        steps = stats.row(i).steps
+        assert sum(s.emitted for s in steps) == NEW - 1  # the prefill emits each row's first token
+        assert all(0 <= s.accepted <= s.k and 1 <= s.emitted <= s.accepted + 1 for s in steps)
+        assert [s.step for s in steps] == list(range(len(steps)))  # one record per step the row was in
+    # it speculated (an all-plain run would make the equality trivial), within the mode's cap, with its drafters
+    assert any(s.k > 0 for s in stats.steps)
+    assert max(stats.k_histogram) <= K_CAP[mode]
+    allowed = {"plain", "prompt_lookup"} if drafter == "prompt_lookup" else {"plain", "draft_model"}
+    if mode == "adaptive" and drafter != "prompt_lookup":
+        allowed.add("prompt_lookup")  # adaptive lets prompt lookup compete with the draft model
+    assert {s.drafter for s in stats.steps} <= allowed and {s.drafter for s in stats.steps} - {"plain"}
+
+
+# --- 2. lossless sampling -------------------------------------------------------------------------------
+
+def chi2_ratio(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square of the counts of ``tokens`` [N] against ``probs`` [V], cells with expectation < 5
+    pooled, divided by its p = 0.001 critical value (Wilson–Hilferty): < 1 passes, > 1 rejects."""
+    n = tokens.shape[0]
+    counts = torch.bincount(tokens, minlength=probs.shape[0]).double()
+    expected = probs.double() * n
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    stat = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())
+    df = int(keep.sum()) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.0902 * (2 / (9 * df)) ** 0.5) ** 3  # z_0.999 = 3.0902
+    return stat / critical
+
+
+def test_chi2_ratio_accepts_exact_samples_and_rejects_a_shifted_distribution():
+    gen = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(20, generator=gen, dtype=torch.float64), dim=-1)
+    samples = torch.multinomial(p, 20_000, replacement=True, generator=gen)
+    assert chi2_ratio(samples, p) < 1.0
+    shifted = (0.9 * p + 0.1 * torch.full_like(p, 1 / 20))  # 10% of the mass moved to uniform
+    assert chi2_ratio(samples, shifted) > 1.0
+
+
+# ... on the verification functions: p, q of V tokens, many rows at once
+
+V = 6
+ROWS = 100_000
+
+
+def _problem(k: int, seed: int, one_hot: bool = False):
+    """p [k+1, V], q [k, V] (peaked differently so q ≠ p matters) and draft tokens [ROWS, k] sampled from q."""
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.softmax(1.5 * torch.randn(k + 1, V, generator=gen), dim=-1)
+    q = torch.softmax(1.5 * torch.randn(k, V, generator=gen), dim=-1)
+    if one_hot:  # deterministic drafter (prompt lookup): always proposes token i % V at position i
+        q = torch.nn.functional.one_hot(torch.arange(k) % V, V).float()
+    draft = torch.stack([torch.multinomial(q[i].expand(ROWS, V), 1, generator=gen)[:, 0] for i in range(k)], 1)
+    return p, q, draft, gen
+
+
+def _emitted(draft: torch.Tensor, result: Verification, position: int) -> torch.Tensor:
+    """Token emitted at ``position`` (0 or 1) per row: the accepted draft token, else the correction/bonus."""
+    n = result.num_accepted
+    return torch.where(n > position, draft[:, min(position, draft.shape[1] - 1)], result.next_token)
+
+
+def _sample(draft, q, p, gen) -> Verification:
+    k = draft.shape[1]
+    return speculative_sample(draft, q.expand(ROWS, k, V), p.expand(ROWS, k + 1, V), generator=gen)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_speculative_sample_first_token_follows_p(k, one_hot):
+    p, q, draft, gen = _problem(k, seed=10 + k, one_hot=one_hot)
+    result = _sample(draft, q, p, gen)
+    assert result.num_accepted.shape == (ROWS,) and int(result.num_accepted.max()) <= k
+    assert 0 < float((result.num_accepted > 0).double().mean()) < 1  # both branches exercised
+    assert chi2_ratio(_emitted(draft, result, 0), p[0]) < 1.0
+
+
+def test_speculative_sample_second_token_follows_p_given_first_accepted():
+    p, q, draft, gen = _problem(3, seed=7)
+    result = _sample(draft, q, p, gen)
+    kept = result.num_accepted >= 1  # the second emitted token is made in this step
+    second = _emitted(draft, result, 1)[kept]
+    assert second.numel() > ROWS // 10
+    assert chi2_ratio(second, p[1]) < 1.0
+
+
+def test_speculative_sample_all_accepted_bonus_follows_last_p():
+    k = 2
+    p, _, _, gen = _problem(k, seed=3)
+    draft = torch.zeros(ROWS, k, dtype=torch.long)
+    q = torch.nn.functional.one_hot(draft[0], V).float()  # [k, V]
+    p_accept = p.clone()
+    p_accept[:k] = q  # p = q on the drafted positions → always accepted
+    result = _sample(draft, q, p_accept, gen)
+    assert bool((result.num_accepted == k).all())
+    assert chi2_ratio(result.next_token, p[k]) < 1.0
+
+
+def test_negative_control_unchecked_draft_tokens_are_rejected():
+    p, _, draft, _ = _problem(1, seed=11)
+    assert chi2_ratio(draft[:, 0], p[0]) > 10.0  # emitting the draft's tokens unverified is detected
+
+
+def test_negative_control_wrong_residual_is_rejected(monkeypatch):
+    # a subtle bug: resample from p (not norm(max(0, p − q))) after a rejection → biased towards q
+    monkeypatch.setattr(verification, "residual_distribution", lambda p, q: p)
+    p, q, draft, gen = _problem(1, seed=11)
+    assert chi2_ratio(_emitted(draft, _sample(draft, q, p, gen), 0), p[0]) > 10.0
+
+
+# ... through generate: many copies of two prompts in one batch; the second holds 40 distinct tokens, so prompt
+# lookup finds a continuation of many first tokens
+
+SAMPLED_PROMPTS = (PROMPTS[1], list(range(1, 41)))
+COPIES = 1000
+
+
+@pytest.fixture(scope="module")
+def exact_marginals(models):
+    """Per prompt of SAMPLED_PROMPTS, the target's exact marginals [V] of its first three sampled tokens
+    (temperature 1, no truncation): p(x1), p(x2) = Σ p(x1) p(x2 | x1), p(x3) = Σ p(x1, x2) p(x3 | x1, x2)."""
+    model, out, threads = models["target"], [], torch.get_num_threads()
+    torch.set_num_threads(1)  # module fixtures run before the one_thread fixture
+    with torch.no_grad():
+        for prompt in SAMPLED_PROMPTS:
+            p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), dim=-1)  # [V]
+            vocab = p1.shape[0]
+            ctx = torch.cat([torch.tensor([prompt] * vocab), torch.arange(vocab)[:, None]], dim=1)  # [V, T+1]
+            p2_given = torch.softmax(model(ctx).logits[:, -1].double(), dim=-1)  # [V, V]
+            joint12 = (p1[:, None] * p2_given).reshape(-1)  # [V*V] over (x1, x2)
+            pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # [V*V, 2]
+            cache = model(torch.tensor([prompt]), use_cache=True).past_key_values  # the prompt, once
+            cache.batch_repeat_interleave(vocab * vocab)
+            logits = model(pairs, past_key_values=cache, logits_to_keep=1).logits[:, -1]  # [V*V, V]
+            p3_given = torch.softmax(logits.double(), dim=-1)
+            out.append([p1, p1 @ p2_given, joint12 @ p3_given])
+    torch.set_num_threads(threads)
+    return out
+
+
+def _sampled(models, drafter: str = "noisy_copy", costs: CostTable = COSTS, **kwargs):
+    """Sample 4 tokens for COPIES copies of each prompt in one left-padded batch → (new tokens [2·COPIES, 4],
+    stats)."""
+    prompts = [SAMPLED_PROMPTS[0]] * COPIES + [SAMPLED_PROMPTS[1]] * COPIES
+    inputs = left_padded(prompts)
+    draft = {} if drafter == "prompt_lookup" else {"assistant_model": models[drafter]}
+    torch.manual_seed(0)
+    out = models["target"].generate(**inputs, **draft, speculation_costs=costs,
+                                    speculation_state=SpeculationState(), max_new_tokens=4, do_sample=True,
+                                    temperature=1.0, top_k=0, top_p=1.0, return_dict_in_generate=True, **kwargs)
+    return out.sequences[:, inputs["input_ids"].shape[1] :], out.speculation
+
+
+def _ratios(new: torch.Tensor, marginals) -> list[list[float]]:
+    """chi2_ratio per prompt per position 1..3 (position 1 is the prefill's sample, 2 and 3 speculative)."""
+    return [[chi2_ratio(new[j * COPIES : (j + 1) * COPIES, pos], marginals[j][pos]) for pos in range(3)]
+            for j in range(len(SAMPLED_PROMPTS))]
+
+
+# verification cost grows with width: adaptive's confidence stop rule ends the draft model's proposal early
+STEEP = CostTable(verify_ms=tuple(10.0 + 4.0 * n for n in range(9)), draft_ms=2.0)
+
+
+@pytest.mark.parametrize(("mode", "drafter"), [("fixed-k2", "noisy_copy"), ("fixed-k2", "prompt_lookup"),
+                                               ("adaptive-stopped", "noisy_copy")])
+def test_generate_sampling_is_lossless_per_row(models, exact_marginals, mode, drafter):
+    """Each row's sampled tokens follow the target's exact distribution: the 2nd and 3rd tokens go through
+    acceptance, residual resampling and the bonus token ("fixed": k = 2 from the perturbed copy, or from prompt
+    lookup, a deterministic drafter: q one-hot; "adaptive" under steep costs: the draft model offered 2 tokens
+    and stopped by its confidence stop rule after 1)."""
+    if mode == "fixed-k2":
+        new, stats = _sampled(models, drafter, speculation="fixed", num_speculative_tokens=2)
+    else:
+        new, stats = _sampled(models, drafter, costs=STEEP, speculation="adaptive")
+    first = [s for s in stats.steps if s.step == 0]
+    assert len(first) == 2 * COPIES
+    drafted = [s for s in first if s.k > 0]
+    assert len(drafted) > COPIES // 4  # many rows speculated their 2nd token
+    assert 0 < sum(s.accepted for s in drafted) < sum(s.k for s in drafted)  # acceptance and rejection both happen
+    if mode == "adaptive-stopped":
+        assert {(s.drafter, s.k) for s in first} == {("draft_model", 1)}
+    for j, row in enumerate(_ratios(new, exact_marginals)):
+        assert max(row) < 1.0, f"prompt {j}: {row}"
+
+
+def test_negative_control_generate_with_a_biased_sampler_is_rejected(models, exact_marginals, monkeypatch):
+    """The check above has power: a verifier that accepts every draft token unchecked (so the 2nd token
+    comes from the draft's distribution) fails it at the first speculative token of both prompts."""
+
+    def accept_all(draft_tokens, q, p, generator=None):
+        bonus = torch.multinomial(p[:, -1], 1, generator=generator)[:, 0]
+        return Verification(torch.full((draft_tokens.shape[0],), draft_tokens.shape[1]), bonus)
+
+    monkeypatch.setattr(loop, "speculative_sample", accept_all)
+    new, stats = _sampled(models, speculation="fixed", num_speculative_tokens=2)
+    assert all(s.accepted == s.k == 2 for s in stats.steps if s.step == 0)  # the biased sampler did run
+    ratios = _ratios(new, exact_marginals)
+    assert all(row[1] > 1.0 for row in ratios), ratios
