@@ -19,7 +19,7 @@ from hf_adaspec.policy.controller import (
     StepOutcome,
     StepView,
 )
-from hf_adaspec.policy.goodput import Offer, best_plan
+from hf_adaspec.policy.goodput import Offer, best_plan, expected_tokens
 
 # verification costs the same for 1..9 tokens; 20 ms per draft token, 2 ms per catch-up token
 FLAT = CostTable(verify_ms=(50.0,) * 9, draft_ms=20.0, draft_catchup_ms=2.0)
@@ -185,11 +185,25 @@ def test_only_confidence_stopped_drafters_have_a_stop_rule():
 # --- FixedController ------------------------------------------------------------------------
 
 def test_fixed_controller_caps_k_by_each_rows_offer():
-    decision = FixedController(3).decide(StepView(((8, 1, 0), (5, 5, 5)), (0, 0)))
+    decision = FixedController(3, batch=3).decide(StepView(((8, 1, 0), (5, 5, 5)), (0, 0)))
     assert decision.ks == (3, 1, 0) and decision.drafters == (0, 0, 0)  # always the first drafter
-    assert all(math.isnan(a) for a in decision.alphas) and math.isnan(decision.predicted_goodput)
+    assert math.isnan(decision.predicted_goodput)  # no costs: nothing predicted
     with pytest.raises(ValueError, match=">= 0"):
         FixedController(-1)
+
+
+def test_fixed_controller_predicts_the_goodput_of_its_k_from_each_rows_alpha():
+    costs = CostTable(verify_ms=tuple(10.0 + i for i in range(9)), draft_ms=2.0)
+    ctl = FixedController(4, costs_for=lambda b: costs, batch=2)
+    first = ctl.decide(StepView(((4, 2),), (0,)))
+    assert first.alphas == pytest.approx((0.6, 0.6))  # the estimator's prior mean
+    expected = expected_tokens(0.6, 4) + expected_tokens(0.6, 2)
+    assert first.predicted_goodput == pytest.approx(1000.0 * expected / (4 * 2.0 + 14.0))  # width 4 for both rows
+    ctl.observe(StepOutcome((0, 0), (4, 2), (4, 0), ((), ())))
+    after = ctl.decide(StepView(((4, 2),), (0,)))
+    assert after.alphas[0] > 0.6 > after.alphas[1]  # each row learns its own α
+    free = FixedController(4, costs_for=lambda b: costs, paid=False).decide(StepView(((4,),), (0,)))
+    assert free.predicted_goodput == pytest.approx(1000.0 * expected_tokens(0.6, 4) / 14.0)  # lookup drafts free
 
 
 def test_fixed_controller_without_p_min_never_stops():

@@ -27,7 +27,7 @@ from ..costs.table import CostTable
 from ..proposers.base import StopRule
 from .acceptance import AcceptanceEstimator, AcceptancePrior
 from .confidence import ConfidenceCalibrator, RunningMean, prefix_confidences
-from .goodput import Offer, best_plan, draft_next_column
+from .goodput import Offer, best_plan, draft_next_column, expected_tokens, step_time_ms
 
 MIN_GAIN = 0.03  # a k > 0 must predict 3% more goodput than a plain step: α and the costs are estimates
 
@@ -207,16 +207,26 @@ class AdaptiveController:
 class FixedController:
     """Always k_i = min(k, u_i) from the first drafter; with ``p_min`` the llama.cpp-style stop: drafting
     ends once every growing row's last drafted token has q(x) < p_min (that token stays in the proposal,
-    as in transformers' ``assistant_confidence_threshold``: its forward is already paid)."""
+    as in transformers' ``assistant_confidence_threshold``: its forward is already paid). It estimates α
+    per row only to report it with the predicted goodput (``costs_for(b)``: the ``CostTable`` at b rows,
+    None: NaN; ``paid``: whether the first drafter costs a draft forward)."""
 
-    def __init__(self, k: int, p_min: float | None = None) -> None:
+    def __init__(self, k: int, p_min: float | None = None, costs_for: Callable[[int], CostTable] | None = None,
+                 paid: bool = True, batch: int = 1) -> None:
         if k < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {k}")
-        self.k, self.p_min = k, p_min
+        self.k, self.p_min, self.costs_for, self.paid = k, p_min, costs_for, paid
+        self.acceptance = IIDAcceptance(batch)
 
     def decide(self, view: StepView) -> Decision:
         ks = tuple(min(self.k, u) for u in view.offers[0])
-        return Decision(ks, (0,) * view.batch, (math.nan,) * view.batch, math.nan)
+        alphas = tuple(self.acceptance.alpha(i) for i in range(view.batch))
+        rate = math.nan
+        if self.costs_for is not None:
+            costs, width = self.costs_for(view.batch), max(ks)
+            tokens = sum(expected_tokens(a, k) for a, k in zip(alphas, ks, strict=True))
+            rate = 1000.0 * tokens / step_time_ms(width, costs.draft_ms if self.paid else 0.0, costs.t_verify)
+        return Decision(ks, (0,) * view.batch, alphas, rate)
 
     def stop_rule(self, drafter: int) -> StopRule | None:
         if self.p_min is None:
@@ -226,7 +236,9 @@ class FixedController:
                                                    for c, g in zip(confidences, growing) if g)
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Nothing to learn."""
+        """Each row's α (reported, not used to decide)."""
+        for i, (k, n) in enumerate(zip(outcome.ks, outcome.accepted, strict=True)):
+            self.acceptance.observe(i, k, n, ())
 
     def select(self, rows: torch.Tensor) -> None:
-        """Stateless per row."""
+        self.acceptance.select(rows)

@@ -55,7 +55,8 @@ def _adaptive(inputs: PolicyInputs) -> Controller:
 
 
 def _fixed(inputs: PolicyInputs) -> Controller:
-    return FixedController(inputs.config.k_max, inputs.config.draft_p_min)
+    return FixedController(inputs.config.k_max, inputs.config.draft_p_min, inputs.costs_for,
+                           paid=inputs.drafters[0][0] == "draft_model", batch=inputs.batch)
 
 
 @dataclass(frozen=True)

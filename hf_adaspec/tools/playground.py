@@ -258,7 +258,7 @@ class Playground:
                         do_sample = gr.Checkbox(False, label="Sample (lossless speculative sampling)")
                         temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")
                         top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p")
-                        slo = gr.Number(None, label="TPOT SLO (ms per token, optional; reported, not enforced)")
+                        slo = gr.Number(None, label="TPOT SLO (ms per token, optional; adaptive avoids choices predicted to break it)")
             with gr.Row():
                 k_plot = gr.ScatterPlot(x="step", y="k", color="drafter", title="Chosen k per step (0 = plain step)",
                                         color_map=DRAFTER_COLORS, y_lim=[0, 8], elem_id="k-plot")
