@@ -7,7 +7,7 @@ and nothing otherwise. This script averages both over the answer lengths of a be
 (plain greedy's, from its oracles), as the controller's ``LengthMemory`` would see that mix; it loads
 no model. Defaults: a 0.7 s catch-up (a ~200-token extraction prompt, README) and 20 ms saved per token.
 
-Run: python benchmarks/catchup_deferral.py --results benchmarks/results/spec_bench_4pc_64tok_hindsight_catchup_rep3.json
+Run: python benchmarks/catchup_deferral.py --results benchmarks/results/spec_bench_2pc_256tok.json
 Last stdout line: one JSON object (expected gain in s per request, per deferral G).
 """
 
@@ -23,7 +23,7 @@ def expected_gain_s(lengths: list[int], catchup_s: float, saving_s: float, defer
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--results", default="benchmarks/results/spec_bench_4pc_64tok_hindsight_catchup_rep3.json")
+    ap.add_argument("--results", default="benchmarks/results/spec_bench_2pc_256tok.json")
     ap.add_argument("--catchup-ms", type=float, default=700.0)
     ap.add_argument("--saving-ms", type=float, default=20.0)
     ap.add_argument("--defer", default="0,4,8,16,32")
