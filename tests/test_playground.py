@@ -73,8 +73,9 @@ def test_run_streams_views_then_the_speedup(playground):
     pieces, k_plot, goodput_plot, decisions, stats = views[-1]
     assert pieces and all(isinstance(text, str) for text, _ in pieces)
     assert "adaptive" in stats and "16 tokens" in stats and re.search(r"speedup \d+\.\d\dx", stats)
-    steps = len(k_plot.dropna())
-    assert steps == 15 and decisions["step"].tolist()[-1] == steps and len(decisions) == 12  # + the prefill's token
+    steps = len(k_plot.dropna())  # how many steps the 15 tokens after the prefill's took depends on the
+    assert 1 <= steps <= 15  # costs this machine calibrated (the draft is the target: it drafts or not)
+    assert decisions["step"].tolist()[-1] == steps and len(decisions) == min(12, steps)
     assert any("running plain decoding" in v[-1] for v in views)
     assert len(playground.plain_rates) == 1  # a second run of the same prompt reuses it
     _run(playground)
