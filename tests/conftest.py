@@ -29,6 +29,16 @@ def build_tiny_llama(seed: int, vocab_size: int = 64) -> transformers.LlamaForCa
     return model
 
 
+def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask [B, T] for token lists of different lengths, rows right-aligned."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 @pytest.fixture
 def one_thread():
     """Run tiny-tensor tests on one intra-op thread (thread spin-up dominates otherwise); restore after."""

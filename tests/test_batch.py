@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import pytest
 import torch
+from conftest import left_padded
 from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
 
 from hf_adaspec import CostTable, SpeculationState, SpeculationStats
@@ -26,22 +27,13 @@ COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips ca
 PROMPTS = [[5, 6, 7, 8, 9, 10] * 4, [11, 12, 13], [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8], [40, 41, 40, 41, 40]]
 
 
-def _left_padded(prompts: list[list[int]], pad: int = 0) -> dict[str, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
-    return {"input_ids": ids, "attention_mask": mask}
-
-
 def _spec(models, drafter: str, prompts=PROMPTS, **kwargs):
     draft = {} if drafter == "prompt_lookup" else {"assistant_model": models[drafter]}
     kwargs.setdefault("speculation", "adaptive")
     kwargs.setdefault("speculation_costs", COSTS)
     kwargs.setdefault("speculation_state", SpeculationState())
     kwargs.setdefault("do_sample", False)
-    return models["target"].generate(**_left_padded(prompts), **draft, return_dict_in_generate=True, **kwargs)
+    return models["target"].generate(**left_padded(prompts), **draft, return_dict_in_generate=True, **kwargs)
 
 
 def _plain_row(models, prompt: list[int], **kwargs) -> torch.Tensor:
@@ -98,7 +90,7 @@ def test_mixed_drafters_keep_the_draft_cache_exact(models):
     prompt lookup in a step also went through the draft's forward, and must be rolled back to exactly
     the accepted tokens or the draft would mispredict later."""
     target = models["target"]
-    inputs = _left_padded(PROMPTS)
+    inputs = left_padded(PROMPTS)
     width = inputs["input_ids"].shape[1]
     stop = StoppingCriteriaList([MaxLengthCriteria(width + 40)])
     settings = DecodeSettings(LogitsProcessorList(), stop, width + 40, False, 3)
@@ -138,7 +130,7 @@ def test_same_length_rows_and_a_single_padded_row(models):
     out = _spec(models, "noisy_copy", prompts=same, max_new_tokens=12)
     for i, prompt in enumerate(same):
         assert torch.equal(out.sequences[i, 8:], _plain_row(models, prompt, max_new_tokens=12))
-    padded = _left_padded([PROMPTS[1]], pad=0)  # one row, two holes: width 3 → pad to 5
+    padded = left_padded([PROMPTS[1]], pad=0)  # one row, two holes: width 3 → pad to 5
     ids = torch.cat([torch.zeros(1, 2, dtype=torch.long), padded["input_ids"]], dim=1)
     mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), padded["attention_mask"]], dim=1)
     one = models["target"].generate(ids, attention_mask=mask, assistant_model=models["noisy_copy"],
@@ -158,7 +150,7 @@ class CharTokenizer:
 
     def __call__(self, texts, padding=True, return_tensors="pt", add_special_tokens=True):
         rows = [[ord(c) % 60 + 1 for c in t] for t in texts]
-        enc = _left_padded(rows) if self.padding_side == "left" else None
+        enc = left_padded(rows) if self.padding_side == "left" else None
         assert enc is not None, "generate_batch must left-pad"
         return enc
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import left_padded
 
 import hf_adaspec.engine.loop as loop
 import hf_adaspec.engine.verification as verification
@@ -33,16 +34,6 @@ MODES = {
 }
 K_CAP = {"adaptive": 8, "fixed-k3": 3, "fixed-k8-pmin": 8}
 DRAFTERS = ("noisy_copy", "other_seed", "prompt_lookup")  # 0 < α < 1, α ≈ 0, no draft model
-
-
-def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
-    """input_ids and attention_mask [B, T], rows right-aligned."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
-    return {"input_ids": ids, "attention_mask": mask}
 
 
 @pytest.fixture(scope="module")

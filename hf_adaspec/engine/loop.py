@@ -102,11 +102,10 @@ class _Rows:
         return False
 
 
-def _decide(rows: _Rows, proposers: Sequence[Proposer], controller: Controller, settings: DecodeSettings,
-            prompt_width: int) -> Decision:
+def _decide(rows: _Rows, current: Rows, proposers: Sequence[Proposer], controller: Controller,
+            settings: DecodeSettings, prompt_width: int) -> Decision:
     """The controller's decision from what each drafter offers each active row (capped by the row's
     budget), the drafters' catch-up, and the horizon of the shortest row and the smallest budget."""
-    current = rows.current()
     budget = [settings.max_length - rows.views[i].shape[0] - 1 for i in rows.active]
     offers = tuple(tuple(max(0, min(b, u)) for b, u in zip(budget, p.available(current, settings.k_max), strict=True))
                    for p in proposers)  # [D][b]
@@ -166,8 +165,9 @@ def speculative_decode(target: torch.nn.Module, input_ids: torch.Tensor, attenti
             rows.active = [rows.active[int(s)] for s in keep]
             for part in (cache, controller, *proposers):
                 part.select(keep)
-        decision = _decide(rows, proposers, controller, settings, input_ids.shape[1])  # decide
-        t0, current = time.perf_counter(), rows.current()
+        current = rows.current()
+        decision = _decide(rows, current, proposers, controller, settings, input_ids.shape[1])  # decide
+        t0 = time.perf_counter()
         proposals = _propose(proposers, current, decision, controller)  # propose
         t1 = time.perf_counter()
         block, valid = right_pad([torch.cat([rows.views[i][-1:], p.tokens[0]])  # [b, k+1]
