@@ -4,7 +4,7 @@ A catch-up of S ms, once paid, saves s ms on every later token (a draft step's t
 the alternative's). Paid at once, a request of L tokens gains s·L − S; deferred until G tokens have
 been generated (and paid then only if the request is still running), it gains s·(L − G) − S when L > G,
 and nothing otherwise. This script averages both over the answer lengths of a bench run's prompts
-(plain greedy's, from its oracles), as the controller's ``LengthMemory`` would see that mix; it loads
+(plain greedy's, from its oracles), as a horizon learned from past requests would see that mix; it loads
 no model. Defaults: a 0.7 s catch-up (a ~200-token extraction prompt, README) and 20 ms saved per token.
 
 Run: python benchmarks/catchup_deferral.py --results benchmarks/results/spec_bench_2pc_256tok.json

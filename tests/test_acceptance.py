@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_adaspec.policy.acceptance import AcceptanceEstimator, AcceptanceMemory, AcceptancePrior, beta_quantile
+from hf_adaspec.policy.acceptance import AcceptanceEstimator, AcceptancePrior
 
 
 def test_starts_at_prior_mean():
@@ -98,25 +98,3 @@ def test_prior_validation(kwargs):
 
 def test_prior_accepts_boundary_decay_one():
     assert AcceptancePrior(mean=0.01, strength=0.1, decay=1.0).decay == 1.0
-
-
-def test_memory_starts_a_new_pair_at_its_priors_upper_quartile_then_at_its_requests():
-    memory = AcceptanceMemory(AcceptancePrior(mean=0.6, strength=4.0, decay=0.8))
-    first = memory.prior_for("a")
-    assert first.mean == pytest.approx(beta_quantile(0.6, 4.0, 0.75)) and first.mean > 0.6
-    assert (first.strength, first.decay) == (4.0, 0.8)  # the initial prior's strength and decay are kept
-    assert memory.prior_for("a", start=0.37).mean == 0.37  # a drafter's own start rate, until it has history
-    for _ in range(3):
-        memory.record("a", drafted=8, accepted=8)
-    assert memory.prior_for("a").mean == 0.95  # clamped, so the prior stays valid
-    assert memory.prior_for("a", start=0.37).mean == 0.95  # history wins over the start rate
-    assert memory.prior_for("b").mean == first.mean  # per drafter
-    for _ in range(64):
-        memory.record("a", drafted=100, accepted=0)
-    assert memory.prior_for("a").mean == 0.05  # clamped below too
-
-
-@pytest.mark.parametrize("kwargs", [{"size": 0}, {"min_drafted": 0}, {"min_requests": 0}, {"quantile": 1.5}])
-def test_memory_validation(kwargs):
-    with pytest.raises(ValueError):
-        AcceptanceMemory(**kwargs)

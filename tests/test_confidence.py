@@ -13,8 +13,18 @@ from transformers import LogitsProcessorList
 
 from hf_adaspec import SpeculationConfig, SpeculationState
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.policy.confidence import CalibratorMemory, ConfidenceCalibrator, isotonic, prefix_confidences
-from hf_adaspec.policy.controller import AdaptiveController, ConfidenceAcceptance, StepOutcome, StepView
+from hf_adaspec.policy.confidence import (
+    CalibratorMemory,
+    ConfidenceCalibrator,
+    isotonic,
+    prefix_confidences,
+)
+from hf_adaspec.policy.controller import (
+    AdaptiveController,
+    ConfidenceAcceptance,
+    StepOutcome,
+    StepView,
+)
 from hf_adaspec.policy.goodput import draft_next_column
 from hf_adaspec.proposers import DraftModelProposer, Rows
 

@@ -15,7 +15,12 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_adaspec
 import hf_adaspec.costs.cache as cost_cache
-from hf_adaspec import CostTable, SpeculationState, SpeculationStats, SpeculativeGenerateOutput
+from hf_adaspec import (
+    CostTable,
+    SpeculationState,
+    SpeculationStats,
+    SpeculativeGenerateOutput,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration

@@ -351,7 +351,7 @@ def test_pair_name():
 
 def test_cli_profile_writes_json_png_and_a_last_json_line(models, tmp_path, monkeypatch):
     loaded = {"t": LoadedModel(models["target"], None, "t"), "d": LoadedModel(models["other_seed"], None, "d")}
-    monkeypatch.setattr(cli, "_load_pair", lambda target, draft, quantization, dtype: (loaded[target], loaded[draft]))
+    monkeypatch.setattr(cli, "_load_pair", lambda target, draft, quantization, dtype, device="cpu": (loaded[target], loaded[draft]))
     output = tmp_path / "cards" / "profile.json"
     args = ["profile", "--target", "t", "--draft", "d", "--contexts", "16,32", "--batch-sizes", "1,2",
             "--new-tokens", "1,2,3", "--repeats", "1", "--output", str(output)]

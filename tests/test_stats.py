@@ -9,7 +9,13 @@ import math
 import pytest
 import torch
 
-from hf_adaspec import CostTable, SpeculationState, SpeculationStats, SpeculativeGenerateOutput, StepRecord
+from hf_adaspec import (
+    CostTable,
+    SpeculationState,
+    SpeculationStats,
+    SpeculativeGenerateOutput,
+    StepRecord,
+)
 
 
 def _record(k: int, accepted: int, emitted: int, drafter: str = "draft_model") -> StepRecord:

@@ -7,7 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_adaspec.engine.verification import greedy_verify, residual_distribution, speculative_sample
+from hf_adaspec.engine.verification import (
+    greedy_verify,
+    residual_distribution,
+    speculative_sample,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 6

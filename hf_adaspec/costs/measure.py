@@ -27,9 +27,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..seam import hf_compat
-from .table import atomic_write, time_forward_ms
 from .predictors import CATCHUP_CHUNK, ProfileCell
 from .profile import Profile, assemble_profile, library_versions, profile_identity
+from .table import atomic_write, time_forward_ms
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)
 SKIP_RULE = "target cells with batch * new_tokens > max_tokens_per_forward are not measured"

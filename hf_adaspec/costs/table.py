@@ -136,9 +136,12 @@ def time_forward_ms(model: torch.nn.Module, input_ids: torch.Tensor, cache, keep
     """Wall ms of one forward of ``input_ids`` [B, n] on top of ``cache``, keeping ``keep`` positions'
     logits; the cache is rolled back to its length before the call afterwards."""
     length = hf_compat.cache_length(cache)
+    cuda = model.device.type == "cuda"
+    if cuda:  # queued kernels of earlier work must not count
+        torch.cuda.synchronize()
     start = time.perf_counter()
     hf_compat.forward_logits(model, input_ids, cache, keep=keep)
-    if model.device.type == "cuda":
+    if cuda:
         torch.cuda.synchronize()
     elapsed = (time.perf_counter() - start) * 1000.0
     hf_compat.rollback(cache, length)

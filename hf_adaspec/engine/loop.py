@@ -103,15 +103,39 @@ class _Rows:
 
 
 def _decide(rows: _Rows, current: Rows, proposers: Sequence[Proposer], controller: Controller,
-            settings: DecodeSettings, prompt_width: int) -> Decision:
+            settings: DecodeSettings, prompt_width: int) -> tuple[StepView, Decision]:
     """The controller's decision from what each drafter offers each active row (capped by the row's
-    budget), the drafters' catch-up, and the horizon of the shortest row and the smallest budget."""
+    budget) and its evidence, the drafters' catch-up, and the horizon of the shortest row and the
+    smallest budget."""
     budget = [settings.max_length - rows.views[i].shape[0] - 1 for i in rows.active]
     offers = tuple(tuple(max(0, min(b, u)) for b, u in zip(budget, p.available(current, settings.k_max), strict=True))
                    for p in proposers)  # [D][b]
     generated = min(rows.views[i].shape[0] for i in rows.active) - prompt_width
     horizon = settings.horizon(generated, min(budget) + 1)
-    return controller.decide(StepView(offers, tuple(p.catchup_tokens(current) for p in proposers), horizon))
+    view = StepView(offers, tuple(p.catchup_tokens(current) for p in proposers), horizon,
+                    tuple(tuple(p.evidence(current)) for p in proposers))
+    return view, controller.decide(view)
+
+
+def hindsight(proposal: torch.Tensor, emitted: torch.Tensor) -> tuple[int, int]:
+    """(compared, accepted): how many of a costless drafter's tokens [1, u] can be checked against the
+    tokens a step emitted [1, m] (min(u, m)), and how many leading ones equal them."""
+    compared = min(proposal.shape[1], emitted.shape[1])
+    same = (proposal[0, :compared] == emitted[0, :compared]).int()
+    return compared, int(same.cumprod(0).sum())
+
+
+def _hindsight(proposers: Sequence[Proposer], current: Rows, view: StepView, new: list[torch.Tensor]
+               ) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
+    """Per drafter: None, or for a costless one per row what its whole offer would have got accepted."""
+    out = []
+    for d, proposer in enumerate(proposers):
+        if not proposer.costless:
+            out.append(None)
+            continue
+        offers = proposer.propose(current, view.offers[d])
+        out.append(tuple(hindsight(p.tokens, n) for p, n in zip(offers, new, strict=True)))
+    return tuple(out)
 
 
 def _propose(proposers: Sequence[Proposer], current: Rows, decision: Decision, controller: Controller
@@ -141,15 +165,17 @@ def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: _Rows, settin
 
 
 @torch.no_grad()
-def speculative_decode(target: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       proposers: Sequence[Proposer], controller: Controller, settings: DecodeSettings
-                       ) -> DecodeResult:
-    """Generate for a left-padded batch. input_ids, attention_mask: [B, T] → DecodeResult."""
+def speculative_decode(target: torch.nn.Module | None, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       proposers: Sequence[Proposer], controller: Controller, settings: DecodeSettings,
+                       cache: RaggedCache | None = None) -> DecodeResult:
+    """Generate for a left-padded batch. input_ids, attention_mask: [B, T] → DecodeResult. ``cache``: the
+    target's empty cache (None: a ``RaggedCache`` of ``target``; the replay passes one that answers from
+    traces, with ``target`` None)."""
     start, batch = time.perf_counter(), input_ids.shape[0]
     now = lambda: (time.perf_counter() - start) * 1000.0  # noqa: E731
     rows = _Rows(list(input_ids.cpu()), (attention_mask.shape[1] - attention_mask.sum(1)).tolist(),
                  list(range(batch)), [0.0] * batch)
-    stats, cache = SpeculationStats(), RaggedCache(target, batch)
+    stats, cache = SpeculationStats(), cache if cache is not None else RaggedCache(target, batch)
     logits = cache.append(input_ids, attention_mask.bool(), keep=1)[:, -1].cpu()  # [B, V]
     firsts = [select_token(settings.logits_processor(rows.views[i][None], logits[i : i + 1]), settings.do_sample,
                            settings.generator) for i in range(batch)]  # B × [1, 1]
@@ -166,13 +192,14 @@ def speculative_decode(target: torch.nn.Module, input_ids: torch.Tensor, attenti
             for part in (cache, controller, *proposers):
                 part.select(keep)
         current = rows.current()
-        decision = _decide(rows, current, proposers, controller, settings, input_ids.shape[1])  # decide
+        view, decision = _decide(rows, current, proposers, controller, settings, input_ids.shape[1])  # decide
         t0 = time.perf_counter()
         proposals = _propose(proposers, current, decision, controller)  # propose
         t1 = time.perf_counter()
         block, valid = right_pad([torch.cat([rows.views[i][-1:], p.tokens[0]])  # [b, k+1]
                                   for i, p in zip(rows.active, proposals)], settings.pad_token_id)
         accepted, new = _verify(cache.append(block, valid, keep=block.shape[1]), proposals, rows, settings)  # verify
+        seen = _hindsight(proposers, current, view, new)
         confirmed = current.lengths + torch.tensor(accepted)  # tokens each row holds, minus its new last token
         cache.rollback(confirmed)  # commit
         for d, proposer in enumerate(proposers):  # a drafter keeps its own tokens only where they were accepted
@@ -182,7 +209,7 @@ def speculative_decode(target: torch.nn.Module, input_ids: torch.Tensor, attenti
         finished = [rows.emit(s, n, settings, now()) for s, n in enumerate(new)]
         ks = tuple(p.k for p in proposals)
         controller.observe(StepOutcome(decision.drafters, ks, tuple(accepted),  # observe
-                                       tuple(p.confidences for p in proposals)))
+                                       tuple(p.confidences for p in proposals), seen))
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
         for s, i in enumerate(rows.active):
             record = StepRecord(ks[s], accepted[s], rows.views[i].shape[0] - lengths[s],

@@ -14,6 +14,7 @@ import bisect
 import math
 from collections.abc import Callable, Sequence
 
+
 def isotonic(values: Sequence[float], weights: Sequence[float]) -> tuple[float, ...]:
     """Weighted least-squares non-decreasing fit by pool-adjacent-violators (Ayer et al. 1955).
 

@@ -28,6 +28,7 @@ from ..proposers.base import StopRule
 from .acceptance import AcceptanceEstimator, AcceptancePrior
 from .confidence import ConfidenceCalibrator, RunningMean, prefix_confidences
 from .goodput import Offer, best_plan, draft_next_column, expected_tokens, step_time_ms
+from .match import MatchAcceptance
 
 MIN_GAIN = 0.03  # a k > 0 must predict 3% more goodput than a plain step: α and the costs are estimates
 
@@ -36,11 +37,13 @@ MIN_GAIN = 0.03  # a k > 0 must predict 3% more goodput than a plain step: α an
 class StepView:
     """What the controller sees before a step: ``offers[d][i]`` = most tokens drafter d can draft for row
     i (capped by the row's budget), ``catchup[d]`` = columns drafter d must ingest before drafting, and
-    ``horizon`` = tokens per row still to come (over which a catch-up is amortised)."""
+    ``horizon`` = tokens per row still to come (over which a catch-up is amortised), ``evidence[d][i]`` =
+    what predicts the acceptance of that offer (prompt lookup: its match length; empty: none given)."""
 
     offers: tuple[tuple[int, ...], ...]
     catchup: tuple[int, ...]
     horizon: int = 1
+    evidence: tuple[tuple[int, ...], ...] = ()
 
     @property
     def batch(self) -> int:
@@ -61,12 +64,15 @@ class Decision:
 @dataclass(frozen=True)
 class StepOutcome:
     """What a step did per row: drafter index, tokens drafted (k_i), accepted (n_i ≤ k_i) and the draft's
-    q(x_u) of each drafted token (empty for deterministic drafters)."""
+    q(x_u) of each drafted token (empty for deterministic drafters); ``hindsight[d]``: for a costless drafter
+    d, per row (compared, accepted) of its whole offer against the emitted tokens (None: not costless;
+    empty: not given)."""
 
     drafters: tuple[int, ...]
     ks: tuple[int, ...]
     accepted: tuple[int, ...]
     confidences: tuple[tuple[float, ...], ...]
+    hindsight: tuple[tuple[tuple[int, int], ...] | None, ...] = ()
 
 
 class Controller(Protocol):
@@ -93,6 +99,9 @@ class IIDAcceptance:
     def __init__(self, batch: int, prior: AcceptancePrior | None = None) -> None:
         self.rows = [AcceptanceEstimator(prior) for _ in range(batch)]
 
+    def see(self, evidence: Sequence[int]) -> None:
+        """No evidence used: one α per row."""
+
     def path(self, i: int, upper: int) -> tuple[float, ...]:
         alpha = self.rows[i].alpha
         return tuple(alpha ** j for j in range(1, upper + 1))
@@ -117,6 +126,9 @@ class ConfidenceAcceptance:
     def __init__(self, batch: int, calibrator: ConfidenceCalibrator) -> None:
         self.calibrator = calibrator
         self.c_bar = [RunningMean(calibrator.token_mean) for _ in range(batch)]
+
+    def see(self, evidence: Sequence[int]) -> None:
+        """No evidence before drafting: the confidences come with the drafted tokens."""
 
     def path(self, i: int, upper: int) -> tuple[float, ...]:
         c = self.c_bar[i].value
@@ -144,7 +156,7 @@ class ConfidenceAcceptance:
         self.c_bar = [self.c_bar[int(i)] for i in rows]
 
 
-AcceptanceModel = IIDAcceptance | ConfidenceAcceptance
+AcceptanceModel = IIDAcceptance | ConfidenceAcceptance | MatchAcceptance
 
 
 class AdaptiveController:
@@ -165,6 +177,8 @@ class AdaptiveController:
         """``best_plan`` over every drafter's paths; a confidence-stopped row is offered its whole upper
         bound (the stop rule ends it), another row its min(k, u_i)."""
         costs = self._costs = self.costs_for(view.batch)
+        for d, evidence in enumerate(view.evidence):
+            self.models[d].see(evidence)
         offers = [Offer(tuple(m.path(i, u) for i, u in enumerate(view.offers[d])),
                         costs.draft_ms if self.paid[d] else 0.0,
                         view.catchup[d] * costs.draft_catchup_ms if self.paid[d] else 0.0)
@@ -190,12 +204,17 @@ class AdaptiveController:
         return stop
 
     def observe(self, outcome: StepOutcome) -> None:
-        """Each row teaches its drafter's model; a plain row relaxes every i.i.d. model of that row."""
+        """A costless drafter learns on every row from its hindsight; a paid one from the rows that drafted
+        with it (their confidences); without hindsight a plain row relaxes every i.i.d. model of that row."""
+        seen = outcome.hindsight or (None,) * len(self.models)
+        for d, rows in enumerate(seen):
+            for i, (compared, accepted) in enumerate(rows or ()):
+                self.models[d].observe(i, compared, accepted, ())
         for i, (d, k, n, conf) in enumerate(zip(outcome.drafters, outcome.ks, outcome.accepted,
                                                 outcome.confidences, strict=True)):
-            if k:
+            if k and seen[d] is None:
                 self.models[d].observe(i, k, n, conf)
-            else:
+            elif not k and not outcome.hindsight:
                 for m in self.models:
                     m.observe(i, 0, 0, ())
 

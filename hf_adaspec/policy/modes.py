@@ -1,11 +1,11 @@
 """The ``speculation=`` modes: a registry from each name to its drafters and controller builder.
 
 "adaptive": with a draft model, the draft model (priced and stopped by its calibrated confidence) and
-prompt lookup (i.i.d. α per row) compete every step with a plain step (``AdaptiveController``);
-without one, prompt lookup alone. "fixed": always ``num_speculative_tokens`` from the first drafter
-(the draft model, else prompt lookup), optionally stopped at ``draft_p_min`` (a baseline).
-What a pair learns across requests (α per drafter, the confidence calibration) comes in through
-``Learned``; the builder reads it, the seam records each request's outcome back into it.
+prompt lookup (priced by its match length, learned by hindsight every step: ``match``) compete every
+step with a plain step (``AdaptiveController``); without one, prompt lookup alone. "fixed": always
+``num_speculative_tokens`` from the first drafter (the draft model, else prompt lookup), optionally
+stopped at ``draft_p_min`` (a baseline). What a pair learns across requests (the confidence calibration,
+lookup's acceptance per match length) comes in through ``Learned``, objects the controllers update.
 """
 
 from __future__ import annotations
@@ -15,18 +15,23 @@ from dataclasses import dataclass
 
 from ..config import SpeculationConfig
 from ..costs.table import CostTable
-from ..proposers.prompt_lookup import LOOKUP_START_ALPHA
-from .acceptance import AcceptanceMemory
 from .confidence import CalibratorMemory
-from .controller import AdaptiveController, ConfidenceAcceptance, Controller, FixedController, IIDAcceptance
+from .controller import (
+    AdaptiveController,
+    ConfidenceAcceptance,
+    Controller,
+    FixedController,
+)
+from .match import MatchAcceptance, MatchMemory
 
 
 @dataclass(frozen=True)
 class Learned:
-    """What the pair learned across requests: α memory and confidence calibrations, keyed per drafter."""
+    """What the pair learned across requests, keyed per drafter: the draft's confidence calibrations and
+    prompt lookup's acceptance per match length."""
 
-    memory: AcceptanceMemory
     calibrators: CalibratorMemory
+    matches: MatchMemory
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,7 @@ def _adaptive(inputs: PolicyInputs) -> Controller:
         if name == "draft_model":
             models.append(ConfidenceAcceptance(inputs.batch, inputs.learned.calibrators.calibrator_for(key)))
         else:
-            prior = inputs.learned.memory.prior_for(key, start=LOOKUP_START_ALPHA)
-            models.append(IIDAcceptance(inputs.batch, prior))
+            models.append(MatchAcceptance(inputs.batch, inputs.learned.matches.table_for(key)))
         paid.append(name == "draft_model")
     return AdaptiveController(inputs.costs_for, models, paid, tpot_slo_ms=inputs.config.tpot_slo_ms)
 

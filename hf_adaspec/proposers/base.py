@@ -56,9 +56,15 @@ class Proposer(Protocol):
     """What the engine needs from a drafter."""
 
     name: str
+    costless: bool  # proposes without a forward: every step can score what it would have proposed (hindsight)
 
     def available(self, rows: Rows, k_max: int) -> list[int]:
         """Most draft tokens each row can get now (≤ k_max)."""
+        ...
+
+    def evidence(self, rows: Rows) -> list[int]:
+        """Per row, what predicts the acceptance of the offer the last ``available`` call found (prompt
+        lookup: its match length; 0 for a drafter without such a signal)."""
         ...
 
     def catchup_tokens(self, rows: Rows) -> int:

@@ -23,6 +23,7 @@ class DraftModelProposer:
     """Drafts with a small causal LM for all rows; q are its processed probabilities when sampling."""
 
     name = "draft_model"
+    costless = False
 
     def __init__(
         self,
@@ -43,6 +44,10 @@ class DraftModelProposer:
     def available(self, rows: Rows, k_max: int) -> list[int]:
         """A draft model can always offer k_max tokens per row."""
         return [k_max] * len(rows.views)
+
+    def evidence(self, rows: Rows) -> list[int]:
+        """No evidence before drafting: the draft's confidences come with its tokens."""
+        return [0] * len(rows.views)
 
     def catchup_tokens(self, rows: Rows) -> int:
         """Columns of unseen tokens beyond the 1–2 every step feeds (prompts, runs of plain steps)."""

@@ -13,19 +13,21 @@ import torch
 
 from .base import Proposal, Rows, StopRule
 
-# A new pair's α for prompt lookup until it has recorded acceptance rates (``AcceptanceMemory.prior_for``):
-# 0.37 is the upper quartile of its per-request acceptance (accepted / drafted tokens) on 52 Spec-Bench
-# prompts, median 0.29 (docs/experiments.md, the lookup start). The draft model's start, the upper
-# quartile of Beta(0.6·4, 0.4·4) ≈ 0.78, is twice that: as prompt lookup's start it had the hybrid
-# verify lookup tokens that were rarely accepted.
+# A new pair's per-token α for prompt lookup at every match length, until hindsight teaches its
+# ``policy.match.MatchTable``: 0.37 is the upper quartile of its per-request acceptance (accepted / drafted
+# tokens) on 52 Spec-Bench prompts, median 0.29 (docs/experiments.md, the lookup start).
 LOOKUP_START_ALPHA = 0.37
 
 
-def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_max: int) -> torch.Tensor:
-    """Tokens that followed the most recent earlier match of the sequence's last n-gram.
+MATCH_CAP = 32  # match lengths are counted up to this many tokens
 
-    Tries n = max_ngram down to min_ngram and returns the first hit's continuation, at most k_max
-    tokens. tokens: [T] long → [k'] long with 0 ≤ k' ≤ k_max.
+
+def find_match(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_max: int) -> tuple[torch.Tensor, int]:
+    """The tokens that followed the most recent earlier match of the sequence's last n-gram, and the match
+    length m: how many tokens before that continuation equal the sequence's last tokens (≥ n, ≤ MATCH_CAP).
+
+    Tries n = max_ngram down to min_ngram and takes the first hit, at most k_max tokens. tokens: [T] long
+    → ([k'] long with 0 ≤ k' ≤ k_max, m; m = 0 when nothing matched).
     """
     length = tokens.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
@@ -33,8 +35,15 @@ def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_ma
         hits = (windows == tokens[length - n :]).all(dim=-1).nonzero().flatten()
         if hits.numel():
             start = int(hits[-1]) + n
-            return tokens[start : min(start + k_max, length)]
-    return tokens[:0]
+            span = min(MATCH_CAP, start)
+            same = (tokens[start - span : start].flip(0) == tokens[length - span :].flip(0)).int()  # [span]
+            return tokens[start : min(start + k_max, length)], int(same.cumprod(0).sum())
+    return tokens[:0], 0
+
+
+def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_max: int) -> torch.Tensor:
+    """``find_match``'s continuation alone. tokens: [T] long → [k'] long with 0 ≤ k' ≤ k_max."""
+    return find_match(tokens, max_ngram, min_ngram, k_max)[0]
 
 
 class PromptLookupProposer:
@@ -42,6 +51,7 @@ class PromptLookupProposer:
     the current step's lookups."""
 
     name = "prompt_lookup"
+    costless = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         """Raises ValueError unless 1 <= min_ngram <= max_ngram."""
@@ -49,12 +59,17 @@ class PromptLookupProposer:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._found: list[torch.Tensor] = []
+        self._matches: list[int] = []
 
     def available(self, rows: Rows, k_max: int) -> list[int]:
         """Per row, the length of the continuation of its last n-gram (0 if none)."""
-        self._found = [find_continuation(rows.tokens(i), self.max_ngram, self.min_ngram, k_max)
-                       for i in range(len(rows.views))]
+        found = [find_match(rows.tokens(i), self.max_ngram, self.min_ngram, k_max) for i in range(len(rows.views))]
+        self._found, self._matches = [f for f, _ in found], [m for _, m in found]
         return [int(f.shape[0]) for f in self._found]
+
+    def evidence(self, rows: Rows) -> list[int]:
+        """Per row, the match length of the continuation the last ``available`` call found (0 if none)."""
+        return list(self._matches)
 
     def catchup_tokens(self, rows: Rows) -> int:
         """No model state to catch up."""

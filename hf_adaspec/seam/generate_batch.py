@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .integration import enable
 from ..engine.stats import SpeculationStats
+from .integration import enable
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,8 @@ from ..engine.draft_prefix import DraftPrefixStore, PrefixSeed
 from ..engine.loop import DecodeSettings, speculative_decode
 from ..engine.ragged import RaggedCache
 from ..engine.stats import SpeculationStats, StepRecord
-from ..policy.acceptance import AcceptanceMemory
 from ..policy.confidence import CalibratorMemory
-from ..policy.horizon import LengthMemory
+from ..policy.match import MatchMemory
 from ..policy.modes import SPECULATION_MODES, Learned, PolicyInputs
 from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer
 from . import hf_compat
@@ -39,15 +38,14 @@ from . import hf_compat
 
 @dataclass
 class SpeculationState:
-    """What ``generate`` learns across requests of one model: α per drafter (``memory``), the draft's
-    confidence calibration, the requests' lengths (the horizon) and the draft's recent caches
+    """What ``generate`` learns across requests of one model: the draft's confidence calibration,
+    prompt lookup's acceptance per match length (``matches``) and the draft's recent caches
     (``draft_prefixes``). ``enable`` keeps one per model, so decisions — and with them sampled outputs —
     change from call to call as it learns; ``generate(..., speculation_state=SpeculationState())`` starts
     a call (or a workload, or a benchmarked method) from a fresh one."""
 
-    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
     calibrators: CalibratorMemory = field(default_factory=CalibratorMemory)
-    lengths: LengthMemory = field(default_factory=LengthMemory)
+    matches: MatchMemory = field(default_factory=MatchMemory)
     draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
 
 
@@ -115,7 +113,7 @@ def _build_proposers(request: SpeculationRequest, logits_processor, generation_c
     return proposers
 
 
-def memory_key(proposer: Proposer, draft: torch.nn.Module | None) -> str:
+def memory_key(proposer: Proposer, draft: object | None) -> str:
     """Identifies a drafter in the pair's learned state (the draft model by identity)."""
     return f"{proposer.name}:{id(draft) if isinstance(proposer, DraftModelProposer) else 0}"
 
@@ -128,16 +126,6 @@ def _costs_for(model, request: SpeculationRequest, batch: int, context: int) -> 
     log = functools.partial(print, file=sys.stderr)
     n_max = request.config.max_speculative_tokens + 1
     return CostCache().costs_for(model, request.draft_model, n_max, log, batch, context, request.profile)
-
-
-def _remember(request: SpeculationRequest, proposers: list[Proposer], stats: SpeculationStats) -> None:
-    """Record each row's length and each drafter's acceptance into the learned state."""
-    state = request.state
-    for generated in stats.row_tokens:  # one finished request per row
-        state.lengths.record(generated)
-    for p in proposers:
-        steps = [s for s in stats.steps if s.drafter == p.name]
-        state.memory.record(memory_key(p, request.draft_model), sum(s.k for s in steps), sum(s.accepted for s in steps))
 
 
 def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
@@ -161,17 +149,16 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
                                  RaggedCache(request.draft_model, 1, seed.cache) if seed is not None else None)
     inputs = PolicyInputs(config, _costs_for(model, request, batch, input_ids.shape[1]), batch,
                           tuple((p.name, memory_key(p, request.draft_model)) for p in proposers),
-                          Learned(state.memory, state.calibrators))
+                          Learned(state.calibrators, state.matches))
     controller = SPECULATION_MODES[config.speculation].build(inputs)
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
                               generation_config.do_sample, config.k_max, hf_compat.pad_token_id(generation_config),
-                              request.streamer, on_step=request.on_step, horizon=state.lengths.horizon)
+                              request.streamer, on_step=request.on_step)
     result = speculative_decode(model, input_ids, mask, proposers, controller, settings)
     result.stats.tpot_slo_ms = config.tpot_slo_ms
     if seed is not None:
         _keep_prefix(state.draft_prefixes, request.draft_model, result.sequences, proposers[0], seed)
         result.stats.draft_prefix_tokens = seed.length
-    _remember(request, proposers, result.stats)
     if generation_config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
     return result.sequences

@@ -20,7 +20,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
 import torch
@@ -73,19 +73,33 @@ class PromptResult:
     oracle: PromptOracle | None = None
 
 
-def load_prompts(path: Path, per_category: int, categories: list[str] | None = None) -> list[Prompt]:
-    """First ``per_category`` prompts of each category from a Spec-Bench style JSONL (first turn).
+SPLITS = ("all", "tune", "held-out")
+
+
+def split_of(question_id: int) -> str:
+    """"tune" (even question id) or "held-out" (odd): Spec-Bench's ids run consecutively within a category,
+    so every category has prompts in both halves. Policies are tuned on one and reported on the other."""
+    return "tune" if question_id % 2 == 0 else "held-out"
+
+
+def load_prompts(path: Path, per_category: int, categories: list[str] | None = None,
+                 split: str = "all") -> list[Prompt]:
+    """First ``per_category`` prompts of each category from a Spec-Bench style JSONL (first turn), from
+    the ``split`` ("all", or one half: ``split_of``).
 
     Raises:
         FileNotFoundError: no such file (Spec-Bench lives at ../shared/data/spec_bench/question.jsonl).
+        ValueError: an unknown split.
     """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
     if not path.is_file():
         raise FileNotFoundError(f"prompts file not found: {path}; pass --prompts PATH to a Spec-Bench JSONL")
     taken: dict[str, list[Prompt]] = {}
     for line in path.read_text().splitlines():
         row = json.loads(line)
         cat = row["category"]
-        if categories and cat not in categories:
+        if categories and cat not in categories or split not in ("all", split_of(int(row["question_id"]))):
             continue
         bucket = taken.setdefault(cat, [])
         if len(bucket) < per_category:
@@ -284,11 +298,11 @@ def plot(summary: dict, methods: list[str], path: Path) -> None:
 
 def write_json(path: Path, meta: dict, summary: dict, runs: list, **extra: list) -> None:
     """``{"meta", "summary", "runs", **extra}`` as JSON, written atomically (temp file, then rename);
-    runs and the lists in ``extra`` hold dataclasses."""
+    runs and the lists in ``extra`` hold dataclasses (or JSON values)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     data = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
-    data.update({k: [asdict(v) for v in values] for k, values in extra.items()})
+    data.update({k: [asdict(v) if is_dataclass(v) else v for v in values] for k, values in extra.items()})
     tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)
 

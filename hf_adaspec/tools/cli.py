@@ -14,24 +14,17 @@ from tqdm.auto import tqdm
 
 from ..config import SPECULATION_MODES
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
+from . import export_cli, trace_cli
 from .bench import METHODS
+from .pair import load_pair as _load_pair
 
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
-SPEC_BENCH = Path("../shared/data/spec_bench/question.jsonl")
-
-
-def _load_pair(target: str, draft: str, quantization: str, dtype: str):
-    from .. import enable, load
-
-    tgt = load(target, quantization=quantization, dtype=dtype)
-    enable(tgt.model)
-    drf = load(draft, quantization=quantization, dtype=dtype, quantize_lm_head=True) if draft != "none" else None
-    for lm in (tgt, drf):  # first forwards initialise kernels; keep them out of the timed run
-        if lm is not None:
-            lm.model.generate(torch.tensor([[0, 1, 2, 3]], device=lm.model.device), max_new_tokens=2, do_sample=False)
-    return tgt, drf
+SPEC_BENCH = trace_cli.SPEC_BENCH
+app.command()(trace_cli.trace)
+app.command()(trace_cli.replay)
+app.command("export-vllm")(export_cli.export_vllm)
 
 
 @app.command()
@@ -82,6 +75,7 @@ def bench(
     prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (fields category, turns)."),
     per_category: int = typer.Option(1, min=1, help="Prompts per category."),
     categories: str = typer.Option("", help="Comma-separated categories (default: all)."),
+    split: str = typer.Option("all", help="all | tune (even question ids) | held-out (odd)."),
     methods: str = typer.Option(",".join(METHODS), help="Comma-separated subset of the methods."),
     max_new_tokens: int = typer.Option(64, min=1),
     fixed_k: int = typer.Option(5, min=1, help="k for the fixed-k method."),
@@ -110,7 +104,10 @@ def bench(
         bm.method_kwargs(m, None, fixed_k)  # raises ValueError naming the valid methods
     if "plain" not in method_list:
         raise typer.BadParameter("methods must include 'plain' (speedups are relative to it)")
-    selected = bm.load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None)
+    try:
+        selected = bm.load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None, split)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     draft_model = drf.model if drf is not None else None
     warm = bm.Prompt(-1, "warm-up", "Say hello.")
@@ -124,7 +121,7 @@ def bench(
         oracles += [result.oracle] if result.oracle is not None else []
     summary = bm.summarize(runs, method_list, oracles)
     meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": method_list,
-            "max_new_tokens": max_new_tokens, "per_category": per_category, "fixed_k": fixed_k, "repeats": repeats,
+            "max_new_tokens": max_new_tokens, "per_category": per_category, "split": split, "fixed_k": fixed_k, "repeats": repeats,
             "learned_state": "per method",
             "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
     bm.write_results(output, runs, summary, meta, oracles)
@@ -227,6 +224,7 @@ def profile(
     max_tokens_per_forward: int = typer.Option(64, min=1, help="Skip target cells with batch × new tokens above it."),
     output: Path | None = typer.Option(None, help="JSON out (default model_cards/<pair>/profile.json); "
                                        "cost_curves.png beside it; a copy goes to the cache for the engine."),
+    device: str = typer.Option("cpu", help="cpu | cuda (timings synchronise the GPU; NF4 via bitsandbytes there)."),
 ) -> None:
     """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
     vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
@@ -239,9 +237,11 @@ def profile(
     command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
                f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
                f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
-               f"--max-tokens-per-forward {grid.max_tokens_per_forward}")
+               f"--max-tokens-per-forward {grid.max_tokens_per_forward} --device {device}")
     start = time.perf_counter()
-    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise typer.BadParameter("--device cuda: torch sees no CUDA device (a CPU build of torch, or no GPU)")
+    tgt, drf = _load_pair(target, draft, quantization, dtype, device)
     result = profiling.measure_profile(tgt.model, drf.model if drf is not None else None, grid, pair, command, True)
     save_profile(result, output)
     cached = save_profile(result, default_profile_path(result.key))

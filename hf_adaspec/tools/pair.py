@@ -1,0 +1,20 @@
+"""Loading the (target, draft) pair the CLI commands run: quantized, enabled, kernels warmed up."""
+
+from __future__ import annotations
+
+import torch
+
+
+def load_pair(target: str, draft: str, quantization: str, dtype: str, device: str = "cpu"):
+    """(target, draft) ``LoadedModel``s on ``device`` (draft None for 'none'); the target's ``generate``
+    takes ``speculation=``; one short generate each keeps first-call kernel set-up out of timed runs."""
+    from .. import enable, load
+
+    tgt = load(target, quantization=quantization, dtype=dtype, device=device)
+    enable(tgt.model)
+    drf = (load(draft, quantization=quantization, dtype=dtype, quantize_lm_head=True, device=device)
+           if draft != "none" else None)
+    for lm in (tgt, drf):
+        if lm is not None:
+            lm.model.generate(torch.tensor([[0, 1, 2, 3]], device=lm.model.device), max_new_tokens=2, do_sample=False)
+    return tgt, drf

@@ -1,0 +1,149 @@
+"""``hf-adaspec export-vllm``: traced acceptance + a cost profile → vLLM's speculative_config (no models run)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from hf_adaspec.costs.predictors import ProfileCell
+from hf_adaspec.costs.profile import assemble_profile, save_profile
+from hf_adaspec.policy.goodput import goodput
+from hf_adaspec.tools import export_cli
+from hf_adaspec.tools.export_vllm import (
+    acceptance_from_traces,
+    best_k,
+    speculative_config,
+)
+from hf_adaspec.tools.trace import Trace, save_trace
+
+# The keys vLLM's SpeculativeConfig accepts that this export may write: vllm/config/speculative.py
+# (vllm-project/vllm, commit 002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443) and the docs
+# https://docs.vllm.ai/en/latest/features/speculative_decoding/draft_model/ (method, model,
+# num_speculative_tokens), .../n_gram/ (prompt_lookup_max, prompt_lookup_min) and
+# https://docs.vllm.ai/en/v0.25.0/features/speculative_decoding/dynamic_speculative_decoding/
+# (num_speculative_tokens_per_batch_size). No disable_by_batch_size: a V0 key, absent from V1's config.
+VLLM_SPECULATIVE_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                         "num_speculative_tokens_per_batch_size"}
+META = {"versions": {"torch": "x"}, "machine": "m", "cpu": "c", "threads": 1, "created": "2025-01-01T00:00:00+00:00",
+        "command": "test", "grid": {}}
+IDENTITY = {"profile_schema": 1, "target": {"name": "hand-target"}, "draft": {"name": "hand-draft"}}
+BATCHES, CONTEXTS = (1, 2, 4, 8, 16), (128, 1024)
+
+
+def _verify(b: int, c: int, n: int) -> float:
+    """Target ms: linear in b·c and b·n (so the table and the fit agree); extra tokens cost more at large b."""
+    return 0.001 * b * c + 2.0 * b * n + 20.0
+
+
+def _profile(draft_scale: float = 1.0, with_draft: bool = True):
+    cells = {"target": [ProfileCell(b, c, n, _verify(b, c, n)) for b in BATCHES for c in CONTEXTS for n in (1, 3, 9)]}
+    if with_draft:
+        cells["draft"] = [ProfileCell(b, c, n, draft_scale * (0.0001 * b * c + 0.2 * b * n + 1.0))
+                          for b in BATCHES for c in CONTEXTS for n in (1, 32)]
+    return assemble_profile("hand", IDENTITY, cells, META)
+
+
+def _trace(qid: int, prompt: list[int], generated: list[int], agree: bool = True) -> Trace:
+    """A trace whose draft argmax agrees with every target token (agree) or with none."""
+    tokens = prompt + generated
+    nxt = [t if agree else t + 1000 for t in generated] + [0]  # draft_next[j] predicts tokens[prompt_len + j]
+    return Trace(qid, "test", len(prompt), tuple(tokens), tuple(nxt), (0.5,) * len(nxt), (), 10.0, len(generated),
+                 "hand-target", "hand-draft")
+
+
+def test_best_k_zero_when_drafting_is_expensive_and_positive_when_cheap():
+    def verify(n: int) -> float:
+        return 20.0 + n
+
+    assert best_k(0.6, 50.0, verify, 8) == 0
+    assert best_k(0.0, 0.0, lambda n: 10.0, 8) == 0  # every k ties with a plain step: no drafting
+    k = best_k(0.9, 1.0, verify, 8)
+    assert k > 0
+    assert all(goodput(0.9, k, 1.0, verify) >= goodput(0.9, j, 1.0, verify) for j in range(9))
+
+
+def test_best_k_shrinks_with_batch_and_ranges_merge():
+    doc = speculative_config(_profile(), {"draft_model": 0.5}, "draft_model", "hand-draft", context=512)
+    ranges = doc["hf_adaspec"]["per_batch_size"]
+    assert [(r["batch_sizes"], r["num_speculative_tokens"]) for r in ranges] == [([1], 2), ([2, 4, 8], 1), ([16], 0)]
+    config = doc["speculative_config"]
+    assert config["num_speculative_tokens"] == 2
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 15, 1], [16, 16, 0]]
+    first = ranges[0]
+    assert first["predicted_goodput_tokens_per_s"][0] > first["plain_tokens_per_s"][0]
+
+
+def _assert_valid_for_vllm(config: dict) -> None:
+    """What vLLM's SpeculativeConfig and its Dynamic SD schedule validation require of these keys."""
+    assert set(config) <= VLLM_SPECULATIVE_KEYS
+    assert config["num_speculative_tokens"] > 0
+    schedule = config.get("num_speculative_tokens_per_batch_size", [])
+    if schedule:
+        assert schedule[0][0] == 1
+        assert all(lo <= hi for lo, hi, _ in schedule)
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(schedule))
+        assert all(0 <= k <= config["num_speculative_tokens"] for _, _, k in schedule)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_config_uses_only_documented_vllm_keys(method):
+    doc = speculative_config(_profile(), {"draft_model": 0.8, "ngram": 0.7}, method, "hand-draft", context=512)
+    config = doc["speculative_config"]
+    _assert_valid_for_vllm(config)
+    assert config["method"] == method
+    if method == "draft_model":
+        assert config["model"] == "hand-draft"
+    else:
+        assert (config["prompt_lookup_max"], config["prompt_lookup_min"]) == (3, 1) and "model" not in config
+
+
+def test_no_speculation_when_it_never_pays():
+    doc = speculative_config(_profile(draft_scale=100.0), {"draft_model": 0.5}, "draft_model", "d", context=512)
+    assert doc["speculative_config"] is None
+    assert [r["num_speculative_tokens"] for r in doc["hf_adaspec"]["per_batch_size"]] == [0]
+
+
+def test_bad_arguments_raise_value_error():
+    alphas = {"draft_model": 0.8, "ngram": 0.5}
+    with pytest.raises(ValueError, match="unknown method"):
+        speculative_config(_profile(), alphas, "eagle7", "d", context=512)
+    with pytest.raises(ValueError, match="draft model's name"):
+        speculative_config(_profile(), alphas, "draft_model", "", context=512)
+    with pytest.raises(ValueError, match="no draft cells"):
+        speculative_config(_profile(with_draft=False), alphas, "draft_model", "d", context=512)
+
+
+def test_draft_acceptance_is_one_when_it_always_agrees_and_zero_when_never():
+    assert acceptance_from_traces([_trace(0, [1, 2, 3], [4, 5, 6, 7])])["draft_model"] == 1.0
+    assert acceptance_from_traces([_trace(0, [1, 2, 3], [4, 5, 6, 7], agree=False)])["draft_model"] == 0.0
+    pooled = acceptance_from_traces([_trace(0, [1, 2], [4, 5, 6]), _trace(1, [1, 2], [4, 5, 6, 7, 8], agree=False)])
+    assert pooled["draft_model"] == pytest.approx(2 / 6)  # positions j = 1..n-1: 2 agree, 4 not
+
+
+def test_lookup_acceptance_counts_geometric_trials():
+    assert acceptance_from_traces([_trace(0, [5, 6, 7, 8], [5, 6, 7, 8, 5, 6])])["ngram"] == 1.0  # pure repeat
+    assert acceptance_from_traces([_trace(0, [1, 2, 3], [4, 5, 6, 7])])["ngram"] == 0.0  # nothing to look up
+    # pos 4: lookup of [1,2,3,1] proposes [2,3,1] → 2 ok, 3≠9 fails; pos 5: [3,1,2] → 3≠9 fails
+    assert acceptance_from_traces([_trace(0, [1, 2, 3], [1, 2, 9])])["ngram"] == pytest.approx(1 / 3)
+
+
+def test_cli_writes_the_config_and_prints_it_last(tmp_path):
+    traces = tmp_path / "traces"
+    for i in range(2):
+        save_trace(_trace(i, [5, 6, 7, 8], [5, 6, 7, 8, 5, 6], agree=i == 0), traces)
+    profile = save_profile(_profile(), tmp_path / "profile.json")
+    app = typer.Typer()
+    app.command()(export_cli.export_vllm)
+    out = tmp_path / "out" / "vllm.json"
+    result = CliRunner().invoke(app, [str(traces), str(profile), "--method", "ngram", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output.strip().splitlines()[-1])
+    written = json.loads(out.read_text())
+    assert line == {"output": str(out), "speculative_config": written["speculative_config"]}
+    _assert_valid_for_vllm(written["speculative_config"])
+    assert written["hf_adaspec"]["alpha"] == 1.0 and written["hf_adaspec"]["prompts"] == 2
+    assert not list(out.parent.glob("*.tmp"))
