@@ -309,6 +309,14 @@ def test_mismatched_profile_warns_and_falls_back_to_calibration(models, tmp_path
     assert find_profile(models["target"], models["noisy_copy"], path, print) is None
 
 
+def test_a_pair_profile_serves_the_target_alone_but_not_another_target(models, tiny_factory, tmp_path, capsys):
+    path = _matching_profile(models, tmp_path)
+    assert find_profile(models["target"], None, path, print).key == load_profile(path).key
+    assert "using the target's cells" in capsys.readouterr().out
+    assert find_profile(tiny_factory(0, vocab_size=80), None, path, print) is None  # another target: refused
+    assert "measured for other models" in capsys.readouterr().out
+
+
 def test_explicit_corrupt_profile_raises_and_a_corrupt_cached_one_is_ignored(models, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("[]")

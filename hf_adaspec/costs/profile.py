@@ -272,13 +272,19 @@ def _differences(now: dict, then: dict) -> list[str]:
     return out
 
 
+def _same_target(now: dict, then: dict) -> bool:
+    """Both identities name the same target, versions, machine and threads (the draft aside)."""
+    return {k: v for k, v in now.items() if k != "draft"} == {k: v for k, v in then.items() if k != "draft"}
+
+
 def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explicit: str | Path | None = None,
                  log: Callable[[str], None] = print) -> Profile | None:
     """The cost profile of this pair: ``explicit`` (a path), else ``$HF_ADASPEC_PROFILE``, else
     ``<cache>/profiles/<key>.json``; logs (once per message) which one is used.
 
     Returns None when the cache holds none (or an unreadable one, with a note), and None with a warning
-    when the profile was measured for other models, versions, machine or threads. Raises ValueError
+    when the profile was measured for other models, versions, machine or threads; without a draft model
+    (``draft`` None) a pair's profile of the same target serves (its target cells). Raises ValueError
     when an explicitly given profile is missing or invalid.
     """
     identity = profile_identity(target, draft)
@@ -293,6 +299,9 @@ def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explici
             raise
         _say_once(log, f"hf-adaspec: ignoring the cached cost profile: {e}")
         return None
+    if profile.key != identity_key(identity) and draft is None and _same_target(identity, profile.identity):
+        _say_once(log, f"hf-adaspec: using the target's cells of cost profile {path} (no draft model)")
+        return profile  # its draft costs go unused: without a draft model no drafter pays them
     if profile.key != identity_key(identity):
         _say_once(log, f"hf-adaspec: warning: cost profile {path} was measured for other models/versions "
                        f"(differs in: {', '.join(_differences(identity, profile.identity))}); falling back to "
