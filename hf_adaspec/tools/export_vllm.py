@@ -42,10 +42,8 @@ DOCS = "https://docs.vllm.ai/en/v0.25.0/features/speculative_decoding/dynamic_sp
 
 def _draft_counts(trace: Trace) -> tuple[int, int]:
     """(agreements, positions): draft_next[j] == tokens[prompt_len + j] for j = 1..n-1."""
-    if not trace.draft_next:
-        return 0, 0
-    js = range(1, trace.new_tokens)
-    return sum(trace.draft_next[j] == trace.tokens[trace.prompt_len + j] for j in js), len(js)
+    agree = trace.draft_agreement()
+    return sum(agree), len(agree)
 
 
 def _lookup_counts(trace: Trace) -> tuple[int, int]:

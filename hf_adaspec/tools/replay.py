@@ -232,9 +232,7 @@ def oracle_tokens_per_s(trace: Trace, clock: Clock, seed: int, k_max: int = K_MA
     verify = lambda cols: clock.verify_ms(Forward(1, cols, mid)) + clock.step_overhead_ms  # noqa: E731
     families: dict[str, list[OracleDrafter]] = {"lookup": [lookup]}
     if trace.draft:
-        truth = trace.tokens[trace.prompt_len + 1 :]
-        agree = [a == b for a, b in zip(trace.draft_next[1:n], truth, strict=True)]
-        model = OracleDrafter(tuple(agreement_runs(agree)), clock.draft_ms(Forward(1, 1, mid)),
+        model = OracleDrafter(tuple(agreement_runs(trace.draft_agreement())), clock.draft_ms(Forward(1, 1, mid)),
                               clock.draft_ms(Forward(1, trace.prompt_len - seed, 0)) if trace.prompt_len > seed else 0.0)
         families.update(draft=[model], hybrid=[model, lookup])
     return {f: 1000.0 * n / (trace.prefill_ms + oracle_schedule(d, k_max, verify).time_ms) for f, d in families.items()}

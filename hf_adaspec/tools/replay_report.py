@@ -63,7 +63,7 @@ def _oracles(traces: Sequence[Trace], clock: Clock) -> list[PromptOracle]:
         seed = prefixes.seed(t.tokens[: t.prompt_len])
         prefixes.remember(t.tokens, len(t.tokens), seed)
         n = t.new_tokens
-        agree = [a == b for a, b in zip(t.draft_next[1:n], t.tokens[t.prompt_len + 1 :], strict=True)] if t.draft else []
+        agree = t.draft_agreement()
         out.append(PromptOracle(t.question_id, t.category, n, t.prefill_ms,
                                 sum(agree) / len(agree) if agree else math.nan, math.nan,
                                 oracle_tokens_per_s(t, clock, seed)))

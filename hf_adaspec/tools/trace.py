@@ -61,6 +61,14 @@ class Trace:
         """Tokens the target generated (n)."""
         return len(self.tokens) - self.prompt_len
 
+    def draft_agreement(self) -> list[bool]:
+        """agree[j-1] for generated tokens j = 1..n-1 (token 0 comes from the prefill): the draft's argmax
+        given the target's prefix equals the target's token (empty without a draft)."""
+        if not self.draft_next:
+            return []
+        truth = self.tokens[self.prompt_len + 1 :]
+        return [a == b for a, b in zip(self.draft_next[1 : self.new_tokens], truth, strict=True)]
+
     @property
     def split(self) -> str:
         """"tune" or "held-out" (``bench.split_of``)."""
