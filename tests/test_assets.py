@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_adaspec.files import FileStamp, read_stamp, write_stamp
 from hf_adaspec.models import assets
 from hf_adaspec.models.assets import AssetError, GgufAsset, assemble, locate_parts
 
@@ -55,8 +56,8 @@ def test_assemble_concatenates_in_order_and_stamps(tmp_path, parts):
     dest = assemble(asset, root=tmp_path)
     assert dest == tmp_path / "gguf" / "tiny.gguf"
     assert dest.read_bytes() == PART1 + PART2
-    assert (tmp_path / "gguf" / "tiny.gguf.sha256").read_text().strip() == asset.sha256
-    assert _leftovers(tmp_path) == ["tiny.gguf", "tiny.gguf.sha256"]  # no *.tmp left behind
+    assert read_stamp(tmp_path / "gguf" / "tiny.gguf.stamp") == [FileStamp.of(dest, asset.sha256)]
+    assert _leftovers(tmp_path) == ["tiny.gguf", "tiny.gguf.stamp"]  # no temporary left behind
 
 
 def test_assemble_order_matters(tmp_path, parts):
@@ -95,7 +96,7 @@ def test_stale_stamp_triggers_reassembly(tmp_path, parts):
     gguf = tmp_path / "gguf"
     gguf.mkdir()
     (gguf / "tiny.gguf").write_bytes(b"corrupt")
-    (gguf / "tiny.gguf.sha256").write_text("f" * 64 + "\n")  # stamp of another file
+    write_stamp(gguf / "tiny.gguf.stamp", [FileStamp("tiny.gguf", 7, "f" * 64, 0)])  # stamp of another file
     assert assemble(asset, root=tmp_path).read_bytes() == PART1 + PART2
 
 
@@ -143,7 +144,7 @@ def test_preset_keeps_only_its_dense_copy(tmp_path, parts, monkeypatch):
     def convert(gguf, dest, dtype):
         assert gguf.read_bytes() == PART1 + PART2
         dest.mkdir(parents=True)
-        (dest / loading._DONE).write_text(gguf.name)
+        write_stamp(dest / loading._DONE, [])
         converted.append(dtype)
         return dest
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 import hf_adaspec
@@ -146,6 +147,69 @@ def test_beam_search_and_multiple_sequences_are_rejected(target, kwargs):
 def test_output_scores_is_rejected(target):
     with pytest.raises(ValueError, match="scores"):
         _generate(target, speculation="adaptive", output_scores=True, return_dict_in_generate=True)
+
+
+def test_token_healing_is_rejected(target):
+    with pytest.raises(ValueError, match="does not support token_healing"):
+        _generate(target, speculation="adaptive", token_healing=True)
+    with pytest.raises(ValueError, match="does not support token_healing"):
+        _generate(target, speculation="adaptive", generation_config=GenerationConfig(token_healing=True))
+
+
+@pytest.mark.parametrize("flag", ["output_scores", "output_logits", "output_attentions", "output_hidden_states"])
+def test_per_step_outputs_are_rejected_by_name(target, flag):
+    for extra in ({}, {"return_dict_in_generate": True}):
+        with pytest.raises(ValueError, match=f"drop {flag}=True") as err:
+            _generate(target, speculation="adaptive", **{flag: True}, **extra)
+        assert err.value.args[0].count("=True") == 1  # only the flag that was set
+
+
+ASSISTED = {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 2, "num_assistant_tokens": 5,
+            "num_assistant_tokens_schedule": "heuristic", "assistant_confidence_threshold": 0.3,
+            "assistant_early_exit": 1, "assistant_lookbehind": 5, "target_lookbehind": 5, "use_mtp": True}
+
+
+def _assert_names_the_equivalents(err, name):
+    message = str(err.value)
+    assert name in message and "transformers' assisted generation" in message
+    for ours in ("max_speculative_tokens", "prompt_lookup_max_ngram", 'speculation="fixed"', "num_speculative_tokens"):
+        assert ours in message
+
+
+@pytest.mark.parametrize("name", [*ASSISTED, "assistant_tokenizer"])
+def test_transformers_assisted_options_are_rejected_as_keywords(target, tiny_factory, name):
+    value = ASSISTED.get(name, object())  # assistant_tokenizer: any tokenizer-like object
+    for mode in ({"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 2,
+                                               "assistant_model": tiny_factory(1)}):
+        with pytest.raises(ValueError, match="belong to transformers' assisted generation") as err:
+            _generate(target, **mode, **{name: value})
+        _assert_names_the_equivalents(err, name)
+
+
+@pytest.mark.parametrize("name", list(ASSISTED))
+def test_transformers_assisted_options_are_rejected_on_a_generation_config(target, name):
+    config = GenerationConfig(max_new_tokens=5, do_sample=False, **{name: ASSISTED[name]})
+    with pytest.raises(ValueError, match="belong to transformers' assisted generation") as err:
+        target.generate(PROMPT, generation_config=config, speculation="adaptive", speculation_costs=COSTS)
+    _assert_names_the_equivalents(err, name)
+
+
+def test_transformers_assisted_options_still_work_without_speculation(target):
+    plain = target.generate(PROMPT, max_new_tokens=5, do_sample=False)
+    assert torch.equal(target.generate(PROMPT, max_new_tokens=5, do_sample=False, prompt_lookup_num_tokens=3), plain)
+
+
+@pytest.mark.parametrize("ids", [torch.zeros(1, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)])
+@pytest.mark.parametrize("as_keyword", [False, True])
+def test_a_prompt_without_tokens_names_the_fix(target, tiny_factory, ids, as_keyword):
+    for mode in ({"speculation": "adaptive"}, {"speculation": "adaptive", "assistant_model": tiny_factory(1)},
+                 {"speculation": "fixed", "num_speculative_tokens": 2}):
+        with pytest.raises(ValueError, match="the prompt has no tokens") as err:
+            if as_keyword:
+                target.generate(input_ids=ids, max_new_tokens=5, speculation_costs=COSTS, **mode)
+            else:
+                _generate(target, ids, **mode)
+        assert "add_special_tokens=True" in str(err.value)
 
 
 def test_valid_calls_still_work_after_errors(target):

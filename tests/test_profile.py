@@ -31,6 +31,7 @@ from hf_adaspec.costs.profile import (
     profile_key,
     save_profile,
 )
+from hf_adaspec.files import write_json_verified
 from hf_adaspec.seam import hf_compat
 from hf_adaspec.tools import cli
 
@@ -175,16 +176,19 @@ def test_a_forced_predictor_prices_every_quantity_with_it():
         profile.cost_table(1, 200, 2, forced="median")
 
 
-def test_a_schema_1_profile_is_read_and_scored_per_quantity(tmp_path):
-    profile = _split_draft_profile()
-    data = profile.to_json()
-    old = {k: v for k, v in data.items() if k != "predictors"}
-    old.update(schema=1, predictor="fit", held_out_mape_pct={"table": 5.0, "fit": 4.0})  # one pooled choice
+def _rewrite(path, data):
+    """Write ``data`` with a fresh digest: the document is what a writer wrote, so its values are checked."""
+    write_json_verified(path, {k: v for k, v in data.items() if k != "digest"})
+
+
+def test_a_profile_of_another_schema_is_refused_naming_the_fix(tmp_path):
+    data = _split_draft_profile().to_json()
     path = tmp_path / "old.json"
-    path.write_text(json.dumps(old))
-    assert load_profile(path) == profile  # re-scored from its cells: the draft token from the table again
-    path.write_text(json.dumps({**data, "schema": 3}))
-    with pytest.raises(ValueError, match=r"schema 3, this version reads \(1, 2\).*re-run `hf-adaspec profile`"):
+    _rewrite(path, {**data, "schema": 2})
+    with pytest.raises(ValueError, match=r"schema 2, this version reads 3.*re-run `hf-adaspec profile`"):
+        load_profile(path)
+    path.write_text(json.dumps(data))  # a schema-2 file: no digest
+    with pytest.raises(ValueError, match=r"no digest.*re-run `hf-adaspec profile`"):
         load_profile(path)
 
 
@@ -207,8 +211,8 @@ def test_measure_on_tiny_models_saves_atomically_and_round_trips(tiny_factory, t
     assert set(data["identity"]["target"]) == {"name", "params", "dtype", "quantization", "device"}
     assert data["grid"]["max_tokens_per_forward"] == 6 and "skip_rule" in data["grid"]
     assert set(data["predictors"]) == set(QUANTITIES) and set(data["predictors"].values()) <= {"table", "fit"}
-    assert data["schema"] == 2
-    assert data["identity"]["profile_schema"] == 1  # profiles measured before per-quantity scoring keep their key
+    assert data["schema"] == 3 and len(data["digest"]) == 64
+    assert data["identity"]["profile_schema"] == 1  # what the cells mean is unchanged, so is the key
     table = profile.cost_table(batch=2, context=30, n_max=6)
     assert len(table.verify_ms) == 6 and all(t > 0 for t in table.verify_ms) and table.draft_ms > 0
     assert table.t_verify(9) >= table.t_verify(6)
@@ -229,22 +233,30 @@ def test_load_profile_rejects_corrupt_files_naming_the_fix(tmp_path):
         load_profile(bad)
     good = save_profile(_hand_profile(), tmp_path / "good.json")
     data = json.loads(good.read_text())
-    del data["fit"]
+    data["target_cells"][0]["median_ms"] *= 2
     bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"digest does not match.*hf-adaspec profile"):
+        load_profile(bad)
+    data = json.loads(good.read_text())
+    del data["fit"]
+    _rewrite(bad, data)
     with pytest.raises(ValueError, match=r"missing fields \['fit'\].*hf-adaspec profile"):
         load_profile(bad)
-    data = json.loads(good.read_text())
-    data["target_cells"][0]["median_ms"] = -1.0
-    bad.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="median_ms must be > 0"):
-        load_profile(bad)
+    for value in (-1.0, float("nan"), 1e9):
+        data = json.loads(good.read_text())
+        data["target_cells"][0]["median_ms"] = value
+        _rewrite(bad, data)
+        with pytest.raises(ValueError, match="must be finite and in"):
+            load_profile(bad)
     data = json.loads(good.read_text())
     data["identity"]["target"]["name"] = "edited"
-    bad.write_text(json.dumps(data))
+    _rewrite(bad, data)
     with pytest.raises(ValueError, match="does not match its identity"):
         load_profile(bad)
     with pytest.raises(ValueError, match="run `hf-adaspec profile --output"):
         load_profile(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match=r"unreadable.*hf-adaspec profile"):
+        load_profile(tmp_path)  # a folder
 
 
 def _matching_profile(models, tmp_path, name="match.json"):

@@ -34,12 +34,12 @@ import ast
 import importlib
 import inspect
 import json
-import os
 import platform
 import sysconfig
-import tempfile
 import textwrap
 from pathlib import Path
+
+from hf_adaspec.files import atomic_write
 
 OUTPUT = Path(__file__).resolve().parent / "code.jsonl"
 
@@ -156,16 +156,8 @@ def build() -> list[dict]:
 
 
 def write_atomic(rows: list[dict], output: Path) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=output.name + ".", suffix=".tmp", dir=output.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, output)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    atomic_write(output, lambda f: f.write(text.encode("utf-8")))
 
 
 def main() -> None:

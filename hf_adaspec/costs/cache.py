@@ -4,16 +4,16 @@ tables calibrated at context 128 and cached per model pair under ``<cache>/costs
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..files import read_json_verified, sweep, write_json_verified
 from ..models.assets import cache_dir
 from .profile import find_profile
-from .table import CostTable, _atomic_write_json, measure, table_key
+from .table import CostTable, measure, table_key
 
 
 @dataclass
@@ -63,18 +63,24 @@ class CostCache:
         return lambda b: tables[min(s for s in sizes if s >= b)]
 
     def _calibrated(self, target, draft, n_max: int, log: Callable[[str], None], batch: int) -> CostTable:
-        """The cached calibration at ``batch`` rows, or calibrate (seconds) and cache it."""
+        """The cached calibration at ``batch`` rows, or calibrate (seconds) and cache it. A cached table is
+        used only if its digest and values check out (finite, positive, at most ``MAX_FORWARD_MS``);
+        otherwise it is measured again and replaced. Where it cannot be cached (the path is a folder, a
+        read-only disk) the measured table is used and the reason logged."""
         key = table_key(target, draft, n_max, batch)
         path = self.root / f"{key}.json"
+        sweep(self.root)
         if path.exists():
             try:
-                data = json.loads(path.read_text())
-                data["verify_ms"] = tuple(data["verify_ms"])
-                return CostTable(**data)
-            except (ValueError, KeyError, TypeError):
-                log(f"hf-adaspec: ignoring unreadable cost table {path}; recalibrating")
+                data = read_json_verified(path)
+                return CostTable(**{**data, "verify_ms": tuple(data["verify_ms"])})
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log(f"hf-adaspec: ignoring cost table {path} ({e}); recalibrating")
         log(f"hf-adaspec: calibrating step costs for this model pair at batch {batch} (first use), cached at {path}; "
             "run `hf-adaspec profile` for context-aware costs")
         table = measure(target, draft, n_max, batch=batch)
-        _atomic_write_json(path, {**asdict(table), "verify_ms": list(table.verify_ms)})
+        try:
+            write_json_verified(path, {**asdict(table), "verify_ms": list(table.verify_ms)})
+        except OSError as e:
+            log(f"hf-adaspec: warning: could not cache the cost table ({e}); it is measured again next time")
         return table

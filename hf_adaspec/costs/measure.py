@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..files import atomic_write
 from ..seam import hf_compat
 from .predictors import CATCHUP_CHUNK, ProfileCell
 from .profile import Profile, assemble_profile, library_versions, profile_identity
-from .table import atomic_write, time_forward_ms
+from .table import time_forward_ms
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)
 SKIP_RULE = "target cells with batch * new_tokens > max_tokens_per_forward are not measured"

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .table import MAX_FORWARD_MS
+
 CATCHUP_CHUNK = 32
 QUANTITIES = ("verify", "draft", "catchup")
 
@@ -37,8 +39,10 @@ class ProfileCell:
     def __post_init__(self) -> None:
         if min(self.batch, self.context, self.new_tokens) < 1:
             raise ValueError(f"batch, context and new_tokens must be >= 1, got {self}")
-        if not self.median_ms > 0:
-            raise ValueError(f"median_ms must be > 0, got {self.median_ms}")
+        if not all(math.isfinite(t) and 0 < t <= MAX_FORWARD_MS for t in (self.median_ms, *self.samples)):
+            raise ValueError(f"median_ms and samples must be finite and in (0, {MAX_FORWARD_MS}] ms, got {self}")
+        if self.samples and not min(self.samples) <= self.median_ms <= max(self.samples):
+            raise ValueError(f"median_ms {self.median_ms} lies outside its samples {self.samples}")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import read_json_verified, sweep, write_json_verified
 from ..models.assets import cache_dir
 from .predictors import (
     CATCHUP_CHUNK,
@@ -37,11 +38,10 @@ from .predictors import (
     score_predictors,
     table_predict,
 )
-from .table import CostTable, _atomic_write_json, identity_key, pair_identity
+from .table import CostTable, identity_key, pair_identity
 
-SCHEMA = 2  # the JSON layout; schema 1 held one pooled predictor, its cells are re-scored per quantity
-READABLE_SCHEMAS = (1, 2)
-MEASUREMENT_SCHEMA = 1  # what the cells mean, part of a profile's key: unchanged, so schema-1 profiles still match
+SCHEMA = 3  # the JSON layout; 3 added the digest (``files.write_json_verified``), so 1 and 2 are not trusted
+MEASUREMENT_SCHEMA = 1  # what the cells mean, part of a profile's key
 PROFILE_ENV = "HF_ADASPEC_PROFILE"
 PREDICTORS = ("table", "fit")
 _FIX = "re-run `hf-adaspec profile` to measure it again"
@@ -182,15 +182,16 @@ _FIELDS = ("schema", "pair", "key", "identity", "target_cells", "draft_cells", "
 
 
 def _from_json(data: dict) -> Profile:
-    """Profile from its JSON document; raises KeyError/TypeError/ValueError on anything malformed. The
-    held-out scores and predictors are recomputed from the stored cells (so schema 1 reads too)."""
+    """Profile from its JSON document (digest already checked); raises KeyError/TypeError/ValueError on
+    anything malformed or implausible (``ProfileCell``). The held-out scores and predictors are
+    recomputed from the stored cells."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     missing = [f for f in _FIELDS if f not in data]
     if missing:
         raise ValueError(f"missing fields {missing}")
-    if data["schema"] not in READABLE_SCHEMAS:
-        raise ValueError(f"schema {data['schema']!r}, this version reads {READABLE_SCHEMAS}")
+    if data["schema"] != SCHEMA:
+        raise ValueError(f"schema {data['schema']!r}, this version reads {SCHEMA}")
     if data["key"] != identity_key(data["identity"]):
         raise ValueError("its key does not match its identity (edited by hand?)")
     cells = {name: tuple(ProfileCell(**{**c, "samples": tuple(c["samples"])}) for c in data[name])
@@ -212,11 +213,12 @@ def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile written by ``save_profile``.
 
     Raises ValueError naming the file and the fix (re-run ``hf-adaspec profile``) when it is missing,
-    not JSON, of another schema, or has missing or malformed fields.
+    not JSON, a folder, of another schema, edited or corrupted (its digest does not match), or has
+    missing, malformed or implausible fields (not finite, not positive, over ``MAX_FORWARD_MS``).
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = read_json_verified(path)
     except FileNotFoundError:
         raise ValueError(_missing(path)) from None
     except (OSError, ValueError) as e:
@@ -232,7 +234,8 @@ def save_profile(profile: Profile, path: str | Path) -> Path:
     Raises OSError when what was read back differs from what was written."""
     path = Path(path)
     document = profile.to_json()
-    _atomic_write_json(path, document)
+    sweep(path.parent)  # what an interrupted save left
+    write_json_verified(path, document)
     if json.dumps(load_profile(path).to_json(), sort_keys=True) != json.dumps(document, sort_keys=True):
         raise OSError(f"cost profile {path} did not read back as written; check the disk, then {_FIX}")
     return path

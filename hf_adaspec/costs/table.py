@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import math
 import platform
 import statistics
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
 from ..seam import hf_compat
+
+MAX_FORWARD_MS = 600_000.0  # a forward measured at over 10 minutes is no cost model: a corrupted or edited file
 
 
 @dataclass(frozen=True)
@@ -42,10 +40,12 @@ class CostTable:
     draft_catchup_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.verify_ms or any(t <= 0 for t in self.verify_ms):
-            raise ValueError(f"verify_ms must be non-empty and positive, got {self.verify_ms}")
-        if self.draft_ms < 0 or self.draft_catchup_ms < 0:
-            raise ValueError(f"draft costs must be >= 0, got {self.draft_ms}, {self.draft_catchup_ms}")
+        if not self.verify_ms or not all(math.isfinite(t) and 0 < t <= MAX_FORWARD_MS for t in self.verify_ms):
+            raise ValueError(f"verify_ms must be non-empty, finite and in (0, {MAX_FORWARD_MS}] ms, "
+                             f"got {self.verify_ms}")
+        if not all(math.isfinite(t) and 0 <= t <= MAX_FORWARD_MS for t in (self.draft_ms, self.draft_catchup_ms)):
+            raise ValueError(f"draft costs must be finite and in [0, {MAX_FORWARD_MS}] ms, got {self.draft_ms}, "
+                             f"{self.draft_catchup_ms}")
 
     @property
     def max_tokens(self) -> int:
@@ -148,6 +148,30 @@ def time_forward_ms(model: torch.nn.Module, input_ids: torch.Tensor, cache, keep
     return elapsed
 
 
+CALIBRATED_NS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)  # the profile's default grid of new tokens
+
+
+def calibrated_ns(n_max: int) -> tuple[int, ...]:
+    """The verification widths a calibration times for ``n_max``: the profile grid's n up to n_max, and
+    n_max itself while the grid reaches it (wider forwards are extrapolated by ``CostTable.t_verify``)."""
+    if n_max < 1:
+        raise ValueError(f"n_max must be >= 1, got {n_max}")
+    return tuple(sorted({n for n in CALIBRATED_NS if n <= n_max} | {min(n_max, CALIBRATED_NS[-1])}))
+
+
+def _interpolated(ns: tuple[int, ...], medians: list[float]) -> tuple[float, ...]:
+    """verify_ms for n = 1..ns[-1], linear between the timed widths ``ns`` (ms at each in ``medians``)."""
+    out = []
+    for n in range(1, ns[-1] + 1):
+        i = next(j for j, m in enumerate(ns) if m >= n)
+        if ns[i] == n:
+            out.append(medians[i])
+        else:
+            w = (n - ns[i - 1]) / (ns[i] - ns[i - 1])
+            out.append(medians[i - 1] + w * (medians[i] - medians[i - 1]))
+    return tuple(out)
+
+
 def measure(
     target: torch.nn.Module,
     draft: torch.nn.Module | None,
@@ -156,42 +180,26 @@ def measure(
     repeats: int = 7,
     batch: int = 1,
 ) -> CostTable:
-    """Time target forwards over 1..n_max new tokens, the draft's 1-token forward and its per-token
-    cost of ingesting a 32-token chunk (ms, medians), each over ``batch`` rows (so per batch step).
+    """Time target forwards over the widths ``calibrated_ns(n_max)`` (new tokens; the rest interpolated),
+    the draft's 1-token forward and its per-token cost of ingesting a 32-token chunk (ms, medians), each
+    over ``batch`` rows (so per batch step).
 
-    One warm-up round, then ``repeats`` rounds with all sizes interleaved so drift hits them alike.
+    One warm-up round, then ``repeats`` rounds with all sizes interleaved so drift hits them alike. At most
+    13 widths up to 32 tokens are timed whatever ``n_max`` is, so a first use stays a few seconds.
     """
-    target_probe = _ForwardProbe(target, context, n_max, batch)
+    ns = calibrated_ns(n_max)
+    target_probe = _ForwardProbe(target, context, ns[-1], batch)
     draft_probe = _ForwardProbe(draft, context, _CATCHUP_CHUNK, batch) if draft is not None else None
-    verify: list[list[float]] = [[] for _ in range(n_max)]
+    verify: list[list[float]] = [[] for _ in ns]
     drafts: list[float] = []
     catchups: list[float] = []
     for _ in range(repeats + 1):
-        for n in range(1, n_max + 1):
-            verify[n - 1].append(target_probe.time_ms(n))
+        for i, n in enumerate(ns):
+            verify[i].append(target_probe.time_ms(n))
         if draft_probe is not None:
             drafts.append(draft_probe.time_ms(1))
             catchups.append(draft_probe.time_ms(_CATCHUP_CHUNK) / _CATCHUP_CHUNK)
-    verify_ms = tuple(statistics.median(v[1:]) for v in verify)
+    verify_ms = _interpolated(ns, [statistics.median(v[1:]) for v in verify])
     draft_ms = statistics.median(drafts[1:]) if drafts else 0.0
     catchup_ms = statistics.median(catchups[1:]) if catchups else 0.0
     return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max, batch), catchup_ms)
-
-
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Create ``path`` (and its folder) from ``write(file)``: written to a temporary file beside it, then
-    renamed into place, so readers never see a half-written file; the temporary file is removed on error."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_write_json(path: Path, data: dict) -> None:
-    atomic_write(path, lambda f: f.write(json.dumps(data, indent=2).encode()))

@@ -5,7 +5,8 @@ Design: every row shares one physical cache length L (a transformers ``DynamicCa
 the prompt, padding of a ragged block, or draft tokens that verification rejected. RoPE positions
 come from each row's own token count, so a row with holes computes exactly what it would alone.
 Rolling a row back to its first m tokens only clears mask bits; columns that no row still uses are
-cropped off the end. Finished rows leave the batch with ``select``.
+cropped off the end. Finished rows leave the batch with ``select``. The mask, lengths and logits live on
+the CPU; ``hf_compat``'s forwards move a block to the model's device and its logits back.
 """
 
 from __future__ import annotations
@@ -43,13 +44,10 @@ class RaggedCache:
         offsets = valid.long().cumsum(dim=1) - 1  # [B, M]: index of each token among the row's new ones
         position_ids = self.lengths[:, None] + offsets.clamp_min(0)  # [B, M]
         mask = torch.cat([self.mask, valid.long()], dim=1)  # [B, L + M]
-        device = self.model.device
         if bool(mask.all()):  # no holes: positions follow the cache length, as in a plain forward
-            logits = hf_compat.forward_logits(self.model, tokens.to(device), self.cache, keep)
+            logits = hf_compat.forward_logits(self.model, tokens, self.cache, keep)
         else:
-            logits = hf_compat.forward_logits_masked(
-                self.model, tokens.to(device), self.cache, mask.to(device), position_ids.to(device), keep
-            )
+            logits = hf_compat.forward_logits_masked(self.model, tokens, self.cache, mask, position_ids, keep)
         self.mask = mask
         self.lengths = self.lengths + valid.long().sum(dim=1)
         return logits

@@ -3,8 +3,9 @@
 Design: a GGUF file is split into parts, each part the only data file of one PyPI package. We locate
 each part through ``importlib.metadata`` (never importing the package's code), concatenate the parts in
 order into a temporary file in the cache dir while hashing, check size and SHA-256, and only then
-rename the file into place (atomic). A ``.sha256`` sidecar written after verification marks a
-finished file, so a later call does not re-hash 1 GB. Once a dense copy exists the assembled file is
+rename the file into place (``files.atomic_write``). A ``.stamp`` sidecar written after verification
+records size, SHA-256 and mtime, so a later call checks the file with a ``stat`` instead of re-hashing
+1 GB, and re-hashes (then rebuilds) a file changed since. Once a dense copy exists the assembled file is
 only a cache of the installed parts: ``discard`` removes it (1.6 GB for the Qwen pair).
 """
 
@@ -13,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as md
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from ..files import FileStamp, atomic_write, check_files, read_stamp, sha256_file, sweep, write_stamp
 
 CACHE_ENV = "HF_ADASPEC_CACHE"
 _CHUNK = 8 << 20
@@ -88,67 +90,61 @@ def locate_parts(asset: GgufAsset) -> list[Path]:
     return paths
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _concat_verified(parts: list[Path], dest: Path, asset: GgufAsset) -> None:
-    """Concatenate ``parts`` into ``dest`` atomically, raising AssetError on a size or hash mismatch."""
+def _concat_verified(parts: list[Path], dest: Path, asset: GgufAsset) -> str:
+    """Concatenate ``parts`` into ``dest`` atomically (``files.atomic_write``); returns its SHA-256.
+    Raises AssetError on a size or hash mismatch (nothing is left behind)."""
     total = sum(p.stat().st_size for p in parts)
     digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, tqdm(
-            total=total, unit="B", unit_scale=True, desc=f"assembling {asset.filename}"
-        ) as bar:
+
+    def write(out) -> None:
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {asset.filename}") as bar:
             for part in parts:
                 with open(part, "rb") as f:
                     while chunk := f.read(_CHUNK):
                         out.write(chunk)
                         digest.update(chunk)
                         bar.update(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
         if asset.size is not None and total != asset.size:
-            raise AssetError(
-                f"{asset.filename}: parts add up to {total:,} bytes, expected {asset.size:,}; "
-                f"reinstall them: {asset.pip_command} --force-reinstall"
-            )
+            raise AssetError(f"{asset.filename}: parts add up to {total:,} bytes, expected {asset.size:,}; "
+                             f"reinstall them: {asset.pip_command} --force-reinstall")
         if digest.hexdigest() != asset.sha256:
-            raise AssetError(
-                f"{asset.filename}: SHA-256 {digest.hexdigest()} does not match {asset.sha256}; "
-                f"reinstall the parts: {asset.pip_command} --force-reinstall"
-            )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            raise AssetError(f"{asset.filename}: SHA-256 {digest.hexdigest()} does not match {asset.sha256}; "
+                             f"reinstall the parts: {asset.pip_command} --force-reinstall")
+
+    atomic_write(dest, write)
+    return digest.hexdigest()
+
+
+def _stamp_path(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".stamp")
+
+
+def _verified(dest: Path, asset: GgufAsset) -> bool:
+    """The cached file is the one ``asset`` names, as written (``files.check_files``: size, and SHA-256
+    again when its mtime moved)."""
+    stamps = read_stamp(_stamp_path(dest))
+    return bool(stamps) and stamps[0].sha256 == asset.sha256 and check_files(dest.parent, _stamp_path(dest)) is None
 
 
 def assemble(asset: GgufAsset, root: Path | None = None) -> Path:
-    """Return the path of the verified GGUF file, assembling it into the cache on first use.
+    """Return the path of the verified GGUF file, assembling it into the cache on first use, or again
+    when the cached copy no longer matches what was written (temporaries of killed writers are removed).
 
     Raises:
         AssetError: missing part (names the pip command), wrong size or SHA-256.
     """
     dest_dir = (root or cache_dir()) / "gguf"
     dest_dir.mkdir(parents=True, exist_ok=True)
+    sweep(dest_dir)
     dest = dest_dir / asset.filename
-    stamp = dest.with_name(dest.name + ".sha256")
-    if dest.exists() and stamp.exists() and stamp.read_text().strip() == asset.sha256:
+    if _verified(dest, asset):
         return dest
     parts = locate_parts(asset)
-    if len(parts) == 1 and _sha256_file(parts[0]) == asset.sha256:
+    if len(parts) == 1 and sha256_file(parts[0]) == asset.sha256:
         return parts[0]
-    _concat_verified(parts, dest, asset)
-    stamp_tmp = stamp.with_name(stamp.name + ".tmp")
-    stamp_tmp.write_text(asset.sha256 + "\n")
-    os.replace(stamp_tmp, stamp)
+    _stamp_path(dest).unlink(missing_ok=True)  # a stamp is only ever beside the file it describes
+    sha = _concat_verified(parts, dest, asset)
+    write_stamp(_stamp_path(dest), [FileStamp.of(dest, sha)])
     return dest
 
 
@@ -156,5 +152,5 @@ def discard(asset: GgufAsset, root: Path | None = None) -> None:
     """Remove the assembled file of ``asset`` and its sidecar from the cache (the installed parts stay;
     ``assemble`` rebuilds it). A single-part asset used in place is never in the cache, so never removed."""
     dest = (root or cache_dir()) / "gguf" / asset.filename
-    dest.with_name(dest.name + ".sha256").unlink(missing_ok=True)
+    _stamp_path(dest).unlink(missing_ok=True)
     dest.unlink(missing_ok=True)

@@ -2,21 +2,23 @@
 
 Path for presets: assembled GGUF (``assets``) → transformers' GGUF loader with
 ``GgufConfig(dequantize=True)`` → dense weights, cached once as safetensors (written to a temporary
-directory, renamed into place; the assembled GGUF is then discarded, so a preset keeps one copy on
-disk beside its installed parts) → optionally bitsandbytes NF4/int8 at load. Measured on a 2-core CPU:
+directory, renamed into place, stamped with each file's size and SHA-256 and checked against the stamp
+at every load; the assembled GGUF is then discarded, so a preset keeps one copy on disk beside its
+installed parts) → optionally bitsandbytes NF4/int8 at load. Measured on a 2-core CPU:
 NF4 (bf16 compute) is the fastest path for the Qwen2.5-Coder pair, so it is the CPU default.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
+import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
+from ..files import FileStamp, atomic_dir, check_files, sweep, write_stamp
 from .assets import assemble, cache_dir, discard
 from .presets import PRESETS
 
@@ -42,44 +44,93 @@ def _check_options(quantization: str, dtype: str) -> None:
 
 
 def _dense_from_gguf(gguf: Path, dest: Path, dtype: str) -> Path:
-    """Dequantize a GGUF file once into a safetensors directory ``dest`` (atomic: temp dir + rename)."""
-    if (dest / _DONE).exists():
-        return dest
+    """Dequantize a GGUF file into a safetensors directory ``dest`` (``files.atomic_dir``: a temporary
+    folder renamed into place), stamped with every file's size and SHA-256 (``_DONE``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
+    with atomic_dir(dest) as tmp:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=DTYPES[dtype], quantization_config=GgufConfig(dequantize=True)
         )
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / _DONE).write_text(gguf.name + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_stamp(tmp / _DONE, [FileStamp.of(f) for f in sorted(tmp.iterdir()) if f.is_file()])
     return dest
+
+
+def _dense_ok(dest: Path) -> bool:
+    """The dense cache ``dest`` holds every file as written (else, if it exists, say why it is rebuilt)."""
+    if not dest.exists():
+        return False
+    problem = check_files(dest, dest / _DONE)
+    if problem:
+        print(f"hf-adaspec: the dense model cache {dest} is not what was written ({problem}); rebuilding it",
+              file=sys.stderr)
+    return problem is None
+
+
+def _hub_unreachable() -> str | None:
+    """Why the model hub cannot be reached (offline mode, no name resolution or connection in 3 s), or None."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    host = urlparse(constants.ENDPOINT).hostname or ""
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError as e:
+        return f"{host} is unreachable ({e})"
+    return None
+
+
+def _check_name(name: str) -> None:
+    """Fail at once for a name that is neither a local path nor a model in the Hugging Face cache while
+    the hub cannot be reached (instead of transformers' network retries).
+
+    Raises:
+        FileNotFoundError: a path-like name (``./x``, ``/x``, ``~/x``) that does not exist.
+        ValueError: an unknown id, offline; the message lists the presets.
+    """
+    presets = ", ".join(PRESETS)
+    if Path(name).expanduser().exists():
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"no model at {name!r}; give an existing folder or .gguf file, or a preset: {presets}")
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    reason = _hub_unreachable()
+    if reason:
+        raise ValueError(f"{name!r} is not a preset ({presets}), a local path or a model in the Hugging Face "
+                         f"cache, and the hub cannot be reached ({reason}); use a preset or a local path")
 
 
 def resolve(name_or_path: str, dtype: str = "bfloat16") -> str:
     """A directory or HF id that ``from_pretrained`` can load: presets and ``.gguf`` files are
-    dequantized into the cache first. Raises AssetError for missing model parts."""
+    dequantized into the cache first (again when the cached copy fails its stamp), temporaries of
+    killed conversions are removed.
+
+    Raises:
+        AssetError: a preset's model part is missing or fails its hash (names the pip command).
+        FileNotFoundError, ValueError: as ``_check_name`` (no such path; unknown id while offline).
+    """
+    dense = cache_dir() / "dense"
+    sweep(dense)
     if name_or_path in PRESETS:
-        asset, dest = PRESETS[name_or_path].asset, cache_dir() / "dense" / f"{name_or_path}-{dtype}"
-        if not (dest / _DONE).exists():
+        asset, dest = PRESETS[name_or_path].asset, dense / f"{name_or_path}-{dtype}"
+        if not _dense_ok(dest):
             _dense_from_gguf(assemble(asset), dest, dtype)
             discard(asset)
         return str(dest)
     if name_or_path.endswith(".gguf"):
-        gguf = Path(name_or_path).resolve()
+        gguf = Path(name_or_path).expanduser().resolve()
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF file not found: {gguf}")
-        return str(_dense_from_gguf(gguf, cache_dir() / "dense" / f"{gguf.stem}-{dtype}", dtype))
+        dest = dense / f"{gguf.stem}-{dtype}"
+        return str(dest if _dense_ok(dest) else _dense_from_gguf(gguf, dest, dtype))
+    _check_name(name_or_path)
     return name_or_path
 
 
@@ -96,7 +147,8 @@ def load(
     NF4: 35 → 23 ms per token, ``python benchmarks/draft_head.py``).
 
     Raises:
-        ValueError: unknown quantization or dtype.
+        ValueError: unknown quantization or dtype; an unknown model id while the hub is unreachable.
+        FileNotFoundError: a path that does not exist.
         AssetError: a preset's model part is missing or fails its hash (names the pip command).
     """
     _check_options(quantization, dtype)

@@ -1,4 +1,5 @@
-"""Every touch of transformers internals lives here: caches, raw forwards, vocabulary size.
+"""Every touch of transformers internals lives here: caches, raw forwards, vocabulary size, and the
+keywords ``generate``'s custom_generate path drops (stop strings' tokenizer, assisted-generation options).
 
 Tested against transformers 5.x (see pyproject's pin). The engine calls only these functions, so a
 transformers upgrade that moves an internal breaks one module.
@@ -7,9 +8,17 @@ transformers upgrade that moves an internal breaks one module.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StoppingCriteriaList, StopStringCriteria
+
+# transformers' own assisted generation: GenerationConfig fields, also generate keywords (with the
+# generate-only ``assistant_tokenizer``, see ``assisted_generation_options``); the custom_generate path ignores them
+ASSISTED_GENERATION_OPTIONS = (
+    "prompt_lookup_num_tokens", "max_matching_ngram_size", "num_assistant_tokens", "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold", "assistant_early_exit", "assistant_lookbehind", "target_lookbehind", "use_mtp",
+)
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
@@ -67,10 +76,12 @@ def forward_logits(
 ) -> torch.Tensor:
     """Run ``model`` on new tokens appended to ``cache``; return float32 logits of the last ``keep``.
 
-    input_ids: [B, n] long → logits [B, keep, V] float32. Positions follow the cache length.
+    input_ids: [B, n] long (any device) → logits [B, keep, V] float32 on the CPU. Positions follow the
+    cache length. Inputs go to the model's device; the logits come back to the CPU, where the engine
+    keeps all its bookkeeping (so a target on a GPU, a draft on the CPU or both on one GPU all work).
     """
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-    return out.logits[:, -keep:].float()
+    out = model(input_ids=input_ids.to(model.device), past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    return out.logits[:, -keep:].float().cpu()
 
 
 def forward_logits_masked(
@@ -84,11 +95,12 @@ def forward_logits_masked(
     """``forward_logits`` for rows with holes: ``attention_mask`` [B, L + n] covers cached and new
     positions (0 = padding or a rejected draft position), ``position_ids`` [B, n] the RoPE positions.
 
-    input_ids: [B, n] long → logits [B, keep, V] float32.
+    input_ids: [B, n] long → logits [B, keep, V] float32 on the CPU (devices as ``forward_logits``).
     """
-    out = model(input_ids=input_ids, past_key_values=cache, attention_mask=attention_mask,
-                position_ids=position_ids, use_cache=True, logits_to_keep=keep)
-    return out.logits[:, -keep:].float()
+    device = model.device
+    out = model(input_ids=input_ids.to(device), past_key_values=cache, attention_mask=attention_mask.to(device),
+                position_ids=position_ids.to(device), use_cache=True, logits_to_keep=keep)
+    return out.logits[:, -keep:].float().cpu()
 
 
 def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
@@ -114,3 +126,58 @@ def pad_token_id(generation_config) -> int:
         return int(pad.flatten()[0])
     eos = eos_token_ids(generation_config)
     return generation_config.pad_token_id if generation_config.pad_token_id is not None else (eos[0] if eos else 0)
+
+
+def assisted_generation_options(kwargs: dict[str, Any]) -> tuple[str, ...]:
+    """Names of transformers' assisted-generation options a ``generate`` call sets (not None or False):
+    as keywords (``assistant_tokenizer`` included), or on its ``generation_config``. The model's own
+    generation config is not read (the caller did not ask for what it holds; transformers fills defaults
+    such as num_assistant_tokens=20 there)."""
+    config = kwargs.get("generation_config")
+    names = [n for n in (*ASSISTED_GENERATION_OPTIONS, "assistant_tokenizer") if _is_set(kwargs.get(n))]
+    if config is not None:
+        names += [n for n in ASSISTED_GENERATION_OPTIONS if n not in names and _is_set(getattr(config, n, None))]
+    return tuple(names)
+
+
+def _is_set(value: Any) -> bool:
+    """Whether an option's value asks for something (None and False are transformers' "unset")."""
+    return value is not None and value is not False
+
+
+def stop_strings_as_criteria(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``generate`` keywords with the call's stop strings moved into ``stopping_criteria``.
+
+    transformers 5.x drops ``tokenizer`` on the ``custom_generate`` path (``_extract_generation_mode_kwargs``
+    pops it, then keeps only the callable's own keywords), so ``_get_stopping_criteria`` finds stop strings
+    but no tokenizer and raises. With a tokenizer, this builds the ``StopStringCriteria`` plain generate would
+    (from the stop strings generate would use: keyword > ``generation_config`` > ``model.generation_config``;
+    a caller's own ``StopStringCriteria`` in ``stopping_criteria`` takes precedence, as in generate) and clears
+    the stop strings, so generate builds none. The caller's generation config is copied, never changed.
+    Without stop strings or a tokenizer the keywords come back unchanged (generate raises its own error
+    naming ``tokenizer``).
+    """
+    tokenizer, strings = kwargs.get("tokenizer"), _stop_strings(model, kwargs)
+    if tokenizer is None or strings is None:
+        return kwargs
+    out, given = dict(kwargs), kwargs.get("generation_config")
+    if given is not None and given.stop_strings is not None:
+        out["generation_config"] = copy.deepcopy(given)
+        out["generation_config"].stop_strings = None
+    if "stop_strings" in kwargs or model.generation_config.stop_strings is not None:
+        out["stop_strings"] = None  # a keyword overrides both configs
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or ())
+    if not any(type(c) is StopStringCriteria for c in criteria):
+        criteria.append(StopStringCriteria(tokenizer, strings))
+    out["stopping_criteria"] = criteria
+    return out
+
+
+def _stop_strings(model: torch.nn.Module, kwargs: dict[str, Any]) -> str | list[str] | None:
+    """The stop strings generate would use, by its priority: keyword, then given config, then the model's."""
+    if "stop_strings" in kwargs:
+        return kwargs["stop_strings"]
+    given = kwargs.get("generation_config")
+    if given is not None and given.stop_strings is not None:
+        return given.stop_strings
+    return model.generation_config.stop_strings

@@ -2,7 +2,9 @@
 
 Seam: transformers 5.x ``generate(custom_generate=callable)`` prepares the generation config, logits
 processors and stopping criteria, then calls the callable — but forwards to it neither
-``assistant_model`` nor ``streamer`` (only keyword arguments its signature adds beyond ``_sample``'s).
+``assistant_model`` nor ``streamer`` (only keyword arguments its signature adds beyond ``_sample``'s), and
+it drops ``tokenizer`` before building the stop strings' criterion (``hf_compat.stop_strings_as_criteria``
+builds it instead).
 ``enable(model)`` therefore wraps the instance's ``generate`` (the same mechanism transformers uses for
 Hub ``custom_generate`` recipes): with ``speculation=...`` it packs the draft model, streamer and
 settings into one ``SpeculationRequest`` keyword and calls the original ``generate`` with our
@@ -72,11 +74,16 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
 
 def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: SpeculationRequest,
                   gen_config) -> None:
-    """Raise ValueError for inputs the engine does not support, naming the fix."""
+    """Raise ValueError for inputs the engine does not support, naming the fix.
+
+    Raises:
+        ValueError: beams or several sequences per prompt, per-step outputs (``_check_outputs``), a draft
+            with another vocabulary, a mask of another shape, an empty or right-padded prompt, or a
+            batch-size-1 feature (streamer, speculation_callback, tpot_slo_ms) with a batch.
+    """
     if gen_config.num_beams != 1 or gen_config.num_return_sequences != 1:
         raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
-    if gen_config.output_scores or gen_config.output_logits or gen_config.output_attentions:
-        raise ValueError("speculation does not return scores, logits or attentions; drop output_scores/output_logits")
+    _check_outputs(gen_config)
     draft = request.draft_model
     if draft is not None and hf_compat.vocab_size(draft) != hf_compat.vocab_size(model):
         raise ValueError(
@@ -97,6 +104,18 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
             raise ValueError("streamer and speculation_callback support batch size 1; drop them for batches")
         if request.config.tpot_slo_ms is not None:
             raise ValueError("tpot_slo_ms supports batch size 1; drop it for batches")
+
+
+def _check_outputs(gen_config) -> None:
+    """Raise ValueError naming the per-step outputs requested (output_scores, output_logits,
+    output_attentions, output_hidden_states): speculation returns sequences and its stats only."""
+    requested = {"output_scores": gen_config.output_scores, "output_logits": gen_config.output_logits,
+                 "output_attentions": gen_config.output_attentions,
+                 "output_hidden_states": gen_config.output_hidden_states}
+    named = [f"{name}=True" for name, value in requested.items() if value]
+    if named:
+        raise ValueError("speculation does not return scores, logits, attentions or hidden states; drop "
+                         + ", ".join(named) + " (or leave speculation out to get them from plain generate)")
 
 
 def _build_proposers(request: SpeculationRequest, logits_processor, generation_config, batch: int,
@@ -174,20 +193,70 @@ def _keep_prefix(store: DraftPrefixStore, draft: torch.nn.Module, sequences: tor
 _CONFIG_KEYWORDS = tuple(f.name for f in fields(SpeculationConfig) if f.name != "speculation")
 
 
+def _check_keywords(kwargs: dict[str, Any]) -> None:
+    """Reject, before generate runs, what speculation would otherwise ignore or fail on unclearly.
+
+    Raises:
+        ValueError: a prompt with no tokens (``inputs``/``input_ids`` of length 0), or transformers' own
+            assisted-generation options (``hf_compat.ASSISTED_GENERATION_OPTIONS``, ``assistant_tokenizer``).
+    """
+    prompt = kwargs.get("inputs", kwargs.get("input_ids"))
+    if isinstance(prompt, torch.Tensor) and prompt.numel() == 0:
+        raise ValueError(f"the prompt has no tokens (input_ids of shape {tuple(prompt.shape)}); tokenize non-empty "
+                         "text, or add the BOS token, e.g. tokenizer(text, add_special_tokens=True)")
+    assisted = hf_compat.assisted_generation_options(kwargs)
+    if kwargs.get("token_healing") or (kwargs.get("generation_config") is not None
+                                       and kwargs["generation_config"].token_healing):
+        raise ValueError("speculation does not support token_healing; drop it, or leave speculation out")
+    if assisted:
+        raise ValueError(
+            f"{', '.join(assisted)} belong to transformers' assisted generation, which speculation=... replaces; "
+            "drop them and use hf-adaspec's: max_speculative_tokens (cap on drafted tokens per step), "
+            "prompt_lookup_max_ngram (prompt lookup's n-gram size, drafting without assistant_model), or "
+            'speculation="fixed" with num_speculative_tokens (a fixed number per step); the draft model must '
+            "share the target's tokenizer. Or leave speculation out for transformers' assisted generation")
+
+
 def _speculative_entry(original, state: SpeculationState, speculation=None, **kwargs):
-    """The wrapped ``generate``: route ``speculation=...`` calls through ``speculative_generate``, learning
-    into ``state`` (or the ``speculation_state`` keyword's)."""
+    """The wrapped ``generate`` (``original``: the model's own, bound): route ``speculation=...`` calls
+    through ``speculative_generate``, learning into ``state`` (or the ``speculation_state`` keyword's).
+    Stop strings with a ``tokenizer`` become a stopping criterion here (``hf_compat.stop_strings_as_criteria``).
+
+    Raises:
+        ValueError: speculation_state without speculation, an empty prompt, transformers' assisted-generation
+            options with speculation (``_check_keywords``), or invalid settings (``SpeculationConfig``).
+    """
     given = kwargs.pop("speculation_state", None)
     if speculation is None:
         if given is not None:
             raise ValueError("speculation_state is hf-adaspec's: pass speculation=... with it, or leave it out")
         return original(**kwargs)
+    _check_keywords(kwargs)
+    kwargs = hf_compat.stop_strings_as_criteria(original.__self__, kwargs)
     given_config = {name: kwargs.pop(name) for name in _CONFIG_KEYWORDS if name in kwargs}
     config = SpeculationConfig(speculation=speculation, **given_config)  # the rest: SpeculationConfig's defaults
     request = SpeculationRequest(config, given or state, kwargs.pop("assistant_model", None), kwargs.get("streamer"),
                                  kwargs.pop("speculation_costs", None), kwargs.pop("speculation_callback", None),
                                  kwargs.pop("speculation_profile", None))
-    return original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
+    device, kwargs = _prompt_on_cpu(kwargs)
+    result = original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
+    if isinstance(result, torch.Tensor):
+        return result.to(device)
+    result.sequences = result.sequences.to(device)
+    return result
+
+
+_PROMPT_KEYWORDS = ("inputs", "input_ids", "attention_mask")
+
+
+def _prompt_on_cpu(kwargs: dict[str, Any]) -> tuple[torch.device, dict[str, Any]]:
+    """The prompt's device, and the keywords with the prompt tensors on the CPU: the engine keeps its
+    bookkeeping (and transformers its logits processors and stopping criteria) there; ``hf_compat``'s
+    forwards move each model's inputs to that model's device. Sequences go back to the prompt's device."""
+    tensors = [kwargs[k] for k in _PROMPT_KEYWORDS if isinstance(kwargs.get(k), torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    return device, {k: v.cpu() if k in _PROMPT_KEYWORDS and isinstance(v, torch.Tensor) else v
+                    for k, v in kwargs.items()}
 
 
 def enable(model) -> Any:

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..costs.table import atomic_write
+from ..files import atomic_write
 
 
 def export_vllm(

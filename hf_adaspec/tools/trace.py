@@ -12,9 +12,7 @@ run of ``hf-adaspec trace`` resumes where it stopped.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import atomic_write
 from ..seam import hf_compat
 from .bench import Prompt, split_of
 
@@ -80,17 +79,10 @@ def trace_path(directory: Path, question_id: int) -> Path:
 
 
 def save_trace(trace: Trace, directory: Path) -> Path:
-    """Write ``trace`` as ``<directory>/<question_id>.json`` atomically (temp file, then rename)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write ``trace`` as ``<directory>/<question_id>.json`` atomically (``files.atomic_write``)."""
     path = trace_path(directory, trace.question_id)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{trace.question_id}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({**asdict(trace), "draft_q": [round(q, 5) for q in trace.draft_q]}, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps({**asdict(trace), "draft_q": [round(q, 5) for q in trace.draft_q]}, separators=(",", ":"))
+    atomic_write(path, lambda f: f.write(text.encode()))
     return path
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 from tqdm.auto import tqdm
 
+from ..files import sweep
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from .bench import Prompt, load_prompts
 from .pair import load_pair
@@ -54,7 +55,9 @@ def trace(
     workload: str = typer.Option("", help="Workload name stored in each trace (default: the prompts file's stem)."),
 ) -> None:
     """Per prompt: the target's plain greedy output and the draft's argmax and q(x) along it (one teacher-forced
-    pass), for ``replay``. Resumable: prompts already traced with the same pair and length are skipped."""
+    pass), for ``replay``. Resumable: prompts already traced with the same pair and length are skipped, and
+    what an interrupted run left half-written is removed."""
+    sweep(output)
     selected = interleave_categories(load_prompts(prompts, per_category))
     names = (target, "" if draft == "none" else draft)
     todo = [p for p in selected if not _done(output, p, max_new_tokens, names)]
