@@ -29,6 +29,18 @@ def build_tiny_llama(seed: int, vocab_size: int = 64) -> transformers.LlamaForCa
     return model
 
 
+def build_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A word-level tokenizer over the tiny models' 64 ids (``w0`` … ``w63``, split on whitespace), built in
+    memory: no files, no downloads."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    tok = Tokenizer(WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0"))
+    tok.pre_tokenizer = Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", pad_token="w0")
+
+
 def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
     """input_ids and attention_mask [B, T] for token lists of different lengths, rows right-aligned."""
     width = max(len(p) for p in prompts)

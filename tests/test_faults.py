@@ -19,12 +19,19 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import build_tiny_tokenizer
 
 import hf_adaspec
 from hf_adaspec.costs import table as cost_table
-from hf_adaspec.costs.profile import assemble_profile, profile_identity, save_profile
 from hf_adaspec.costs.predictors import ProfileCell
-from hf_adaspec.files import TMP_MARK, read_stamp, sha256_file, sweep, write_json_verified
+from hf_adaspec.costs.profile import assemble_profile, profile_identity, save_profile
+from hf_adaspec.files import (
+    TMP_MARK,
+    read_stamp,
+    sha256_file,
+    sweep,
+    write_json_verified,
+)
 from hf_adaspec.models import assets, loading
 from hf_adaspec.models.assets import GgufAsset
 
@@ -36,16 +43,6 @@ DATA = b"GGUF" + bytes(range(256)) * 64
 
 def _temporaries(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if TMP_MARK in p.name) if folder.exists() else []
-
-
-def _tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    tok = Tokenizer(WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0"))
-    tok.pre_tokenizer = Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", pad_token="w0")
 
 
 @pytest.fixture
@@ -66,7 +63,7 @@ def fake_gguf(tmp_path, monkeypatch, tiny_factory):
         return tiny_factory(0)
 
     def tokenizer(*args, gguf_file=None, **kwargs):
-        return _tiny_tokenizer() if gguf_file else tokenizer_load(*args, **kwargs)
+        return build_tiny_tokenizer() if gguf_file else tokenizer_load(*args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", model)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tokenizer)
@@ -289,10 +286,9 @@ _WRITER = textwrap.dedent('''
     elif job == "convert":
         import torch, transformers
         sys.path.insert(0, sys.argv[3])
-        from test_faults import _tiny_tokenizer
-        from conftest import build_tiny_llama
+        from conftest import build_tiny_llama, build_tiny_tokenizer
         transformers.AutoModelForCausalLM.from_pretrained = lambda *a, **k: build_tiny_llama(0)
-        transformers.AutoTokenizer.from_pretrained = lambda *a, **k: _tiny_tokenizer()
+        transformers.AutoTokenizer.from_pretrained = lambda *a, **k: build_tiny_tokenizer()
         from hf_adaspec.models import loading
         loading.resolve(str(root / "tiny.gguf"), "float32")
     else:

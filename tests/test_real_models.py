@@ -114,3 +114,18 @@ def test_qwen_pair_batch_rows_match_batch1_plain_or_near_tie(qwen_pair):
         plain = model.generate(**inputs, max_new_tokens=24, do_sample=False)
         row = out.sequences[i, width : width + out.stats.row_tokens[i]]
         _assert_equal_or_near_tie(model, plain, torch.cat([inputs["input_ids"][0], row])[None])
+
+
+def test_random_weight_qwen_pair_has_the_profile_key_of_the_trained_pair(qwen_pair):
+    """A profile measured from the architectures alone (``profile --random-weights``) is the one the
+    trained NF4 pair finds: same identity, same key (the committed model card's profile among them)."""
+    from hf_adaspec.costs.profile import load_profile, profile_identity
+    from hf_adaspec.models.architecture import load_architecture
+
+    target, draft = qwen_pair
+    random_target = load_architecture(hf_adaspec.DEFAULT_TARGET)
+    random_draft = load_architecture(hf_adaspec.DEFAULT_DRAFT, quantize_lm_head=True)
+    trained = profile_identity(target.model, draft.model)
+    assert profile_identity(random_target, random_draft) == trained
+    card = load_profile(Path(__file__).parent.parent / "model_cards" / "qwen2.5-coder-1.5b_0.5b" / "profile.json")
+    assert {k: card.identity[k] for k in ("target", "draft")} == {k: trained[k] for k in ("target", "draft")}

@@ -152,9 +152,21 @@ def load(
         AssetError: a preset's model part is missing or fails its hash (names the pip command).
     """
     _check_options(quantization, dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = resolve(name_or_path, "float32" if dtype == "float32" else "bfloat16")
+    model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs(quantization, dtype, device, quantize_lm_head))
+    model.config._name_or_path = name_or_path  # a cost profile's identity names the model as asked, not a cache path
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name_or_path)
+
+
+def model_kwargs(quantization: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
+    """``from_pretrained`` keywords for a quantization (bitsandbytes nf4|int8, or none), dtype and device.
+    Raises ValueError for an unknown quantization or dtype."""
+    from transformers import BitsAndBytesConfig
+
+    _check_options(quantization, dtype)
     kwargs: dict = {"dtype": DTYPES[dtype], "device_map": device}
     skip = [] if quantize_lm_head else None  # None: bitsandbytes keeps the output head dense
     if quantization == "nf4":
@@ -163,6 +175,4 @@ def load(
         )
     elif quantization == "int8":
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
-    model = AutoModelForCausalLM.from_pretrained(source, **kwargs).eval()
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path)
+    return kwargs

@@ -225,6 +225,9 @@ def profile(
     output: Path | None = typer.Option(None, help="JSON out (default model_cards/<pair>/profile.json); "
                                        "cost_curves.png beside it; a copy goes to the cache for the engine."),
     device: str = typer.Option("cpu", help="cpu | cuda (timings synchronise the GPU; NF4 via bitsandbytes there)."),
+    random_weights: bool = typer.Option(False, help="Build each model from its architecture (a preset's shipped "
+                                        "config.json, or a folder's) with random weights: costs do not depend "
+                                        "on the weights, so no model files are needed."),
 ) -> None:
     """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
     vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
@@ -237,12 +240,13 @@ def profile(
     command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
                f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
                f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
-               f"--max-tokens-per-forward {grid.max_tokens_per_forward} --device {device}")
+               f"--max-tokens-per-forward {grid.max_tokens_per_forward} --device {device}"
+               + (" --random-weights" if random_weights else ""))
     start = time.perf_counter()
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise typer.BadParameter("--device cuda: torch sees no CUDA device (a CPU build of torch, or no GPU)")
-    tgt, drf = _load_pair(target, draft, quantization, dtype, device)
-    result = profiling.measure_profile(tgt.model, drf.model if drf is not None else None, grid, pair, command, True)
+    tgt, drf = _profiled_models(target, draft, quantization, dtype, device, random_weights)
+    result = profiling.measure_profile(tgt, drf, grid, pair, command, True)
     save_profile(result, output)
     cached = save_profile(result, default_profile_path(result.key))
     try:
@@ -258,6 +262,20 @@ def profile(
                                                  for q, s in result.scores.items()},
                            "predictors": {q: s.predictor for q, s in result.scores.items()},
                            "seconds": round(time.perf_counter() - start, 1)}))
+
+
+def _profiled_models(target: str, draft: str, quantization: str, dtype: str, device: str, random_weights: bool):
+    """(target, draft or None) models to profile: loaded, or built from their architectures."""
+    if not random_weights:
+        tgt, drf = _load_pair(target, draft, quantization, dtype, device)
+        return tgt.model, drf.model if drf is not None else None
+    from ..models.architecture import load_architecture
+
+    try:
+        return (load_architecture(target, quantization, dtype, device),
+                load_architecture(draft, quantization, dtype, device, quantize_lm_head=True) if draft != "none" else None)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def _profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,
