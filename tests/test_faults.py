@@ -6,6 +6,7 @@ nothing that survives the next run. Tiny models and temporary caches only."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -107,15 +108,16 @@ def test_dense_cache_of_an_older_version_is_rebuilt(fake_gguf):
     assert len(conversions) == 2 and read_stamp(dense / loading._DONE)
 
 
-def test_damaged_assembled_gguf_is_reassembled(tmp_path, monkeypatch):
+def test_damaged_assembled_gguf_is_reassembled(tmp_path, monkeypatch, capsys):
     part1, part2 = tmp_path / "p1.bin", tmp_path / "p2.bin"
     part1.write_bytes(DATA[:1000])
     part2.write_bytes(DATA[1000:])
     monkeypatch.setattr(assets, "locate_parts", lambda asset: [part1, part2])
-    asset = GgufAsset("tiny.gguf", ("p1", "p2"), ".bin", sha256=__import__("hashlib").sha256(DATA).hexdigest())
+    asset = GgufAsset("tiny.gguf", ("p1", "p2"), ".bin", sha256=hashlib.sha256(DATA).hexdigest())
     dest = assets.assemble(asset, root=tmp_path)
     dest.write_bytes(DATA[:500] + b"\x00" * 8 + DATA[508:])  # flipped, same size
     assert assets.assemble(asset, root=tmp_path).read_bytes() == DATA
+    assert "modified after it was written (SHA-256 differs)); assembling it again" in capsys.readouterr().err
     dest.write_bytes(DATA[:10])  # truncated
     assert assets.assemble(asset, root=tmp_path).read_bytes() == DATA
 

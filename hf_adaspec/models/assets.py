@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as md
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +122,15 @@ def _stamp_path(dest: Path) -> Path:
 
 def _verified(dest: Path, asset: GgufAsset) -> bool:
     """The cached file is the one ``asset`` names, as written (``files.check_files``: size, and SHA-256
-    again when its mtime moved)."""
+    again when its mtime moved); when it exists but is not, say why (it is then assembled again)."""
+    if not dest.exists():
+        return False
     stamps = read_stamp(_stamp_path(dest))
-    return bool(stamps) and stamps[0].sha256 == asset.sha256 and check_files(dest.parent, _stamp_path(dest)) is None
+    problem = (check_files(dest.parent, _stamp_path(dest)) if stamps and stamps[0].sha256 == asset.sha256
+               else f"{_stamp_path(dest).name} is missing or names another file")
+    if problem:
+        print(f"hf-adaspec: {dest} is not what was written ({problem}); assembling it again", file=sys.stderr)
+    return problem is None
 
 
 def assemble(asset: GgufAsset, root: Path | None = None) -> Path:
