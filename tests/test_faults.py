@@ -330,3 +330,13 @@ def test_writers_killed_mid_write_leave_nothing_behind(tmp_path, tiny_factory, m
     save_profile(_profile_for(tiny_factory(0), tiny_factory(1)), tmp_path / "profiles" / "p.json")
     assert all(_temporaries(folder) == [] for folder in folders.values())
     assert good.exists()
+
+
+def test_cli_names_an_unknown_model_without_a_traceback(offline, private_cache):
+    from typer.testing import CliRunner
+
+    from hf_adaspec.tools import cli
+
+    result = CliRunner().invoke(cli.app, ["generate", "--target", "no-such-model", "--max-new-tokens", "2"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "'no-such-model' is not a preset" in " ".join(result.output.replace("│", " ").split())
