@@ -26,6 +26,17 @@ def test_load_prompts_first_turn_per_category():
     assert load_prompts(SAMPLE, 1, ["qa"])[0].text.strip()
 
 
+def test_second_turn_rows_carry_the_conversation(tmp_path):
+    path = tmp_path / "turn2.jsonl"
+    path.write_text(json.dumps({"question_id": 20081, "category": "writing", "history": ["Write a poem.", "Roses."],
+                                "turns": ["Now make it rhyme."]}) + "\n")
+    (prompt,) = load_prompts(path, per_category=1, split="held-out")
+    assert prompt.messages() == [{"role": "user", "content": "Write a poem."},
+                                 {"role": "assistant", "content": "Roses."},
+                                 {"role": "user", "content": "Now make it rhyme."}]
+    assert load_prompts(SAMPLE, 1)[0].messages() == [{"role": "user", "content": load_prompts(SAMPLE, 1)[0].text}]
+
+
 def test_load_prompts_missing_file_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="--prompts"):
         load_prompts(tmp_path / "nope.jsonl", 1)

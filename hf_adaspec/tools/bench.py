@@ -38,11 +38,18 @@ METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k"
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark prompt: Spec-Bench id, category and the first user turn."""
+    """One benchmark prompt: Spec-Bench id, category, the user turn to answer and the conversation before
+    it (``history``: alternating user and assistant turns; empty for a first turn)."""
 
     question_id: int
     category: str
     text: str
+    history: tuple[str, ...] = ()
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat to template: the history's turns (user first), then ``text`` as the user's."""
+        roles = ("user", "assistant")
+        return [{"role": roles[i % 2], "content": t} for i, t in enumerate((*self.history, self.text))]
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,8 @@ def split_of(question_id: int) -> str:
 
 def load_prompts(path: Path, per_category: int, categories: list[str] | None = None,
                  split: str = "all") -> list[Prompt]:
-    """First ``per_category`` prompts of each category from a Spec-Bench style JSONL (first turn), from
-    the ``split`` ("all", or one half: ``split_of``).
+    """First ``per_category`` prompts of each category from a Spec-Bench style JSONL (the first of a row's
+    ``turns``, after its ``history`` if the row has one), from the ``split`` ("all", or one half: ``split_of``).
 
     Raises:
         FileNotFoundError: no such file (Spec-Bench lives at ../shared/data/spec_bench/question.jsonl).
@@ -103,7 +110,7 @@ def load_prompts(path: Path, per_category: int, categories: list[str] | None = N
             continue
         bucket = taken.setdefault(cat, [])
         if len(bucket) < per_category:
-            bucket.append(Prompt(int(row["question_id"]), cat, row["turns"][0]))
+            bucket.append(Prompt(int(row["question_id"]), cat, row["turns"][0], tuple(row.get("history", ()))))
     return [p for bucket in taken.values() for p in bucket]
 
 
@@ -139,8 +146,8 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
     compare outputs with plain; with ``cfg["costs"]`` (context tokens → the controller's CostTable) also
     the oracle. With ``cfg["states"]`` (a dict) each hf-adaspec method learns into its own
     ``SpeculationState``, created there on first use, as if it were the only method a user ran."""
-    msgs = [{"role": "user", "content": prompt.text}]
-    inputs = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
     prompt_len = inputs["input_ids"].shape[1]
     order = methods[rotation % len(methods):] + methods[: rotation % len(methods)]
     outputs: dict[str, tuple] = {}

@@ -154,8 +154,8 @@ def trace_ids(target, draft, input_ids: torch.Tensor, max_new_tokens: int, ids: 
 
 def take_trace(target, tokenizer, draft, prompt: Prompt, max_new_tokens: int, names: tuple[str, str],
                source: str = "spec_bench") -> Trace:
-    """``trace_ids`` on the chat-templated first turn of ``prompt``, as the bench runs it."""
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
+    """``trace_ids`` on the chat-templated conversation of ``prompt``, as the bench runs it."""
+    inputs = tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
     return trace_ids(target, draft, inputs["input_ids"], max_new_tokens, (prompt.question_id, prompt.category),
                      names, source)
