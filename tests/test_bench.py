@@ -135,6 +135,16 @@ def test_lookup_runs_count_the_matching_prefix():
     assert lookup_runs(seq, 4, k_max=8) == [2, 1, 0, 0, 1]
 
 
+def test_costless_runs_take_the_better_of_lookup_and_suffix_per_position():
+    from hf_adaspec.tools.bench_oracle import costless_runs, lookup_runs
+
+    seq = torch.tensor([[1, 2, 1, 1, 3, 2, 3, 3, 3, 1, 2, 1]])  # prompt = first 4 tokens
+    assert lookup_runs(seq, 4, k_max=8) == [0, 0, 0, 1, 0, 0, 1]
+    # at position 10 (..3, 1) prompt lookup proposes a wrong token, suffix drafting (its best-scoring
+    # continuation in the sequence's suffix trie) the right one, 2
+    assert costless_runs(seq, 4, k_max=8) == [0, 0, 0, 1, 0, 1, 1]
+
+
 def test_summarize_reports_pct_of_oracle_acceptance_and_k():
     from hf_adaspec.tools.bench_oracle import PromptOracle
 

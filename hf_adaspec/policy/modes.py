@@ -65,14 +65,16 @@ def _fixed(inputs: PolicyInputs) -> Controller:
 
 @dataclass(frozen=True)
 class SpeculationMode:
-    """One ``speculation=`` value: its controller builder and whether prompt lookup joins a given draft
-    model as a second drafter."""
+    """One ``speculation=`` value: its controller builder, whether prompt lookup joins a given draft
+    model as a second drafter, and whether suffix drafting (``proposers.suffix``, priced like prompt lookup
+    by its match length) joins prompt lookup wherever prompt lookup drafts."""
 
     build: Callable[[PolicyInputs], Controller]
     lookup_with_draft: bool
+    suffix: bool = False
 
 
 SPECULATION_MODES: dict[str, SpeculationMode] = {
-    "adaptive": SpeculationMode(_adaptive, lookup_with_draft=True),
+    "adaptive": SpeculationMode(_adaptive, lookup_with_draft=True, suffix=True),
     "fixed": SpeculationMode(_fixed, lookup_with_draft=False),
 }

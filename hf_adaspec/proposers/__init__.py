@@ -3,5 +3,7 @@
 from .base import Proposal, Proposer, Rows, StopRule
 from .draft_model import DraftModelProposer
 from .prompt_lookup import PromptLookupProposer
+from .suffix import SuffixMemory, SuffixProposer
 
-__all__ = ["DraftModelProposer", "PromptLookupProposer", "Proposal", "Proposer", "Rows", "StopRule"]
+__all__ = ["DraftModelProposer", "PromptLookupProposer", "Proposal", "Proposer", "Rows", "StopRule", "SuffixMemory",
+           "SuffixProposer"]

@@ -34,21 +34,23 @@ from ..engine.stats import SpeculationStats, StepRecord
 from ..policy.confidence import CalibratorMemory
 from ..policy.match import MatchMemory
 from ..policy.modes import SPECULATION_MODES, Learned, PolicyInputs
-from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer
+from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer, SuffixMemory, SuffixProposer
 from . import hf_compat
 
 
 @dataclass
 class SpeculationState:
     """What ``generate`` learns across requests of one model: the draft's confidence calibration,
-    prompt lookup's acceptance per match length (``matches``) and the draft's recent caches
-    (``draft_prefixes``). ``enable`` keeps one per model, so decisions — and with them sampled outputs —
-    change from call to call as it learns; ``generate(..., speculation_state=SpeculationState())`` starts
-    a call (or a workload, or a benchmarked method) from a fresh one."""
+    prompt lookup's acceptance per match length (``matches``), the draft's recent caches
+    (``draft_prefixes``) and, for suffix drafting, the recent responses (``suffixes``). ``enable`` keeps one
+    per model, so decisions — and with them sampled outputs — change from call to call as it learns;
+    ``generate(..., speculation_state=SpeculationState())`` starts a call (or a workload, or a benchmarked
+    method) from a fresh one."""
 
     calibrators: CalibratorMemory = field(default_factory=CalibratorMemory)
     matches: MatchMemory = field(default_factory=MatchMemory)
     draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
+    suffixes: SuffixMemory = field(default_factory=SuffixMemory)
 
 
 @dataclass(frozen=True)
@@ -119,16 +121,19 @@ def _check_outputs(gen_config) -> None:
 
 
 def _build_proposers(request: SpeculationRequest, logits_processor, generation_config, batch: int,
-                     draft_cache: RaggedCache | None) -> list[Proposer]:
+                     draft_cache: RaggedCache | None, prompt_lengths: list[int]) -> list[Proposer]:
     """Draft model (if given; ``draft_cache``: its starting cache), then prompt lookup (if no draft
-    model, or when the mode adds it as a second drafter)."""
+    model, or when the mode adds it as a second drafter) and with it suffix drafting where the mode adds it."""
     proposers: list[Proposer] = []
     pad = hf_compat.pad_token_id(generation_config)
     if request.draft_model is not None:
         proposers.append(DraftModelProposer(request.draft_model, batch, logits_processor, generation_config.do_sample,
                                             pad, hf_compat.eos_token_ids(generation_config), cache=draft_cache))
-    if request.draft_model is None or SPECULATION_MODES[request.config.speculation].lookup_with_draft:
+    mode = SPECULATION_MODES[request.config.speculation]
+    if request.draft_model is None or mode.lookup_with_draft:
         proposers.append(PromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram))
+        if mode.suffix:
+            proposers.append(SuffixProposer(request.state.suffixes, prompt_lengths))
     return proposers
 
 
@@ -165,7 +170,8 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
     if batch == 1 and bool(mask.all()) and request.draft_model is not None:  # the draft starts from a recent prefix
         seed = state.draft_prefixes.seed(request.draft_model, input_ids)
     proposers = _build_proposers(request, logits_processor, generation_config, batch,
-                                 RaggedCache(request.draft_model, 1, seed.cache) if seed is not None else None)
+                                 RaggedCache(request.draft_model, 1, seed.cache) if seed is not None else None,
+                                 mask.sum(dim=1).tolist())
     inputs = PolicyInputs(config, _costs_for(model, request, batch, input_ids.shape[1]), batch,
                           tuple((p.name, memory_key(p, request.draft_model)) for p in proposers),
                           Learned(state.calibrators, state.matches))
@@ -175,6 +181,11 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
                               request.streamer, on_step=request.on_step)
     result = speculative_decode(model, input_ids, mask, proposers, controller, settings)
     result.stats.tpot_slo_ms = config.tpot_slo_ms
+    if any(isinstance(p, SuffixProposer) for p in proposers):  # each row's prompt and output, for later requests
+        for i in range(batch):
+            state.suffixes.remember(input_ids[i][mask[i].bool()].tolist(),
+                                    result.sequences[i, input_ids.shape[1] : input_ids.shape[1]
+                                                     + result.stats.row_tokens[i]].tolist())
     if seed is not None:
         _keep_prefix(state.draft_prefixes, request.draft_model, result.sequences, proposers[0], seed)
         result.stats.draft_prefix_tokens = seed.length

@@ -19,6 +19,7 @@ import torch
 
 from ..costs.table import CostTable
 from ..proposers.prompt_lookup import find_continuation
+from ..proposers.suffix import SuffixMemory, SuffixProposer
 from ..seam import hf_compat
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 
@@ -63,6 +64,22 @@ def lookup_runs(sequence: torch.Tensor, prompt_len: int, k_max: int, max_ngram: 
     return runs
 
 
+def costless_runs(sequence: torch.Tensor, prompt_len: int, k_max: int, max_ngram: int = 3) -> list[int]:
+    """runs[j-1] as ``lookup_runs``, for the better of the two costless drafters at each position: prompt
+    lookup, and suffix drafting over the sequence itself (its memory of earlier requests left out, so the
+    bound is a little low where a request repeats an earlier one). sequence: [1, T] long."""
+    tokens = sequence[0].cpu()
+    suffix = SuffixProposer(SuffixMemory(), [prompt_len])
+    runs = []
+    for pos, lookup in zip(range(prompt_len + 1, tokens.shape[0]), lookup_runs(sequence, prompt_len, k_max, max_ngram),
+                           strict=True):
+        guess = torch.tensor(suffix.draft(tokens[:pos], prompt_len, k_max).tokens, dtype=torch.long)
+        truth = tokens[pos : pos + guess.shape[0]]
+        same = (guess[: truth.shape[0]] == truth).int()
+        runs.append(max(lookup, int(same.cumprod(0).sum()) if same.numel() else 0))
+    return runs
+
+
 @torch.no_grad()
 def time_prefill_ms(target: torch.nn.Module, prompt: torch.Tensor) -> float:
     """Wall ms of the target's forward over the prompt [1, T] (a fresh cache)."""
@@ -85,12 +102,13 @@ def prompt_oracle(target, draft, sequence: torch.Tensor, prompt_len: int, costs:
     """Oracle tokens/s per family for one greedy output ``sequence`` [1, T]; ids = (question_id, category).
 
     draft: the draft model alone (its setup: ingesting the prompt at ``costs.draft_catchup_ms`` per
-    token, less the ``reused`` prefix tokens its cache was seeded with, ``draft_prefix``); lookup: prompt
-    lookup alone (free); hybrid: both. Plain steps are always allowed.
+    token, less the ``reused`` prefix tokens its cache was seeded with, ``draft_prefix``); lookup: the
+    costless drafters alone (prompt lookup and suffix drafting, ``costless_runs``); hybrid: all. Plain
+    steps are always allowed.
     """
     n = sequence.shape[1] - prompt_len
     agree = draft_agreement(draft, sequence, prompt_len) if draft is not None else []
-    lookup = OracleDrafter(tuple(lookup_runs(sequence, prompt_len, k_max)))
+    lookup = OracleDrafter(tuple(costless_runs(sequence, prompt_len, k_max)))
     prefill = time_prefill_ms(target, sequence[:, :prompt_len])
     rates = functools.partial(_family_rates, tuple(agreement_runs(agree)), lookup, draft is not None,
                               n=n, catchup_tokens=prompt_len - reused, prefill_ms=prefill, k_max=k_max)

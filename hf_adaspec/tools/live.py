@@ -28,6 +28,7 @@ METHODS = ("adaptive", "prompt-lookup", "fixed", "plain")
 SOURCE_LABELS = {
     "draft_model": "draft token, accepted",
     "prompt_lookup": "n-gram token, accepted",
+    "suffix": "suffix token, accepted",
     "correction": "target correction",
     "bonus": "target bonus",
     "plain": "target, plain step",

@@ -26,9 +26,10 @@ from .live import (
     slo_attainment,
 )
 
-COLORS = dict(zip(SOURCE_LABELS.values(), ("#22c55e", "#06b6d4", "#ef4444", "#a855f7", "#9ca3af")))
+COLORS = dict(zip(SOURCE_LABELS.values(), ("#22c55e", "#06b6d4", "#f59e0b", "#ef4444", "#a855f7", "#9ca3af"),
+                  strict=True))
 DRAFTER_COLORS = {"plain": COLORS["target, plain step"], "draft_model": COLORS["draft token, accepted"],
-                  "prompt_lookup": COLORS["n-gram token, accepted"]}
+                  "prompt_lookup": COLORS["n-gram token, accepted"], "suffix": COLORS["suffix token, accepted"]}
 SERIES_COLORS = {"predicted": "#3b82f6", "realized": "#f97316"}
 DECISION_ROWS = 12  # latest decisions shown in the table
 

@@ -31,10 +31,10 @@ from ..engine.loop import DecodeSettings, speculative_decode
 from ..engine.ragged import left_pad
 from ..engine.stats import SpeculationStats
 from ..policy.modes import SPECULATION_MODES, Learned, PolicyInputs
-from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer
+from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer, SuffixProposer
 from ..seam.integration import SpeculationState, memory_key
 from .bench import method_kwargs
-from .bench_oracle import lookup_runs
+from .bench_oracle import costless_runs
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 from .trace import Trace
 from .virtual import Forward, TraceCache, Vocab, draft_answers, target_answers
@@ -159,7 +159,8 @@ def replay_request(traces: Sequence[Trace], method: str, state: MethodState, clo
     with_draft = "assistant_model" in kwargs
     if with_draft and not all(t.draft for t in traces):
         raise ValueError(f"{method} needs traces taken with a draft model; re-run `hf-adaspec trace --draft ...`")
-    vocab = Vocab([i for t in traces for i in (*t.tokens, *t.draft_next, *t.eos)])
+    memory = state.learned.suffixes  # suffix drafting's earlier responses, in the traces' ids
+    vocab = Vocab([i for t in traces for i in (*t.tokens, *t.draft_next, *t.eos)] + memory.ids())
     eos = vocab.encode(traces[0].eos)
     pad = int(eos[0]) if eos.numel() else 0  # pads fill holes the engine never reads
     rows = [vocab.encode(t.tokens) for t in traces]
@@ -176,6 +177,9 @@ def replay_request(traces: Sequence[Trace], method: str, state: MethodState, clo
                                             cache=draft_cache))
     if not with_draft or SPECULATION_MODES[config.speculation].lookup_with_draft:
         proposers.append(PromptLookupProposer(max_ngram=config.prompt_lookup_max_ngram))
+        if SPECULATION_MODES[config.speculation].suffix:
+            proposers.append(SuffixProposer(memory.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
+                                            [t.prompt_len for t in traces]))
     n_max = config.max_speculative_tokens + 1
     table = costs_for or (lambda b, c: clock.profile.cost_table(b, c, n_max))
     drafters = tuple((p.name, memory_key(p, VirtualDraft)) for p in proposers)
@@ -188,6 +192,10 @@ def replay_request(traces: Sequence[Trace], method: str, state: MethodState, clo
     result = speculative_decode(None, input_ids, valid.long(), proposers, controller, settings, cache=target)
     if draft_cache is not None and batch == 1:
         state.prefixes.remember(traces[0].tokens, int(draft_cache.lengths[0]), seed)
+    if any(isinstance(p, SuffixProposer) for p in proposers):
+        for i, t in enumerate(traces):
+            memory.remember(t.tokens[: t.prompt_len],
+                            vocab.decode(result.sequences[i, width : width + result.stats.row_tokens[i]]))
     time_ms = _price(clock, traces, target.log, draft_cache.log if draft_cache is not None else [], result.stats)
     same = _matches(result.sequences, width, traces, vocab)
     return _run(traces, method, result.stats, time_ms, seed, same)
@@ -223,12 +231,12 @@ def _run(traces: Sequence[Trace], method: str, stats: SpeculationStats, time_ms:
 
 
 def oracle_tokens_per_s(trace: Trace, clock: Clock, seed: int, k_max: int = K_MAX) -> dict[str, float]:
-    """Oracle tokens/s per drafter family ("draft", "lookup", "hybrid") for one trace: the fastest schedule
-    knowing every acceptance, each step priced as the clock prices it (at the mid-output context, the
+    """Oracle tokens/s per drafter family ("draft", "lookup": the costless drafters, "hybrid") for one trace:
+    the fastest schedule knowing every acceptance, each step priced as the clock prices it (at the mid-output context, the
     step overhead included), the prefill and the draft's catch-up of the prompt less ``seed`` added."""
     n, mid = trace.new_tokens, trace.prompt_len + trace.new_tokens // 2
     seq = torch.tensor([trace.tokens])
-    lookup = OracleDrafter(tuple(lookup_runs(seq, trace.prompt_len, k_max)))
+    lookup = OracleDrafter(tuple(costless_runs(seq, trace.prompt_len, k_max)))
     verify = lambda cols: clock.verify_ms(Forward(1, cols, mid)) + clock.step_overhead_ms  # noqa: E731
     families: dict[str, list[OracleDrafter]] = {"lookup": [lookup]}
     if trace.draft:

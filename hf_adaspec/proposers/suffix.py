@@ -1,0 +1,214 @@
+"""Suffix drafting: the most frequent continuation of the sequence's longest matching suffix, found in the
+current request and in the responses of earlier requests (a cross-request, costless drafter).
+
+SuffixDecoding (Oliaro et al., arXiv 2411.04975), as implemented by arctic-inference's
+``SuffixDecodingCache`` (vLLM's ``suffix`` speculative method): a "local" suffix tree over the request's
+prompt and output so far and a "global" one over earlier responses (plus the current one), both of depth
+``max_depth``. For every match length L = 1..(context − 1) the node of the context's last L tokens is
+found; from it the path of most frequent children is followed, each token's probability the product of
+child count / parent count along the path, while it is ≥ ``min_token_prob``, for at most
+min(k, ⌊L·spec_factor + spec_offset⌋, max_depth − L) tokens; the draft's score is the sum of its
+probabilities and the best-scoring (L, tree) wins (ties: the longer match, then the local tree).
+
+Here the trees are not built: a node of a depth-bounded suffix trie is a string w (|w| ≤ max_depth) and
+its count the number of occurrences of w, so the same quantities come from scanning the token arrays
+(numpy) for the occurrences of the context's suffix, narrowing them as L grows and as the path extends.
+Arctic's counts include the context's own occurrence (the current output is in both trees), and so do
+these; ties between children of equal count follow arctic's sibling order (``_top_child``). Checked
+against arctic-inference 0.3.0's compiled tree on the Spec-Bench traces (benchmarks/suffix_replay.py).
+
+The proposal carries its match length L as ``evidence``, so the controller prices it with the same
+``policy.match.MatchTable`` as prompt lookup (a table of its own, learned by hindsight every step).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .base import Proposal, Rows, StopRule
+
+# vLLM's defaults for its ``suffix`` method (SpeculativeConfig.suffix_decoding_*)
+SUFFIX_MAX_DEPTH = 24
+SUFFIX_SPEC_FACTOR = 1.0
+SUFFIX_SPEC_OFFSET = 0.0
+SUFFIX_MIN_TOKEN_PROB = 0.1
+
+SEPARATOR = -1  # between sequences in a buffer: no match or continuation crosses it
+
+
+@dataclass(frozen=True)
+class SuffixDraft:
+    """A draft: its tokens, each token's estimated probability, their sum (score) and the match length."""
+
+    tokens: tuple[int, ...] = ()
+    probs: tuple[float, ...] = ()
+    score: float = 0.0
+    match_len: int = 0
+
+
+def _top_child(follow: np.ndarray) -> tuple[int, int]:
+    """The most frequent token of ``follow`` (in insertion order) and its count. Ties as arctic's sibling
+    order has them: at count 1 the child inserted first, at count c > 1 the child that reached c last."""
+    values, counts = np.unique(follow, return_counts=True)
+    top = int(counts.max())
+    tied = values[counts == top]
+    if tied.size == 1:
+        return int(tied[0]), top
+    reached = [int(np.flatnonzero(follow == v)[top - 1]) for v in tied]  # when each reached the top count
+    pick = int(np.argmin(reached)) if top == 1 else int(np.argmax(reached))
+    return int(tied[pick]), top
+
+
+def _path(buf: np.ndarray, ends: np.ndarray, max_tokens: int, min_prob: float) -> SuffixDraft:
+    """Most-frequent-child path from the node whose occurrences end at positions ``ends`` of ``buf``."""
+    tokens, probs, prob = [], [], 1.0
+    n = buf.shape[0]
+    while len(tokens) < max_tokens and ends.size:
+        nxt = ends + 1
+        nxt = nxt[nxt < n]
+        follow = buf[nxt]
+        keep = follow != SEPARATOR
+        nxt, follow = nxt[keep], follow[keep]
+        if not follow.size:
+            break
+        token, count = _top_child(follow)
+        prob *= count / ends.size
+        if prob < min_prob:
+            break
+        tokens.append(token)
+        probs.append(prob)
+        ends = nxt[follow == token]
+    return SuffixDraft(tuple(tokens), tuple(probs), float(sum(probs)))
+
+
+def speculate(buf: np.ndarray, context: np.ndarray, max_tokens: int, max_depth: int = SUFFIX_MAX_DEPTH,
+              spec_factor: float = SUFFIX_SPEC_FACTOR, spec_offset: float = SUFFIX_SPEC_OFFSET,
+              min_token_prob: float = SUFFIX_MIN_TOKEN_PROB) -> SuffixDraft:
+    """The best-scoring draft continuing ``context`` from the depth-``max_depth`` suffix trie of ``buf``
+    (sequences separated by ``SEPARATOR``). buf, context: [N], [C] int64 → ``SuffixDraft`` (empty: no match)."""
+    context = context[-max_depth:]
+    best = SuffixDraft()
+    ends = np.flatnonzero(buf == context[-1]) if context.size else np.empty(0, dtype=np.int64)
+    for length in range(1, context.shape[0]):
+        if length > 1:
+            ends = ends[ends >= length - 1]
+            ends = ends[buf[ends - (length - 1)] == context[-length]]
+        if not ends.size:
+            break
+        cap = min(max_tokens, int(length * spec_factor + spec_offset + 1e-6), max_depth - length)
+        draft = _path(buf, ends, max(cap, 0), min_token_prob)
+        if draft.score >= best.score:
+            best = SuffixDraft(draft.tokens, draft.probs, draft.score, length)
+    return best
+
+
+class SuffixMemory:
+    """The responses (and, with ``prompts``, the prompts) of the last requests, first in first out, at most
+    ``max_requests`` of them and ``max_tokens`` tokens: the global tree's sequences. Kept across requests
+    in the pair's learned state; token ids are the target tokenizer's."""
+
+    def __init__(self, max_requests: int = 256, max_tokens: int = 1 << 16, prompts: bool = False) -> None:
+        if max_requests < 0 or max_tokens < 0:
+            raise ValueError(f"need max_requests, max_tokens >= 0; got {max_requests}, {max_tokens}")
+        self.max_requests, self.max_tokens, self.prompts = max_requests, max_tokens, prompts
+        self.sequences: deque[np.ndarray] = deque()
+        self._tokens = 0
+        self._buffer: np.ndarray | None = None
+
+    def remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        """Keep a finished request (its output; with ``prompts`` its prompt as a sequence of its own)."""
+        for seq in ([prompt] if self.prompts else []) + [output]:
+            arr = np.asarray(list(seq), dtype=np.int64)[-self.max_tokens:] if self.max_tokens else None
+            if arr is None or not arr.size or not self.max_requests:
+                continue
+            self.sequences.append(arr)
+            self._tokens += arr.size
+        while self.sequences and (len(self.sequences) > self.max_requests * (2 if self.prompts else 1)
+                                  or self._tokens > self.max_tokens):
+            self._tokens -= self.sequences.popleft().size
+        self._buffer = None
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    def ids(self) -> list[int]:
+        """Every distinct token id held."""
+        buf = self.buffer()
+        return np.unique(buf[buf != SEPARATOR]).tolist()
+
+    def mapped(self, encode: Callable[[np.ndarray], np.ndarray]) -> SuffixMemory:
+        """A copy with every sequence's ids ``encode``d (the replay's per-request compact ids)."""
+        out = SuffixMemory(self.max_requests, self.max_tokens, self.prompts)
+        out.sequences = deque(np.asarray(encode(s), dtype=np.int64) for s in self.sequences)
+        out._tokens = self._tokens
+        return out
+
+    def buffer(self) -> np.ndarray:
+        """Every kept sequence followed by a separator, [N] int64."""
+        if self._buffer is None:
+            parts = [p for s in self.sequences for p in (s, np.array([SEPARATOR], dtype=np.int64))]
+            self._buffer = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return self._buffer
+
+
+class SuffixProposer:
+    """Per row the best suffix draft from the row's own tokens (local) and from the memory's sequences
+    plus the row's output so far (global); q=None (deterministic drafter). ``prompt_lengths[i]``: row i's
+    prompt tokens (real, without padding)."""
+
+    name = "suffix"
+    costless = True
+
+    def __init__(self, memory: SuffixMemory, prompt_lengths: Sequence[int], max_depth: int = SUFFIX_MAX_DEPTH,
+                 spec_factor: float = SUFFIX_SPEC_FACTOR, spec_offset: float = SUFFIX_SPEC_OFFSET,
+                 min_token_prob: float = SUFFIX_MIN_TOKEN_PROB) -> None:
+        if max_depth < 2:
+            raise ValueError(f"max_depth must be >= 2, got {max_depth}")
+        self.memory, self.prompt_lengths = memory, list(prompt_lengths)
+        self.max_depth, self.spec_factor, self.spec_offset = max_depth, spec_factor, spec_offset
+        self.min_token_prob = min_token_prob
+        self._found: list[torch.Tensor] = []
+        self._matches: list[int] = []
+
+    def draft(self, tokens: torch.Tensor, prompt_length: int, k_max: int) -> SuffixDraft:
+        """The row's best draft: tokens [T] long (prompt + output so far)."""
+        row = tokens.numpy().astype(np.int64, copy=False)
+        context = row[-self.max_depth:]
+        args = (k_max, self.max_depth, self.spec_factor, self.spec_offset, self.min_token_prob)
+        local = speculate(row, context, *args)
+        glob = speculate(np.concatenate([self.memory.buffer(), row[prompt_length:]]), context, *args)
+        return local if local.score >= glob.score else glob
+
+    def available(self, rows: Rows, k_max: int) -> list[int]:
+        """Per row, the length of its best draft (0 if none)."""
+        drafts = [self.draft(rows.tokens(i), self.prompt_lengths[i], k_max) for i in range(len(rows.views))]
+        self._found = [torch.tensor(d.tokens, dtype=torch.long) for d in drafts]
+        self._matches = [d.match_len if d.tokens else 0 for d in drafts]
+        return [len(d.tokens) for d in drafts]
+
+    def evidence(self, rows: Rows) -> list[int]:
+        """Per row, the match length of the draft the last ``available`` call found (0 if none)."""
+        return list(self._matches)
+
+    def catchup_tokens(self, rows: Rows) -> int:
+        """No model state to catch up."""
+        return 0
+
+    def propose(self, rows: Rows, ks: Sequence[int], stop: StopRule | None = None) -> list[Proposal]:
+        """Row i: the first ks[i] tokens of the last ``available`` call's draft, [1, k_i]."""
+        return [Proposal(tokens=f[:k][None, :]) for f, k in zip(self._found, ks, strict=True)]
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """No state across steps (the memory changes between requests only)."""
+        self._found = []
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows``' prompt lengths."""
+        self.prompt_lengths = [self.prompt_lengths[int(i)] for i in rows]
+        self._found = []

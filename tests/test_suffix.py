@@ -1,0 +1,156 @@
+"""Suffix drafting: the depth-bounded suffix trie's counts (as arctic-inference's SuffixDecodingCache
+computes them), the bounded cross-request memory, and the proposer through the engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from transformers import LogitsProcessorList
+
+from hf_adaspec.costs.predictors import ProfileCell
+from hf_adaspec.costs.profile import assemble_profile
+from hf_adaspec.costs.table import CostTable
+from hf_adaspec.engine.loop import DecodeSettings, speculative_decode
+from hf_adaspec.policy.controller import FixedController
+from hf_adaspec.policy.modes import SPECULATION_MODES
+from hf_adaspec.proposers.base import Rows
+from hf_adaspec.proposers.suffix import SuffixMemory, SuffixProposer, speculate
+from hf_adaspec.seam.integration import SpeculationState
+from hf_adaspec.tools.replay import Clock, MethodState, replay_request
+from hf_adaspec.tools.trace import Trace
+from hf_adaspec.tools.virtual import TraceCache, target_answers
+
+
+def _a(*tokens: int) -> np.ndarray:
+    return np.array(tokens, dtype=np.int64)
+
+
+# (buffer, context) → (tokens, probs, match length), as arctic-inference 0.3.0's compiled tree answers
+ARCTIC = [
+    ((5, 1, 2, 5), (9, 5), ((1,), (1 / 2,), 1)),  # the context's own occurrence counts: 5 → 1 once in two
+    ((5, 1, 2, 5, 3, 5), (9, 5), ((1,), (1 / 3,), 1)),  # a tie at count 1: the child inserted first
+    ((7, 5, 1, 2, 7, 5, 1, 3, 7, 5), (2, 7, 5), ((1, 2), (2 / 3, 1 / 3), 2)),
+]
+
+
+@pytest.mark.parametrize(("buf", "context", "expected"), ARCTIC)
+def test_counts_and_ties_as_arctic(buf, context, expected):
+    draft = speculate(_a(*buf), _a(*context), 8)
+    tokens, probs, match = expected
+    assert draft.tokens == tokens and draft.match_len == match
+    assert draft.probs == pytest.approx(probs) and draft.score == pytest.approx(sum(probs))
+
+
+def test_draft_length_bounded_by_match_length_depth_and_k():
+    buf, context = _a(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2), _a(9, 1, 2)  # (1 2) matches, (9 1 2) not
+    assert speculate(buf, context, 8).tokens == (3, 4)  # ≤ spec_factor · match length (2)
+    assert speculate(buf, context, 8, spec_offset=3.0).tokens == (3, 4, 5, 6, 7)
+    assert speculate(buf, context, 1).tokens == (3,)  # ≤ k
+    assert speculate(buf, context, 8, max_depth=4, spec_offset=3.0).tokens == (3, 4, 5)  # match + draft ≤ depth
+
+
+def test_low_probability_tokens_are_cut():
+    buf = _a(1, 2, 1, 3, 1, 4, 1, 5, 1)  # after 1: 2, 3, 4, 5 once each, and the end: 1/5 each
+    assert speculate(buf, _a(9, 1), 8, min_token_prob=0.1).tokens == (2,)
+    assert speculate(buf, _a(9, 1), 8, min_token_prob=0.25).tokens == ()
+
+
+def test_no_match_and_separators():
+    assert speculate(_a(1, 2, 3), _a(4, 5), 8).tokens == ()
+    assert speculate(_a(1, 2, -1, 3), _a(9, 2), 8).tokens == ()  # nothing continues across a separator
+
+
+def test_memory_is_bounded_first_in_first_out():
+    memory = SuffixMemory(max_requests=2, max_tokens=100)
+    for r in range(3):
+        memory.remember([0], [r, r, r])
+    assert [s.tolist() for s in memory.sequences] == [[1, 1, 1], [2, 2, 2]]
+    assert memory.buffer().tolist() == [1, 1, 1, -1, 2, 2, 2, -1]
+    memory = SuffixMemory(max_requests=10, max_tokens=5, prompts=True)
+    memory.remember([7, 7], [1, 2])
+    memory.remember([8], [3, 4])
+    assert memory.tokens <= 5 and memory.sequences[-1].tolist() == [3, 4]
+
+
+def _rows(*rows: tuple[int, ...]) -> Rows:
+    width = max(len(r) for r in rows)
+    return Rows(tuple(torch.tensor([0] * (width - len(r)) + list(r)) for r in rows),
+                tuple(width - len(r) for r in rows))
+
+
+def test_proposer_drafts_an_earlier_response():
+    memory = SuffixMemory()
+    memory.remember([1, 2, 3], [10, 11, 12, 13, 14, 15])
+    proposer = SuffixProposer(memory, [3, 2])
+    rows = _rows((1, 2, 3, 10, 11, 12), (4, 5, 6))  # row 0 repeats the request; row 1 matches nothing
+    assert proposer.available(rows, 8) == [3, 0]  # the match (10 11 12) allows 3 tokens
+    assert proposer.evidence(rows) == [3, 0]
+    assert proposer.catchup_tokens(rows) == 0
+    proposals = proposer.propose(rows, [2, 0])
+    assert [p.tokens[0].tolist() for p in proposals] == [[13, 14], []] and proposals[0].q is None
+    proposer.select(torch.tensor([1]))
+    assert proposer.prompt_lengths == [2]
+
+
+def test_repeated_request_through_the_engine_is_exact_and_drafts_from_memory():
+    sequence = torch.tensor([1, 2, 3, 4, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21])
+    prompt = 4
+
+    def run(memory: SuffixMemory):
+        target = TraceCache([target_answers(sequence, 0)], 32)
+        proposer = SuffixProposer(memory, [prompt], spec_offset=8.0)
+        settings = DecodeSettings(LogitsProcessorList(), lambda ids, s: torch.tensor([ids.shape[1] >= 16]), 16,
+                                  False, 8)
+        return speculative_decode(None, sequence[None, :prompt], torch.ones(1, prompt, dtype=torch.long),
+                                  [proposer], FixedController(8, paid=False), settings, cache=target)
+
+    memory = SuffixMemory()
+    first = run(memory)
+    assert first.sequences[0].tolist() == sequence.tolist()
+    assert sum(s.accepted for s in first.stats.steps) == 0  # nothing repeats within the request
+    memory.remember(sequence[:prompt].tolist(), sequence[prompt:].tolist())
+    again = run(memory)
+    assert again.sequences[0].tolist() == sequence.tolist()
+    assert sum(s.accepted for s in again.stats.steps) > 0 and len(again.stats.steps) < len(first.stats.steps)
+
+
+@pytest.fixture
+def adaptive_with_suffix(monkeypatch):
+    """The "adaptive" mode with suffix drafting joining prompt lookup (off by default)."""
+    monkeypatch.setitem(SPECULATION_MODES, "adaptive", replace(SPECULATION_MODES["adaptive"], suffix=True))
+
+
+def test_generate_remembers_responses_and_drafts_them_again(models, adaptive_with_suffix, one_thread):
+    table = CostTable((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0), 2.0, draft_catchup_ms=0.5)
+    prompt = torch.tensor([[3, 17, 29, 41, 5, 8, 13, 21]])
+    target, state = models["target"], SpeculationState()
+    plain = target.generate(prompt, max_new_tokens=24, do_sample=False)
+
+    def spec():
+        return target.generate(prompt, max_new_tokens=24, do_sample=False, speculation="adaptive",
+                               speculation_costs=table, speculation_state=state, return_dict_in_generate=True)
+
+    first = spec()
+    assert torch.equal(first.sequences, plain)
+    assert [s.tolist() for s in state.suffixes.sequences] == [plain[0, prompt.shape[1]:].tolist()]
+    again = spec()  # the same request: its answer is in memory
+    assert torch.equal(again.sequences, plain)
+    used = [s for s in again.speculation.steps if s.drafter == "suffix"]
+    assert used and sum(s.accepted for s in used) > 0
+    assert len(again.speculation.steps) < len(first.speculation.steps)
+
+
+def test_replay_carries_the_memory_across_requests(adaptive_with_suffix):
+    tokens = (1, 2, 3, 4, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42)
+    trace = Trace(7, "c", 4, tokens, (), (), (99,), 10.0, 13, "t", "")
+    cells = {"target": [ProfileCell(1, c, n, 10.0 + 0.5 * (n - 1)) for c in (16, 64) for n in (1, 4, 9)],
+             "draft": [ProfileCell(1, c, n, 2.0 if n == 1 else 16.0) for c in (16, 64) for n in (1, 32)],
+             "held_out_target": [ProfileCell(1, 40, 2, 10.5)], "held_out_draft": [ProfileCell(1, 40, 1, 2.0)]}
+    state, clock = MethodState(), Clock(assemble_profile("tiny", {"target": "tiny"}, cells, {}))
+    first = replay_request([trace], "adaptive-lookup", state, clock)
+    assert first.matches_trace and [s.tolist() for s in state.learned.suffixes.sequences] == [list(tokens[4:])]
+    again = replay_request([trace], "adaptive-lookup", state, clock)
+    assert again.matches_trace and again.drafter_histogram.get("suffix", 0) > 0 and again.steps < first.steps
