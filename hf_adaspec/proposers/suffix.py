@@ -15,7 +15,8 @@ its count the number of occurrences of w, so the same quantities come from scann
 (numpy) for the occurrences of the context's suffix, narrowing them as L grows and as the path extends.
 Arctic's counts include the context's own occurrence (the current output is in both trees), and so do
 these; ties between children of equal count follow arctic's sibling order (``_top_child``). Checked
-against arctic-inference 0.3.0's compiled tree on the Spec-Bench traces (benchmarks/suffix_replay.py).
+against arctic-inference 0.3.0's compiled tree on the Spec-Bench traces (the decision's replay script,
+``benchmarks/suffix_replay.py`` at commit 6a91d7e).
 
 The proposal carries its match length L as ``evidence``, so the controller prices it with the same
 ``policy.match.MatchTable`` as prompt lookup (a table of its own, learned by hindsight every step).
