@@ -31,6 +31,7 @@ from hf_adaspec.costs.profile import (
     profile_key,
     save_profile,
 )
+from hf_adaspec.costs.table import processor_name
 from hf_adaspec.files import write_json_verified
 from hf_adaspec.seam import hf_compat
 from hf_adaspec.tools import cli
@@ -38,7 +39,7 @@ from hf_adaspec.tools import cli
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 TINY_GRID = ProfileGrid(new_tokens=(1, 2, 4), batch_sizes=(1, 2), contexts=(16, 48), repeats=1,
                         max_tokens_per_forward=6)
-META = {"versions": {"torch": "x"}, "machine": "m", "cpu": "c", "threads": 1, "created": "2025-01-01T00:00:00+00:00",
+META = {"versions": {"torch": "x"}, "machine": "m", "cpu": processor_name(), "threads": 1, "created": "2025-01-01T00:00:00+00:00",
         "command": "test", "grid": {}}
 HAND_IDENTITY = {"profile_schema": 1, "target": {"name": "hand-target"}, "draft": {"name": "hand-draft"}}
 # target ms at (batch, context) for n = 1 and n = 3; draft ms for n = 1 and the 32-token chunk
@@ -319,6 +320,18 @@ def test_mismatched_profile_warns_and_falls_back_to_calibration(models, tmp_path
     assert "calibrating step costs" in err and "run `hf-adaspec profile` for context-aware costs" in err
     assert torch.equal(out, _greedy(models))
     assert find_profile(models["target"], models["noisy_copy"], path, print) is None
+
+
+def test_a_profile_measured_on_another_processor_falls_back_naming_both(models, tmp_path, capsys):
+    identity = profile_identity(models["target"], models["noisy_copy"])
+    cells = {"target": _cells(TARGET, (1, 3)), "draft": _cells(DRAFT, (1, 32))}
+    path = save_profile(assemble_profile("hand", identity, cells, {**META, "cpu": "AMD EPYC"}), tmp_path / "epyc.json")
+    assert load_profile(path).key == profile_key(models["target"], models["noisy_copy"])  # same key: cpu is not in it
+    assert find_profile(models["target"], models["noisy_copy"], path, print) is None
+    assert find_profile(models["target"], None, path, print) is None
+    out = capsys.readouterr().out
+    assert f"measured on another processor (AMD EPYC; this one is {processor_name()})" in out
+    assert "run `hf-adaspec profile` here" in out
 
 
 def test_a_pair_profile_serves_the_target_alone_but_not_another_target(models, tiny_factory, tmp_path, capsys):

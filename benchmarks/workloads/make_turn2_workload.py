@@ -8,7 +8,14 @@ special tokens dropped; 256 new tokens at most, so a long answer is cut as the m
 its parity (``split_of``: even = tune, odd = held-out) and never collide with first-turn traces.
 Rows are ordered by id within each category, as in Spec-Bench.
 
+``--sessions`` writes ``spec_bench_sessions.jsonl`` instead: each second-turn row preceded by its first
+turn (same category), so ``hf-adaspec bench``, which runs a category's rows in file order and keeps each
+method's learned state and the draft's prefix store across requests, runs turn 1 and then turn 2 as a
+session (``--per-category 2`` takes one session per category).
+
 Run: python benchmarks/workloads/make_turn2_workload.py [--questions ../shared/data/spec_bench/question.jsonl]
+     python benchmarks/workloads/make_turn2_workload.py --sessions
+      hf-adaspec bench --prompts benchmarks/workloads/spec_bench_sessions.jsonl --per-category 2 --split held-out
 Then: hf-adaspec trace --prompts benchmarks/workloads/spec_bench_turn2.jsonl --per-category 2 \
       --max-new-tokens 256 --output benchmarks/traces --workload spec_bench_turn2
 Last stdout line: one JSON object.
@@ -27,6 +34,7 @@ from hf_adaspec.tools.trace import load_traces
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUTPUT = Path(__file__).resolve().parent / "spec_bench_turn2.jsonl"
+SESSIONS = Path(__file__).resolve().parent / "spec_bench_sessions.jsonl"
 ID_OFFSET = 20000
 
 
@@ -44,13 +52,26 @@ def build(questions: Path, traces: Path) -> list[dict]:
     return out
 
 
+def sessions(rows: list[dict]) -> list[dict]:
+    """Each second-turn row after its first turn: [turn 1 of q, turn 2 of q, ...]."""
+    out = []
+    for r in rows:
+        q = r["question_id"] - ID_OFFSET
+        out += [{"question_id": q, "category": r["category"], "turns": [r["history"][0]],
+                 "source": f"Spec-Bench question {q}, first turn"}, r]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=Path, default=ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl")
     ap.add_argument("--traces", type=Path, default=ROOT / "benchmarks" / "traces")
-    ap.add_argument("--output", type=Path, default=OUTPUT)
+    ap.add_argument("--output", type=Path, default=None, help=f"default: {OUTPUT.name} ({SESSIONS.name} with --sessions)")
+    ap.add_argument("--sessions", action="store_true", help="each second turn after its first turn")
     args = ap.parse_args()
     rows = build(args.questions, args.traces)
+    rows = sessions(rows) if args.sessions else rows
+    args.output = args.output or (SESSIONS if args.sessions else OUTPUT)
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     atomic_write(args.output, lambda f: f.write(text.encode("utf-8")))
     print(json.dumps({"output": str(args.output), "prompts": len(rows),

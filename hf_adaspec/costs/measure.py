@@ -30,7 +30,7 @@ from ..files import atomic_write
 from ..seam import hf_compat
 from .predictors import CATCHUP_CHUNK, ProfileCell
 from .profile import Profile, assemble_profile, library_versions, profile_identity
-from .table import time_forward_ms
+from .table import processor_name, time_forward_ms
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)
 SKIP_RULE = "target cells with batch * new_tokens > max_tokens_per_forward are not measured"
@@ -92,16 +92,6 @@ def pair_name(target: str, draft: str) -> str:
             for name in (target, draft))
     cut = os.path.commonprefix([t, d]).rfind("-") + 1
     return f"{t}_{d[cut:] or d}"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 @dataclass(frozen=True)
@@ -166,7 +156,7 @@ def _meta(grid: ProfileGrid, command: str) -> dict:
     """Where and how a profile was measured: library versions, machine, cpu, threads, UTC time, the
     command line, and the grid with its skip and held-out rules (JSON types: lists, not tuples)."""
     grid_json = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(grid).items()}
-    return {"versions": library_versions(), "machine": platform.machine(), "cpu": _cpu_model(),
+    return {"versions": library_versions(), "machine": platform.machine(), "cpu": processor_name(),
             "threads": torch.get_num_threads(),
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "command": command,
             "grid": {**grid_json, "skip_rule": SKIP_RULE, "draft_new_tokens": list(DRAFT_NEW_TOKENS),

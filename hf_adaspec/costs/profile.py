@@ -38,7 +38,7 @@ from .predictors import (
     score_predictors,
     table_predict,
 )
-from .table import CostTable, identity_key, pair_identity
+from .table import CostTable, identity_key, pair_identity, processor_name
 
 SCHEMA = 3  # the JSON layout; 3 added the digest (``files.write_json_verified``), so 1 and 2 are not trusted
 MEASUREMENT_SCHEMA = 1  # what the cells mean, part of a profile's key
@@ -286,7 +286,8 @@ def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explici
     ``<cache>/profiles/<key>.json``; logs (once per message) which one is used.
 
     Returns None when the cache holds none (or an unreadable one, with a note), and None with a warning
-    when the profile was measured for other models, versions, machine or threads; without a draft model
+    when the profile was measured for other models, versions, machine or threads, or (for a target on the
+    CPU) on another processor model (its ``cpu``); without a draft model
     (``draft`` None) a pair's profile of the same target serves (its target cells). Raises ValueError
     when an explicitly given profile is missing or invalid.
     """
@@ -301,6 +302,11 @@ def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explici
         if chosen:
             raise
         _say_once(log, f"hf-adaspec: ignoring the cached cost profile: {e}")
+        return None
+    measured_on = profile.meta.get("cpu")
+    if identity["target"]["device"] == "cpu" and measured_on not in (None, processor_name()):
+        _say_once(log, f"hf-adaspec: warning: cost profile {path} was measured on another processor ({measured_on}; "
+                       f"this one is {processor_name()}); falling back to calibrated costs; run `hf-adaspec profile` here")
         return None
     if profile.key != identity_key(identity) and draft is None and _same_target(identity, profile.identity):
         _say_once(log, f"hf-adaspec: using the target's cells of cost profile {path} (no draft model)")

@@ -18,6 +18,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -98,6 +99,17 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dic
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
     }
+
+
+def processor_name() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``'s model name, else ``platform.processor()``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def identity_key(ident: dict) -> str:
