@@ -17,6 +17,9 @@ whether more or better statistics would close the gap to the oracle:
 - ``peek+fitted-all``: also prompt lookup's and suffix drafting's per-match-length tables fitted on the request
   itself (a first pass over the same request with tables that do not decay, frozen for the second pass; the
   first pass's suffix memory and draft prefixes are discarded).
+- ``known-draft``: a perfect predictor of the draft: P_j = 1 for the j ≤ r tokens the target will accept from
+  this position (r from the trace), 0 beyond, before drafting and in the stop rule; the costless drafters as
+  shipped. What the sharpest possible acceptance predictor for the draft alone would buy.
 
 None of these is a bound on every causal policy (no such bound is computable); each hands the controller
 information or calibration it cannot have. If none gets near the oracle, the oracle's edge is the realisation
@@ -46,7 +49,7 @@ from hf_adaspec.tools.trace_cli import _load_profile
 PROFILE = Path("model_cards/qwen2.5-coder-1.5b_0.5b/profile.json")
 OUT = Path("benchmarks/results/oracle_gap.json")
 K_MAX = 8
-VARIANTS = ("shipped", "peek", "peek+fitted-draft", "peek+fitted-all")
+VARIANTS = ("shipped", "peek", "peek+fitted-draft", "peek+fitted-all", "known-draft")
 WORKLOADS = (("held-out", "spec_bench"), ("tune", "spec_bench"), ("all", "code"))
 
 
@@ -77,6 +80,34 @@ class PeekConfidence(ConfidenceAcceptance):
     def observe(self, i: int, drafted: int, accepted: int, confidences: tuple[float, ...]) -> None:
         if not self.frozen:
             super().observe(i, drafted, accepted, confidences)
+
+
+class KnownDraft(ConfidenceAcceptance):
+    """The draft priced by what the target will accept: P_j = 1 for j ≤ r (the agreement run from the cursor)."""
+
+    def __init__(self, batch: int, calibrator: ConfidenceCalibrator, cursor: Cursor) -> None:
+        super().__init__(batch, calibrator)
+        self.cursor = cursor
+
+    def run(self) -> int:
+        """Tokens the target will accept of a draft proposal made at the cursor."""
+        t, j = self.cursor.trace, self.cursor.position
+        truth = t.tokens[t.prompt_len:]
+        r = 0
+        while j + r < t.new_tokens and t.draft_next[j + r] == truth[j + r]:
+            r += 1
+        return r
+
+    def path(self, i: int, upper: int) -> tuple[float, ...]:
+        r = self.run()
+        return tuple(1.0 if j < r else 0.0 for j in range(upper))
+
+    def drafted(self, confidences: tuple[float, ...]) -> list[float]:
+        r = self.run()
+        return [1.0 if j < r else 0.0 for j in range(len(confidences))]
+
+    def next_prob(self, i: int, confidences: tuple[float, ...]) -> float:
+        return 1.0 if len(confidences) < self.run() else 0.0
 
 
 class FrozenMatch(MatchAcceptance):
@@ -129,8 +160,12 @@ class Builder:
             if name == "draft_model":
                 fitted = self.variant in ("peek+fitted-draft", "peek+fitted-all")
                 cal = self.calibrator if fitted else inputs.learned.calibrators.calibrator_for(key)
-                models.append(PeekConfidence(inputs.batch, cal, self.cursor, fitted) if self.variant != "shipped"
-                              else ConfidenceAcceptance(inputs.batch, cal))
+                if self.variant == "known-draft":
+                    models.append(KnownDraft(inputs.batch, cal, self.cursor))
+                elif self.variant == "shipped":
+                    models.append(ConfidenceAcceptance(inputs.batch, cal))
+                else:
+                    models.append(PeekConfidence(inputs.batch, cal, self.cursor, fitted))
             elif self.tables is None:
                 models.append(MatchAcceptance(inputs.batch, inputs.learned.matches.table_for(key)))
             else:
