@@ -21,6 +21,10 @@ whether more or better statistics would close the gap to the oracle:
   this position (r from the trace), 0 beyond, before drafting and in the stop rule; the costless drafters as
   shipped. What the sharpest possible acceptance predictor for the draft alone would buy.
 
+It also reports how well the draft's own distribution ranks its tokens' acceptance: the AUC of q1 (the draft's
+probability of its argmax) and of the margin q1 − q2 (``results/draft_top2.json``, when present) for "the
+draft's argmax is the target's token", over every generated position of the Spec-Bench traces.
+
 None of these is a bound on every causal policy (no such bound is computable); each hands the controller
 information or calibration it cannot have. If none gets near the oracle, the oracle's edge is the realisation
 of each proposal (which tokens the target will take), not statistics a better learner could recover.
@@ -30,6 +34,7 @@ Writes benchmarks/results/oracle_gap.json; last stdout line: one JSON object.
 """
 
 import argparse
+import bisect
 import contextlib
 import copy
 import json
@@ -48,6 +53,7 @@ from hf_adaspec.tools.trace_cli import _load_profile
 
 PROFILE = Path("model_cards/qwen2.5-coder-1.5b_0.5b/profile.json")
 OUT = Path("benchmarks/results/oracle_gap.json")
+TOP2 = Path("benchmarks/results/draft_top2.json")
 K_MAX = 8
 VARIANTS = ("shipped", "peek", "peek+fitted-draft", "peek+fitted-all", "known-draft")
 WORKLOADS = (("held-out", "spec_bench"), ("tune", "spec_bench"), ("all", "code"))
@@ -207,6 +213,33 @@ def replay_variant(traces: list[Trace], variant: str, clock: Clock) -> list[floa
     return times
 
 
+def auc(scores: list[float], labels: list[bool]) -> float:
+    """Area under the ROC curve: P(score of a positive > score of a negative), ties counted half."""
+    neg = sorted(s for s, y in zip(scores, labels) if not y)
+    pos = [s for s, y in zip(scores, labels) if y]
+    wins = sum(bisect.bisect_left(neg, p) + 0.5 * (bisect.bisect_right(neg, p) - bisect.bisect_left(neg, p)) for p in pos)
+    return wins / (len(pos) * len(neg))
+
+
+def draft_auc(traces: list[Trace]) -> dict:
+    """AUC of q1 (and of q1 − q2 where ``TOP2`` exists) for the draft's argmax equalling the target's token."""
+    top2 = json.loads(TOP2.read_text())["traces"] if TOP2.exists() else {}
+    q1, margin, agree, agree2 = [], [], [], []
+    for t in traces:
+        truth = t.tokens[t.prompt_len:]
+        for j in range(1, t.new_tokens):
+            q1.append(t.draft_q[j])
+            agree.append(t.draft_next[j] == truth[j])
+            if str(t.question_id) in top2:
+                row = top2[str(t.question_id)]
+                margin.append(row["q1"][j] - row["q2"][j])
+                agree2.append(row["first"][j] == truth[j])
+    out = {"positions": len(q1), "agreement": round(sum(agree) / len(agree), 4), "auc_q1": round(auc(q1, agree), 4)}
+    if margin:
+        out["auc_q1_minus_q2"] = round(auc(margin, agree2), 4)
+    return out
+
+
 def _geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
@@ -241,8 +274,10 @@ def main() -> None:
             worst = min((c for c in row if c != "overall"), key=lambda c: row[c]["pct_oracle"])
             print(f"{key:20s} {v:18s} speedup {row['overall']['speedup']:.3f}x  {row['overall']['pct_oracle']:5.1f}% "
                   f"of oracle  (lowest: {worst} {row[worst]['pct_oracle']:.1f}%)", flush=True)
+    ranking = draft_auc([t for t in load_traces(args.traces) if t.source == "spec_bench"])
+    print(f"draft's acceptance ranked by its own distribution (Spec-Bench): {ranking}")
     OUT.write_text(json.dumps({"kind": "replay prediction (virtual clock, not measured)", "profile": str(args.profile),
-                               "results": results}, indent=1) + "\n")
+                               "results": results, "draft_auc": ranking}, indent=1) + "\n")
     print(json.dumps({"output": str(OUT), **{k: {v: r[v]["overall"]["pct_oracle"] for v in VARIANTS}
                                             for k, r in results.items()}}))
 
