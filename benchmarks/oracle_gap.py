@@ -42,6 +42,7 @@ import math
 import statistics
 from pathlib import Path
 
+from hf_adaspec.costs.profile import load_profile
 from hf_adaspec.policy import modes
 from hf_adaspec.policy.confidence import ConfidenceCalibrator, RunningMean
 from hf_adaspec.policy.controller import AdaptiveController, ConfidenceAcceptance, StepOutcome
@@ -49,7 +50,6 @@ from hf_adaspec.policy.match import MatchAcceptance, MatchTable
 from hf_adaspec.tools.replay import Clock, MethodState, replay_request
 from hf_adaspec.tools.replay_report import replay_all
 from hf_adaspec.tools.trace import Trace, load_traces
-from hf_adaspec.tools.trace_cli import _load_profile
 
 PROFILE = Path("model_cards/qwen2.5-coder-1.5b_0.5b/profile.json")
 OUT = Path("benchmarks/results/oracle_gap.json")
@@ -260,7 +260,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=PROFILE)
     parser.add_argument("--traces", type=Path, default=Path("benchmarks/traces"))
     args = parser.parse_args()
-    clock = Clock(_load_profile(args.profile))
+    clock = Clock(load_profile(args.profile))
     results = {}
     for split, workload in WORKLOADS:
         traces = [t for t in load_traces(args.traces) if split in ("all", t.split) and workload == t.source]

@@ -17,11 +17,11 @@ import random
 import statistics
 from pathlib import Path
 
+from hf_adaspec.costs.profile import load_profile
 from hf_adaspec.tools import bench as bm
 from hf_adaspec.tools.replay import Clock
 from hf_adaspec.tools.replay_report import replay_all
 from hf_adaspec.tools.trace import load_traces
-from hf_adaspec.tools.trace_cli import _load_profile
 
 METHODS = ["plain", "adaptive", "adaptive-lookup"]
 
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=6, help="the file's order plus this many − 1 shuffles")
     parser.add_argument("--profile", type=Path, default=Path("model_cards/qwen2.5-coder-1.5b_0.5b/profile.json"))
     args = parser.parse_args()
-    clock = Clock(_load_profile(args.profile))
+    clock = Clock(load_profile(args.profile))
     chosen = [t for t in load_traces(Path("benchmarks/traces"))
               if args.split in ("all", t.split) and t.source == args.workload]
     rows = []

@@ -11,6 +11,7 @@ linear, which is exactly what a fitted line would get wrong. A cost profile (``p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -101,8 +102,9 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dic
     }
 
 
+@functools.cache
 def processor_name() -> str:
-    """This machine's CPU model (``/proc/cpuinfo``'s model name, else ``platform.processor()``)."""
+    """This machine's CPU model (``/proc/cpuinfo``'s model name, else ``platform.processor()``), read once."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
