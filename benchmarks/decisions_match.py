@@ -1,0 +1,152 @@
+"""Does the library make the same decisions as at another commit? A check for refactors: run it against
+the commit before a change that should not move any decision.
+
+Two comparisons, each run once with this checkout and once with a worktree of ``--base`` on the path:
+
+- ``generate`` on a tiny random Llama pair (fp32, shape-stable, one thread) with ``speculation="adaptive"``
+  and a shared learned state over 12 requests, in three cost regimes: draft cheap (the draft model wins
+  most steps), dear (prompt lookup, suffix drafting and plain steps win) and in between; every step's
+  (k, accepted, drafter) must be equal. Batch size 1, then batches of 3 left-padded rows.
+- ``hf-adaspec replay`` of the committed traces (held-out Spec-Bench and code, every replay method, batch
+  sizes 1 and 4) on the model card's profile; every replayed request's summary (predicted time, steps,
+  k and drafter histograms, accepted length) must be equal.
+
+    python benchmarks/decisions_match.py --base 4242903
+
+The last stdout line is one JSON object; the exit code is 1 when anything differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REGIMES = {"cheap draft": (2.0, 0.3), "dear draft": (5.0, 1.0), "in between": (3.0, 0.5)}
+PROFILE = ROOT / "model_cards" / "qwen2.5-coder-1.5b_0.5b" / "profile.json"
+REPLAYS = [(workload, split, batch) for workload, split in (("spec_bench", "held-out"), ("code", "all"))
+           for batch in (1, 4)]
+
+
+def decisions(draft_ms: float, catchup_ms: float, batch: int) -> list[list[tuple[int, int, str, int]]]:
+    """Every request's steps as (k, accepted, drafter, row), with whatever hf_adaspec is on the path."""
+    import torch
+    import transformers
+
+    import hf_adaspec
+
+    def tiny(seed: int):
+        torch.manual_seed(seed)
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                          initializer_range=0.5, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+        model = transformers.LlamaForCausalLM(config).float().eval()
+        model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+        return model
+
+    torch.set_num_threads(1)
+    target = hf_adaspec.enable(tiny(0))
+    draft = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.05 * p.std() * torch.randn(p.shape, generator=gen))
+    costs = hf_adaspec.CostTable(verify_ms=tuple(10.0 + 1.5 * i for i in range(9)), draft_ms=draft_ms,
+                                 draft_catchup_ms=catchup_ms)
+    state, prompts, out = hf_adaspec.SpeculationState(), torch.Generator().manual_seed(0), []
+    for r in range(12):
+        rows = []
+        for b in range(batch):
+            ids = torch.randint(1, 64, (12 - 2 * b,), generator=prompts)
+            rows.append(torch.cat([ids, ids]) if (r + b) % 3 == 0 else ids)  # some prompts repeat themselves
+        width = max(len(x) for x in rows)
+        input_ids = torch.zeros(batch, width, dtype=torch.long)
+        mask = torch.zeros(batch, width, dtype=torch.long)
+        for i, x in enumerate(rows):
+            input_ids[i, width - len(x):], mask[i, width - len(x):] = x, 1
+        res = target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=48, do_sample=False,
+                              speculation="adaptive", assistant_model=draft, speculation_costs=costs,
+                              speculation_state=state, return_dict_in_generate=True)
+        out.append([(s.k, s.accepted, s.drafter, s.row) for s in res.speculation.steps])
+    return out
+
+
+def replay(workload: str, split: str, batch: int) -> list[dict]:
+    """Every replayed request's summary from ``hf-adaspec replay``, with whatever hf_adaspec is on the path."""
+    from hf_adaspec.tools.cli import app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "replay.json"
+        args = ["replay", "--traces", str(ROOT / "benchmarks" / "traces"), "--profile", str(PROFILE),
+                "--split", split, "--workload", workload, "--batch-size", str(batch), "--output", str(output),
+                "--methods", "plain,fixed-k,pmin,adaptive,adaptive-lookup"]
+        try:
+            app(args, standalone_mode=False)
+        finally:
+            sys.stdout.flush()
+        return json.loads(output.read_text())["replays"]
+
+
+def _worker(path: Path, kind: str, *args: str) -> object:
+    """Run ``kind`` (decisions or replay) in a child process with ``path`` first on the import path."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, *args]
+    done = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(path)}, cwd="/", capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"worker {kind} {args} with {path} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _compare(base: Path) -> dict:
+    report: dict = {}
+    for name, (draft_ms, catchup_ms) in REGIMES.items():
+        for batch in (1, 3):
+            old, new = (_worker(p, "decisions", str(draft_ms), str(catchup_ms), str(batch)) for p in (base, ROOT))
+            steps = [s for r in new for s in r]
+            report[f"generate, {name}, B={batch}"] = {
+                "requests": len(new), "steps": len(steps),
+                "identical_requests": sum(a == b for a, b in zip(old, new, strict=True)),
+                "drafters": {d: sum(1 for s in steps if s[2] == d) for d in ("plain", "prompt_lookup", "suffix",
+                                                                             "draft_model")}}
+            print(f"generate, {name}, B={batch}: {report[f'generate, {name}, B={batch}']}", flush=True)
+    for workload, split, batch in REPLAYS:
+        old, new = (_worker(p, "replay", workload, split, str(batch)) for p in (base, ROOT))
+        key = f"replay {workload} {split}, B={batch}"
+        report[key] = {"requests": len(new), "identical_requests": sum(a == b for a, b in zip(old, new, strict=True)),
+                       "steps": sum(r["steps"] for r in new)}
+        print(f"{key}: {report[key]}", flush=True)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", help="the commit to compare with (a worktree of it is made and removed)")
+    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        kind, rest = args.worker[0], args.worker[1:]
+        result = (decisions(float(rest[0]), float(rest[1]), int(rest[2])) if kind == "decisions"
+                  else replay(rest[0], rest[1], int(rest[2])))
+        print(json.dumps(result))
+        return
+    if not args.base:
+        parser.error("--base COMMIT is required")
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.base], check=True)
+        try:
+            report = _compare(tree)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+    same = all(r["identical_requests"] == r["requests"] for r in report.values())
+    print(json.dumps({"base": args.base, "identical": same, "comparisons": report}))
+    sys.exit(0 if same else 1)
+
+
+if __name__ == "__main__":
+    main()
