@@ -19,7 +19,7 @@ import time
 import torch
 
 import hf_adaspec
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 
 PREFIX = 24
 

@@ -4,7 +4,7 @@ session of bench methods, each learning into its own state."""
 import argparse
 
 import hf_adaspec
-from hf_adaspec.seam.integration import SpeculationState, enable
+from hf_adaspec.api.generate import SpeculationState, enable
 from hf_adaspec.tools.bench import method_kwargs
 
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 import hf_adaspec
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 
 
 def one_token_ms(model, context: int, repeats: int) -> float:

@@ -41,7 +41,7 @@ import torch
 import hf_adaspec
 from hf_adaspec.costs.profile import Profile, load_profile
 from hf_adaspec.files import atomic_write
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 from hf_adaspec.tools.bench import split_of
 from hf_adaspec.tools.replay import Clock
 from hf_adaspec.tools.replay_report import replay_all

@@ -19,7 +19,7 @@ import torch
 
 import hf_adaspec
 from hf_adaspec.files import atomic_write
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 from hf_adaspec.tools.trace import load_traces
 
 OUT = Path("benchmarks/results/draft_top2.json")

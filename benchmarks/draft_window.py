@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from common import chat_inputs, load_pair, prompt_options
 
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 from hf_adaspec.tools.bench import load_prompts
 
 

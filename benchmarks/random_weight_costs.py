@@ -20,7 +20,7 @@ import torch
 import hf_adaspec
 from hf_adaspec.costs.table import time_forward_ms
 from hf_adaspec.models.architecture import load_architecture
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 
 CELLS = [("target", c, n) for c in (128, 512) for n in (1, 4, 8)] + [("draft", c, 1) for c in (128, 512)]
 

@@ -41,7 +41,7 @@ import hf_adaspec
 from hf_adaspec.costs.table import time_forward_ms
 from hf_adaspec.files import atomic_write
 from hf_adaspec.models.loading import resolve
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 
 MODEL = "qwen2.5-coder-1.5b"
 CONTEXTS = (128, 512)

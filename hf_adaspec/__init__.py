@@ -21,8 +21,8 @@ from .models.assets import AssetError
 from .models.loading import LoadedModel, load
 from .models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from .policy.goodput import expected_tokens
-from .seam.generate_batch import BatchGeneration, generate_batch
-from .seam.integration import SpeculationState, SpeculativeGenerateOutput, enable
+from .api.generate_batch import BatchGeneration, generate_batch
+from .api.generate import SpeculationState, SpeculativeGenerateOutput, enable
 
 __all__ = [
     "AssetError",

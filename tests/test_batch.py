@@ -20,7 +20,7 @@ from hf_adaspec import CostTable, SpeculationState, SpeculationStats
 from hf_adaspec.engine.loop import DecodeSettings, speculative_decode
 from hf_adaspec.policy.controller import Decision, StepView
 from hf_adaspec.proposers import DraftModelProposer, PromptLookupProposer
-from hf_adaspec.seam.generate_batch import encode_batch, generate_batch
+from hf_adaspec.api.generate_batch import encode_batch, generate_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration

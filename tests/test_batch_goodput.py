@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.engine.ragged import RaggedCache, left_pad, right_pad
+from hf_adaspec.backend.ragged import RaggedCache, left_pad, right_pad
 from hf_adaspec.policy.goodput import Offer, best_plan, draft_next_column, goodput
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 
 
 def _linear_costs(batch: int, n_max: int = 9) -> CostTable:

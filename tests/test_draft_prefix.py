@@ -7,10 +7,10 @@ from transformers import LogitsProcessorList
 
 import hf_adaspec
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.engine.draft_prefix import DraftPrefixStore, common_prefix_length
-from hf_adaspec.engine.ragged import RaggedCache
+from hf_adaspec.backend.draft_prefix import DraftPrefixStore, common_prefix_length
+from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.proposers import DraftModelProposer, Rows
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0, draft_catchup_ms=0.1)
 

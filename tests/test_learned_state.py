@@ -13,7 +13,7 @@ from hf_adaspec.policy.controller import StepView
 from hf_adaspec.policy.match import MatchMemory
 from hf_adaspec.policy.modes import SPECULATION_MODES, Learned, PolicyInputs
 from hf_adaspec.proposers.prompt_lookup import LOOKUP_START_ALPHA
-from hf_adaspec.seam.integration import SpeculationState
+from hf_adaspec.api.generate import SpeculationState
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 
@@ -48,7 +48,7 @@ def test_a_given_speculation_state_learns_instead_of_the_models_own(tiny_factory
     given = SpeculationState(calibrators=CalibratorMemory(lambda: made.append(ConfidenceCalibrator()) or made[-1]))
 
     def run(**kwargs):
-        return hf_adaspec.seam.integration._speculative_entry(
+        return hf_adaspec.api.generate._speculative_entry(
             target.generate.__wrapped__, own, speculation="adaptive", inputs=PROMPT, assistant_model=draft,
             speculation_costs=costs, max_new_tokens=12, do_sample=False, return_dict_in_generate=True, **kwargs)
 

@@ -33,7 +33,7 @@ from hf_adaspec.costs.profile import (
 )
 from hf_adaspec.costs.table import processor_name
 from hf_adaspec.files import write_json_verified
-from hf_adaspec.seam import hf_compat
+from hf_adaspec.backend import hf_compat
 from hf_adaspec.tools import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")

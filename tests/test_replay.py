@@ -11,7 +11,7 @@ import torch
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.seam.integration import SpeculationState
+from hf_adaspec.api.generate import SpeculationState
 from hf_adaspec.tools.replay import Clock, MethodState, replay_request
 from hf_adaspec.tools.replay_report import replay_all, validate
 from hf_adaspec.tools.trace import load_trace, load_traces, save_trace, trace_ids

@@ -18,7 +18,7 @@ from hf_adaspec.policy.controller import FixedController
 from hf_adaspec.policy.modes import SPECULATION_MODES
 from hf_adaspec.proposers.base import Rows
 from hf_adaspec.proposers.suffix import SuffixMemory, SuffixProposer, speculate
-from hf_adaspec.seam.integration import SpeculationState
+from hf_adaspec.api.generate import SpeculationState
 from hf_adaspec.tools.replay import Clock, MethodState, replay_request
 from hf_adaspec.tools.trace import Trace
 from hf_adaspec.tools.virtual import TraceCache, target_answers

@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..files import atomic_write
-from ..seam import hf_compat
+from ..backend import hf_compat
 from .predictors import CATCHUP_CHUNK, ProfileCell
 from .profile import Profile, assemble_profile, library_versions, profile_identity
 from .table import processor_name, time_forward_ms

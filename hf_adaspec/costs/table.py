@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..seam import hf_compat
+from ..backend import hf_compat
 
 MAX_FORWARD_MS = 600_000.0  # a forward measured at over 10 minutes is no cost model: a corrupted or edited file
 

@@ -22,7 +22,7 @@ import torch
 from ..policy.controller import Controller, Decision, StepOutcome, StepView
 from ..policy.horizon import lindy_horizon
 from ..proposers.base import Proposal, Proposer, Rows
-from .ragged import RaggedCache, right_pad
+from ..backend.ragged import RaggedCache, right_pad
 from .stats import SpeculationStats, StepRecord
 from .verification import Verification, greedy_verify, speculative_sample
 

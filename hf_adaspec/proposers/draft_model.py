@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..engine.ragged import RaggedCache, left_pad
+from ..backend.ragged import RaggedCache, left_pad
 from .base import Proposal, Rows, StopRule
 
 

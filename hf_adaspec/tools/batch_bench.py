@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..seam.generate_batch import encode_batch, generate_batch
+from ..api.generate_batch import encode_batch, generate_batch
 from .bench import Prompt, divergence_gap, load_prompts, write_json
 
 BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive")

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from ..seam import hf_compat
-from ..seam.integration import SpeculationState
+from ..backend import hf_compat
+from ..api.generate import SpeculationState
 from .bench_oracle import PromptOracle, prompt_oracle
 
 METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive", "adaptive-lookup")

@@ -20,7 +20,7 @@ import torch
 from ..costs.table import CostTable
 from ..proposers.prompt_lookup import find_continuation
 from ..proposers.suffix import SuffixMemory, SuffixProposer
-from ..seam import hf_compat
+from ..backend import hf_compat
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 
 FAMILIES = ("draft", "lookup", "hybrid")

@@ -165,7 +165,7 @@ def _parse_sizes(text: str, flag: str = "--batch-size") -> list[int]:
 def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
                  batch_methods: str = "") -> None:
     """``bench --batch-size``: every size on the same prompts; JSON + markdown + PNG; last line JSON."""
-    from ..seam.generate_batch import generate_batch
+    from ..api.generate_batch import generate_batch
     from . import batch_bench as bb
 
     methods = [m.strip() for m in batch_methods.split(",") if m.strip()] or list(bb.BATCH_METHODS)

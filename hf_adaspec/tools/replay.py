@@ -26,13 +26,13 @@ from transformers import LogitsProcessorList
 from ..config import SpeculationConfig
 from ..costs.profile import Profile
 from ..costs.table import CostTable
-from ..engine.draft_prefix import common_prefix_length
+from ..backend.draft_prefix import common_prefix_length
 from ..engine.loop import DecodeSettings, speculative_decode
-from ..engine.ragged import left_pad
+from ..backend.ragged import left_pad
 from ..engine.stats import SpeculationStats
 from ..policy.modes import SPECULATION_MODES, Learned, PolicyInputs
 from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer, SuffixProposer
-from ..seam.integration import SpeculationState, memory_key
+from ..api.generate import SpeculationState, memory_key
 from .bench import method_kwargs
 from .bench_oracle import costless_runs
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..files import atomic_write
-from ..seam import hf_compat
+from ..backend import hf_compat
 from .bench import Prompt, split_of
 
 SCHEMA = 1

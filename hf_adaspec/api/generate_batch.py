@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.stats import SpeculationStats
-from .integration import enable
+from .generate import enable
 
 
 @dataclass(frozen=True)

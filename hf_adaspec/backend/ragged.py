@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..seam import hf_compat
+from . import hf_compat
 
 
 class RaggedCache:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..seam import hf_compat
+from . import hf_compat
 
 
 def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:

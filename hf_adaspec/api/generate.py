@@ -27,15 +27,15 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..config import SpeculationConfig
 from ..costs.cache import CostCache
 from ..costs.table import CostTable
-from ..engine.draft_prefix import DraftPrefixStore, PrefixSeed
+from ..backend.draft_prefix import DraftPrefixStore, PrefixSeed
 from ..engine.loop import DecodeSettings, speculative_decode
-from ..engine.ragged import RaggedCache
+from ..backend.ragged import RaggedCache
 from ..engine.stats import SpeculationStats, StepRecord
 from ..policy.confidence import CalibratorMemory
 from ..policy.match import MatchMemory
 from ..policy.modes import SPECULATION_MODES, Learned, PolicyInputs
 from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer, SuffixMemory, SuffixProposer
-from . import hf_compat
+from ..backend import hf_compat
 
 
 @dataclass

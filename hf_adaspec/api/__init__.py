@@ -1,0 +1,1 @@
+"""The public entry: ``enable`` (``model.generate(..., speculation=...)``) and ``generate_batch``."""
