@@ -9,9 +9,12 @@ machine and acceptance learned online. Greedy output is the target's greedy outp
     model.generate(**inputs, assistant_model=draft, speculation="adaptive")
     hf_adaspec.generate_batch(model, tokenizer, prompts, draft_model=draft)  # a static batch
 
-Layers: ``seam`` (transformers), ``engine`` (the loop, ragged cache, verification, stats), ``proposers``,
-``policy`` (goodput, acceptance, confidence, horizon, controllers, modes), ``costs``, ``models`` (assets
-and loading) and ``tools`` (CLI, bench, playground). The core imports nothing from ``tools``.
+Layers, from the bottom (each imports only those below it; ``tests/test_architecture.py`` checks):
+``files``/``config``; ``backend`` (every touch of transformers internals, the ragged KV cache, the draft's
+prefix store) and ``models`` (assets and loading); ``costs`` and ``proposers`` (the drafters); ``policy``
+(goodput, acceptance models, controllers, the registry of modes); ``engine`` (the loop, verification, the
+run builder); ``api`` (``enable``, ``generate_batch``) and this package; ``tools`` (CLI, bench, replay,
+playground).
 """
 
 from .config import SPECULATION_MODES, SpeculationConfig
@@ -22,7 +25,8 @@ from .models.loading import LoadedModel, load
 from .models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from .policy.goodput import expected_tokens
 from .api.generate_batch import BatchGeneration, generate_batch
-from .api.generate import SpeculationState, SpeculativeGenerateOutput, enable
+from .api.generate import SpeculativeGenerateOutput, enable
+from .engine.run import SpeculationState
 
 __all__ = [
     "AssetError",

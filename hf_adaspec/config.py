@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
-SPECULATION_MODES = ("adaptive", "fixed")
+ADAPTIVE, FIXED = "adaptive", "fixed"
+SPECULATION_MODES = (ADAPTIVE, FIXED)  # what each does: ``policy.modes.MODES``
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,8 @@ class SpeculationConfig:
     llama.cpp ``--draft-p-min`` baseline); None: always k.
 
     Raises:
-        ValueError: an unknown mode or an out-of-range value, naming the fix.
+        ValueError: an unknown mode, a proposal length or n-gram size that is not an integer (bool and float
+            refused), or an out-of-range value, naming the fix.
     """
 
     speculation: str = "adaptive"
@@ -39,11 +42,13 @@ class SpeculationConfig:
                 f"speculation={self.speculation!r} is not supported; use one of {SPECULATION_MODES} "
                 "(or leave it out for transformers' own generate)"
             )
-        if self.speculation == "fixed" and self.num_speculative_tokens is None:
+        if self.speculation == FIXED and self.num_speculative_tokens is None:
             raise ValueError('speculation="fixed" needs num_speculative_tokens=k (k >= 0)')
-        if self.speculation != "fixed" and (self.num_speculative_tokens is not None or self.draft_p_min is not None):
+        if self.speculation != FIXED and (self.num_speculative_tokens is not None or self.draft_p_min is not None):
             raise ValueError('num_speculative_tokens and draft_p_min belong to speculation="fixed"; "adaptive" '
                              "chooses k itself (cap it with max_speculative_tokens)")
+        for name in ("num_speculative_tokens", "max_speculative_tokens", "prompt_lookup_max_ngram"):
+            _check_integer(name, getattr(self, name))
         if self.num_speculative_tokens is not None and not 0 <= self.num_speculative_tokens <= 64:
             raise ValueError(f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}")
         if not 1 <= self.max_speculative_tokens <= 64:
@@ -58,6 +63,13 @@ class SpeculationConfig:
     @property
     def k_max(self) -> int:
         """Largest proposal length the controller may pick."""
-        if self.speculation == "fixed":
+        if self.speculation == FIXED:
             return self.num_speculative_tokens or 0
         return self.max_speculative_tokens
+
+
+def _check_integer(name: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is an integer (None passes: unset); a bool or a float is refused."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise ValueError(f"{name} must be an integer (a number of tokens), got {value!r} of type "
+                         f"{type(value).__name__}")

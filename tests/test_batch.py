@@ -17,7 +17,8 @@ from conftest import left_padded
 from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
 
 from hf_adaspec import CostTable, SpeculationState, SpeculationStats
-from hf_adaspec.engine.loop import DecodeSettings, speculative_decode
+from hf_adaspec.backend.ragged import RaggedCache
+from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.policy.controller import Decision, StepView
 from hf_adaspec.proposers import DraftModelProposer, PromptLookupProposer
 from hf_adaspec.api.generate_batch import encode_batch, generate_batch
@@ -93,11 +94,11 @@ def test_mixed_drafters_keep_the_draft_cache_exact(models):
     inputs = left_padded(PROMPTS)
     width = inputs["input_ids"].shape[1]
     stop = StoppingCriteriaList([MaxLengthCriteria(width + 40)])
-    settings = DecodeSettings(LogitsProcessorList(), stop, width + 40, False, 3)
-    proposers = [DraftModelProposer(models["same_model"], len(PROMPTS), LogitsProcessorList(), False, 0),
-                 PromptLookupProposer()]
-    result = speculative_decode(target, inputs["input_ids"], inputs["attention_mask"], proposers,
-                                _AlternatingController(), settings)
+    settings = DecodeSettings(LogitsProcessorList(), stop, width + 40, False)
+    drafters = (DraftModelProposer(RaggedCache(models["same_model"], len(PROMPTS)), LogitsProcessorList(), False, 0),
+                PromptLookupProposer())
+    parts = RunParts(RaggedCache(target, len(PROMPTS)), drafters, _AlternatingController(), settings, 3)
+    result = speculative_decode(parts, inputs["input_ids"], inputs["attention_mask"])
     used = [(s.k, s.accepted, s.drafter) for s in result.stats.steps]
     assert {d for _, _, d in used} == {"draft_model", "prompt_lookup", "plain"}
     assert all(k == n for k, n, d in used if d == "draft_model")

@@ -42,6 +42,118 @@ def test_load_prompts_missing_file_names_the_fix(tmp_path):
         load_prompts(tmp_path / "nope.jsonl", 1)
 
 
+SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+                         "translation", "summarization", "qa", "math_reasoning", "rag")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_default_prompts_ship_inside_the_package_with_every_category():
+    """The packaged Spec-Bench subset is found from the installed package (not the working directory): 8
+    prompts of each of the 13 categories, its license beside it, and package-data puts it in the wheel."""
+    import fnmatch
+    import importlib.resources
+    import tomllib
+
+    import hf_adaspec
+    from hf_adaspec.tools.bench import PACKAGED_PER_CATEGORY, SPEC_BENCH
+    from hf_adaspec.tools.cli import SPEC_BENCH as CLI_SPEC_BENCH
+
+    package = Path(hf_adaspec.__file__).resolve().parent
+    resource = importlib.resources.files("hf_adaspec") / "data" / "spec_bench.jsonl"
+    assert CLI_SPEC_BENCH == SPEC_BENCH == Path(str(resource))
+    assert SPEC_BENCH.is_absolute() and SPEC_BENCH.resolve().is_relative_to(package)
+    assert (SPEC_BENCH.parent / "SPEC_BENCH_LICENSE").read_text().startswith("Apache License")
+    assert SPEC_BENCH.stat().st_size < 200_000  # a small subset, not the 480-prompt file
+    prompts = load_prompts(SPEC_BENCH, PACKAGED_PER_CATEGORY)
+    assert tuple(dict.fromkeys(p.category for p in prompts)) == SPEC_BENCH_CATEGORIES
+    assert len(prompts) == 13 * PACKAGED_PER_CATEGORY == len(SPEC_BENCH.read_text(encoding="utf-8").splitlines())
+    assert all(p.text.strip() for p in prompts)
+    for split in ("tune", "held-out"):  # each category has prompts in both halves
+        assert {p.category for p in load_prompts(SPEC_BENCH, 1, split=split)} == set(SPEC_BENCH_CATEGORIES)
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = SPEC_BENCH.resolve().relative_to(package).as_posix()
+    assert any(fnmatch.fnmatch(shipped, pattern) for pattern in package_data["hf_adaspec"])
+
+
+def test_the_default_prompts_hold_every_spec_bench_prompt_of_the_committed_traces():
+    from hf_adaspec.tools.bench import SPEC_BENCH
+
+    packaged = {p.question_id for p in load_prompts(SPEC_BENCH, 1000)}
+    traced = {int(f.stem) for f in (ROOT / "benchmarks" / "traces").glob("*.json")}
+    first_turns = {q for q in traced if q < 10000}  # 1000x: the code workload; 2008x..: second turns
+    assert first_turns and first_turns <= packaged
+
+
+def _cli_param(command: str, name: str):
+    import typer
+
+    from hf_adaspec.tools import cli
+
+    (param,) = [p for p in typer.main.get_command(cli.app).commands[command].params if p.name == name]
+    return param.default
+
+
+def test_bench_and_trace_default_to_the_packaged_prompts_and_bench_to_256_tokens(tmp_path, monkeypatch):
+    """Read from the commands' parameters, and from what the commands pass on (no model is loaded)."""
+    from typer.testing import CliRunner
+
+    from hf_adaspec.tools import batch_bench, cli, trace_cli
+    from hf_adaspec.tools import bench as bm
+
+    assert _cli_param("bench", "prompts") == bm.SPEC_BENCH == _cli_param("trace", "prompts")
+    assert _cli_param("bench", "max_new_tokens") == 256 == _cli_param("trace", "max_new_tokens")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def no_models(*args, **kwargs):
+        raise Stop
+
+    def loads(name):
+        def load(path, per_category, *args):
+            seen[name] = Path(path)
+            return [Prompt(81, "writing", "hi")] if name != "trace" else []  # trace: nothing to do
+        return load
+
+    monkeypatch.setattr(bm, "load_prompts", loads("bench"))
+    monkeypatch.setattr(batch_bench, "load_prompts", loads("batch"))
+    monkeypatch.setattr(trace_cli, "load_prompts", loads("trace"))
+    monkeypatch.setattr(cli, "_load_pair", no_models)
+    monkeypatch.setattr(cli, "_batch_bench", lambda prompts, sizes, count, max_new_tokens, *rest: seen.update(
+        batch_prompts=Path(prompts), batch_tokens=max_new_tokens))
+    runner = CliRunner()
+    assert isinstance(runner.invoke(cli.app, ["bench"]).exception, Stop)  # stopped at loading the models
+    assert runner.invoke(cli.app, ["bench", "--batch-size", "1,2"]).exit_code == 0
+    result = runner.invoke(cli.app, ["trace", "--output", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert seen == {"bench": bm.SPEC_BENCH, "trace": bm.SPEC_BENCH, "batch_prompts": bm.SPEC_BENCH, "batch_tokens": 256}
+
+
+def test_a_missing_prompts_file_is_a_usage_error_naming_the_fix(tmp_path):
+    from typer.testing import CliRunner
+
+    from hf_adaspec.tools import cli
+
+    for args in (["bench"], ["bench", "--batch-size", "2"], ["trace", "--output", str(tmp_path / "t")]):
+        result = CliRunner().invoke(cli.app, [*args, "--prompts", str(tmp_path / "nope.jsonl")])
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.replace("│", " ").split())
+        assert "nope.jsonl" in text and "--prompts" in text and "packaged Spec-Bench subset" in text
+
+
+def test_batch_prompts_are_picked_round_robin_over_the_categories():
+    from hf_adaspec.tools.batch_bench import pick_prompts
+    from hf_adaspec.tools.bench import SPEC_BENCH
+
+    picked = pick_prompts(SPEC_BENCH, 16)
+    assert [p.category for p in picked[:13]] == list(SPEC_BENCH_CATEGORIES)
+    assert [p.question_id for p in picked[13:]] == [82, 92, 102]
+    assert len(pick_prompts(SPEC_BENCH, 104)) == 104
+    with pytest.raises(ValueError, match="--prompts"):
+        pick_prompts(SPEC_BENCH, 105)
+
+
 def _run(qid, cat, method, tps, match=True):
     return Run(qid, cat, method, 64, 64 / tps, tps, match)
 

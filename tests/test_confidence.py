@@ -19,13 +19,10 @@ from hf_adaspec.policy.confidence import (
     isotonic,
     prefix_confidences,
 )
-from hf_adaspec.policy.controller import (
-    AdaptiveController,
-    ConfidenceAcceptance,
-    StepOutcome,
-    StepView,
-)
+from hf_adaspec.policy.acceptance import ConfidenceAcceptance
+from hf_adaspec.policy.controller import AdaptiveController, StepOutcome, StepView
 from hf_adaspec.policy.goodput import draft_next_column
+from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.proposers import DraftModelProposer, Rows
 
 FLAT = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # verification costs 10 ms for 1..9 tokens
@@ -197,10 +194,11 @@ def test_the_first_column_must_beat_a_plain_step():
 def test_draft_proposer_reports_confidences_and_honours_stop(tiny_factory, do_sample):
     draft = tiny_factory(3)
     calls = []
-    proposer = DraftModelProposer(draft, 1, LogitsProcessorList(), do_sample, 0,
+    proposer = DraftModelProposer(RaggedCache(draft, 1), LogitsProcessorList(), do_sample, 0,
                                   generator=torch.Generator().manual_seed(0))
     stop = lambda j, conf, growing: calls.append((j, conf, growing)) or j == 3  # noqa: E731
-    (proposal,) = proposer.propose(Rows((PROMPT[0],), (0,)), [5], stop=stop)
+    rows = Rows((PROMPT[0],), (0,), prompt_width=PROMPT.shape[1])
+    (proposal,) = proposer.propose(rows, proposer.offer(rows, 5), [5], stop=stop)
     assert proposal.k == 3 and len(proposal.confidences) == 3
     assert [j for j, _, _ in calls] == [1, 2, 3] and calls[-1][1] == [proposal.confidences]
     assert all(growing == [True] for _, _, growing in calls)

@@ -9,16 +9,9 @@ import pytest
 import torch
 
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.policy.acceptance import AcceptancePrior
+from hf_adaspec.policy.acceptance import AcceptancePrior, ConfidenceAcceptance, IIDAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
-from hf_adaspec.policy.controller import (
-    AdaptiveController,
-    ConfidenceAcceptance,
-    FixedController,
-    IIDAcceptance,
-    StepOutcome,
-    StepView,
-)
+from hf_adaspec.policy.controller import AdaptiveController, FixedController, StepOutcome, StepView
 from hf_adaspec.policy.goodput import Offer, best_plan, expected_tokens
 
 # verification costs the same for 1..9 tokens; 20 ms per draft token, 2 ms per catch-up token

@@ -7,7 +7,7 @@ from transformers import LogitsProcessorList
 
 import hf_adaspec
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.backend.draft_prefix import DraftPrefixStore, common_prefix_length
+from hf_adaspec.backend.draft_prefix import DraftPrefixStore, PrefixSeed, common_prefix_length
 from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.proposers import DraftModelProposer, Rows
 from hf_adaspec.backend import hf_compat
@@ -38,11 +38,11 @@ def test_common_prefix_length():
 
 def test_seed_is_an_independent_copy_of_the_longest_shared_prefix(models, one_thread):
     draft, store = models["same_model"], DraftPrefixStore()
-    assert store.seed(draft, torch.tensor([[1, 2, 3]])).length == 0  # nothing stored yet
+    assert store.seed(draft, torch.tensor([1, 2, 3])).length == 0  # nothing stored yet
     first = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
-    store.remember(draft, first, prefilled(draft, first), seeded=0)
+    store.remember(draft, first[0].tolist(), 7, 0, prefilled(draft, first))
     stored = layer_keys(store.entries[0].cache)
-    seed = store.seed(draft, torch.tensor([[5, 6, 7, 8, 20, 21]]))
+    seed = store.seed(draft, torch.tensor([5, 6, 7, 8, 20, 21]))
     assert seed.length == 4 and hf_compat.cache_length(seed.cache) == 4
     fresh = prefilled(draft, torch.tensor([[5, 6, 7, 8]]))
     for got, want in zip(layer_keys(seed.cache), layer_keys(fresh)):
@@ -53,20 +53,28 @@ def test_seed_is_an_independent_copy_of_the_longest_shared_prefix(models, one_th
 
 def test_seed_matches_only_the_same_model(models, one_thread):
     store, prompt = DraftPrefixStore(), torch.tensor([[5, 6, 7, 8]])
-    store.remember(models["same_model"], prompt, prefilled(models["same_model"], prompt), seeded=0)
-    assert store.seed(models["other_seed"], prompt).length == 0
-    assert store.seed(models["same_model"], prompt).length == 4
+    store.remember(models["same_model"], prompt[0].tolist(), 4, 0, prefilled(models["same_model"], prompt))
+    assert store.seed(models["other_seed"], prompt[0]).length == 0
+    assert store.seed(models["same_model"], prompt[0]).length == 4
+
+
+def test_a_store_of_token_ids_seeds_lengths_and_maps_ids():
+    store, key = DraftPrefixStore(), type("StandIn", (), {})  # a draft's stand-in: any weakly referable object
+    store.remember(key, [5, 6, 7, 8, 9], 4, 0, None)  # the replay keeps token ids, no cache
+    assert store.seed(key, torch.tensor([5, 6, 7, 1])) == PrefixSeed(None, 3)
+    mapped = store.mapped(lambda t: t + 100)
+    assert mapped.seed(key, torch.tensor([105, 106, 9])).length == 2 and store.entries[0].tokens.tolist() == [5, 6, 7, 8]
 
 
 def test_remember_keeps_grown_caches_and_forgets_the_oldest(models, one_thread):
     draft, store = models["same_model"], DraftPrefixStore(size=2)
     prompts = [torch.tensor([[i, 1, 2]]) for i in (10, 11, 12)]
-    store.remember(draft, prompts[0], prefilled(draft, prompts[0]), seeded=3)  # did not grow past its seed
+    store.remember(draft, prompts[0][0].tolist(), 3, 3, prefilled(draft, prompts[0]))  # did not grow past its seed
     assert len(store.entries) == 0
     for p in prompts:
-        store.remember(draft, p, prefilled(draft, p), seeded=0)
+        store.remember(draft, p[0].tolist(), 3, 0, prefilled(draft, p))
     assert len(store.entries) == 2
-    assert store.seed(draft, prompts[0]).length == 0 and store.seed(draft, prompts[2]).length == 3
+    assert store.seed(draft, prompts[0][0]).length == 0 and store.seed(draft, prompts[2][0]).length == 3
     with pytest.raises(ValueError, match="size must be >= 1"):
         DraftPrefixStore(size=0)
     with pytest.raises(ValueError, match="length must be in"):
@@ -126,15 +134,15 @@ def test_batches_neither_reuse_nor_store_draft_prefixes(tiny_factory, one_thread
 def test_a_seeded_proposer_catches_up_only_on_the_rest(models, one_thread):
     draft, store = models["same_model"], DraftPrefixStore()
     first = torch.tensor([[5, 6, 7, 8, 9, 10]])
-    store.remember(draft, first, prefilled(draft, first), seeded=0)
+    store.remember(draft, first[0].tolist(), 6, 0, prefilled(draft, first))
     ids = torch.tensor([5, 6, 7, 8, 1, 2, 3, 4, 9])  # an 8-token prompt sharing 4, then the prefill's token
-    rows = Rows((ids,), (0,))
-    seed = store.seed(draft, ids[None, :8])
-    seeded = DraftModelProposer(draft, 1, LogitsProcessorList(), False, 0, cache=RaggedCache(draft, 1, seed.cache))
-    fresh = DraftModelProposer(draft, 1, LogitsProcessorList(), False, 0)
-    assert seeded.catchup_tokens(rows) == 9 - 4 - 2
-    assert fresh.catchup_tokens(rows) == 9 - 2
-    (a,), (b,) = seeded.propose(rows, [4]), fresh.propose(rows, [4])
+    rows = Rows((ids,), (0,), prompt_width=8)
+    seed = store.seed(draft, ids[:8])
+    seeded = DraftModelProposer(RaggedCache(draft, 1, seed.cache), LogitsProcessorList(), False, 0)
+    fresh = DraftModelProposer(RaggedCache(draft, 1), LogitsProcessorList(), False, 0)
+    offers = seeded.offer(rows, 4), fresh.offer(rows, 4)
+    assert [o.catchup for o in offers] == [9 - 4 - 2, 9 - 2] and offers[0].bounds == (4,) and not offers[0].costless
+    (a,), (b,) = seeded.propose(rows, offers[0], [4]), fresh.propose(rows, offers[1], [4])
     assert a.k == 4 and torch.equal(a.tokens, b.tokens)
 
 

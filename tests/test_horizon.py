@@ -8,7 +8,8 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteri
 
 import hf_adaspec
 from hf_adaspec import CostTable
-from hf_adaspec.engine.loop import DecodeSettings, speculative_decode
+from hf_adaspec.backend.ragged import RaggedCache
+from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.policy.controller import FixedController, StepView
 from hf_adaspec.policy.horizon import lindy_horizon
 from hf_adaspec.proposers import PromptLookupProposer
@@ -46,10 +47,10 @@ def test_engine_asks_the_settings_horizon_with_generated_and_tokens_left(models)
         return 1000 + generated
 
     stop = StoppingCriteriaList([MaxLengthCriteria(24 + 12)])
-    settings = DecodeSettings(LogitsProcessorList(), stop, 24 + 12, False, 8, horizon=horizon)
+    settings = DecodeSettings(LogitsProcessorList(), stop, 24 + 12, False, horizon=horizon)
     controller = _Spy(2)
-    speculative_decode(models["target"], PROMPT, torch.ones_like(PROMPT), [PromptLookupProposer()], controller,
-                       settings)
+    parts = RunParts(RaggedCache(models["target"], 1), (PromptLookupProposer(),), controller, settings, 8)
+    speculative_decode(parts, PROMPT, torch.ones_like(PROMPT))
     assert calls[0] == (1, 11)  # after the prefill's token: 1 generated, 11 of 12 left
     assert all(g + left == 12 for g, left in calls) and len(calls) == len(controller.views)
     assert [v.horizon for v in controller.views] == [1000 + g for g, _ in calls]  # what the controller sees

@@ -11,18 +11,18 @@ from hf_adaspec import CostTable, SpeculationConfig
 from hf_adaspec.policy.confidence import CalibratorMemory, ConfidenceCalibrator
 from hf_adaspec.policy.controller import StepView
 from hf_adaspec.policy.match import MatchMemory
-from hf_adaspec.policy.modes import SPECULATION_MODES, Learned, PolicyInputs
-from hf_adaspec.proposers.prompt_lookup import LOOKUP_START_ALPHA
-from hf_adaspec.api.generate import SpeculationState
+from hf_adaspec.policy.match import LOOKUP_START_ALPHA
+from hf_adaspec.policy.modes import DRAFT_MODEL, MODES, PROMPT_LOOKUP, Learned, PolicyInputs
+from hf_adaspec import SpeculationState
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 
 
 def _adaptive(matches: MatchMemory, costs: CostTable):
-    drafters = (("draft_model", "d"), ("prompt_lookup", "l"))
+    drafters = ((DRAFT_MODEL, "d"), (PROMPT_LOOKUP, "l"))
     inputs = PolicyInputs(SpeculationConfig("adaptive"), lambda b: costs, 1, drafters,
                           Learned(CalibratorMemory(), matches))
-    return SPECULATION_MODES["adaptive"].build(inputs)
+    return MODES["adaptive"].controller(inputs)
 
 
 def test_adaptive_mode_starts_lookup_at_its_own_rate_and_the_draft_model_optimistically():

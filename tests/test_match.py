@@ -7,21 +7,18 @@ import torch
 
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.loop import hindsight
+from hf_adaspec.policy.acceptance import ConfidenceAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
-from hf_adaspec.policy.controller import (
-    AdaptiveController,
-    ConfidenceAcceptance,
-    StepOutcome,
-    StepView,
-)
+from hf_adaspec.policy.controller import AdaptiveController, StepOutcome, StepView
 from hf_adaspec.policy.match import (
+    LOOKUP_START_ALPHA,
     EDGES,
     MatchAcceptance,
     MatchMemory,
     MatchTable,
     bucket,
 )
-from hf_adaspec.proposers.prompt_lookup import LOOKUP_START_ALPHA, find_match
+from hf_adaspec.proposers.prompt_lookup import find_match
 
 
 def test_find_match_counts_how_far_back_the_match_reaches():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_adaspec.proposers import PromptLookupProposer, Proposal
+from hf_adaspec.proposers import DraftOffer, PromptLookupProposer, Proposal
 from hf_adaspec.proposers.base import Rows
 from hf_adaspec.proposers.prompt_lookup import find_continuation
 
@@ -52,18 +52,19 @@ def test_continuation_never_includes_the_query_itself():
 def _rows(*rows: tuple[int, ...], pad: int = 0) -> Rows:
     """Left-padded rows as the engine keeps them: each row's padded view and its padding length."""
     width = max(len(r) for r in rows)
-    return Rows(tuple(_t(*([pad] * (width - len(r)) + list(r))) for r in rows), tuple(width - len(r) for r in rows))
+    return Rows(tuple(_t(*([pad] * (width - len(r)) + list(r))) for r in rows), tuple(width - len(r) for r in rows),
+                prompt_width=width)
 
 
-def test_proposer_available_and_propose_shapes():
+def test_proposer_offer_and_propose_shapes():
     rows = _rows((1, 2, 3, 4, 5, 1, 2, 3))
     proposer = PromptLookupProposer(max_ngram=3)
-    assert proposer.available(rows, 8) == [5]  # 4 5 1 2 3
-    assert proposer.available(rows, 2) == [2]
-    assert proposer.catchup_tokens(rows) == 0
+    offer = proposer.offer(rows, 8)
+    assert offer.bounds == (5,) and offer.costless and offer.catchup == 0  # 4 5 1 2 3
+    assert offer.evidence == (3,) and offer.tokens[0].tolist() == [4, 5, 1, 2, 3]  # matched 1 2 3
+    assert proposer.offer(rows, 2).bounds == (2,)
     for k in (1, 2):
-        proposer.available(rows, 8)
-        (proposal,) = proposer.propose(rows, [k])
+        (proposal,) = proposer.propose(rows, offer, [k])
         assert isinstance(proposal, Proposal)
         assert proposal.tokens.shape == (1, k) and proposal.k == k and proposal.q is None
         assert proposal.tokens[0].tolist() == [4, 5][:k] and proposal.confidences == ()
@@ -74,25 +75,33 @@ def test_proposer_rows_search_only_their_own_tokens():
     # its own tokens hold no earlier 0
     rows = _rows((1, 2, 3, 4, 5, 1, 2, 3), (7, 8, 9, 7, 8), (3, 0))
     proposer = PromptLookupProposer(max_ngram=3)
-    assert proposer.available(rows, 8) == [5, 3, 0]
-    assert proposer.available(rows, 2) == [2, 2, 0]
-    proposals = proposer.propose(rows, [1, 2, 0])  # a row may take fewer than it was offered, or none
+    assert proposer.offer(rows, 8).bounds == (5, 3, 0)
+    offer = proposer.offer(rows, 2)
+    assert offer.bounds == (2, 2, 0)
+    proposals = proposer.propose(rows, offer, [1, 2, 0])  # a row may take fewer than it was offered, or none
     assert [p.tokens[0].tolist() for p in proposals] == [[4], [9, 7], []]
     assert [p.k for p in proposals] == [1, 2, 0]
 
 
-def test_proposer_tracks_growing_sequence():
+def test_proposer_offers_from_the_rows_alone():
     proposer = PromptLookupProposer(max_ngram=2)
     rows = _rows((1, 2, 3, 1, 2))
-    assert proposer.available(rows, 3) == [3]
-    assert proposer.propose(rows, [3])[0].tokens.tolist() == [[3, 1, 2]]
-    proposer.rollback(torch.tensor([5]))
+    offer = proposer.offer(rows, 3)
+    assert offer.bounds == (3,) and proposer.propose(rows, offer, [3])[0].tokens.tolist() == [[3, 1, 2]]
+    proposer.commit(torch.tensor([5]))
     longer = _rows((1, 2, 3, 1, 2, 7))  # (2,7) and 7 never occurred before
-    assert proposer.available(longer, 3) == [0]
+    assert proposer.offer(longer, 3).bounds == (0,)
+    assert proposer.offer(rows, 3).tokens[0].tolist() == [3, 1, 2]  # no state carried between calls
 
 
 def test_proposer_no_match():
-    assert PromptLookupProposer().available(_rows((1, 2, 3, 4)), 8) == [0]
+    offer = PromptLookupProposer().offer(_rows((1, 2, 3, 4)), 8)
+    assert offer.bounds == (0,) and offer.evidence == (0,) and offer.tokens[0].shape == (0,)
+
+
+def test_a_paid_offer_holds_no_tokens_to_take():
+    with pytest.raises(ValueError, match="propose"):
+        DraftOffer((3,), (0,)).take([2])
 
 
 @pytest.mark.parametrize("max_ngram, min_ngram", [(0, 0), (2, 3), (3, 0)])

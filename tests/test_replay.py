@@ -11,8 +11,8 @@ import torch
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.api.generate import SpeculationState
-from hf_adaspec.tools.replay import Clock, MethodState, replay_request
+from hf_adaspec import SpeculationState
+from hf_adaspec.tools.replay import Clock, replay_request
 from hf_adaspec.tools.replay_report import replay_all, validate
 from hf_adaspec.tools.trace import load_trace, load_traces, save_trace, trace_ids
 from hf_adaspec.tools.virtual import TraceCache, Vocab, draft_answers, target_answers
@@ -54,17 +54,17 @@ def test_replay_takes_the_real_runs_decisions(models, traces, one_thread, method
     for trace, prompt in zip(traces, PROMPTS, strict=True):
         steps, sequence = _real(models, prompt, kwargs)
         assert sequence == list(trace.tokens)  # greedy speculation equals the traced plain output
-        run = replay_request([trace], method, MethodState(), Clock(_profile()), lambda b, c: TABLE)
+        run = replay_request([trace], method, SpeculationState(), Clock(_profile()), lambda b, c: TABLE)
         assert run.matches_trace
         assert [(s.drafter, s.k, s.accepted) for s in run.stats.steps] == steps
 
 
 def test_replay_of_the_draft_and_lookup_hybrid_emits_the_traces(traces, one_thread):
-    state, clock = MethodState(), Clock(_profile(), step_overhead_ms=1.0)
+    state, clock = SpeculationState(), Clock(_profile(), step_overhead_ms=1.0)
     runs = [replay_request([t], "adaptive", state, clock) for t in traces]
     assert all(r.matches_trace for r in runs)
     assert {"draft_model", "prompt_lookup"} & {d for r in runs for d in r.drafter_histogram}
-    batched = replay_request(list(traces), "adaptive", MethodState(), clock)  # one static batch of 3 rows
+    batched = replay_request(list(traces), "adaptive", SpeculationState(), clock)  # one static batch of 3 rows
     assert batched.matches_trace and batched.new_tokens == sum(t.new_tokens for t in traces)
 
 

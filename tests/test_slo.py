@@ -13,11 +13,8 @@ from hf_adaspec.config import SpeculationConfig
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.stats import SpeculationStats, StepRecord
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
-from hf_adaspec.policy.controller import (
-    AdaptiveController,
-    ConfidenceAcceptance,
-    StepView,
-)
+from hf_adaspec.policy.acceptance import ConfidenceAcceptance
+from hf_adaspec.policy.controller import AdaptiveController, StepView
 from hf_adaspec.policy.goodput import Offer, best_plan
 
 FLAT = CostTable(verify_ms=(50.0,) * 9, draft_ms=20.0)  # verification costs 50 ms for 1..9 tokens

@@ -3,8 +3,6 @@ computes them), the bounded cross-request memory, and the proposer through the e
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
@@ -13,13 +11,12 @@ from transformers import LogitsProcessorList
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.engine.loop import DecodeSettings, speculative_decode
+from hf_adaspec import SpeculationState
+from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.policy.controller import FixedController
-from hf_adaspec.policy.modes import SPECULATION_MODES
 from hf_adaspec.proposers.base import Rows
 from hf_adaspec.proposers.suffix import SuffixMemory, SuffixProposer, speculate
-from hf_adaspec.api.generate import SpeculationState
-from hf_adaspec.tools.replay import Clock, MethodState, replay_request
+from hf_adaspec.tools.replay import Clock, replay_request
 from hf_adaspec.tools.trace import Trace
 from hf_adaspec.tools.virtual import TraceCache, target_answers
 
@@ -75,24 +72,19 @@ def test_memory_is_bounded_first_in_first_out():
     assert memory.tokens <= 5 and memory.sequences[-1].tolist() == [3, 4]
 
 
-def _rows(*rows: tuple[int, ...]) -> Rows:
-    width = max(len(r) for r in rows)
-    return Rows(tuple(torch.tensor([0] * (width - len(r)) + list(r)) for r in rows),
-                tuple(width - len(r) for r in rows))
-
-
-def test_proposer_drafts_an_earlier_response():
+def test_proposer_drafts_an_earlier_response_from_the_rows_alone():
     memory = SuffixMemory()
     memory.remember([1, 2, 3], [10, 11, 12, 13, 14, 15])
-    proposer = SuffixProposer(memory, [3, 2])
-    rows = _rows((1, 2, 3, 10, 11, 12), (4, 5, 6))  # row 0 repeats the request; row 1 matches nothing
-    assert proposer.available(rows, 8) == [3, 0]  # the match (10 11 12) allows 3 tokens
-    assert proposer.evidence(rows) == [3, 0]
-    assert proposer.catchup_tokens(rows) == 0
-    proposals = proposer.propose(rows, [2, 0])
+    proposer = SuffixProposer(memory)
+    # row 0 repeats the request (prompt 1 2 3); row 1 (prompt 4 5, one token of padding) matches nothing
+    rows = Rows((torch.tensor([1, 2, 3, 10, 11, 12]), torch.tensor([0, 4, 5, 6])), (0, 1), prompt_width=3)
+    offer = proposer.offer(rows, 8)
+    assert offer.bounds == (3, 0) and offer.evidence == (3, 0) and offer.catchup == 0  # the match (10 11 12)
+    assert [t.tolist() for t in offer.tokens] == [[13, 14, 15], []]
+    proposals = proposer.propose(rows, offer, [2, 0])
     assert [p.tokens[0].tolist() for p in proposals] == [[13, 14], []] and proposals[0].q is None
-    proposer.select(torch.tensor([1]))
-    assert proposer.prompt_lengths == [2]
+    proposer.commit(torch.tensor([6, 3]), keep=torch.tensor([1]))  # nothing kept between calls
+    assert [t.tolist() for t in proposer.offer(rows, 8).tokens] == [[13, 14, 15], []]
 
 
 def test_repeated_request_through_the_engine_is_exact_and_drafts_from_memory():
@@ -101,11 +93,10 @@ def test_repeated_request_through_the_engine_is_exact_and_drafts_from_memory():
 
     def run(memory: SuffixMemory):
         target = TraceCache([target_answers(sequence, 0)], 32)
-        proposer = SuffixProposer(memory, [prompt], spec_offset=8.0)
-        settings = DecodeSettings(LogitsProcessorList(), lambda ids, s: torch.tensor([ids.shape[1] >= 16]), 16,
-                                  False, 8)
-        return speculative_decode(None, sequence[None, :prompt], torch.ones(1, prompt, dtype=torch.long),
-                                  [proposer], FixedController(8, paid=False), settings, cache=target)
+        proposer = SuffixProposer(memory, spec_offset=8.0)
+        settings = DecodeSettings(LogitsProcessorList(), lambda ids, s: torch.tensor([ids.shape[1] >= 16]), 16, False)
+        parts = RunParts(target, (proposer,), FixedController(8, paid=False), settings, 8)
+        return speculative_decode(parts, sequence[None, :prompt], torch.ones(1, prompt, dtype=torch.long))
 
     memory = SuffixMemory()
     first = run(memory)
@@ -117,13 +108,7 @@ def test_repeated_request_through_the_engine_is_exact_and_drafts_from_memory():
     assert sum(s.accepted for s in again.stats.steps) > 0 and len(again.stats.steps) < len(first.stats.steps)
 
 
-@pytest.fixture
-def adaptive_with_suffix(monkeypatch):
-    """The "adaptive" mode with suffix drafting joining prompt lookup (off by default)."""
-    monkeypatch.setitem(SPECULATION_MODES, "adaptive", replace(SPECULATION_MODES["adaptive"], suffix=True))
-
-
-def test_generate_remembers_responses_and_drafts_them_again(models, adaptive_with_suffix, one_thread):
+def test_generate_remembers_responses_and_drafts_them_again(models, one_thread):
     table = CostTable((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0), 2.0, draft_catchup_ms=0.5)
     prompt = torch.tensor([[3, 17, 29, 41, 5, 8, 13, 21]])
     target, state = models["target"], SpeculationState()
@@ -143,14 +128,14 @@ def test_generate_remembers_responses_and_drafts_them_again(models, adaptive_wit
     assert len(again.speculation.steps) < len(first.speculation.steps)
 
 
-def test_replay_carries_the_memory_across_requests(adaptive_with_suffix):
+def test_replay_carries_the_memory_across_requests():
     tokens = (1, 2, 3, 4, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42)
     trace = Trace(7, "c", 4, tokens, (), (), (99,), 10.0, 13, "t", "")
     cells = {"target": [ProfileCell(1, c, n, 10.0 + 0.5 * (n - 1)) for c in (16, 64) for n in (1, 4, 9)],
              "draft": [ProfileCell(1, c, n, 2.0 if n == 1 else 16.0) for c in (16, 64) for n in (1, 32)],
              "held_out_target": [ProfileCell(1, 40, 2, 10.5)], "held_out_draft": [ProfileCell(1, 40, 1, 2.0)]}
-    state, clock = MethodState(), Clock(assemble_profile("tiny", {"target": "tiny"}, cells, {}))
+    state, clock = SpeculationState(), Clock(assemble_profile("tiny", {"target": "tiny"}, cells, {}))
     first = replay_request([trace], "adaptive-lookup", state, clock)
-    assert first.matches_trace and [s.tolist() for s in state.learned.suffixes.sequences] == [list(tokens[4:])]
+    assert first.matches_trace and [s.tolist() for s in state.suffixes.sequences] == [list(tokens[4:])]
     again = replay_request([trace], "adaptive-lookup", state, clock)
     assert again.matches_trace and again.drafter_histogram.get("suffix", 0) > 0 and again.steps < first.steps

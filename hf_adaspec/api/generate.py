@@ -1,6 +1,6 @@
-"""``model.generate(..., speculation="adaptive")``: the transformers integration.
+"""``model.generate(..., speculation="adaptive")``: the public entry into the engine.
 
-Seam: transformers 5.x ``generate(custom_generate=callable)`` prepares the generation config, logits
+transformers 5.x ``generate(custom_generate=callable)`` prepares the generation config, logits
 processors and stopping criteria, then calls the callable — but forwards to it neither
 ``assistant_model`` nor ``streamer`` (only keyword arguments its signature adds beyond ``_sample``'s), and
 it drops ``tokenizer`` before building the stop strings' criterion (``hf_compat.stop_strings_as_criteria``
@@ -9,7 +9,8 @@ builds it instead).
 Hub ``custom_generate`` recipes): with ``speculation=...`` it packs the draft model, streamer and
 settings into one ``SpeculationRequest`` keyword and calls the original ``generate`` with our
 callable; without it, ``generate`` behaves exactly as before (including HF assisted generation).
-One engine runs every request: a single prompt is a batch of one row.
+One engine runs every request: a single prompt is a batch of one row, assembled by ``engine.run.build_run``
+(the replay assembles its requests with the same function).
 """
 
 from __future__ import annotations
@@ -24,33 +25,13 @@ from typing import Any
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ..backend import hf_compat
 from ..config import SpeculationConfig
 from ..costs.cache import CostCache
 from ..costs.table import CostTable
-from ..backend.draft_prefix import DraftPrefixStore, PrefixSeed
 from ..engine.loop import DecodeSettings, speculative_decode
-from ..backend.ragged import RaggedCache
+from ..engine.run import ModelCaches, SpeculationState, build_run, record_run
 from ..engine.stats import SpeculationStats, StepRecord
-from ..policy.confidence import CalibratorMemory
-from ..policy.match import MatchMemory
-from ..policy.modes import SPECULATION_MODES, Learned, PolicyInputs
-from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer, SuffixMemory, SuffixProposer
-from ..backend import hf_compat
-
-
-@dataclass
-class SpeculationState:
-    """What ``generate`` learns across requests of one model: the draft's confidence calibration,
-    prompt lookup's acceptance per match length (``matches``), the draft's recent caches
-    (``draft_prefixes``) and, for suffix drafting, the recent responses (``suffixes``). ``enable`` keeps one
-    per model, so decisions — and with them sampled outputs — change from call to call as it learns;
-    ``generate(..., speculation_state=SpeculationState())`` starts a call (or a workload, or a benchmarked
-    method) from a fresh one."""
-
-    calibrators: CalibratorMemory = field(default_factory=CalibratorMemory)
-    matches: MatchMemory = field(default_factory=MatchMemory)
-    draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
-    suffixes: SuffixMemory = field(default_factory=SuffixMemory)
 
 
 @dataclass(frozen=True)
@@ -120,28 +101,6 @@ def _check_outputs(gen_config) -> None:
                          + ", ".join(named) + " (or leave speculation out to get them from plain generate)")
 
 
-def _build_proposers(request: SpeculationRequest, logits_processor, generation_config, batch: int,
-                     draft_cache: RaggedCache | None, prompt_lengths: list[int]) -> list[Proposer]:
-    """Draft model (if given; ``draft_cache``: its starting cache), then prompt lookup (if no draft
-    model, or when the mode adds it as a second drafter) and with it suffix drafting where the mode adds it."""
-    proposers: list[Proposer] = []
-    pad = hf_compat.pad_token_id(generation_config)
-    if request.draft_model is not None:
-        proposers.append(DraftModelProposer(request.draft_model, batch, logits_processor, generation_config.do_sample,
-                                            pad, hf_compat.eos_token_ids(generation_config), cache=draft_cache))
-    mode = SPECULATION_MODES[request.config.speculation]
-    if request.draft_model is None or mode.lookup_with_draft:
-        proposers.append(PromptLookupProposer(max_ngram=request.config.prompt_lookup_max_ngram))
-        if mode.suffix:
-            proposers.append(SuffixProposer(request.state.suffixes, prompt_lengths))
-    return proposers
-
-
-def memory_key(proposer: Proposer, draft: object | None) -> str:
-    """Identifies a drafter in the pair's learned state (the draft model by identity)."""
-    return f"{proposer.name}:{id(draft) if isinstance(proposer, DraftModelProposer) else 0}"
-
-
 def _costs_for(model, request: SpeculationRequest, batch: int, context: int) -> Callable[[int], CostTable]:
     """costs_for(b): the given table; else the pair's profile at b rows and ``context`` tokens (the padded
     prompt length), or tables calibrated at b = 1, 2, 4, … and ``batch`` (``CostCache.costs_for``)."""
@@ -165,39 +124,22 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
     mask = model_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
     _check_inputs(model, input_ids, mask, request, generation_config)
-    batch, config, state = input_ids.shape[0], request.config, request.state
-    seed = None
-    if batch == 1 and bool(mask.all()) and request.draft_model is not None:  # the draft starts from a recent prefix
-        seed = state.draft_prefixes.seed(request.draft_model, input_ids)
-    proposers = _build_proposers(request, logits_processor, generation_config, batch,
-                                 RaggedCache(request.draft_model, 1, seed.cache) if seed is not None else None,
-                                 mask.sum(dim=1).tolist())
-    inputs = PolicyInputs(config, _costs_for(model, request, batch, input_ids.shape[1]), batch,
-                          tuple((p.name, memory_key(p, request.draft_model)) for p in proposers),
-                          Learned(state.calibrators, state.matches))
-    controller = SPECULATION_MODES[config.speculation].build(inputs)
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
-                              generation_config.do_sample, config.k_max, hf_compat.pad_token_id(generation_config),
-                              request.streamer, on_step=request.on_step)
-    result = speculative_decode(model, input_ids, mask, proposers, controller, settings)
-    result.stats.tpot_slo_ms = config.tpot_slo_ms
-    if any(isinstance(p, SuffixProposer) for p in proposers):  # each row's prompt and output, for later requests
-        for i in range(batch):
-            state.suffixes.remember(input_ids[i][mask[i].bool()].tolist(),
-                                    result.sequences[i, input_ids.shape[1] : input_ids.shape[1]
-                                                     + result.stats.row_tokens[i]].tolist())
-    if seed is not None:
-        _keep_prefix(state.draft_prefixes, request.draft_model, result.sequences, proposers[0], seed)
-        result.stats.draft_prefix_tokens = seed.length
+                              generation_config.do_sample, hf_compat.pad_token_id(generation_config),
+                              hf_compat.eos_token_ids(generation_config), request.streamer, on_step=request.on_step)
+    run = build_run(request.config, request.state, input_ids, mask, request.draft_model,
+                    ModelCaches(model, request.draft_model),
+                    _costs_for(model, request, input_ids.shape[0], input_ids.shape[1]), settings)
+    result = speculative_decode(run.parts, input_ids, mask)
+    result.stats.tpot_slo_ms = request.config.tpot_slo_ms
+    width, rows = input_ids.shape[1], range(input_ids.shape[0])
+    record_run(request.state, run, [input_ids[i][mask[i].bool()].tolist() for i in rows],
+               [result.sequences[i, width : width + result.stats.row_tokens[i]].tolist() for i in rows])
+    if run.seed is not None:
+        result.stats.draft_prefix_tokens = run.seed.length
     if generation_config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
     return result.sequences
-
-
-def _keep_prefix(store: DraftPrefixStore, draft: torch.nn.Module, sequences: torch.Tensor,
-                 proposer: DraftModelProposer, seed: PrefixSeed) -> None:
-    """Hand the draft's final cache (batch size 1) to the prefix store."""
-    store.remember(draft, sequences, proposer.cache.cache, seed.length)
 
 
 # generate() keywords that set SpeculationConfig fields of the same name

@@ -11,9 +11,32 @@ the CPU; ``hf_compat``'s forwards move a block to the model's device and its log
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from . import hf_compat
+
+
+class KVCache(Protocol):
+    """What the engine and a paid drafter need from a model's cache over a batch (``RaggedCache``, or the
+    replay's stand-in that answers from traces). lengths: [B] long, tokens held per row; ``cache``: the
+    transformers cache underneath (None for a stand-in)."""
+
+    lengths: torch.Tensor
+    cache: object | None
+
+    def append(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
+        """Feed tokens [B, M] (``valid`` [B, M] bool marks real ones) → float32 logits [B, keep, V]."""
+        ...
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Keep only the first ``lengths`` [B] tokens of each row."""
+        ...
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep batch rows ``rows`` ([b] long indices)."""
+        ...
 
 
 class RaggedCache:

@@ -1,16 +1,15 @@
 """Measuring a cost profile: the grid, synthetic contexts, interleaved timing, the cost-curve plot.
 
 Design: contexts come from ``hf_compat.synthetic_cache`` (random keys and values; attention's cost does
-not depend on them) instead of a prefill, which at 16×4096 tokens would take minutes on a CPU; each
-timed forward is rolled back. Per (batch, context) one cache per model, a warm-up round, then
-``repeats`` rounds with all that group's cells interleaved (order alternating between rounds); the
-median of the rounds is kept and the caches are dropped before the next group. Target cells with
-b·n > ``max_tokens_per_forward`` (default 64) are skipped: the default grid (contexts 128..2048,
-batch 1..16; 261 cells in 26 groups, 25 of them held out) took 10 minutes for the Qwen2.5-Coder NF4
-pair on a 2-core CPU (`hf-adaspec profile`, 2026-11-23); adding context 4096 and b·n up to 160 had
-not finished after 7 minutes at batch 4 of 16, so it is opt-in (``--contexts``, ``--max-tokens-per-forward``).
-Held-out cells off the grid are timed the same
-way and used only to score the predictors (``profile.assemble_profile``).
+not depend on them) instead of a prefill, which at large batch × context would cost more than the
+forwards it serves; each timed forward is rolled back. Per (batch, context) one cache per model, a
+warm-up round, then ``repeats`` rounds with all that group's cells interleaved (order alternating
+between rounds); the median of the rounds is kept and the caches are dropped before the next group.
+Target cells with b·n > ``max_tokens_per_forward`` (default 64) are skipped. The default grid is
+contexts 128..2048 and batch 1..16 (261 cells in 26 groups, 25 of them held out); longer contexts and
+wider forwards are opt-in (``--contexts``, ``--max-tokens-per-forward``), since they make a profile much
+slower to measure. Held-out cells off the grid are timed the same way and used only to score the
+predictors (``profile.assemble_profile``).
 """
 
 from __future__ import annotations

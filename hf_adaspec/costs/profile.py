@@ -1,19 +1,18 @@
 """Cost profiles: step latency vs new tokens × batch × context, two predictors, and the engine's lookup.
 
-Design: the per-pair ``CostTable`` of ``costs`` is measured at one context (128 tokens). A profile
-(measured by ``profiling.measure_profile``, the ``hf-adaspec profile`` command) holds the median ms of
+Design: the per-pair ``CostTable`` of ``table`` is measured at one context (128 tokens). A profile
+(measured by ``measure.measure_profile``, the ``hf-adaspec profile`` command) holds the median ms of
 target forwards over n new tokens at batch b on top of a c-token context, and of the draft's 1-token
-forward and 32-token catch-up chunk vs (b, c). Two predictors (``cost_predictors``): (a) the table,
+forward and 32-token catch-up chunk vs (b, c). Two predictors (``predictors``): (a) the table,
 linearly interpolated over n, then context, then batch (flat below the grid, linear extrapolation
-above it); (b) a least-squares
-fit t = α·(b·c) + γ·(b·n) + δ per model (SmartSpec, arXiv 2406.14066: a batch's step cost is
-linear in its context and new tokens). Off-grid "held-out" cells, used for neither, give each
-predictor's mean absolute percentage error per quantity (the target's verification, the draft's
-1-token forward, its catch-up chunk), and each quantity uses its lower one: one pooled choice let the
-many-token and batch-16 cells pick the fit for all three, and the Qwen draft's 1-token forwards then
-took 1.4–1.6x the fit's prediction in the engine (README, Benchmark). Profiles are JSON written
-atomically and verified by reading back; the engine uses one only when its key (models, dtype,
-quantization, device, library versions, machine, threads) matches the loaded pair (``find_profile``).
+above it); (b) a least-squares fit t = α·(b·c) + γ·(b·n) + δ per model (SmartSpec, arXiv 2406.14066: a
+batch's step cost is linear in its context and new tokens). Off-grid "held-out" cells, used for
+neither, give each predictor's mean absolute percentage error per quantity (the target's verification,
+the draft's 1-token forward, its catch-up chunk), and each quantity uses its lower one (one pooled
+choice lets the many-token and large-batch cells pick a predictor for all three; docs/experiments.md,
+row "Per-quantity cost predictors"). Profiles are JSON written atomically and verified by reading back;
+the engine uses one only when its key (models, dtype, quantization, device, library versions, machine,
+threads) matches the loaded pair (``find_profile``).
 """
 
 from __future__ import annotations
@@ -146,7 +145,7 @@ def assemble_profile(pair: str, identity: dict, cells: dict[str, Sequence[Profil
 
 
 def profile_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dict:
-    """What a profile holds for: ``costs.pair_identity`` (models, torch/transformers, machine, threads)
+    """What a profile holds for: ``table.pair_identity`` (models, torch/transformers, machine, threads)
     plus the bitsandbytes version and the measurement schema."""
     bnb = library_versions()["bitsandbytes"]
     return {"profile_schema": MEASUREMENT_SCHEMA, **pair_identity(target, draft), "bitsandbytes": bnb}

@@ -3,10 +3,10 @@
 Design: the controller never assumes a cost model. At first use we time the target's forward over
 n = 1..k_max+1 new tokens and the draft's 1-token forward on a fixed context (warm-up, then the median
 of a few repeats, sizes interleaved), and cache the table as JSON, keyed by the model pair, dtype,
-quantization, device and library versions. On CPU with NF4 the curve is flat up to ~4 tokens and not
-linear, which is exactly what a fitted line would get wrong. A cost profile (``profile``, measured by
-``hf-adaspec profile`` over batch × context × new tokens) that matches the pair takes precedence:
-``CostCache`` looks for one first and calibrates only without it.
+quantization, device and library versions. The curve need not be linear in n (on a CPU with NF4 it is
+flat over the first few tokens), which is exactly what a fitted line would get wrong. A cost profile
+(``profile``, measured by ``hf-adaspec profile`` over batch × context × new tokens) that matches the pair
+takes precedence: ``CostCache`` looks for one first and calibrates only without it.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def measure(
     over ``batch`` rows (so per batch step).
 
     One warm-up round, then ``repeats`` rounds with all sizes interleaved so drift hits them alike. At most
-    13 widths up to 32 tokens are timed whatever ``n_max`` is, so a first use stays a few seconds.
+    13 widths up to 32 tokens are timed whatever ``n_max`` is, so a first use does not grow with ``n_max``.
     """
     ns = calibrated_ns(n_max)
     target_probe = _ForwardProbe(target, context, ns[-1], batch)

@@ -1,2 +1,2 @@
-"""The engine: the one speculative loop (``loop``), the ragged KV cache, verification, the per-row
-stats and the draft's prefix store."""
+"""The engine: the one speculative loop (``loop``), verification, the per-row stats, and one request's
+assembly from the mode registry (``run``: ``build_run``, ``record_run``, ``SpeculationState``)."""

@@ -1,12 +1,14 @@
 """The speculative decoding loop, over the B rows of a left-padded batch (a single request is B = 1).
 
-Each step reads decide → propose → verify → commit → observe: the controller picks a drafter and k_i
-per active row from what the drafters offer; each drafter proposes at once for the rows that picked it
-(the controller's stop rule may end the draft model's proposal early); the target verifies every row's
-[last token, d_1..d_{k_i}] in one forward (right-padded to k+1 columns); greedy or lossless speculative
-sampling keeps n_i ≤ k_i tokens plus a bonus/correction token per row; target and drafter caches roll
-back per row (``RaggedCache``: rejected positions become masked holes, cropped when no row needs them);
-rows that stop (EOS, max_new_tokens, a stopping criterion) leave the batch. k_i = 0 is a plain step.
+Each step reads decide → propose → verify → commit → observe: every drafter offers what it could propose
+for each active row, the controller picks a drafter and k_i per row; each drafter proposes at once for the
+rows that picked it (the controller's stop rule may end the draft model's proposal early); the target
+verifies every row's [last token, d_1..d_{k_i}] in one forward (right-padded to k+1 columns); greedy or
+lossless speculative sampling keeps n_i ≤ k_i tokens plus a bonus/correction token per row; the target's
+cache and every drafter commit the confirmed tokens per row (``RaggedCache``: rejected positions become
+masked holes, cropped when no row needs them), and rows that stop (EOS, max_new_tokens, a stopping
+criterion) leave the batch; the controller learns from the outcome, a costless drafter's whole offer
+scored in hindsight against the emitted tokens. k_i = 0 is a plain step.
 Invariant: the target cache holds every token of a row but its last. Greedy rows equal their plain
 greedy output where the forward is shape-stable; sampling is lossless per row.
 """
@@ -19,29 +21,42 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backend.ragged import KVCache, right_pad
 from ..policy.controller import Controller, Decision, StepOutcome, StepView
 from ..policy.horizon import lindy_horizon
-from ..proposers.base import Proposal, Proposer, Rows
-from ..backend.ragged import RaggedCache, right_pad
+from ..proposers.base import Drafter, DraftOffer, Proposal, Rows
 from .stats import SpeculationStats, StepRecord
 from .verification import Verification, greedy_verify, speculative_sample
 
 
 @dataclass
 class DecodeSettings:
-    """What the loop needs from the generation config: processors, stopping, budget, sampling, and at
-    batch size 1 the streamer and the step callback ``on_step(record, tokens [m])``."""
+    """What the loop needs from the generation config: processors, stopping, the length budget (tokens),
+    sampling, pad and EOS ids, and at batch size 1 the streamer and the step callback
+    ``on_step(record, tokens [m])``."""
 
     logits_processor: object
     stopping_criteria: object
     max_length: int
     do_sample: bool
-    k_max: int
     pad_token_id: int = 0
+    eos_token_ids: tuple[int, ...] = ()
     streamer: object | None = None
     generator: torch.Generator | None = None
     on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
     horizon: Callable[[int, int], int] = lindy_horizon  # (generated, tokens left) → tokens still to come
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """What one request runs on: the target's empty cache ([B] rows), the drafters in the controller's
+    order, the controller, the settings and k_max (the most tokens any drafter may offer a row per step)."""
+
+    cache: KVCache
+    drafters: tuple[Drafter, ...]
+    controller: Controller
+    settings: DecodeSettings
+    k_max: int
 
 
 @dataclass(frozen=True)
@@ -80,15 +95,18 @@ def verify_proposal(proposal: Proposal, scores: torch.Tensor, settings: DecodeSe
 
 @dataclass
 class _Rows:
-    """Per request: padded views [T_i], padding lengths, the active rows and finish times (ms)."""
+    """Per request: padded views [T_i], padding lengths, the prompt width T, the active rows and finish
+    times (ms)."""
 
     views: list[torch.Tensor]
     starts: list[int]
+    prompt_width: int
     active: list[int]
     finish_ms: list[float]
 
     def current(self) -> Rows:
-        return Rows(tuple(self.views[i] for i in self.active), tuple(self.starts[i] for i in self.active))
+        return Rows(tuple(self.views[i] for i in self.active), tuple(self.starts[i] for i in self.active),
+                    self.prompt_width)
 
     def emit(self, slot: int, new: torch.Tensor, settings: DecodeSettings, now_ms: float) -> bool:
         """Append new tokens [1, m] to active row ``slot`` one at a time, stopping at the first token a
@@ -102,19 +120,17 @@ class _Rows:
         return False
 
 
-def _decide(rows: _Rows, current: Rows, proposers: Sequence[Proposer], controller: Controller,
-            settings: DecodeSettings, prompt_width: int) -> tuple[StepView, Decision]:
-    """The controller's decision from what each drafter offers each active row (capped by the row's
-    budget) and its evidence, the drafters' catch-up, and the horizon of the shortest row and the
-    smallest budget."""
+def _decide(rows: _Rows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOffer, ...], StepView, Decision]:
+    """Every drafter's offer, and the controller's decision from the offers (capped by each row's budget),
+    their evidence, the drafters' catch-up, and the horizon of the shortest row and the smallest budget."""
+    settings = parts.settings
     budget = [settings.max_length - rows.views[i].shape[0] - 1 for i in rows.active]
-    offers = tuple(tuple(max(0, min(b, u)) for b, u in zip(budget, p.available(current, settings.k_max), strict=True))
-                   for p in proposers)  # [D][b]
-    generated = min(rows.views[i].shape[0] for i in rows.active) - prompt_width
+    offers = tuple(d.offer(current, parts.k_max) for d in parts.drafters)
+    bounds = tuple(tuple(max(0, min(b, u)) for b, u in zip(budget, o.bounds, strict=True)) for o in offers)  # [D][b]
+    generated = min(rows.views[i].shape[0] for i in rows.active) - rows.prompt_width
     horizon = settings.horizon(generated, min(budget) + 1)
-    view = StepView(offers, tuple(p.catchup_tokens(current) for p in proposers), horizon,
-                    tuple(tuple(p.evidence(current)) for p in proposers))
-    return view, controller.decide(view)
+    view = StepView(bounds, tuple(o.catchup for o in offers), horizon, tuple(o.evidence for o in offers))
+    return offers, view, parts.controller.decide(view)
 
 
 def hindsight(proposal: torch.Tensor, emitted: torch.Tensor) -> tuple[int, int]:
@@ -125,28 +141,22 @@ def hindsight(proposal: torch.Tensor, emitted: torch.Tensor) -> tuple[int, int]:
     return compared, int(same.cumprod(0).sum())
 
 
-def _hindsight(proposers: Sequence[Proposer], current: Rows, view: StepView, new: list[torch.Tensor]
+def _hindsight(offers: Sequence[DraftOffer], view: StepView, new: list[torch.Tensor]
                ) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
-    """Per drafter: None, or for a costless one per row what its whole offer would have got accepted."""
-    out = []
-    for d, proposer in enumerate(proposers):
-        if not proposer.costless:
-            out.append(None)
-            continue
-        offers = proposer.propose(current, view.offers[d])
-        out.append(tuple(hindsight(p.tokens, n) for p, n in zip(offers, new, strict=True)))
-    return tuple(out)
+    """Per drafter: None (paid), or for a costless one per row what its whole offer (as the controller saw
+    it, capped by the row's budget) would have got accepted."""
+    return tuple(tuple(hindsight(p.tokens, n) for p, n in zip(o.take(view.offers[d]), new, strict=True))
+                 if o.costless else None for d, o in enumerate(offers))
 
 
-def _propose(proposers: Sequence[Proposer], current: Rows, decision: Decision, controller: Controller
-             ) -> list[Proposal]:
+def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decision: Decision) -> list[Proposal]:
     """Each row's proposal from its drafter; a drafter runs once for all rows that picked it."""
     proposals = [Proposal(torch.zeros(1, 0, dtype=torch.long))] * len(decision.ks)
-    for d, proposer in enumerate(proposers):
-        ks = [k if drafter == d else 0 for k, drafter in zip(decision.ks, decision.drafters, strict=True)]
+    for d, drafter in enumerate(parts.drafters):
+        ks = [k if chosen == d else 0 for k, chosen in zip(decision.ks, decision.drafters, strict=True)]
         if max(ks):
-            for i, proposal in enumerate(proposer.propose(current, ks, stop=controller.stop_rule(d))):
-                proposals[i] = proposal if decision.drafters[i] == d else proposals[i]
+            made = drafter.propose(current, offers[d], ks, stop=parts.controller.stop_rule(d))
+            proposals = [p if chosen == d else old for p, old, chosen in zip(made, proposals, decision.drafters)]
     return proposals
 
 
@@ -164,59 +174,74 @@ def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: _Rows, settin
     return accepted, new
 
 
+def _commit(parts: RunParts, finished: list[bool], confirmed: torch.Tensor, own: Sequence[torch.Tensor]) -> None:
+    """Roll the target's cache back to the ``confirmed`` [b] tokens per row and each drafter to its ``own``
+    [b] (a drafter keeps its tokens only where they were accepted); then finished rows leave the batch,
+    unless every row finished (the caches stay whole: the draft's may seed a later request)."""
+    left = [s for s, f in enumerate(finished) if not f]
+    keep = torch.tensor(left, dtype=torch.long) if 0 < len(left) < len(finished) else None
+    parts.cache.rollback(confirmed)
+    if keep is not None:
+        parts.cache.select(keep)
+    for drafter, lengths in zip(parts.drafters, own, strict=True):
+        drafter.commit(lengths, keep)
+
+
+def _leave(parts: RunParts, rows: _Rows, finished: list[bool]) -> None:
+    """The controller forgets finished rows, and they leave the active rows."""
+    left = [s for s, f in enumerate(finished) if not f]
+    if 0 < len(left) < len(finished):
+        parts.controller.select(torch.tensor(left, dtype=torch.long))
+    rows.active = [rows.active[s] for s in left]
+
+
 @torch.no_grad()
-def speculative_decode(target: torch.nn.Module | None, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       proposers: Sequence[Proposer], controller: Controller, settings: DecodeSettings,
-                       cache: RaggedCache | None = None) -> DecodeResult:
-    """Generate for a left-padded batch. input_ids, attention_mask: [B, T] → DecodeResult. ``cache``: the
-    target's empty cache (None: a ``RaggedCache`` of ``target``; the replay passes one that answers from
-    traces, with ``target`` None)."""
-    start, batch = time.perf_counter(), input_ids.shape[0]
+def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DecodeResult:
+    """Generate for a left-padded batch with ``parts`` (its cache empty). input_ids, attention_mask: [B, T]
+    → DecodeResult."""
+    start, batch, settings = time.perf_counter(), input_ids.shape[0], parts.settings
     now = lambda: (time.perf_counter() - start) * 1000.0  # noqa: E731
-    rows = _Rows(list(input_ids.cpu()), (attention_mask.shape[1] - attention_mask.sum(1)).tolist(),
+    rows = _Rows(list(input_ids.cpu()), (attention_mask.shape[1] - attention_mask.sum(1)).tolist(), input_ids.shape[1],
                  list(range(batch)), [0.0] * batch)
-    stats, cache = SpeculationStats(), cache if cache is not None else RaggedCache(target, batch)
-    logits = cache.append(input_ids, attention_mask.bool(), keep=1)[:, -1].cpu()  # [B, V]
+    stats = SpeculationStats()
+    logits = parts.cache.append(input_ids, attention_mask.bool(), keep=1)[:, -1].cpu()  # [B, V]
     firsts = [select_token(settings.logits_processor(rows.views[i][None], logits[i : i + 1]), settings.do_sample,
                            settings.generator) for i in range(batch)]  # B × [1, 1]
     finished = [rows.emit(i, t, settings, now()) for i, t in enumerate(firsts)]
     stats.prefill_ms = now()
     _stream(settings, rows.views[0][input_ids.shape[1]:], None)
+    if any(finished):  # rows that stopped at their first token leave before the first step
+        held = rows.current().lengths - 1  # the caches hold at most the prompt: nothing to roll back
+        _commit(parts, finished, held, [held] * len(parts.drafters))
+    _leave(parts, rows, finished)
     step = 0
-    while True:
-        keep = torch.tensor([s for s, f in enumerate(finished) if not f], dtype=torch.long)
-        if not keep.numel():  # every row stopped (the caches stay whole: the draft's may be reused)
-            break
-        if keep.numel() < len(rows.active):
-            rows.active = [rows.active[int(s)] for s in keep]
-            for part in (cache, controller, *proposers):
-                part.select(keep)
+    while rows.active:
         current = rows.current()
-        view, decision = _decide(rows, current, proposers, controller, settings, input_ids.shape[1])  # decide
+        offers, view, decision = _decide(rows, current, parts)  # decide
         t0 = time.perf_counter()
-        proposals = _propose(proposers, current, decision, controller)  # propose
+        proposals = _propose(parts, current, offers, decision)  # propose
         t1 = time.perf_counter()
         block, valid = right_pad([torch.cat([rows.views[i][-1:], p.tokens[0]])  # [b, k+1]
                                   for i, p in zip(rows.active, proposals)], settings.pad_token_id)
-        accepted, new = _verify(cache.append(block, valid, keep=block.shape[1]), proposals, rows, settings)  # verify
-        seen = _hindsight(proposers, current, view, new)
+        accepted, new = _verify(parts.cache.append(block, valid, keep=block.shape[1]), proposals, rows, settings)
+        seen = _hindsight(offers, view, new)
         confirmed = current.lengths + torch.tensor(accepted)  # tokens each row holds, minus its new last token
-        cache.rollback(confirmed)  # commit
-        for d, proposer in enumerate(proposers):  # a drafter keeps its own tokens only where they were accepted
-            mine = torch.tensor([drafter == d for drafter in decision.drafters])
-            proposer.rollback(torch.where(mine, confirmed, current.lengths))
         lengths = [rows.views[i].shape[0] for i in rows.active]
         finished = [rows.emit(s, n, settings, now()) for s, n in enumerate(new)]
+        own = [torch.where(torch.tensor([c == d for c in decision.drafters]), confirmed, current.lengths)
+               for d in range(len(parts.drafters))]
+        _commit(parts, finished, confirmed, own)  # commit
         ks = tuple(p.k for p in proposals)
-        controller.observe(StepOutcome(decision.drafters, ks, tuple(accepted),  # observe
-                                       tuple(p.confidences for p in proposals), seen))
+        parts.controller.observe(StepOutcome(decision.drafters, ks, tuple(accepted),  # observe
+                                             tuple(p.confidences for p in proposals), seen))
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
         for s, i in enumerate(rows.active):
             record = StepRecord(ks[s], accepted[s], rows.views[i].shape[0] - lengths[s],
-                                proposers[decision.drafters[s]].name if ks[s] else "plain", draft_ms, verify_ms,
+                                parts.drafters[decision.drafters[s]].name if ks[s] else "plain", draft_ms, verify_ms,
                                 decision.alphas[s], decision.predicted_goodput, row=i, step=step)
             stats.steps.append(record)
             _stream(settings, rows.views[i][lengths[s]:], record)
+        _leave(parts, rows, finished)
         step += 1
     if settings.streamer is not None:
         settings.streamer.end()

@@ -1,7 +1,7 @@
 """Verification of a k-token proposal against the target: greedy and lossless speculative sampling.
 
 Notation: p = target distribution, q = draft distribution (Leviathan et al. 2023; Chen et al. 2023).
-Pure functions over tensors; batch-shaped ([B, ...]) although the engine runs B=1 for now.
+Pure functions over tensors, batch-shaped: B rows ([B, ...]) verified at once, each row independently.
 """
 
 from __future__ import annotations

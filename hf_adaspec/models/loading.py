@@ -4,8 +4,8 @@ Path for presets: assembled GGUF (``assets``) → transformers' GGUF loader with
 ``GgufConfig(dequantize=True)`` → dense weights, cached once as safetensors (written to a temporary
 directory, renamed into place, stamped with each file's size and SHA-256 and checked against the stamp
 at every load; the assembled GGUF is then discarded, so a preset keeps one copy on disk beside its
-installed parts) → optionally bitsandbytes NF4/int8 at load. Measured on a 2-core CPU:
-NF4 (bf16 compute) is the fastest path for the Qwen2.5-Coder pair, so it is the CPU default.
+installed parts) → optionally bitsandbytes NF4/int8 at load. NF4 (bf16 compute) is the CPU default,
+chosen by timing the Qwen2.5-Coder pair's paths (docs/experiments.md, row "A cheaper target step").
 """
 
 from __future__ import annotations
@@ -143,8 +143,8 @@ def load(
 ) -> LoadedModel:
     """Load a causal LM and tokenizer; ``quantization`` nf4|int8|none (bitsandbytes), ``dtype`` the
     weight/compute dtype. ``quantize_lm_head`` also quantizes the output head (bitsandbytes skips it by
-    default): worth it for a draft model, whose 151,936-row head is a third of its CPU forward (0.5B
-    NF4: 35 → 23 ms per token, ``python benchmarks/draft_head.py``).
+    default): worth it for a draft model, whose output head over the whole vocabulary is a large share of
+    its 1-token forward (docs/experiments.md, row "NF4 output head for the draft").
 
     Raises:
         ValueError: unknown quantization or dtype; an unknown model id while the hub is unreachable.

@@ -1,6 +1,11 @@
-"""Online per-request estimate of the acceptance rate α (the ``fixed`` baseline reports it with its goodput).
+"""Acceptance models: what the controller predicts a drafter's proposal gets accepted, P_1..P_u per row.
 
-Model: each draft token is accepted independently with probability α, so a step that drafts k and
+- ``IIDAcceptance``: an online per-request estimate of the acceptance rate α, P_j = α^j (the ``fixed``
+  baseline reports it with its goodput).
+- ``ConfidenceAcceptance``: the draft model's calibrated confidence (AdaSpec, arXiv 2503.05096).
+- ``match.MatchAcceptance``: a costless drafter's acceptance by its match length.
+
+The i.i.d. estimate: each draft token is accepted independently with probability α, so a step that drafts k and
 accepts n contributes n successes and, when n < k, one failure (the geometric likelihood; Leviathan
 et al. 2023 §3.1). We keep discounted pseudo-counts with a Beta prior: every step multiplies the
 counts by a decay γ < 1, so the estimate follows drift within a request, and during plain steps
@@ -10,7 +15,14 @@ speculation again after a bad patch instead of staying at k=0 for ever.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
+
+from .confidence import ConfidenceCalibrator, RunningMean, prefix_confidences
+from .match import MatchAcceptance
 
 
 @dataclass(frozen=True)
@@ -56,3 +68,71 @@ class AcceptanceEstimator:
         self.trials *= self.prior.decay
         self.successes += accepted
         self.trials += accepted + (1 if accepted < drafted else 0)
+
+
+class IIDAcceptance:
+    """Per row, a discounted Beta-geometric α (``AcceptanceEstimator``); P_j = α^j."""
+
+    confidence_stopped = False
+
+    def __init__(self, batch: int, prior: AcceptancePrior | None = None) -> None:
+        self.rows = [AcceptanceEstimator(prior) for _ in range(batch)]
+
+    def see(self, evidence: Sequence[int]) -> None:
+        """No evidence used: one α per row."""
+
+    def path(self, i: int, upper: int) -> tuple[float, ...]:
+        alpha = self.rows[i].alpha
+        return tuple(alpha ** j for j in range(1, upper + 1))
+
+    def alpha(self, i: int) -> float:
+        return self.rows[i].alpha
+
+    def observe(self, i: int, drafted: int, accepted: int, confidences: tuple[float, ...]) -> None:
+        """Row i drafted ``drafted`` with this drafter; a plain step (0) relaxes α towards its prior."""
+        self.rows[i].update(drafted, accepted)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.rows = [self.rows[int(i)] for i in rows]
+
+
+class ConfidenceAcceptance:
+    """The pair's confidence calibration and, per row, its running mean per-token confidence c̄ (seeded
+    with the pair's mean); P_j = calibrated(c̄^j) before drafting, calibrated(c_j) once drafted."""
+
+    confidence_stopped = True
+
+    def __init__(self, batch: int, calibrator: ConfidenceCalibrator) -> None:
+        self.calibrator = calibrator
+        self.c_bar = [RunningMean(calibrator.token_mean) for _ in range(batch)]
+
+    def see(self, evidence: Sequence[int]) -> None:
+        """No evidence before drafting: the confidences come with the drafted tokens."""
+
+    def path(self, i: int, upper: int) -> tuple[float, ...]:
+        c = self.c_bar[i].value
+        return tuple(self.calibrator.predict(c ** j) for j in range(1, upper + 1))
+
+    def alpha(self, i: int) -> float:
+        return self.calibrator.predict(self.c_bar[i].value)
+
+    def drafted(self, confidences: tuple[float, ...]) -> list[float]:
+        """Calibrated P_1..P_j of the tokens drafted so far, from their q(x_u)."""
+        return [self.calibrator.predict(c) for c in prefix_confidences(confidences)]
+
+    def next_prob(self, i: int, confidences: tuple[float, ...]) -> float:
+        """Predicted P_{j+1} of row i: calibrated(c_j·c̄)."""
+        return self.calibrator.predict(min(1.0, math.prod(confidences) * self.c_bar[i].value))
+
+    def observe(self, i: int, drafted: int, accepted: int, confidences: tuple[float, ...]) -> None:
+        """Fold a verified draft into the pooled calibration and row i's c̄; a plain step leaves both."""
+        if confidences:
+            self.calibrator.update(confidences, accepted)
+            for q in confidences:
+                self.c_bar[i].add(q)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.c_bar = [self.c_bar[int(i)] for i in rows]
+
+
+AcceptanceModel = IIDAcceptance | ConfidenceAcceptance | MatchAcceptance

@@ -62,10 +62,11 @@ class ConfidenceCalibrator:
     ``optimism`` standard errors, √(P(1−P)/(n+1)) for n trials (an upper confidence bound), made
     non-decreasing again by ``isotonic`` weighted by trials, and interpolated linearly between bin
     centres. Without it a pessimistic start predicts that drafting never pays, and since only drafted
-    tokens are observed the calibration would never learn otherwise (measured: mean k 0.00 on 12 of 13
-    Spec-Bench categories); the bonus shrinks as 1/√n, so a well-observed bin predicts its observed
-    rate. It also keeps the pair's running mean per-token confidence (``token_mean``), the seed of
-    each new row's c̄. One calibrator per (target, drafter) pair, kept across requests (``CalibratorMemory``).
+    tokens are observed the calibration would never learn otherwise (docs/experiments.md, row "Confidence
+    calibration predicts an upper confidence bound"); the bonus shrinks as 1/√n, so a well-observed bin
+    predicts its observed rate. It also keeps the pair's running mean per-token confidence
+    (``token_mean``), the seed of each new row's c̄. One calibrator per (target, drafter) pair, kept across
+    requests (``CalibratorMemory``).
     """
 
     def __init__(self, n_bins: int = 10, prior_strength: float = 2.0, token_mean: float = 0.7,

@@ -6,9 +6,8 @@ optional callable the draft model asks after each drafted column), ``observe`` (
 ``select`` (finished rows leave). Nothing else is probed.
 
 ``AdaptiveController`` (SmartSpec/TurboSpec, arXiv 2406.14066; AdaSpec, arXiv 2503.05096): every drafter
-prices each row's proposal by its acceptance model — i.i.d. α per row for prompt lookup
-(``IIDAcceptance``), the calibrated confidence path ĉ_j = c̄^j for the draft model
-(``ConfidenceAcceptance``) — and ``goodput.best_plan`` picks the batch-wide k and each row's drafter,
+prices each row's proposal by its acceptance model (``acceptance``: the match-length table for prompt
+lookup and suffix drafting, the calibrated confidence path ĉ_j = c̄^j for the draft model) and ``goodput.best_plan`` picks the batch-wide k and each row's drafter,
 down to a plain step; a draft-model row then drafts up to its offer and the confidence stop rule
 (``goodput.draft_next_column``) ends it token by token. ``FixedController``: always k from the first
 drafter, optionally stopped llama.cpp-style once a drafted token's q(x) < p_min (a baseline).
@@ -25,10 +24,8 @@ import torch
 
 from ..costs.table import CostTable
 from ..proposers.base import StopRule
-from .acceptance import AcceptanceEstimator, AcceptancePrior
-from .confidence import ConfidenceCalibrator, RunningMean, prefix_confidences
+from .acceptance import AcceptanceModel, ConfidenceAcceptance, IIDAcceptance
 from .goodput import Offer, best_plan, draft_next_column, expected_tokens, step_time_ms
-from .match import MatchAcceptance
 
 MIN_GAIN = 0.03  # a k > 0 must predict 3% more goodput than a plain step: α and the costs are estimates
 
@@ -89,74 +86,6 @@ class Controller(Protocol):
     def select(self, rows: torch.Tensor) -> None:
         """Keep the per-row state of rows ``rows`` ([b] long indices)."""
         ...
-
-
-class IIDAcceptance:
-    """Per row, a discounted Beta-geometric α (``AcceptanceEstimator``); P_j = α^j."""
-
-    confidence_stopped = False
-
-    def __init__(self, batch: int, prior: AcceptancePrior | None = None) -> None:
-        self.rows = [AcceptanceEstimator(prior) for _ in range(batch)]
-
-    def see(self, evidence: Sequence[int]) -> None:
-        """No evidence used: one α per row."""
-
-    def path(self, i: int, upper: int) -> tuple[float, ...]:
-        alpha = self.rows[i].alpha
-        return tuple(alpha ** j for j in range(1, upper + 1))
-
-    def alpha(self, i: int) -> float:
-        return self.rows[i].alpha
-
-    def observe(self, i: int, drafted: int, accepted: int, confidences: tuple[float, ...]) -> None:
-        """Row i drafted ``drafted`` with this drafter; a plain step (0) relaxes α towards its prior."""
-        self.rows[i].update(drafted, accepted)
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.rows = [self.rows[int(i)] for i in rows]
-
-
-class ConfidenceAcceptance:
-    """The pair's confidence calibration and, per row, its running mean per-token confidence c̄ (seeded
-    with the pair's mean); P_j = calibrated(c̄^j) before drafting, calibrated(c_j) once drafted."""
-
-    confidence_stopped = True
-
-    def __init__(self, batch: int, calibrator: ConfidenceCalibrator) -> None:
-        self.calibrator = calibrator
-        self.c_bar = [RunningMean(calibrator.token_mean) for _ in range(batch)]
-
-    def see(self, evidence: Sequence[int]) -> None:
-        """No evidence before drafting: the confidences come with the drafted tokens."""
-
-    def path(self, i: int, upper: int) -> tuple[float, ...]:
-        c = self.c_bar[i].value
-        return tuple(self.calibrator.predict(c ** j) for j in range(1, upper + 1))
-
-    def alpha(self, i: int) -> float:
-        return self.calibrator.predict(self.c_bar[i].value)
-
-    def drafted(self, confidences: tuple[float, ...]) -> list[float]:
-        """Calibrated P_1..P_j of the tokens drafted so far, from their q(x_u)."""
-        return [self.calibrator.predict(c) for c in prefix_confidences(confidences)]
-
-    def next_prob(self, i: int, confidences: tuple[float, ...]) -> float:
-        """Predicted P_{j+1} of row i: calibrated(c_j·c̄)."""
-        return self.calibrator.predict(min(1.0, math.prod(confidences) * self.c_bar[i].value))
-
-    def observe(self, i: int, drafted: int, accepted: int, confidences: tuple[float, ...]) -> None:
-        """Fold a verified draft into the pooled calibration and row i's c̄; a plain step leaves both."""
-        if confidences:
-            self.calibrator.update(confidences, accepted)
-            for q in confidences:
-                self.c_bar[i].add(q)
-
-    def select(self, rows: torch.Tensor) -> None:
-        self.c_bar = [self.c_bar[int(i)] for i in rows]
-
-
-AcceptanceModel = IIDAcceptance | ConfidenceAcceptance | MatchAcceptance
 
 
 class AdaptiveController:

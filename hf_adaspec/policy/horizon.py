@@ -5,8 +5,7 @@ The end is unknown, so a request that has run for g tokens is taken to be as lik
 more (``lindy_horizon``): a long prompt with a short answer stays on prompt lookup and plain steps, and
 the draft model joins once the request has shown it runs long enough to earn its catch-up back. A
 horizon learned from the model's past requests' lengths (their mean remaining length) was replaced by
-this rule: replayed on the tune half of Spec-Bench at 256 tokens it predicted 1.220x plain vs 1.227x
-with this rule, and a worse weakest category (0.95x vs 0.97x; docs/experiments.md).
+this rule, chosen by replay on the Spec-Bench tune split (docs/experiments.md, row "Catch-up horizon").
 """
 
 from __future__ import annotations

@@ -1,11 +1,19 @@
-"""The ``speculation=`` modes: a registry from each name to its drafters and controller builder.
+"""The ``speculation=`` modes: the one place that says which drafters a mode uses, how each is built and
+how each is priced.
 
-"adaptive": with a draft model, the draft model (priced and stopped by its calibrated confidence) and
-prompt lookup (priced by its match length, learned by hindsight every step: ``match``) compete every
-step with a plain step (``AdaptiveController``); without one, prompt lookup alone. "fixed": always
-``num_speculative_tokens`` from the first drafter (the draft model, else prompt lookup), optionally
-stopped at ``draft_p_min`` (a baseline). What a pair learns across requests (the confidence calibration,
-lookup's acceptance per match length) comes in through ``Learned``, objects the controllers update.
+A drafter is identified by its ``DrafterSpec`` (never by list position or a name string): its name (as
+``StepRecord.drafter`` reports it), whether it costs a draft forward per column (``paid``), how it is built
+for a run from a ``DrafterContext``, and how the adaptive controller prices its proposals (``acceptance``).
+
+- "adaptive": with a draft model, the draft model (priced and stopped by its calibrated confidence, AdaSpec
+  arXiv 2503.05096), prompt lookup and suffix drafting (each priced by its match length, learned by
+  hindsight every step: ``match``) compete every step with a plain step (``AdaptiveController``); without
+  one, prompt lookup and suffix drafting.
+- "fixed": always ``num_speculative_tokens`` from the draft model, else prompt lookup, optionally stopped at
+  ``draft_p_min`` (a baseline).
+
+What a pair learns across requests (the confidence calibration, the match-length tables) comes in through
+``Learned``, objects the acceptance models update; each drafter's share of it is found by its memory key.
 """
 
 from __future__ import annotations
@@ -13,68 +21,123 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..config import SpeculationConfig
+import torch
+
+from ..backend.ragged import KVCache
+from ..config import ADAPTIVE, FIXED, SpeculationConfig
 from ..costs.table import CostTable
+from ..proposers import DraftModelProposer, Drafter, PromptLookupProposer, SuffixMemory, SuffixProposer
+from .acceptance import AcceptanceModel, ConfidenceAcceptance
 from .confidence import CalibratorMemory
-from .controller import (
-    AdaptiveController,
-    ConfidenceAcceptance,
-    Controller,
-    FixedController,
-)
+from .controller import AdaptiveController, Controller, FixedController
 from .match import MatchAcceptance, MatchMemory
 
 
 @dataclass(frozen=True)
 class Learned:
     """What the pair learned across requests, keyed per drafter: the draft's confidence calibrations and
-    prompt lookup's acceptance per match length."""
+    the costless drafters' acceptance per match length."""
 
     calibrators: CalibratorMemory
     matches: MatchMemory
 
 
 @dataclass(frozen=True)
+class DrafterContext:
+    """What building a drafter for a run may use: the batch size, the config, the decoding settings the
+    drafters need (logits processors, sampling, pad and EOS ids, generator), the draft model's cache (None:
+    no draft model) and suffix drafting's memory of earlier responses."""
+
+    batch: int
+    config: SpeculationConfig
+    logits_processor: object
+    do_sample: bool
+    pad_token_id: int
+    eos_token_ids: tuple[int, ...]
+    draft_cache: KVCache | None
+    suffixes: SuffixMemory
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """One drafter: ``name``; ``paid`` (a draft forward per column, priced by the cost table's draft cells,
+    and keyed in the learned state by the draft model's identity); ``build`` (context → drafter);
+    ``acceptance`` ((batch, learned, memory key) → the controller's acceptance model); ``remembers_responses``
+    (the run's prompts and outputs go to the pair's suffix memory)."""
+
+    name: str
+    paid: bool
+    build: Callable[[DrafterContext], Drafter]
+    acceptance: Callable[[int, Learned, str], AcceptanceModel]
+    remembers_responses: bool = False
+
+    def memory_key(self, draft_key: object | None) -> str:
+        """This drafter's key in the pair's learned state (a paid one per draft model)."""
+        return f"{self.name}:{id(draft_key) if self.paid else 0}"
+
+
+def _draft_model(ctx: DrafterContext) -> Drafter:
+    if ctx.draft_cache is None:
+        raise ValueError("the draft model drafter needs a draft model (assistant_model=...)")
+    return DraftModelProposer(ctx.draft_cache, ctx.logits_processor, ctx.do_sample, ctx.pad_token_id,
+                              ctx.eos_token_ids, ctx.generator)
+
+
+def _by_confidence(batch: int, learned: Learned, key: str) -> AcceptanceModel:
+    return ConfidenceAcceptance(batch, learned.calibrators.calibrator_for(key))
+
+
+def _by_match_length(batch: int, learned: Learned, key: str) -> AcceptanceModel:
+    return MatchAcceptance(batch, learned.matches.table_for(key))
+
+
+DRAFT_MODEL = DrafterSpec("draft_model", True, _draft_model, _by_confidence)
+PROMPT_LOOKUP = DrafterSpec("prompt_lookup", False, lambda ctx: PromptLookupProposer(ctx.config.prompt_lookup_max_ngram),
+                            _by_match_length)
+SUFFIX = DrafterSpec("suffix", False, lambda ctx: SuffixProposer(ctx.suffixes), _by_match_length,
+                     remembers_responses=True)
+
+
+@dataclass(frozen=True)
 class PolicyInputs:
     """Everything a controller is built from: the request's config, costs at b rows (``costs_for``), the
-    batch size, the drafters in order (``drafters[d]``: (name, memory key), the draft model first) and
-    what the pair learned (``learned``)."""
+    batch size, the run's drafters in order (``drafters[d]``: (spec, memory key)) and what the pair
+    learned (``learned``)."""
 
     config: SpeculationConfig
     costs_for: Callable[[int], CostTable]
     batch: int
-    drafters: tuple[tuple[str, str], ...]
+    drafters: tuple[tuple[DrafterSpec, str], ...]
     learned: Learned
 
 
 def _adaptive(inputs: PolicyInputs) -> Controller:
-    models, paid = [], []
-    for name, key in inputs.drafters:
-        if name == "draft_model":
-            models.append(ConfidenceAcceptance(inputs.batch, inputs.learned.calibrators.calibrator_for(key)))
-        else:
-            models.append(MatchAcceptance(inputs.batch, inputs.learned.matches.table_for(key)))
-        paid.append(name == "draft_model")
-    return AdaptiveController(inputs.costs_for, models, paid, tpot_slo_ms=inputs.config.tpot_slo_ms)
+    models = [spec.acceptance(inputs.batch, inputs.learned, key) for spec, key in inputs.drafters]
+    return AdaptiveController(inputs.costs_for, models, [spec.paid for spec, _ in inputs.drafters],
+                              tpot_slo_ms=inputs.config.tpot_slo_ms)
 
 
 def _fixed(inputs: PolicyInputs) -> Controller:
     return FixedController(inputs.config.k_max, inputs.config.draft_p_min, inputs.costs_for,
-                           paid=inputs.drafters[0][0] == "draft_model", batch=inputs.batch)
+                           paid=inputs.drafters[0][0].paid, batch=inputs.batch)
 
 
 @dataclass(frozen=True)
 class SpeculationMode:
-    """One ``speculation=`` value: its controller builder, whether prompt lookup joins a given draft
-    model as a second drafter, and whether suffix drafting (``proposers.suffix``, priced like prompt lookup
-    by its match length) joins prompt lookup wherever prompt lookup drafts."""
+    """One ``speculation=`` value: its drafters with a draft model and without one, and its controller."""
 
-    build: Callable[[PolicyInputs], Controller]
-    lookup_with_draft: bool
-    suffix: bool = False
+    with_draft: tuple[DrafterSpec, ...]
+    without_draft: tuple[DrafterSpec, ...]
+    controller: Callable[[PolicyInputs], Controller]
+
+    def drafters(self, has_draft: bool) -> tuple[DrafterSpec, ...]:
+        """The drafters a run uses, in the order the controller indexes them."""
+        return self.with_draft if has_draft else self.without_draft
 
 
-SPECULATION_MODES: dict[str, SpeculationMode] = {
-    "adaptive": SpeculationMode(_adaptive, lookup_with_draft=True, suffix=True),
-    "fixed": SpeculationMode(_fixed, lookup_with_draft=False),
+MODES: dict[str, SpeculationMode] = {
+    ADAPTIVE: SpeculationMode((DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX), (PROMPT_LOOKUP, SUFFIX), _adaptive),
+    FIXED: SpeculationMode((DRAFT_MODEL,), (PROMPT_LOOKUP,), _fixed),
 }
+

@@ -1,13 +1,25 @@
-"""The drafter interface: every proposer drafts, for each row of a batch, up to k_i tokens continuing it.
+"""The drafter interface: three calls per step, none depending on another's leftovers.
 
-Notation: q = draft distribution. A deterministic drafter (prompt lookup) returns ``q=None``, which
-verification treats as one-hot on its tokens. Rows are kept as ``Rows``: each row's padded view (its
-left padding, prompt and generated tokens, which is what logits processors and stopping criteria see,
-as in transformers' batched generate) and where its real tokens start. A single request is B = 1.
+Each step the engine asks every drafter for its ``offer`` (what it could propose for each row, before
+anything is paid), the controller decides, each chosen drafter ``propose``s for the rows that picked it,
+the target verifies, and every drafter ``commit``s (keeps what was confirmed, drops rows that finished).
+
+- A *costless* drafter (prompt lookup, suffix drafting) drafts without a forward: its offer already holds
+  the tokens it would propose, so its proposal is a cut of the offer (``CostlessDrafter``) and hindsight
+  scores the offer against the emitted tokens. It keeps no state between calls.
+- A *paid* drafter (the draft model) offers only a length bound, the columns it must catch up and
+  evidence; its tokens cost forwards, so they come from ``propose``, which may ask a ``StopRule`` after
+  each column. It keeps its own KV cache, rolled back per row by ``commit``.
+
+Notation: q = draft distribution. A deterministic drafter returns ``q=None``, which verification treats
+as one-hot on its tokens. Rows are kept as ``Rows``: each row's padded view (its left padding, prompt and
+generated tokens, which is what logits processors and stopping criteria see, as in transformers'
+batched generate) and where its real tokens start. A single request is a batch of one row.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,14 +44,20 @@ class Proposal:
 
 @dataclass(frozen=True)
 class Rows:
-    """views: per row a [T_i] long tensor (left padding + tokens); starts: per row its padding length."""
+    """views: per row a [T_i] long tensor (left padding + tokens); starts: per row its padding length;
+    prompt_width: the padded prompt's width T (row i's prompt holds T − starts[i] real tokens)."""
 
     views: tuple[torch.Tensor, ...]
     starts: tuple[int, ...]
+    prompt_width: int
 
     def tokens(self, i: int) -> torch.Tensor:
         """Row i's real tokens (prompt + generated), [n_i] long."""
         return self.views[i][self.starts[i] :]
+
+    def prompt_length(self, i: int) -> int:
+        """Row i's real prompt tokens."""
+        return self.prompt_width - self.starts[i]
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -47,39 +65,74 @@ class Rows:
         return torch.tensor([v.shape[0] - s for v, s in zip(self.views, self.starts, strict=True)])
 
 
+@dataclass(frozen=True)
+class DraftOffer:
+    """What a drafter can propose for each of B rows now, before anything is paid.
+
+    bounds[i]: the most tokens it can draft for row i (≤ the step's k_max); evidence[i]: what predicts
+    their acceptance (the match length of a costless drafter's proposal; 0 where there is none); catchup:
+    columns beyond steady state a paid drafter must ingest before its first token (prompts, runs of plain
+    steps); tokens: a costless drafter's proposal per row, [bounds[i]] long (None for a paid drafter).
+    """
+
+    bounds: tuple[int, ...]
+    evidence: tuple[int, ...]
+    catchup: int = 0
+    tokens: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def costless(self) -> bool:
+        """Whether the offer holds its tokens (drafted without a forward, so hindsight can score them)."""
+        return self.tokens is not None
+
+    def take(self, ks: Sequence[int]) -> list[Proposal]:
+        """Row i's first ks[i] offered tokens as a proposal [1, k_i]. Raises ValueError for a paid offer."""
+        if self.tokens is None:
+            raise ValueError("a paid drafter's offer holds no tokens; its proposal comes from propose()")
+        return [Proposal(tokens=t[:k][None, :]) for t, k in zip(self.tokens, ks, strict=True)]
+
+
 StopRule = Callable[[int, Sequence[tuple[float, ...]], Sequence[bool]], bool]
 """stop(j, confidences, growing) → True to end drafting after j columns: per row its confidences so far
 (q(x_u) of its kept tokens) and whether it could take one more token."""
 
 
-class Proposer(Protocol):
-    """What the engine needs from a drafter."""
+class Drafter(Protocol):
+    """What the engine needs from a drafter (``name``: how ``StepRecord.drafter`` reports its steps)."""
 
     name: str
-    costless: bool  # proposes without a forward: every step can score what it would have proposed (hindsight)
 
-    def available(self, rows: Rows, k_max: int) -> list[int]:
-        """Most draft tokens each row can get now (≤ k_max)."""
+    def offer(self, rows: Rows, k_max: int) -> DraftOffer:
+        """What it can propose for every row now (at most k_max tokens each)."""
         ...
 
-    def evidence(self, rows: Rows) -> list[int]:
-        """Per row, what predicts the acceptance of the offer the last ``available`` call found (prompt
-        lookup: its match length; 0 for a drafter without such a signal)."""
+    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
+                ) -> list[Proposal]:
+        """Row i's proposal of up to ks[i] ≤ offer.bounds[i] tokens ([1, k_i'] tokens; q [1, k_i', V] when
+        sampling; ks[i] = 0 for rows that did not pick this drafter). A drafter with confidences asks
+        ``stop`` after each drafted column."""
         ...
 
-    def catchup_tokens(self, rows: Rows) -> int:
-        """Columns beyond steady state the drafter must ingest before drafting (0 if none)."""
+    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """The first lengths[i] ([B] long) tokens of row i are confirmed: forget state past them; then keep
+        only rows ``keep`` ([b] long indices; None: all)."""
         ...
 
-    def propose(self, rows: Rows, ks: Sequence[int], stop: StopRule | None = None) -> list[Proposal]:
-        """Row i's proposal of up to ks[i] tokens ([1, k_i'] tokens; q [1, k_i', V] when sampling). A
-        drafter with confidences (the draft model) asks ``stop`` after each drafted column."""
-        ...
 
-    def rollback(self, lengths: torch.Tensor) -> None:
-        """The first lengths[i] tokens of row i are confirmed; forget state past them."""
-        ...
+class CostlessDrafter(ABC):
+    """Base of drafters without a forward or state: a subclass implements ``offer`` (with its tokens);
+    the proposal is a cut of the offer and there is nothing to commit."""
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only rows ``rows`` ([b] long indices; finished rows leave)."""
-        ...
+    name: str
+
+    @abstractmethod
+    def offer(self, rows: Rows, k_max: int) -> DraftOffer:
+        """Per row the tokens it proposes now (``DraftOffer.tokens``), at most k_max each."""
+
+    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
+                ) -> list[Proposal]:
+        """The offer's first ks[i] tokens per row; ``stop`` is not asked (no confidences, nothing to save)."""
+        return offer.take(ks)
+
+    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """No state across steps."""

@@ -6,7 +6,7 @@ a run of plain steps; left-padded, so each row's last token lands in the last co
 token per row per forward, up to max_i k_i times (fewer when a stop rule ends it, or every row has its
 tokens); a row keeps its first k_i tokens, cut after an EOS. Rolled back per row to the confirmed
 prefix after verification. At batch size 1 it may start from a cache that already holds a prefix of
-the prompt, reused from an earlier request (``engine.draft_prefix``).
+the prompt, reused from an earlier request (``backend.draft_prefix``).
 """
 
 from __future__ import annotations
@@ -15,43 +15,27 @@ from collections.abc import Sequence
 
 import torch
 
-from ..backend.ragged import RaggedCache, left_pad
-from .base import Proposal, Rows, StopRule
+from ..backend.ragged import KVCache, left_pad
+from .base import DraftOffer, Proposal, Rows, StopRule
 
 
 class DraftModelProposer:
     """Drafts with a small causal LM for all rows; q are its processed probabilities when sampling."""
 
     name = "draft_model"
-    costless = False
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        batch: int,
-        logits_processor,
-        do_sample: bool,
-        pad_token_id: int,
-        eos_token_ids: tuple[int, ...] = (),
-        generator: torch.Generator | None = None,
-        cache: RaggedCache | None = None,
-    ) -> None:
-        """``cache``: a draft cache of ``batch`` rows already holding a prefix of each prompt (None: empty)."""
-        self.model, self.logits_processor, self.do_sample = model, logits_processor, do_sample
+    def __init__(self, cache: KVCache, logits_processor, do_sample: bool, pad_token_id: int,
+                 eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None) -> None:
+        """``cache``: the draft model's cache for the batch (a ``RaggedCache`` of the model, possibly already
+        holding a prefix of each prompt; the replay passes one that answers from traces)."""
+        self.cache, self.logits_processor, self.do_sample = cache, logits_processor, do_sample
         self.pad, self.eos, self.generator = pad_token_id, torch.tensor(eos_token_ids, dtype=torch.long), generator
-        self.cache = cache if cache is not None else RaggedCache(model, batch)
 
-    def available(self, rows: Rows, k_max: int) -> list[int]:
-        """A draft model can always offer k_max tokens per row."""
-        return [k_max] * len(rows.views)
-
-    def evidence(self, rows: Rows) -> list[int]:
-        """No evidence before drafting: the draft's confidences come with its tokens."""
-        return [0] * len(rows.views)
-
-    def catchup_tokens(self, rows: Rows) -> int:
-        """Columns of unseen tokens beyond the 1–2 every step feeds (prompts, runs of plain steps)."""
-        return max(0, int((rows.lengths - self.cache.lengths).max()) - 2)
+    def offer(self, rows: Rows, k_max: int) -> DraftOffer:
+        """k_max tokens for every row, no evidence before drafting (the confidences come with the tokens),
+        and the columns of unseen tokens beyond the 1–2 every step feeds (prompts, runs of plain steps)."""
+        b = len(rows.views)
+        return DraftOffer((k_max,) * b, (0,) * b, max(0, int((rows.lengths - self.cache.lengths).max()) - 2))
 
     def _next(self, views: list[torch.Tensor], logits: torch.Tensor, confident: bool) -> tuple[
             torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -71,7 +55,8 @@ class DraftModelProposer:
         return token.squeeze(1), q, q.gather(1, token).squeeze(1) if confident else None
 
     @torch.no_grad()
-    def propose(self, rows: Rows, ks: Sequence[int], stop: StopRule | None = None) -> list[Proposal]:
+    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
+                ) -> list[Proposal]:
         """Row i gets up to ks[i] tokens ([1, k_i']) cut just after an EOS and, when sampling, q [1, k_i', V].
         With a ``stop`` rule, asked after each column, drafting may end early and every proposal carries
         its tokens' confidences q(x_u) (without one they are left empty: a softmax per column saved)."""
@@ -110,10 +95,8 @@ class DraftModelProposer:
         q_row = torch.stack(q[:k])[None] if q is not None and k else None  # [1, k, V]
         return Proposal(tokens=tokens[:k][None, :], q=q_row, confidences=tuple(confidences[:k]))
 
-    def rollback(self, lengths: torch.Tensor) -> None:
-        """Keep only the first lengths[i] tokens of row i in the draft cache."""
+    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """Keep only the first lengths[i] tokens of row i in the draft cache, then only rows ``keep``."""
         self.cache.rollback(lengths)
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Drop finished rows from the draft cache."""
-        self.cache.select(rows)
+        if keep is not None:
+            self.cache.select(keep)

@@ -7,17 +7,9 @@ Saxena 2023, "Prompt Lookup Decoding".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from .base import Proposal, Rows, StopRule
-
-# A new pair's per-token α for prompt lookup at every match length, until hindsight teaches its
-# ``policy.match.MatchTable``: 0.37 is the upper quartile of its per-request acceptance (accepted / drafted
-# tokens) on 52 Spec-Bench prompts, median 0.29 (docs/experiments.md, the lookup start).
-LOOKUP_START_ALPHA = 0.37
-
+from .base import CostlessDrafter, DraftOffer, Rows
 
 MATCH_CAP = 32  # match lengths are counted up to this many tokens
 
@@ -46,44 +38,20 @@ def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_ma
     return find_match(tokens, max_ngram, min_ngram, k_max)[0]
 
 
-class PromptLookupProposer:
-    """Per-row n-gram lookup over prompt + output so far; q=None (deterministic drafter). No state beyond
-    the current step's lookups."""
+class PromptLookupProposer(CostlessDrafter):
+    """Per-row n-gram lookup over prompt + output so far; q=None (deterministic drafter)."""
 
     name = "prompt_lookup"
-    costless = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         """Raises ValueError unless 1 <= min_ngram <= max_ngram."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self._found: list[torch.Tensor] = []
-        self._matches: list[int] = []
 
-    def available(self, rows: Rows, k_max: int) -> list[int]:
-        """Per row, the length of the continuation of its last n-gram (0 if none)."""
+    def offer(self, rows: Rows, k_max: int) -> DraftOffer:
+        """Per row the continuation of its last n-gram ([u_i] long, u_i ≤ k_max; empty if none) and, as
+        evidence, its match length."""
         found = [find_match(rows.tokens(i), self.max_ngram, self.min_ngram, k_max) for i in range(len(rows.views))]
-        self._found, self._matches = [f for f, _ in found], [m for _, m in found]
-        return [int(f.shape[0]) for f in self._found]
-
-    def evidence(self, rows: Rows) -> list[int]:
-        """Per row, the match length of the continuation the last ``available`` call found (0 if none)."""
-        return list(self._matches)
-
-    def catchup_tokens(self, rows: Rows) -> int:
-        """No model state to catch up."""
-        return 0
-
-    def propose(self, rows: Rows, ks: Sequence[int], stop: StopRule | None = None) -> list[Proposal]:
-        """Row i: the first ks[i] tokens found by the last ``available`` call, [1, k_i]; ``stop`` is not
-        asked (lookup has no confidences and its tokens cost nothing to draft)."""
-        return [Proposal(tokens=f[:k][None, :]) for f, k in zip(self._found, ks, strict=True)]
-
-    def rollback(self, lengths: torch.Tensor) -> None:
-        """Stateless across steps."""
-        self._found = []
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Stateless across steps."""
-        self._found = []
+        return DraftOffer(tuple(int(f.shape[0]) for f, _ in found), tuple(m for _, m in found),
+                          tokens=tuple(f for f, _ in found))

@@ -18,7 +18,7 @@ these; ties between children of equal count follow arctic's sibling order (``_to
 against arctic-inference 0.3.0's compiled tree on the Spec-Bench traces (the decision's replay script,
 ``benchmarks/suffix_replay.py`` at commit 6a91d7e).
 
-The proposal carries its match length L as ``evidence``, so the controller prices it with the same
+The offer carries its match length L as ``evidence``, so the controller prices it with the same
 ``policy.match.MatchTable`` as prompt lookup (a table of its own, learned by hindsight every step).
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import Proposal, Rows, StopRule
+from .base import CostlessDrafter, DraftOffer, Rows
 
 # vLLM's defaults for its ``suffix`` method (SpeculativeConfig.suffix_decoding_*)
 SUFFIX_MAX_DEPTH = 24
@@ -158,58 +158,38 @@ class SuffixMemory:
         return self._buffer
 
 
-class SuffixProposer:
-    """Per row the best suffix draft from the row's own tokens (local) and from the memory's sequences
-    plus the row's output so far (global); q=None (deterministic drafter). ``prompt_lengths[i]``: row i's
-    prompt tokens (real, without padding)."""
+def best_draft(memory: SuffixMemory, tokens: torch.Tensor, prompt_length: int, k_max: int,
+               max_depth: int = SUFFIX_MAX_DEPTH, spec_factor: float = SUFFIX_SPEC_FACTOR,
+               spec_offset: float = SUFFIX_SPEC_OFFSET, min_token_prob: float = SUFFIX_MIN_TOKEN_PROB) -> SuffixDraft:
+    """A row's best draft of at most k_max tokens: the better of the local tree (the row's own tokens
+    [T] long, prompt + output so far) and the global one (``memory``'s sequences plus the row's output)."""
+    row = tokens.numpy().astype(np.int64, copy=False)
+    context = row[-max_depth:]
+    args = (k_max, max_depth, spec_factor, spec_offset, min_token_prob)
+    local = speculate(row, context, *args)
+    glob = speculate(np.concatenate([memory.buffer(), row[prompt_length:]]), context, *args)
+    return local if local.score >= glob.score else glob
+
+
+class SuffixProposer(CostlessDrafter):
+    """Per row the best suffix draft (``best_draft``) over the row and the pair's ``memory``; q=None
+    (deterministic drafter). The memory changes between requests only."""
 
     name = "suffix"
-    costless = True
 
-    def __init__(self, memory: SuffixMemory, prompt_lengths: Sequence[int], max_depth: int = SUFFIX_MAX_DEPTH,
+    def __init__(self, memory: SuffixMemory, max_depth: int = SUFFIX_MAX_DEPTH,
                  spec_factor: float = SUFFIX_SPEC_FACTOR, spec_offset: float = SUFFIX_SPEC_OFFSET,
                  min_token_prob: float = SUFFIX_MIN_TOKEN_PROB) -> None:
+        """Raises ValueError for max_depth < 2."""
         if max_depth < 2:
             raise ValueError(f"max_depth must be >= 2, got {max_depth}")
-        self.memory, self.prompt_lengths = memory, list(prompt_lengths)
+        self.memory = memory
         self.max_depth, self.spec_factor, self.spec_offset = max_depth, spec_factor, spec_offset
         self.min_token_prob = min_token_prob
-        self._found: list[torch.Tensor] = []
-        self._matches: list[int] = []
 
-    def draft(self, tokens: torch.Tensor, prompt_length: int, k_max: int) -> SuffixDraft:
-        """The row's best draft: tokens [T] long (prompt + output so far)."""
-        row = tokens.numpy().astype(np.int64, copy=False)
-        context = row[-self.max_depth:]
-        args = (k_max, self.max_depth, self.spec_factor, self.spec_offset, self.min_token_prob)
-        local = speculate(row, context, *args)
-        glob = speculate(np.concatenate([self.memory.buffer(), row[prompt_length:]]), context, *args)
-        return local if local.score >= glob.score else glob
-
-    def available(self, rows: Rows, k_max: int) -> list[int]:
-        """Per row, the length of its best draft (0 if none)."""
-        drafts = [self.draft(rows.tokens(i), self.prompt_lengths[i], k_max) for i in range(len(rows.views))]
-        self._found = [torch.tensor(d.tokens, dtype=torch.long) for d in drafts]
-        self._matches = [d.match_len if d.tokens else 0 for d in drafts]
-        return [len(d.tokens) for d in drafts]
-
-    def evidence(self, rows: Rows) -> list[int]:
-        """Per row, the match length of the draft the last ``available`` call found (0 if none)."""
-        return list(self._matches)
-
-    def catchup_tokens(self, rows: Rows) -> int:
-        """No model state to catch up."""
-        return 0
-
-    def propose(self, rows: Rows, ks: Sequence[int], stop: StopRule | None = None) -> list[Proposal]:
-        """Row i: the first ks[i] tokens of the last ``available`` call's draft, [1, k_i]."""
-        return [Proposal(tokens=f[:k][None, :]) for f, k in zip(self._found, ks, strict=True)]
-
-    def rollback(self, lengths: torch.Tensor) -> None:
-        """No state across steps (the memory changes between requests only)."""
-        self._found = []
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep rows ``rows``' prompt lengths."""
-        self.prompt_lengths = [self.prompt_lengths[int(i)] for i in rows]
-        self._found = []
+    def offer(self, rows: Rows, k_max: int) -> DraftOffer:
+        """Per row its best draft ([u_i] long, u_i ≤ k_max; empty if none) and, as evidence, its match length."""
+        drafts = [best_draft(self.memory, rows.tokens(i), rows.prompt_length(i), k_max, self.max_depth,
+                             self.spec_factor, self.spec_offset, self.min_token_prob) for i in range(len(rows.views))]
+        return DraftOffer(tuple(len(d.tokens) for d in drafts), tuple(d.match_len if d.tokens else 0 for d in drafts),
+                          tokens=tuple(torch.tensor(d.tokens, dtype=torch.long) for d in drafts))

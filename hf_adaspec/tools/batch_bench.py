@@ -39,14 +39,19 @@ class BatchRun:
 
 
 def pick_prompts(path: Path, count: int) -> list[Prompt]:
-    """``count`` Spec-Bench prompts taken round-robin over the categories (first prompts of each)."""
-    per_category = -(-count // 13) + 1
+    """``count`` Spec-Bench prompts taken round-robin over the categories (first prompts of each).
+
+    Raises:
+        FileNotFoundError: no such file (``load_prompts``).
+        ValueError: the file has fewer than ``count`` prompts, naming the fix.
+    """
     by_cat: dict[str, list[Prompt]] = {}
-    for p in load_prompts(path, per_category):
+    for p in load_prompts(path, count):
         by_cat.setdefault(p.category, []).append(p)
-    ordered = [b[i] for i in range(per_category) for b in by_cat.values() if i < len(b)]
+    ordered = [b[i] for i in range(count) for b in by_cat.values() if i < len(b)]
     if len(ordered) < count:
-        raise ValueError(f"{path} has only {len(ordered)} prompts to pick from, asked for {count}")
+        raise ValueError(f"{path} has only {len(ordered)} prompts to pick from, asked for {count}; lower "
+                         "--batch-prompts / the largest --batch-size, or pass --prompts to a larger file")
     return ordered[:count]
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..backend import hf_compat
-from ..api.generate import SpeculationState
+from ..engine.run import SpeculationState
 from .bench_oracle import PromptOracle, prompt_oracle
 
 METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive", "adaptive-lookup")
@@ -89,21 +89,39 @@ def split_of(question_id: int) -> str:
     return "tune" if question_id % 2 == 0 else "held-out"
 
 
+def packaged_prompts() -> Path:
+    """The Spec-Bench subset shipped inside the package (``hf_adaspec/data/spec_bench.jsonl``: the first
+    ``PACKAGED_PER_CATEGORY`` prompts of each category, Apache-2.0), found from the installed package."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("hf_adaspec").joinpath("data", "spec_bench.jsonl")))
+
+
+# the default workload of ``bench`` and ``trace``; the full Spec-Bench file (480 prompts) is not shipped
+SPEC_BENCH = packaged_prompts()
+PACKAGED_PER_CATEGORY = 8
+
+
 def load_prompts(path: Path, per_category: int, categories: list[str] | None = None,
                  split: str = "all") -> list[Prompt]:
     """First ``per_category`` prompts of each category from a Spec-Bench style JSONL (the first of a row's
     ``turns``, after its ``history`` if the row has one), from the ``split`` ("all", or one half: ``split_of``).
+    ``SPEC_BENCH`` (the packaged subset) has ``PACKAGED_PER_CATEGORY`` prompts per category.
 
     Raises:
-        FileNotFoundError: no such file (Spec-Bench lives at ../shared/data/spec_bench/question.jsonl).
+        FileNotFoundError: no such file, naming the fix (``--prompts``; the packaged default).
         ValueError: an unknown split.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
+    path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"prompts file not found: {path}; pass --prompts PATH to a Spec-Bench JSONL")
+        fix = ("this install of hf-adaspec lacks its packaged prompts: reinstall it" if path == SPEC_BENCH else
+               f"leave --prompts out for the packaged Spec-Bench subset ({SPEC_BENCH})")
+        raise FileNotFoundError(f"prompts file not found: {path}; pass --prompts PATH to a Spec-Bench style "
+                                f"JSONL (fields question_id, category, turns), or {fix}")
     taken: dict[str, list[Prompt]] = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
         cat = row["category"]
         if categories and cat not in categories or split not in ("all", split_of(int(row["question_id"]))):

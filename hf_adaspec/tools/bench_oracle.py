@@ -19,7 +19,7 @@ import torch
 
 from ..costs.table import CostTable
 from ..proposers.prompt_lookup import find_continuation
-from ..proposers.suffix import SuffixMemory, SuffixProposer
+from ..proposers.suffix import SuffixMemory, best_draft
 from ..backend import hf_compat
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 
@@ -69,11 +69,11 @@ def costless_runs(sequence: torch.Tensor, prompt_len: int, k_max: int, max_ngram
     lookup, and suffix drafting over the sequence itself (its memory of earlier requests left out, so the
     bound is a little low where a request repeats an earlier one). sequence: [1, T] long."""
     tokens = sequence[0].cpu()
-    suffix = SuffixProposer(SuffixMemory(), [prompt_len])
+    memory = SuffixMemory()
     runs = []
     for pos, lookup in zip(range(prompt_len + 1, tokens.shape[0]), lookup_runs(sequence, prompt_len, k_max, max_ngram),
                            strict=True):
-        guess = torch.tensor(suffix.draft(tokens[:pos], prompt_len, k_max).tokens, dtype=torch.long)
+        guess = torch.tensor(best_draft(memory, tokens[:pos], prompt_len, k_max).tokens, dtype=torch.long)
         truth = tokens[pos : pos + guess.shape[0]]
         same = (guess[: truth.shape[0]] == truth).int()
         runs.append(max(lookup, int(same.cumprod(0).sum()) if same.numel() else 0))

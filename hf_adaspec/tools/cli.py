@@ -21,7 +21,7 @@ from .pair import load_pair as _load_pair
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
-SPEC_BENCH = trace_cli.SPEC_BENCH
+SPEC_BENCH = trace_cli.SPEC_BENCH  # the packaged Spec-Bench subset (hf_adaspec/data/spec_bench.jsonl)
 app.command()(trace_cli.trace)
 app.command()(trace_cli.replay)
 app.command("export-vllm")(export_cli.export_vllm)
@@ -72,12 +72,13 @@ def generate(
 
 @app.command()
 def bench(
-    prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (fields category, turns)."),
-    per_category: int = typer.Option(1, min=1, help="Prompts per category."),
+    prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (fields question_id, category, turns).",
+                                 show_default=trace_cli.SPEC_BENCH_SHOWN),
+    per_category: int = typer.Option(1, min=1, help="Prompts per category (the packaged default file has 8)."),
     categories: str = typer.Option("", help="Comma-separated categories (default: all)."),
     split: str = typer.Option("all", help="all | tune (even question ids) | held-out (odd)."),
     methods: str = typer.Option(",".join(METHODS), help="Comma-separated subset of the methods."),
-    max_new_tokens: int = typer.Option(64, min=1),
+    max_new_tokens: int = typer.Option(256, min=1),
     fixed_k: int = typer.Option(5, min=1, help="k for the fixed-k method."),
     repeats: int = typer.Option(1, min=1, help="Timed runs per method and prompt (median)."),
     target: str = typer.Option(DEFAULT_TARGET),
@@ -106,6 +107,8 @@ def bench(
         raise typer.BadParameter("methods must include 'plain' (speedups are relative to it)")
     try:
         selected = bm.load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None, split)
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e), param_hint="--prompts") from None
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     tgt, drf = _load_pair(target, draft, quantization, dtype)
@@ -173,7 +176,10 @@ def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, 
     if unknown or "plain" not in methods:
         raise typer.BadParameter(f"--batch-methods {batch_methods!r}: choose from {bb.BATCH_METHODS}, "
                                  "including plain (speedups are relative to it)")
-    selected = bb.pick_prompts(prompts, max(count, max(sizes)))
+    try:
+        selected = bb.pick_prompts(prompts, max(count, max(sizes)))
+    except (FileNotFoundError, ValueError) as e:
+        raise typer.BadParameter(str(e), param_hint="--prompts") from None
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     for b in sizes:  # warm-up; calibrates the cost tables of every size before anything is timed
         generate_batch(tgt.model, tgt.tokenizer, ["Say hello."] * b, draft_model=drf.model, max_new_tokens=4)

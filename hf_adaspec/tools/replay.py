@@ -1,9 +1,10 @@
 """Replay: the library's own controllers, through the engine, on traces, timed by a virtual clock.
 
-Design: a request is replayed by the real ``speculative_decode`` loop with the real controller (built by
-the ``SPECULATION_MODES`` registry from the same ``PolicyInputs`` the seam builds), the real drafters
-(``DraftModelProposer`` on a ``virtual.TraceCache``, ``PromptLookupProposer`` on the tokens) and a target
-``TraceCache``; learned state (``SpeculationState``) carries from request to request as in a bench. The
+Design: a request is assembled by the same ``engine.run.build_run`` that ``generate`` uses (the mode
+registry's drafters and controller; the draft model's and the target's caches answer from the traces,
+``virtual.TraceCaches``), run by the real ``speculative_decode`` loop, and what it taught the pair is kept
+by the same ``record_run``; learned state (``SpeculationState``) carries from request to request as in a
+bench. The
 output must equal the trace (checked). Time is not measured but priced: each logged forward by the cost
 profile (target: verification of n tokens at b rows and context c; draft: one token, plus catch-up
 columns), the prefill by the trace, plus a fixed per-step overhead of the engine (and per token of
@@ -14,30 +15,27 @@ A replay's figures are predictions (a projection when the profile is another mac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import LogitsProcessorList
 
+from ..backend.ragged import left_pad
 from ..config import SpeculationConfig
 from ..costs.profile import Profile
 from ..costs.table import CostTable
-from ..backend.draft_prefix import common_prefix_length
 from ..engine.loop import DecodeSettings, speculative_decode
-from ..backend.ragged import left_pad
+from ..engine.run import SpeculationState, build_run, record_run
 from ..engine.stats import SpeculationStats
-from ..policy.modes import SPECULATION_MODES, Learned, PolicyInputs
-from ..proposers import DraftModelProposer, PromptLookupProposer, Proposer, SuffixProposer
-from ..api.generate import SpeculationState, memory_key
 from .bench import method_kwargs
 from .bench_oracle import costless_runs
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 from .trace import Trace
-from .virtual import Forward, TraceCache, Vocab, draft_answers, target_answers
+from .virtual import Forward, TraceCaches, Vocab, draft_answers, target_answers
 
 REPLAY_METHODS = ("plain", "fixed-k", "pmin", "adaptive", "adaptive-lookup")
 K_MAX = 8
@@ -103,30 +101,6 @@ class ReplayRun:
         return 1000.0 * self.new_tokens / self.time_ms
 
 
-class PrefixMemory:
-    """The token ids the draft's cache held after the last ``size`` requests (``draft_prefix``'s store,
-    without the caches): how many prompt tokens a new request's draft starts with."""
-
-    def __init__(self, size: int = 4) -> None:
-        self.held: deque[tuple[int, ...]] = deque(maxlen=size)
-
-    def seed(self, prompt: Sequence[int]) -> int:
-        t = torch.tensor(list(prompt))
-        return max((common_prefix_length(torch.tensor(h), t) for h in self.held), default=0)
-
-    def remember(self, tokens: Sequence[int], length: int, seeded: int) -> None:
-        if length > seeded:
-            self.held.append(tuple(tokens[:length]))
-
-
-@dataclass
-class MethodState:
-    """What one replayed method learns across requests: the seam's state and the draft's prefix store."""
-
-    learned: SpeculationState = field(default_factory=SpeculationState)
-    prefixes: PrefixMemory = field(default_factory=PrefixMemory)
-
-
 def plain_run(traces: Sequence[Trace], clock: Clock) -> ReplayRun:
     """Plain (batched) greedy decoding: the prefill, then one 1-token forward per step for every row until
     the longest row ends (as transformers' ``generate`` keeps finished rows)."""
@@ -143,7 +117,7 @@ def _stopping(eos: torch.Tensor, max_length: int) -> Callable[[torch.Tensor, obj
     return lambda ids, scores: torch.tensor([ids.shape[1] >= max_length or bool(torch.isin(ids[0, -1], eos))])
 
 
-def replay_request(traces: Sequence[Trace], method: str, state: MethodState, clock: Clock,
+def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState, clock: Clock,
                    costs_for: Callable[[int, int], CostTable] | None = None) -> ReplayRun:
     """Replay ``method`` on a static batch of the traces' prompts (B = len(traces)), learning into ``state``.
 
@@ -156,49 +130,33 @@ def replay_request(traces: Sequence[Trace], method: str, state: MethodState, clo
         raise ValueError(f"unknown replay method {method!r}; choose from {REPLAY_METHODS}")
     kwargs = method_kwargs(method, VirtualDraft, 5)
     config = SpeculationConfig(**{k: v for k, v in kwargs.items() if k != "assistant_model"})
-    with_draft = "assistant_model" in kwargs
-    if with_draft and not all(t.draft for t in traces):
+    draft_key = kwargs.get("assistant_model")
+    if draft_key is not None and not all(t.draft for t in traces):
         raise ValueError(f"{method} needs traces taken with a draft model; re-run `hf-adaspec trace --draft ...`")
-    memory = state.learned.suffixes  # suffix drafting's earlier responses, in the traces' ids
-    vocab = Vocab([i for t in traces for i in (*t.tokens, *t.draft_next, *t.eos)] + memory.ids())
+    vocab = Vocab([i for t in traces for i in (*t.tokens, *t.draft_next, *t.eos)] + state.suffixes.ids())
     eos = vocab.encode(traces[0].eos)
     pad = int(eos[0]) if eos.numel() else 0  # pads fill holes the engine never reads
     rows = [vocab.encode(t.tokens) for t in traces]
     input_ids, valid = left_pad([r[: t.prompt_len] for r, t in zip(rows, traces, strict=True)], pad)  # [B, T]
-    batch, width = input_ids.shape
-    seed = state.prefixes.seed(traces[0].tokens[: traces[0].prompt_len]) if with_draft and batch == 1 else 0
-    target = TraceCache([target_answers(r, pad) for r in rows], vocab.size)
-    proposers: list[Proposer] = []
-    draft_cache = None
-    if with_draft:
-        draft_cache = TraceCache([draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces],
-                                 vocab.size, [seed] * batch)
-        proposers.append(DraftModelProposer(None, batch, None, False, pad, tuple(eos.tolist()),
-                                            cache=draft_cache))
-    if not with_draft or SPECULATION_MODES[config.speculation].lookup_with_draft:
-        proposers.append(PromptLookupProposer(max_ngram=config.prompt_lookup_max_ngram))
-        if SPECULATION_MODES[config.speculation].suffix:
-            proposers.append(SuffixProposer(memory.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
-                                            [t.prompt_len for t in traces]))
-    n_max = config.max_speculative_tokens + 1
-    table = costs_for or (lambda b, c: clock.profile.cost_table(b, c, n_max))
-    drafters = tuple((p.name, memory_key(p, VirtualDraft)) for p in proposers)
-    learned = state.learned
-    controller = SPECULATION_MODES[config.speculation].build(PolicyInputs(
-        config, functools.cache(lambda b: table(b, width)), batch, drafters,
-        Learned(learned.calibrators, learned.matches)))
+    width = input_ids.shape[1]
+    caches = TraceCaches([target_answers(r, pad) for r in rows],
+                         [draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces]
+                         if draft_key is not None else [], vocab.size)
     max_length = width + max(t.max_new_tokens for t in traces)
-    settings = DecodeSettings(LogitsProcessorList(), _stopping(eos, max_length), max_length, False, config.k_max, pad)
-    result = speculative_decode(None, input_ids, valid.long(), proposers, controller, settings, cache=target)
-    if draft_cache is not None and batch == 1:
-        state.prefixes.remember(traces[0].tokens, int(draft_cache.lengths[0]), seed)
-    if any(isinstance(p, SuffixProposer) for p in proposers):
-        for i, t in enumerate(traces):
-            memory.remember(t.tokens[: t.prompt_len],
-                            vocab.decode(result.sequences[i, width : width + result.stats.row_tokens[i]]))
-    time_ms = _price(clock, traces, target.log, draft_cache.log if draft_cache is not None else [], result.stats)
-    same = _matches(result.sequences, width, traces, vocab)
-    return _run(traces, method, result.stats, time_ms, seed, same)
+    settings = DecodeSettings(LogitsProcessorList(), _stopping(eos, max_length), max_length, False, pad,
+                              tuple(eos.tolist()))
+    table = costs_for or (lambda b, c: clock.profile.cost_table(b, c, config.max_speculative_tokens + 1))
+    compact = dataclasses.replace(state, suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
+                                  draft_prefixes=state.draft_prefixes.mapped(vocab.encode_known))  # this request's ids
+    run = build_run(config, compact, input_ids, valid.long(), draft_key, caches,
+                    functools.cache(lambda b: table(b, width)), settings)
+    result = speculative_decode(run.parts, input_ids, valid.long())
+    outputs = [vocab.decode(result.sequences[i, width : width + result.stats.row_tokens[i]]) for i in range(len(traces))]
+    record_run(state, run, [list(t.tokens[: t.prompt_len]) for t in traces], outputs)
+    draft_log = caches.made_draft.log if caches.made_draft is not None else []
+    time_ms = _price(clock, traces, caches.made_target.log, draft_log, result.stats)
+    seed = run.seed.length if run.seed is not None else 0
+    return _run(traces, method, result.stats, time_ms, seed, _matches(result.sequences, width, traces, vocab))
 
 
 def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward], draft_log: list[Forward],

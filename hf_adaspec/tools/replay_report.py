@@ -13,15 +13,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
+from ..backend.draft_prefix import DraftPrefixStore
+from ..engine.run import SpeculationState
 from .bench import METHOD_FAMILY, PromptOracle, Run
-from .replay import (
-    Clock,
-    MethodState,
-    PrefixMemory,
-    ReplayRun,
-    oracle_tokens_per_s,
-    replay_request,
-)
+from .replay import Clock, ReplayRun, VirtualDraft, oracle_tokens_per_s, replay_request
 from .trace import Trace
 
 
@@ -40,7 +37,7 @@ def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, ba
     at batch size 1 also each prompt's oracle (seeded like the draft's prefix store)."""
     groups = [list(traces[i : i + batch_size]) for i in range(0, len(traces), batch_size)]
     replays = [replay_request(g, m, state, clock, costs_for)
-               for m in methods for state in [MethodState()] for g in groups]
+               for m in methods for state in [SpeculationState()] for g in groups]
     oracles = _oracles(traces, clock) if batch_size == 1 else []
     bound = {o.question_id: o.tokens_per_s for o in oracles}
     runs = []
@@ -58,10 +55,10 @@ def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, ba
 def _oracles(traces: Sequence[Trace], clock: Clock) -> list[PromptOracle]:
     """Per prompt the oracle tokens/s per family, the draft's catch-up less the prefix a store of the last 4
     prompts would seed."""
-    prefixes, out = PrefixMemory(), []
+    prefixes, out = DraftPrefixStore(), []
     for t in traces:
-        seed = prefixes.seed(t.tokens[: t.prompt_len])
-        prefixes.remember(t.tokens, len(t.tokens), seed)
+        seed = prefixes.seed(VirtualDraft, torch.tensor(list(t.tokens[: t.prompt_len]))).length
+        prefixes.remember(VirtualDraft, t.tokens, len(t.tokens), seed, None)
         n = t.new_tokens
         agree = t.draft_agreement()
         out.append(PromptOracle(t.question_id, t.category, n, t.prefill_ms,

@@ -14,11 +14,12 @@ from tqdm.auto import tqdm
 
 from ..files import sweep
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from .bench import Prompt, load_prompts
+from .bench import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
 from .pair import load_pair
 from .trace import load_trace, save_trace, take_trace, trace_path
 
-SPEC_BENCH = Path("../shared/data/spec_bench/question.jsonl")
+# shown in --help instead of the packaged file's site-packages path
+SPEC_BENCH_SHOWN = f"packaged Spec-Bench subset, {PACKAGED_PER_CATEGORY} prompts per category"
 
 
 def interleave_categories(prompts: list[Prompt]) -> list[Prompt]:
@@ -44,7 +45,8 @@ def _done(directory: Path, prompt: Prompt, max_new_tokens: int, names: tuple[str
 
 
 def trace(
-    prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (question_id, category, turns)."),
+    prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (question_id, category, turns).",
+                                 show_default=SPEC_BENCH_SHOWN),
     per_category: int = typer.Option(8, min=1, help="Prompts per category (the first ones of each)."),
     max_new_tokens: int = typer.Option(256, min=1),
     output: Path = typer.Option(Path("benchmarks/traces"), help="Directory: one <question_id>.json per prompt."),
@@ -58,7 +60,10 @@ def trace(
     pass), for ``replay``. Resumable: prompts already traced with the same pair and length are skipped, and
     what an interrupted run left half-written is removed."""
     sweep(output)
-    selected = interleave_categories(load_prompts(prompts, per_category))
+    try:
+        selected = interleave_categories(load_prompts(prompts, per_category))
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e), param_hint="--prompts") from None
     names = (target, "" if draft == "none" else draft)
     todo = [p for p in selected if not _done(output, p, max_new_tokens, names)]
     start = time.perf_counter()

@@ -1,8 +1,8 @@
 """A virtual target and draft for replay: KV caches that answer from traces instead of running a model.
 
-``TraceCache`` has ``RaggedCache``'s interface (append / rollback / select / lengths), so the engine's loop
-and the real ``DraftModelProposer`` run on it unchanged. Its answer at a row's position p depends only on
-p: the target's next token is the trace's token p + 1 (one-hot logits; positions after a rejected draft
+``TraceCache`` has ``RaggedCache``'s interface (``backend.ragged.KVCache``), so the engine's loop and the
+real ``DraftModelProposer`` run on it unchanged; ``TraceCaches`` makes them for ``engine.run.build_run``.
+Its answer at a row's position p depends only on p: the target's next token is the trace's token p + 1 (one-hot logits; positions after a rejected draft
 token are never read by greedy verification), the draft's is its teacher-forced argmax with logits whose
 softmax gives back the traced q(x). Off the target's path (the draft's tokens after its first miss) the
 draft answers as it would on the path, an approximation that moves only where the confidence stop rule
@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from ..backend.draft_prefix import PrefixSeed
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class Vocab:
         """[n] original ids (all in the vocabulary) → [n] compact ids."""
         return torch.searchsorted(self.ids, torch.tensor(list(ids), dtype=torch.long))
 
+    def encode_known(self, ids: torch.Tensor) -> torch.Tensor:
+        """[n] original ids → [n] compact ids, −1 for an id outside the vocabulary (it matches no token)."""
+        at = torch.searchsorted(self.ids, ids).clamp_max(max(self.size - 1, 0))
+        return torch.where(self.ids[at] == ids, at, torch.full_like(at, -1)) if self.size else torch.full_like(ids, -1)
+
     def decode(self, compact: torch.Tensor) -> list[int]:
         return self.ids[compact].tolist()
 
@@ -55,10 +62,12 @@ class RowAnswers:
 
 
 class TraceCache:
-    """Duck-types ``engine.ragged.RaggedCache`` for a batch whose rows answer from ``RowAnswers``.
+    """A ``backend.ragged.KVCache`` for a batch whose rows answer from ``RowAnswers``.
 
-    lengths: [B] long, tokens held per row; ``log``: the forwards, in order.
+    lengths: [B] long, tokens held per row; ``log``: the forwards, in order; ``cache``: None (no model cache).
     """
+
+    cache = None
 
     def __init__(self, rows: Sequence[RowAnswers], vocab_size: int, held: Sequence[int] | None = None) -> None:
         self.rows, self.vocab_size = list(rows), vocab_size
@@ -95,6 +104,25 @@ class TraceCache:
         """Keep batch rows ``rows`` ([b] long)."""
         self.rows = [self.rows[int(i)] for i in rows]
         self.lengths = self.lengths[rows]
+
+
+class TraceCaches:
+    """``engine.run.Caches`` that answer from traces: the target's ``TraceCache`` over ``target`` rows, the
+    draft's over ``draft`` rows (holding a seed's prefix length); the caches made are kept for pricing."""
+
+    def __init__(self, target: Sequence[RowAnswers], draft: Sequence[RowAnswers], vocab_size: int) -> None:
+        self.target_rows, self.draft_rows, self.vocab_size = list(target), list(draft), vocab_size
+        self.made_target: TraceCache | None = None
+        self.made_draft: TraceCache | None = None
+
+    def target(self, batch: int) -> TraceCache:
+        self.made_target = TraceCache(self.target_rows, self.vocab_size)
+        return self.made_target
+
+    def draft(self, batch: int, seed: PrefixSeed | None) -> TraceCache:
+        held = [seed.length if seed is not None else 0] * batch
+        self.made_draft = TraceCache(self.draft_rows, self.vocab_size, held)
+        return self.made_draft
 
 
 def target_answers(tokens: torch.Tensor, eos: int) -> RowAnswers:

@@ -1,0 +1,116 @@
+"""One request's assembly, for ``generate`` and for the replay alike.
+
+``build_run`` turns (config, learned state, the prompt, the draft model or its trace stand-in, the caches
+that answer for them, costs, decoding settings) into what the loop runs on (``RunParts``: the target's
+cache, the drafters of the mode, its controller, the settings), taking the drafters, how each is priced
+and which learned tables it uses from the mode registry (``policy.modes.MODES``). ``record_run`` keeps
+what the finished request taught the pair: its prompts and outputs in suffix drafting's memory and, at
+batch size 1, the draft's cache in the prefix store. ``SpeculationState`` is that learned state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from ..backend.draft_prefix import DraftPrefixStore, PrefixSeed
+from ..backend.ragged import KVCache, RaggedCache
+from ..config import SpeculationConfig
+from ..costs.table import CostTable
+from ..policy.confidence import CalibratorMemory
+from ..policy.match import MatchMemory
+from ..policy.modes import MODES, DrafterContext, DrafterSpec, Learned, PolicyInputs
+from ..proposers.suffix import SuffixMemory
+from .loop import DecodeSettings, RunParts
+
+
+@dataclass
+class SpeculationState:
+    """What ``generate`` learns across requests of one model: the draft's confidence calibration,
+    the costless drafters' acceptance per match length (``matches``), the draft's recent caches
+    (``draft_prefixes``) and, for suffix drafting, the recent responses (``suffixes``). ``enable`` keeps one
+    per model, so decisions — and with them sampled outputs — change from call to call as it learns;
+    ``generate(..., speculation_state=SpeculationState())`` starts a call (or a workload, or a benchmarked
+    method) from a fresh one."""
+
+    calibrators: CalibratorMemory = field(default_factory=CalibratorMemory)
+    matches: MatchMemory = field(default_factory=MatchMemory)
+    draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
+    suffixes: SuffixMemory = field(default_factory=SuffixMemory)
+
+
+class Caches(Protocol):
+    """Makes a request's caches: the target's, and the draft model's from a prefix seed (None: empty)."""
+
+    def target(self, batch: int) -> KVCache: ...
+
+    def draft(self, batch: int, seed: PrefixSeed | None) -> KVCache: ...
+
+
+@dataclass(frozen=True)
+class ModelCaches:
+    """``RaggedCache``s of the real target and draft models."""
+
+    target_model: torch.nn.Module
+    draft_model: torch.nn.Module | None = None
+
+    def target(self, batch: int) -> KVCache:
+        return RaggedCache(self.target_model, batch)
+
+    def draft(self, batch: int, seed: PrefixSeed | None) -> KVCache:
+        if self.draft_model is None:
+            raise ValueError("no draft model to make a cache for")
+        return RaggedCache(self.draft_model, batch, seed.cache if seed is not None else None)
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A built request: what the loop runs on (``parts``), the drafters' specs in the same order, the draft's
+    identity in the learned state (``draft_key``, None without one), its cache and its prefix seed (batch
+    size 1 without padding; None otherwise)."""
+
+    parts: RunParts
+    specs: tuple[DrafterSpec, ...]
+    draft_key: object | None
+    draft_cache: KVCache | None
+    seed: PrefixSeed | None
+
+
+def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              draft_key: object | None, caches: Caches, costs_for: Callable[[int], CostTable],
+              settings: DecodeSettings) -> PreparedRun:
+    """Everything one request of ``config``'s mode needs. input_ids, attention_mask: [B, T] (left-padded);
+    ``draft_key``: the draft model (or the replay's stand-in for it), None without one; ``costs_for(b)``:
+    the cost table at b rows. The drafters and their pricing come from ``policy.modes.MODES``; at batch
+    size 1 without padding the draft's cache starts from the longest prompt prefix the pair's prefix store
+    holds."""
+    batch, mode = input_ids.shape[0], MODES[config.speculation]
+    specs = mode.drafters(draft_key is not None)
+    seed = None
+    if draft_key is not None and batch == 1 and bool(attention_mask.all()):
+        seed = state.draft_prefixes.seed(draft_key, input_ids[0])
+    draft_cache = caches.draft(batch, seed) if draft_key is not None else None
+    context = DrafterContext(batch, config, settings.logits_processor, settings.do_sample, settings.pad_token_id,
+                             settings.eos_token_ids, draft_cache, state.suffixes, settings.generator)
+    drafters = tuple(spec.build(context) for spec in specs)
+    learned = Learned(state.calibrators, state.matches)
+    inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(draft_key)) for s in specs), learned)
+    parts = RunParts(caches.target(batch), drafters, mode.controller(inputs), settings, config.k_max)
+    return PreparedRun(parts, specs, draft_key, draft_cache, seed)
+
+
+def record_run(state: SpeculationState, run: PreparedRun, prompts: Sequence[Sequence[int]],
+               outputs: Sequence[Sequence[int]]) -> None:
+    """Keep what the finished ``run`` taught the pair: each row's real prompt and generated tokens (token
+    ids) in suffix drafting's memory, where a drafter of the run remembers responses, and at batch size 1
+    the draft's cache (with the tokens it holds) in the prefix store."""
+    if any(spec.remembers_responses for spec in run.specs):
+        for prompt, output in zip(prompts, outputs, strict=True):
+            state.suffixes.remember(prompt, output)
+    if run.seed is not None and run.draft_cache is not None:
+        held = int(run.draft_cache.lengths[0])
+        state.draft_prefixes.remember(run.draft_key, [*prompts[0], *outputs[0]], held, run.seed.length,
+                                      run.draft_cache.cache)
