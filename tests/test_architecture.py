@@ -100,16 +100,16 @@ def test_an_upward_import_is_reported_with_its_line():
         "hf_adaspec.costs.table:4 imports hf_adaspec.proposers.base (proposers, layer 2) from costs (layer 2)"]
 
 
-def test_no_import_cycles():
-    graph = {m: sorted({t for t, _ in imports}) for m, imports in _graph().items()}
+def _cycles(graph: dict[str, list[str]]) -> list[str]:
+    """Every import cycle a depth-first walk meets, as "a → b → a"."""
     state: dict[str, int] = {}
     cycles = []
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
-        for nxt in graph[node]:
+        for nxt in graph.get(node, ()):
             if state.get(nxt) == 1:
-                cycles.append(" → ".join(stack[stack.index(nxt):] + [node, nxt]) if nxt in stack else f"{node} → {nxt}")
+                cycles.append(" → ".join([*stack[stack.index(nxt):], node, nxt] if nxt in stack else [node, nxt]))
             elif nxt not in state:
                 visit(nxt, [*stack, node])
         state[node] = 2
@@ -117,7 +117,16 @@ def test_no_import_cycles():
     for module in graph:
         if module not in state:
             visit(module, [])
+    return cycles
+
+
+def test_no_import_cycles():
+    cycles = _cycles({m: sorted({t for t, _ in imports}) for m, imports in _graph().items()})
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_a_cycle_is_reported():
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a → b → c → a"]
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -7,15 +7,8 @@ import pytest
 import torch
 
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.tools.bench import (
-    Prompt,
-    Run,
-    load_prompts,
-    markdown,
-    method_kwargs,
-    run_prompt,
-    summarize,
-)
+from hf_adaspec.tools.bench import Run, markdown, method_kwargs, run_prompt, summarize
+from hf_adaspec.tools.prompts import Prompt, load_prompts
 
 SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
 
@@ -55,7 +48,7 @@ def test_the_default_prompts_ship_inside_the_package_with_every_category():
     import tomllib
 
     import hf_adaspec
-    from hf_adaspec.tools.bench import PACKAGED_PER_CATEGORY, SPEC_BENCH
+    from hf_adaspec.tools.prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH
     from hf_adaspec.tools.cli import SPEC_BENCH as CLI_SPEC_BENCH
 
     package = Path(hf_adaspec.__file__).resolve().parent
@@ -76,7 +69,7 @@ def test_the_default_prompts_ship_inside_the_package_with_every_category():
 
 
 def test_the_default_prompts_hold_every_spec_bench_prompt_of_the_committed_traces():
-    from hf_adaspec.tools.bench import SPEC_BENCH
+    from hf_adaspec.tools.prompts import SPEC_BENCH
 
     packaged = {p.question_id for p in load_prompts(SPEC_BENCH, 1000)}
     traced = {int(f.stem) for f in (ROOT / "benchmarks" / "traces").glob("*.json")}
@@ -98,7 +91,7 @@ def test_bench_and_trace_default_to_the_packaged_prompts_and_bench_to_256_tokens
     from typer.testing import CliRunner
 
     from hf_adaspec.tools import batch_bench, cli, trace_cli
-    from hf_adaspec.tools import bench as bm
+    from hf_adaspec.tools import prompts as bm
 
     assert _cli_param("bench", "prompts") == bm.SPEC_BENCH == _cli_param("trace", "prompts")
     assert _cli_param("bench", "max_new_tokens") == 256 == _cli_param("trace", "max_new_tokens")
@@ -116,7 +109,7 @@ def test_bench_and_trace_default_to_the_packaged_prompts_and_bench_to_256_tokens
             return [Prompt(81, "writing", "hi")] if name != "trace" else []  # trace: nothing to do
         return load
 
-    monkeypatch.setattr(bm, "load_prompts", loads("bench"))
+    monkeypatch.setattr(cli, "load_prompts", loads("bench"))
     monkeypatch.setattr(batch_bench, "load_prompts", loads("batch"))
     monkeypatch.setattr(trace_cli, "load_prompts", loads("trace"))
     monkeypatch.setattr(cli, "_load_pair", no_models)
@@ -144,7 +137,7 @@ def test_a_missing_prompts_file_is_a_usage_error_naming_the_fix(tmp_path):
 
 def test_batch_prompts_are_picked_round_robin_over_the_categories():
     from hf_adaspec.tools.batch_bench import pick_prompts
-    from hf_adaspec.tools.bench import SPEC_BENCH
+    from hf_adaspec.tools.prompts import SPEC_BENCH
 
     picked = pick_prompts(SPEC_BENCH, 16)
     assert [p.category for p in picked[:13]] == list(SPEC_BENCH_CATEGORIES)

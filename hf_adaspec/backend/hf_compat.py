@@ -108,6 +108,23 @@ def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
     cache.batch_select_indices(rows)
 
 
+def model_identity(model: torch.nn.Module) -> dict:
+    """What a model's costs depend on, read from its config: name (``_name_or_path``), parameter count, dtype,
+    quantization method (``quantization_config.quant_method``, "None" when dense) and device."""
+    config = model.config
+    quant = getattr(config, "quantization_config", None)
+    quant_method = getattr(quant, "quant_method", None) if quant is not None else None
+    if isinstance(quant, dict):
+        quant_method = quant.get("quant_method")
+    return {
+        "name": str(getattr(config, "_name_or_path", type(model).__name__)),
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(model.dtype),
+        "quantization": str(quant_method),
+        "device": str(model.device),
+    }
+
+
 def vocab_size(model: torch.nn.Module) -> int:
     """Width of the logits' last dim: the output head's ``out_features`` (also for quantized heads)."""
     return model.get_output_embeddings().out_features

@@ -72,29 +72,14 @@ class DrafterCosts:
     catchup_ms: float = 0.0
 
 
-def _model_identity(model: torch.nn.Module) -> dict:
-    config = model.config
-    quant = getattr(config, "quantization_config", None)
-    quant_method = getattr(quant, "quant_method", None) if quant is not None else None
-    if isinstance(quant, dict):
-        quant_method = quant.get("quant_method")
-    return {
-        "name": str(getattr(config, "_name_or_path", type(model).__name__)),
-        "params": sum(p.numel() for p in model.parameters()),
-        "dtype": str(model.dtype),
-        "quantization": str(quant_method),
-        "device": str(model.device),
-    }
-
-
 def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dict:
     """What a measured cost depends on: both models (name, params, dtype, quantization, device), the
     torch and transformers versions, the machine and torch's intra-op thread count."""
     import transformers
 
     return {
-        "target": _model_identity(target),
-        "draft": _model_identity(draft) if draft is not None else None,
+        "target": hf_compat.model_identity(target),
+        "draft": hf_compat.model_identity(draft) if draft is not None else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": platform.machine(),

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..api.generate_batch import encode_batch, generate_batch
-from .bench import Prompt, divergence_gap, load_prompts, write_json
+from .bench import divergence_gap, write_json
+from .prompts import Prompt, load_prompts
 
 BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive")
 

@@ -17,6 +17,7 @@ from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from . import export_cli, trace_cli
 from .bench import METHODS
 from .pair import load_pair as _load_pair
+from .prompts import Prompt, load_prompts
 
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
 
@@ -106,14 +107,14 @@ def bench(
     if "plain" not in method_list:
         raise typer.BadParameter("methods must include 'plain' (speedups are relative to it)")
     try:
-        selected = bm.load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None, split)
+        selected = load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None, split)
     except FileNotFoundError as e:
         raise typer.BadParameter(str(e), param_hint="--prompts") from None
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     draft_model = drf.model if drf is not None else None
-    warm = bm.Prompt(-1, "warm-up", "Say hello.")
+    warm = Prompt(-1, "warm-up", "Say hello.")
     bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
     runs, oracles = [], []
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,

@@ -22,7 +22,7 @@ import torch
 
 from ..files import atomic_write
 from ..backend import hf_compat
-from .bench import Prompt, split_of
+from .prompts import Prompt, split_of
 
 SCHEMA = 1
 
@@ -70,7 +70,7 @@ class Trace:
 
     @property
     def split(self) -> str:
-        """"tune" or "held-out" (``bench.split_of``)."""
+        """"tune" or "held-out" (``prompts.split_of``)."""
         return split_of(self.question_id)
 
 

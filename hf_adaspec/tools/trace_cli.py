@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from ..files import sweep
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from .bench import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
+from .prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
 from .pair import load_pair
 from .trace import load_trace, save_trace, take_trace, trace_path
 
