@@ -17,16 +17,16 @@ run builder); ``api`` (``enable``, ``generate_batch``) and this package; ``tools
 playground).
 """
 
+from .api.generate import SpeculativeGenerateOutput, enable
+from .api.generate_batch import BatchGeneration, generate_batch
 from .config import SPECULATION_MODES, SpeculationConfig
 from .costs.table import CostTable
+from .engine.run import SpeculationState
 from .engine.stats import SpeculationStats, StepRecord
 from .models.assets import AssetError
 from .models.loading import LoadedModel, load
 from .models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from .policy.goodput import expected_tokens
-from .api.generate_batch import BatchGeneration, generate_batch
-from .api.generate import SpeculativeGenerateOutput, enable
-from .engine.run import SpeculationState
 
 __all__ = [
     "AssetError",

@@ -3,8 +3,8 @@
 Read from the source's AST (every import, also those inside functions), so nothing is imported to check.
 From the bottom: ``files``/``config`` → ``backend`` (transformers internals, the ragged KV cache, the draft
 prefix store) and ``models`` (assets and loading) → ``costs`` and ``proposers`` → ``policy`` → ``engine``
-→ the public entry (``api``, then the package's ``__init__`` that re-exports it) → ``tools``. Folders of one layer do not
-import each other either.
+→ the public entry (``api``, then the package's ``__init__`` that re-exports it) → ``tools``. Folders of
+one layer do not import each other either.
 """
 
 from __future__ import annotations

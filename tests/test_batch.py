@@ -17,11 +17,11 @@ from conftest import left_padded
 from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
 
 from hf_adaspec import CostTable, SpeculationState, SpeculationStats
+from hf_adaspec.api.generate_batch import encode_batch, generate_batch
 from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.policy.controller import Decision, StepView
 from hf_adaspec.proposers import DraftModelProposer, PromptLookupProposer
-from hf_adaspec.api.generate_batch import encode_batch, generate_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_adaspec.costs.table import CostTable
-from hf_adaspec.backend.ragged import RaggedCache, left_pad, right_pad
-from hf_adaspec.policy.goodput import Offer, best_plan, draft_next_column, goodput
 from hf_adaspec.backend import hf_compat
+from hf_adaspec.backend.ragged import RaggedCache, left_pad, right_pad
+from hf_adaspec.costs.table import CostTable
+from hf_adaspec.policy.goodput import Offer, best_plan, draft_next_column, goodput
 
 
 def _linear_costs(batch: int, n_max: int = 9) -> CostTable:

@@ -48,8 +48,8 @@ def test_the_default_prompts_ship_inside_the_package_with_every_category():
     import tomllib
 
     import hf_adaspec
-    from hf_adaspec.tools.prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH
     from hf_adaspec.tools.cli import SPEC_BENCH as CLI_SPEC_BENCH
+    from hf_adaspec.tools.prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH
 
     package = Path(hf_adaspec.__file__).resolve().parent
     resource = importlib.resources.files("hf_adaspec") / "data" / "spec_bench.jsonl"

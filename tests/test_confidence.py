@@ -12,17 +12,17 @@ import torch
 from transformers import LogitsProcessorList
 
 from hf_adaspec import SpeculationConfig, SpeculationState
+from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.costs.table import CostTable
+from hf_adaspec.policy.acceptance import ConfidenceAcceptance
 from hf_adaspec.policy.confidence import (
     CalibratorMemory,
     ConfidenceCalibrator,
     isotonic,
     prefix_confidences,
 )
-from hf_adaspec.policy.acceptance import ConfidenceAcceptance
 from hf_adaspec.policy.controller import AdaptiveController, StepOutcome, StepView
 from hf_adaspec.policy.goodput import draft_next_column
-from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.proposers import DraftModelProposer, Rows
 
 FLAT = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # verification costs 10 ms for 1..9 tokens

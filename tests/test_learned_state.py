@@ -7,13 +7,11 @@ import pytest
 import torch
 
 import hf_adaspec
-from hf_adaspec import CostTable, SpeculationConfig
+from hf_adaspec import CostTable, SpeculationConfig, SpeculationState
 from hf_adaspec.policy.confidence import CalibratorMemory, ConfidenceCalibrator
 from hf_adaspec.policy.controller import StepView
-from hf_adaspec.policy.match import MatchMemory
-from hf_adaspec.policy.match import LOOKUP_START_ALPHA
+from hf_adaspec.policy.match import LOOKUP_START_ALPHA, MatchMemory
 from hf_adaspec.policy.modes import DRAFT_MODEL, MODES, PROMPT_LOOKUP, Learned, PolicyInputs
-from hf_adaspec import SpeculationState
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 

@@ -11,8 +11,8 @@ from hf_adaspec.policy.acceptance import ConfidenceAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
 from hf_adaspec.policy.controller import AdaptiveController, StepOutcome, StepView
 from hf_adaspec.policy.match import (
-    LOOKUP_START_ALPHA,
     EDGES,
+    LOOKUP_START_ALPHA,
     MatchAcceptance,
     MatchMemory,
     MatchTable,

@@ -9,6 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from hf_adaspec import CostTable, LoadedModel
+from hf_adaspec.backend import hf_compat
 from hf_adaspec.costs import cache as cost_cache
 from hf_adaspec.costs.cache import CostCache
 from hf_adaspec.costs.measure import ProfileGrid, measure_profile, pair_name
@@ -33,7 +34,6 @@ from hf_adaspec.costs.profile import (
 )
 from hf_adaspec.costs.table import processor_name
 from hf_adaspec.files import write_json_verified
-from hf_adaspec.backend import hf_compat
 from hf_adaspec.tools import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from hf_adaspec import SpeculationState
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec import SpeculationState
 from hf_adaspec.tools.replay import Clock, replay_request
 from hf_adaspec.tools.replay_report import replay_all, validate
 from hf_adaspec.tools.trace import load_trace, load_traces, save_trace, trace_ids

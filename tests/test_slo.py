@@ -12,8 +12,8 @@ import torch
 from hf_adaspec.config import SpeculationConfig
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.stats import SpeculationStats, StepRecord
-from hf_adaspec.policy.confidence import ConfidenceCalibrator
 from hf_adaspec.policy.acceptance import ConfidenceAcceptance
+from hf_adaspec.policy.confidence import ConfidenceCalibrator
 from hf_adaspec.policy.controller import AdaptiveController, StepView
 from hf_adaspec.policy.goodput import Offer, best_plan
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
+from hf_adaspec import SpeculationState
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec import SpeculationState
 from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.policy.controller import FixedController
 from hf_adaspec.proposers.base import Rows

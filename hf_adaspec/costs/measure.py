@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..files import atomic_write
 from ..backend import hf_compat
+from ..files import atomic_write
 from .predictors import CATCHUP_CHUNK, ProfileCell
 from .profile import Profile, assemble_profile, library_versions, profile_identity
 from .table import processor_name, time_forward_ms

@@ -6,11 +6,12 @@ optional callable the draft model asks after each drafted column), ``observe`` (
 ``select`` (finished rows leave). Nothing else is probed.
 
 ``AdaptiveController`` (SmartSpec/TurboSpec, arXiv 2406.14066; AdaSpec, arXiv 2503.05096): every drafter
-prices each row's proposal by its acceptance model (``acceptance``: the match-length table for prompt
-lookup and suffix drafting, the calibrated confidence path ĉ_j = c̄^j for the draft model) and ``goodput.best_plan`` picks the batch-wide k and each row's drafter,
-down to a plain step; a draft-model row then drafts up to its offer and the confidence stop rule
-(``goodput.draft_next_column``) ends it token by token. ``FixedController``: always k from the first
-drafter, optionally stopped llama.cpp-style once a drafted token's q(x) < p_min (a baseline).
+prices each row's proposal by its acceptance model (``acceptance``: the match-length table for prompt lookup
+and suffix drafting, the calibrated confidence path ĉ_j = c̄^j for the draft model) and ``goodput.best_plan``
+picks the batch-wide k and each row's drafter, down to a plain step; a draft-model row then drafts up to its
+offer and the confidence stop rule (``goodput.draft_next_column``) ends it token by token.
+``FixedController``: always k from the first drafter, optionally stopped llama.cpp-style once a drafted
+token's q(x) < p_min (a baseline).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch
 from ..backend.ragged import KVCache
 from ..config import ADAPTIVE, FIXED, SpeculationConfig
 from ..costs.table import CostTable
-from ..proposers import DraftModelProposer, Drafter, PromptLookupProposer, SuffixMemory, SuffixProposer
+from ..proposers import Drafter, DraftModelProposer, PromptLookupProposer, SuffixMemory, SuffixProposer
 from .acceptance import AcceptanceModel, ConfidenceAcceptance
 from .confidence import CalibratorMemory
 from .controller import AdaptiveController, Controller, FixedController
@@ -93,8 +93,8 @@ def _by_match_length(batch: int, learned: Learned, key: str) -> AcceptanceModel:
 
 
 DRAFT_MODEL = DrafterSpec("draft_model", True, _draft_model, _by_confidence)
-PROMPT_LOOKUP = DrafterSpec("prompt_lookup", False, lambda ctx: PromptLookupProposer(ctx.config.prompt_lookup_max_ngram),
-                            _by_match_length)
+PROMPT_LOOKUP = DrafterSpec("prompt_lookup", False,
+                            lambda ctx: PromptLookupProposer(ctx.config.prompt_lookup_max_ngram), _by_match_length)
 SUFFIX = DrafterSpec("suffix", False, lambda ctx: SuffixProposer(ctx.suffixes), _by_match_length,
                      remembers_responses=True)
 

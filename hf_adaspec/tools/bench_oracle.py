@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backend import hf_compat
 from ..costs.table import CostTable
 from ..proposers.prompt_lookup import find_continuation
 from ..proposers.suffix import SuffixMemory, best_draft
-from ..backend import hf_compat
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 
 FAMILIES = ("draft", "lookup", "hybrid")

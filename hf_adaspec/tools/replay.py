@@ -39,7 +39,7 @@ from .virtual import Forward, TraceCaches, Vocab, draft_answers, target_answers
 
 REPLAY_METHODS = ("plain", "fixed-k", "pmin", "adaptive", "adaptive-lookup")
 K_MAX = 8
-_CONTEXT_STEP = 8  # contexts are priced in buckets of 8 tokens (costs move < 0.5% within one), so prices cache well
+_CONTEXT_STEP = 8  # contexts are priced in buckets of 8 tokens (a cost barely moves within one), so prices cache well
 
 
 class VirtualDraft:
@@ -151,7 +151,7 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
     run = build_run(config, compact, input_ids, valid.long(), draft_key, caches,
                     functools.cache(lambda b: table(b, width)), settings)
     result = speculative_decode(run.parts, input_ids, valid.long())
-    outputs = [vocab.decode(result.sequences[i, width : width + result.stats.row_tokens[i]]) for i in range(len(traces))]
+    outputs = [vocab.decode(result.sequences[i, width : width + n]) for i, n in enumerate(result.stats.row_tokens)]
     record_run(state, run, [list(t.tokens[: t.prompt_len]) for t in traces], outputs)
     draft_log = caches.made_draft.log if caches.made_draft is not None else []
     time_ms = _price(clock, traces, caches.made_target.log, draft_log, result.stats)

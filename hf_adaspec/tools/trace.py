@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..files import atomic_write
 from ..backend import hf_compat
+from ..files import atomic_write
 from .prompts import Prompt, split_of
 
 SCHEMA = 1

@@ -14,8 +14,8 @@ from tqdm.auto import tqdm
 
 from ..files import sweep
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from .prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
 from .pair import load_pair
+from .prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
 from .trace import load_trace, save_trace, take_trace, trace_path
 
 # shown in --help instead of the packaged file's site-packages path

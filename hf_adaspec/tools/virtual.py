@@ -1,13 +1,14 @@
 """A virtual target and draft for replay: KV caches that answer from traces instead of running a model.
 
-``TraceCache`` has ``RaggedCache``'s interface (``backend.ragged.KVCache``), so the engine's loop and the
-real ``DraftModelProposer`` run on it unchanged; ``TraceCaches`` makes them for ``engine.run.build_run``.
-Its answer at a row's position p depends only on p: the target's next token is the trace's token p + 1 (one-hot logits; positions after a rejected draft
-token are never read by greedy verification), the draft's is its teacher-forced argmax with logits whose
-softmax gives back the traced q(x). Off the target's path (the draft's tokens after its first miss) the
-draft answers as it would on the path, an approximation that moves only where the confidence stop rule
-ends a proposal, never what is accepted. Every forward is logged (rows, new columns, context) for the
-virtual clock. Token ids are mapped to a small vocabulary per request (``Vocab``) to keep logits small.
+``TraceCache`` has ``RaggedCache``'s interface (``backend.ragged.KVCache``), so the engine's loop and the real
+``DraftModelProposer`` run on it unchanged; ``TraceCaches`` makes them for ``engine.run.build_run``. Its
+answer at a row's position p depends only on p: the target's next token is the trace's token p + 1 (one-hot
+logits; positions after a rejected draft token are never read by greedy verification), the draft's is its
+teacher-forced argmax with logits whose softmax gives back the traced q(x). Off the target's path (the draft's
+tokens after its first miss) the draft answers as it would on the path, an approximation that moves only where
+the confidence stop rule ends a proposal, never what is accepted. Every forward is logged (rows, new columns,
+context) for the virtual clock. Token ids are mapped to a small vocabulary per request (``Vocab``) to keep
+logits small.
 """
 
 from __future__ import annotations
