@@ -11,6 +11,10 @@ Two comparisons, each run once with this checkout and once with a worktree of ``
   sizes 1 and 4) on the model card's profile; every replayed request's summary (predicted time, steps,
   k and drafter histograms, accepted length) must be equal.
 
+It also times the engine's own work per step (the tiny pair's forwards cost little, so the loop's Python
+dominates): ms per step of a 300-token adaptive request, median of 5, the two checkouts interleaved 3 times.
+Timings are reported, not judged.
+
     python benchmarks/decisions_match.py --base 4242903
 
 The last stdout line is one JSON object; the exit code is 1 when anything differs.
@@ -34,8 +38,8 @@ REPLAYS = [(workload, split, batch) for workload, split in (("spec_bench", "held
            for batch in (1, 4)]
 
 
-def decisions(draft_ms: float, catchup_ms: float, batch: int) -> list[list[tuple[int, int, str, int]]]:
-    """Every request's steps as (k, accepted, drafter, row), with whatever hf_adaspec is on the path."""
+def _tiny_pair():
+    """The target (enabled) and a perturbed copy as the draft: tiny random fp32 Llamas, one thread."""
     import torch
     import transformers
 
@@ -57,6 +61,16 @@ def decisions(draft_ms: float, catchup_ms: float, batch: int) -> list[list[tuple
     with torch.no_grad():
         for p in draft.parameters():
             p.add_(0.05 * p.std() * torch.randn(p.shape, generator=gen))
+    return target, draft
+
+
+def decisions(draft_ms: float, catchup_ms: float, batch: int) -> list[list[tuple[int, int, str, int]]]:
+    """Every request's steps as (k, accepted, drafter, row), with whatever hf_adaspec is on the path."""
+    import torch
+
+    import hf_adaspec
+
+    target, draft = _tiny_pair()
     costs = hf_adaspec.CostTable(verify_ms=tuple(10.0 + 1.5 * i for i in range(9)), draft_ms=draft_ms,
                                  draft_catchup_ms=catchup_ms)
     state, prompts, out = hf_adaspec.SpeculationState(), torch.Generator().manual_seed(0), []
@@ -75,6 +89,28 @@ def decisions(draft_ms: float, catchup_ms: float, batch: int) -> list[list[tuple
                               speculation_state=state, return_dict_in_generate=True)
         out.append([(s.k, s.accepted, s.drafter, s.row) for s in res.speculation.steps])
     return out
+
+
+def step_ms() -> float:
+    """Median wall ms per step of a 300-token adaptive request on the tiny pair (5 requests, fresh state each)."""
+    import statistics
+    import time
+
+    import torch
+
+    import hf_adaspec
+
+    target, draft = _tiny_pair()
+    costs = hf_adaspec.CostTable(verify_ms=tuple(10.0 + 1.5 * i for i in range(9)), draft_ms=2.0, draft_catchup_ms=0.3)
+    ids = torch.randint(1, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        out = target.generate(input_ids=ids, max_new_tokens=300, do_sample=False, speculation="adaptive",
+                              assistant_model=draft, speculation_costs=costs,
+                              speculation_state=hf_adaspec.SpeculationState(), return_dict_in_generate=True)
+        times.append((time.perf_counter() - start) * 1000.0 / len({s.step for s in out.speculation.steps}))
+    return statistics.median(times)
 
 
 def replay(workload: str, split: str, batch: int) -> list[dict]:
@@ -114,6 +150,12 @@ def _compare(base: Path) -> dict:
                 "drafters": {d: sum(1 for s in steps if s[2] == d) for d in ("plain", "prompt_lookup", "suffix",
                                                                              "draft_model")}}
             print(f"generate, {name}, B={batch}: {report[f'generate, {name}, B={batch}']}", flush=True)
+    timed = {"base": [], "this": []}
+    for _ in range(3):
+        for label, path in (("base", base), ("this", ROOT)):
+            timed[label].append(round(_worker(path, "step_ms"), 3))
+    report["engine ms per step (tiny pair), not judged"] = timed
+    print(f"engine ms per step: {timed}", flush=True)
     for workload, split, batch in REPLAYS:
         old, new = (_worker(p, "replay", workload, split, str(batch)) for p in (base, ROOT))
         key = f"replay {workload} {split}, B={batch}"
@@ -130,8 +172,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         kind, rest = args.worker[0], args.worker[1:]
-        result = (decisions(float(rest[0]), float(rest[1]), int(rest[2])) if kind == "decisions"
-                  else replay(rest[0], rest[1], int(rest[2])))
+        if kind == "decisions":
+            result = decisions(float(rest[0]), float(rest[1]), int(rest[2]))
+        else:
+            result = step_ms() if kind == "step_ms" else replay(rest[0], rest[1], int(rest[2]))
         print(json.dumps(result))
         return
     if not args.base:
@@ -143,7 +187,7 @@ def main() -> None:
             report = _compare(tree)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
-    same = all(r["identical_requests"] == r["requests"] for r in report.values())
+    same = all(r["identical_requests"] == r["requests"] for r in report.values() if "requests" in r)
     print(json.dumps({"base": args.base, "identical": same, "comparisons": report}))
     sys.exit(0 if same else 1)
 
