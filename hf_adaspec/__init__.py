@@ -8,6 +8,7 @@ machine and acceptance learned online. Greedy output is the target's greedy outp
     hf_adaspec.enable(model)
     model.generate(**inputs, assistant_model=draft, speculation="adaptive")
     hf_adaspec.generate_batch(model, tokenizer, prompts, draft_model=draft)  # a static batch
+    model.generate(**inputs, assistant_model=hf_adaspec.load_head(path, model), speculation="adaptive")  # EAGLE-3
 
 Layers, from the bottom (each imports only those below it; ``tests/test_architecture.py`` checks):
 ``files``/``config``; ``backend`` (every touch of transformers internals, the ragged KV cache, the draft's
@@ -24,6 +25,8 @@ from .costs.table import CostTable
 from .engine.run import SpeculationState
 from .engine.stats import SpeculationStats, StepRecord
 from .models.assets import AssetError
+from .models.eagle3 import Eagle3Head
+from .models.eagle3_format import load_head, save_head
 from .models.loading import LoadedModel, load
 from .models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from .policy.goodput import expected_tokens
@@ -34,6 +37,7 @@ __all__ = [
     "CostTable",
     "DEFAULT_DRAFT",
     "DEFAULT_TARGET",
+    "Eagle3Head",
     "LoadedModel",
     "PRESETS",
     "SPECULATION_MODES",
@@ -46,5 +50,7 @@ __all__ = [
     "expected_tokens",
     "generate_batch",
     "load",
+    "load_head",
+    "save_head",
 ]
 __version__ = "0.2.0"

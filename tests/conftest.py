@@ -82,3 +82,61 @@ def models(tiny_factory):
         for p in noisy.parameters():
             p.add_(0.05 * p.std() * torch.randn(p.shape, generator=gen))
     return {"target": target, "other_seed": tiny_factory(1), "noisy_copy": noisy, "same_model": tiny_factory(0)}
+
+
+HEAD_LAYERS = (0, 1, 1)  # the tiny target's residual stream at the inputs of layers 0, 1 (twice): 3 × 32 wide
+HEAD_PROMPTS = ([5, 6, 7, 8, 9, 10] * 4, [11, 12, 13], [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8], [40, 41, 40, 41, 40],
+                list(range(1, 41)))
+
+
+def train_tiny_head(target, steps: int = 150, draft_vocab: int = 48):
+    """An EAGLE-3 head for the tiny target, trained for seconds: the target's greedy continuations of 32
+    random prompts and of ``HEAD_PROMPTS`` (40 tokens each), teacher-forced, cross-entropy against the
+    target's argmax; the draft vocabulary is the ``draft_vocab`` most frequent argmax tokens."""
+    from hf_adaspec.models.eagle3 import Eagle3Head, HeadCache, HeadConfig
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 64, (8,), generator=gen).tolist() for _ in range(32)] + list(HEAD_PROMPTS)
+    with torch.no_grad():
+        seqs = [target.generate(torch.tensor([p]), max_new_tokens=40, do_sample=False)[0] for p in prompts]
+    width = max(len(s) for s in seqs)
+    seqs = torch.stack([torch.cat([s, s[-1:].expand(width - len(s))]) for s in seqs])  # [N, T]
+    with torch.no_grad():
+        out = target(seqs, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i] for i in HEAD_LAYERS], dim=-1)  # [N, T, 96]
+    labels = out.logits.argmax(-1)  # the target's next token after each position
+    ids = torch.bincount(labels.flatten(), minlength=64).argsort(descending=True)[:draft_vocab].sort().values
+    config = HeadConfig(32, 4, 2, 64, 32, draft_vocab, 64, HEAD_LAYERS, verifier="tiny-llama")
+    head = Eagle3Head(config, target.get_input_embeddings())
+    head.set_vocabulary(ids)
+    to_draft = torch.full((64,), -1)
+    to_draft[ids] = torch.arange(draft_vocab)
+    tokens, hidden, wanted = seqs[:, 1:], features[:, :-1], to_draft[labels[:, 1:]]  # entry p: (x_p, g_{p-1})
+    valid = torch.ones(tokens.shape, dtype=torch.bool)
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    for _ in range(steps):
+        logits = head.lm_head(head.norm(head.step(tokens, head.fuse(hidden), valid, HeadCache(len(seqs)))))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, draft_vocab), wanted.reshape(-1), ignore_index=-1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_head_weights():
+    """(state dict, config) of ``train_tiny_head`` on the seed-0 tiny target, trained once per session."""
+    head = train_tiny_head(build_tiny_llama(0))
+    return {k: v.detach().clone() for k, v in head.state_dict().items()}, head.config
+
+
+@pytest.fixture(scope="module")
+def tiny_head(models, tiny_head_weights):
+    """The trained tiny head on this module's target (``models["target"]``, whose embedding it shares)."""
+    from hf_adaspec.models.eagle3 import Eagle3Head
+
+    state, config = tiny_head_weights
+    head = Eagle3Head(config, models["target"].get_input_embeddings())
+    head.load_state_dict(state)
+    return head.eval()

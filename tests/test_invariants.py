@@ -2,7 +2,8 @@
 
 1. Greedy output is plain greedy ``generate``'s, token for token: one matrix over every mode ("adaptive";
    "fixed" with k = 3; "fixed" with k = 8 and draft_p_min = 0.75) × every kind of drafter (a draft model that
-   agrees in part, one that almost never agrees, none: prompt lookup) × batch size 1 and 3 (left-padded rows
+   agrees in part, one that almost never agrees, an EAGLE-3 draft head, none: prompt lookup) × batch size 1
+   and 3 (left-padded rows
    of different lengths, each compared with its own batch-1 plain output). fp32 tiny models are shape-stable,
    so equality is exact even though speculation runs forwards of other widths and holes in the cache.
 2. Sampling is lossless: tokens emitted by speculative sampling follow the target's distribution, checked by
@@ -33,7 +34,13 @@ MODES = {
     "fixed-k8-pmin": {"speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 0.75},
 }
 K_CAP = {"adaptive": 8, "fixed-k3": 3, "fixed-k8-pmin": 8}
-DRAFTERS = ("noisy_copy", "other_seed", "prompt_lookup")  # 0 < α < 1, α ≈ 0, no draft model
+DRAFTERS = ("noisy_copy", "other_seed", "draft_head", "prompt_lookup")  # 0 < α < 1, α ≈ 0, a head, no draft model
+
+
+@pytest.fixture(scope="module")
+def assistants(models, tiny_head):
+    """The draft models by name, and the tiny trained EAGLE-3 head as "draft_head"."""
+    return {**models, "draft_head": tiny_head}
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +63,10 @@ def plain_greedy(models):
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_greedy_output_equals_plain_generate(models, plain_greedy, mode, drafter, batch):
+def test_greedy_output_equals_plain_generate(models, assistants, plain_greedy, mode, drafter, batch):
     prompts = PROMPTS[:batch]
     inputs = left_padded(prompts) if batch > 1 else {"input_ids": torch.tensor([prompts[0]])}
-    draft = {} if drafter == "prompt_lookup" else {"assistant_model": models[drafter]}
+    draft = {} if drafter == "prompt_lookup" else {"assistant_model": assistants[drafter]}
     out = models["target"].generate(**inputs, **draft, **MODES[mode], speculation_costs=COSTS,
                                     speculation_state=SpeculationState(), max_new_tokens=NEW, do_sample=False,
                                     return_dict_in_generate=True)
@@ -80,7 +87,8 @@ def test_greedy_output_equals_plain_generate(models, plain_greedy, mode, drafter
     # it speculated (an all-plain run would make the equality trivial), within the mode's cap, with its drafters
     assert any(s.k > 0 for s in stats.steps)
     assert max(stats.k_histogram) <= K_CAP[mode]
-    allowed = {"plain", "prompt_lookup"} if drafter == "prompt_lookup" else {"plain", "draft_model"}
+    paid = "draft_head" if drafter == "draft_head" else "draft_model"
+    allowed = {"plain", "prompt_lookup"} if drafter == "prompt_lookup" else {"plain", paid}
     if mode == "adaptive":
         allowed |= {"prompt_lookup", "suffix"}  # adaptive lets the costless drafters compete with the draft model
     assert {s.drafter for s in stats.steps} <= allowed and {s.drafter for s in stats.steps} - {"plain"}
@@ -216,7 +224,7 @@ def exact_marginals(models):
 
 def _sampled(models, drafter: str = "noisy_copy", costs: CostTable = COSTS, **kwargs):
     """Sample 4 tokens for COPIES copies of each prompt in one left-padded batch → (new tokens [2·COPIES, 4],
-    stats)."""
+    stats). ``models``: the assistants by name."""
     prompts = [SAMPLED_PROMPTS[0]] * COPIES + [SAMPLED_PROMPTS[1]] * COPIES
     inputs = left_padded(prompts)
     draft = {} if drafter == "prompt_lookup" else {"assistant_model": models[drafter]}
@@ -238,16 +246,17 @@ STEEP = CostTable(verify_ms=tuple(10.0 + 4.0 * n for n in range(9)), draft_ms=2.
 
 
 @pytest.mark.parametrize(("mode", "drafter"), [("fixed-k2", "noisy_copy"), ("fixed-k2", "prompt_lookup"),
-                                               ("adaptive-stopped", "noisy_copy")])
-def test_generate_sampling_is_lossless_per_row(models, exact_marginals, mode, drafter):
+                                               ("fixed-k2", "draft_head"), ("adaptive-stopped", "noisy_copy")])
+def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode, drafter):
     """Each row's sampled tokens follow the target's exact distribution: the 2nd and 3rd tokens go through
     acceptance, residual resampling and the bonus token ("fixed": k = 2 from the perturbed copy, or from prompt
-    lookup, a deterministic drafter: q one-hot; "adaptive" under steep costs: the draft model offered 2 tokens
-    and stopped by its confidence stop rule after 1)."""
+    lookup, a deterministic drafter: q one-hot; or from the tiny EAGLE-3 head, whose q is zero off its draft
+    vocabulary; "adaptive" under steep costs: the draft model offered 2 tokens and stopped by its confidence
+    stop rule after 1)."""
     if mode == "fixed-k2":
-        new, stats = _sampled(models, drafter, speculation="fixed", num_speculative_tokens=2)
+        new, stats = _sampled(assistants, drafter, speculation="fixed", num_speculative_tokens=2)
     else:
-        new, stats = _sampled(models, drafter, costs=STEEP, speculation="adaptive")
+        new, stats = _sampled(assistants, drafter, costs=STEEP, speculation="adaptive")
     first = [s for s in stats.steps if s.step == 0]
     assert len(first) == 2 * COPIES
     drafted = [s for s in first if s.k > 0]

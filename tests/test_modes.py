@@ -17,7 +17,15 @@ from hf_adaspec.config import SPECULATION_MODES
 from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.engine.run import build_run
 from hf_adaspec.policy.controller import Decision, StepOutcome, StepView
-from hf_adaspec.policy.modes import DRAFT_MODEL, MODES, PROMPT_LOOKUP, SUFFIX, DrafterContext
+from hf_adaspec.policy.modes import (
+    DRAFT_HEAD,
+    DRAFT_MODEL,
+    MODES,
+    PROMPT_LOOKUP,
+    SUFFIX,
+    DrafterContext,
+    assistant_kind,
+)
 from hf_adaspec.proposers import Drafter, DraftModelProposer, PromptLookupProposer, Rows, SuffixMemory, SuffixProposer
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24], repetitive so the costless drafters offer tokens
@@ -27,11 +35,14 @@ def test_every_mode_name_has_one_registry_entry():
     assert set(MODES) == set(SPECULATION_MODES)
 
 
-@pytest.mark.parametrize("mode, has_draft, expected", [
-    ("adaptive", True, (DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX)), ("adaptive", False, (PROMPT_LOOKUP, SUFFIX)),
-    ("fixed", True, (DRAFT_MODEL,)), ("fixed", False, (PROMPT_LOOKUP,))])
-def test_the_registry_says_which_drafters_a_mode_uses(mode, has_draft, expected):
-    assert MODES[mode].drafters(has_draft) == expected
+@pytest.mark.parametrize("mode, assistant, expected", [
+    ("adaptive", "model", (DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX)),
+    ("adaptive", "head", (DRAFT_HEAD, PROMPT_LOOKUP, SUFFIX)),
+    ("adaptive", None, (PROMPT_LOOKUP, SUFFIX)), ("fixed", "model", (DRAFT_MODEL,)), ("fixed", "head", (DRAFT_HEAD,)),
+    ("fixed", None, (PROMPT_LOOKUP,))])
+def test_the_registry_says_which_drafters_a_mode_uses(models, tiny_head, mode, assistant, expected):
+    given = {"model": models["noisy_copy"], "head": tiny_head, None: None}[assistant]
+    assert assistant_kind(given) == assistant and MODES[mode].drafters(given) == expected
 
 
 def test_the_drafter_interface_has_three_calls():
@@ -40,7 +51,8 @@ def test_the_drafter_interface_has_three_calls():
 
 
 def _context(draft_cache=None) -> DrafterContext:
-    return DrafterContext(1, SpeculationConfig(), LogitsProcessorList(), False, 0, (), draft_cache, SuffixMemory())
+    return DrafterContext(1, SpeculationConfig(), LogitsProcessorList(), False, 0, (), None, draft_cache,
+                          SuffixMemory())
 
 
 @pytest.mark.parametrize("spec", [PROMPT_LOOKUP, SUFFIX])
@@ -126,6 +138,7 @@ def test_build_run_takes_drafters_and_prices_from_the_registry(models):
 
     run = build_run(SpeculationConfig(), state, PROMPT, torch.ones_like(PROMPT), models["noisy_copy"], Caches(),
                     lambda b: None, settings)
-    assert run.specs == MODES["adaptive"].drafters(True) and run.seed is not None and run.seed.length == 0
+    assert run.specs == MODES["adaptive"].drafters(models["noisy_copy"]) and run.seed is not None
+    assert run.seed.length == 0 and run.parts.feature_layers == ()
     assert [type(d) for d in run.parts.drafters] == [DraftModelProposer, PromptLookupProposer, SuffixProposer]
     assert run.parts.controller.paid == [True, False, False] and run.parts.k_max == 8

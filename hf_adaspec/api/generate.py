@@ -32,6 +32,7 @@ from ..costs.table import CostTable
 from ..engine.loop import DecodeSettings, speculative_decode
 from ..engine.run import ModelCaches, SpeculationState, build_run, record_run
 from ..engine.stats import SpeculationStats, StepRecord
+from ..policy.modes import assistant_kind
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,10 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
         raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
     _check_outputs(gen_config)
     draft = request.draft_model
-    if draft is not None and hf_compat.vocab_size(draft) != hf_compat.vocab_size(model):
+    if assistant_kind(draft) == "head" and draft.config.target_vocab_size != hf_compat.vocab_size(model):
+        raise ValueError(f"the draft head was made for a vocabulary of {draft.config.target_vocab_size} tokens, "
+                         f"the target's is {hf_compat.vocab_size(model)}: load a head trained for this target")
+    elif assistant_kind(draft) == "model" and hf_compat.vocab_size(draft) != hf_compat.vocab_size(model):
         raise ValueError(
             f"draft model vocabulary ({hf_compat.vocab_size(draft)}) differs from the target's "
             f"({hf_compat.vocab_size(model)}); pick a draft with the target's tokenizer, or drop "

@@ -80,8 +80,7 @@ def forward_logits(
     cache length. Inputs go to the model's device; the logits come back to the CPU, where the engine
     keeps all its bookkeeping (so a target on a GPU, a draft on the CPU or both on one GPU all work).
     """
-    out = model(input_ids=input_ids.to(model.device), past_key_values=cache, use_cache=True, logits_to_keep=keep)
-    return out.logits[:, -keep:].float().cpu()
+    return forward(model, input_ids, cache, keep)[0]
 
 
 def forward_logits_masked(
@@ -97,10 +96,26 @@ def forward_logits_masked(
 
     input_ids: [B, n] long → logits [B, keep, V] float32 on the CPU (devices as ``forward_logits``).
     """
+    return forward(model, input_ids, cache, keep, attention_mask, position_ids)[0]
+
+
+def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, keep: int,
+            attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+            feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward of ``model`` over input_ids [B, n] on top of ``cache`` (with ``attention_mask`` [B, L + n]
+    and ``position_ids`` [B, n] for rows with holes, else positions follow the cache length) → float32
+    logits of the last ``keep`` columns [B, keep, V] and, with ``feature_layers``, the residual stream at
+    the inputs of those layers for every column, concatenated: [B, n, len(layers)·H] float32 (EAGLE-3's
+    target features; transformers' hidden_states[i] is the input of layer i). Both on the CPU."""
     device = model.device
-    out = model(input_ids=input_ids.to(device), past_key_values=cache, attention_mask=attention_mask.to(device),
-                position_ids=position_ids.to(device), use_cache=True, logits_to_keep=keep)
-    return out.logits[:, -keep:].float().cpu()
+    masked = {} if attention_mask is None else {"attention_mask": attention_mask.to(device),
+                                                 "position_ids": position_ids.to(device)}
+    out = model(input_ids=input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=keep,
+                output_hidden_states=bool(feature_layers), **masked)
+    features = None
+    if feature_layers:
+        features = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1).float().cpu()
+    return out.logits[:, -keep:].float().cpu(), features
 
 
 def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:

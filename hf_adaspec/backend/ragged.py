@@ -30,6 +30,12 @@ class KVCache(Protocol):
         """Feed tokens [B, M] (``valid`` [B, M] bool marks real ones) → float32 logits [B, keep, V]."""
         ...
 
+    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int, layers: tuple[int, ...]
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``append``, and the residual stream at the inputs of ``layers`` for every column
+        ([B, M, len(layers)·H]; None without layers)."""
+        ...
+
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths`` [B] tokens of each row."""
         ...
@@ -64,16 +70,22 @@ class RaggedCache:
 
         Returns float32 logits [B, keep, V] of the block's last ``keep`` columns.
         """
+        return self.append_features(tokens, valid, keep, ())[0]
+
+    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int, layers: tuple[int, ...]
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``append``, also returning the residual stream at the inputs of ``layers`` for every column of
+        the block, concatenated: [B, M, len(layers)·H] float32 (None without layers)."""
         offsets = valid.long().cumsum(dim=1) - 1  # [B, M]: index of each token among the row's new ones
         position_ids = self.lengths[:, None] + offsets.clamp_min(0)  # [B, M]
         mask = torch.cat([self.mask, valid.long()], dim=1)  # [B, L + M]
         if bool(mask.all()):  # no holes: positions follow the cache length, as in a plain forward
-            logits = hf_compat.forward_logits(self.model, tokens, self.cache, keep)
+            logits, features = hf_compat.forward(self.model, tokens, self.cache, keep, feature_layers=layers)
         else:
-            logits = hf_compat.forward_logits_masked(self.model, tokens, self.cache, mask, position_ids, keep)
+            logits, features = hf_compat.forward(self.model, tokens, self.cache, keep, mask, position_ids, layers)
         self.mask = mask
         self.lengths = self.lengths + valid.long().sum(dim=1)
-        return logits
+        return logits, features
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths`` [B] tokens of each row; crop columns no row uses any more."""

@@ -19,6 +19,7 @@ import itertools
 import os
 import platform
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,9 +28,10 @@ from tqdm.auto import tqdm
 
 from ..backend import hf_compat
 from ..files import atomic_write
+from ..models.eagle3 import Eagle3Head
 from .predictors import CATCHUP_CHUNK, ProfileCell
 from .profile import Profile, assemble_profile, library_versions, profile_identity
-from .table import processor_name, time_forward_ms
+from .table import HeadProbe, processor_name, time_forward_ms
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)
 SKIP_RULE = "target cells with batch * new_tokens > max_tokens_per_forward are not measured"
@@ -117,21 +119,29 @@ def _plan(grid: ProfileGrid, with_draft: bool) -> dict[tuple[int, int], list[_Jo
     return dict(sorted(plan.items()))
 
 
+def _timer(model, batch: int, context: int, longest: int) -> Callable[[int, int], float]:
+    """time(n, keep): wall ms of one forward of ``model`` over n new tokens keeping ``keep`` positions'
+    logits, on a synthetic ``context``-token cache of ``batch`` rows (a draft head: its own probe)."""
+    if isinstance(model, Eagle3Head):
+        probe = HeadProbe(model, context, batch)
+        return lambda n, keep: probe.time_ms(n)
+    cache = hf_compat.synthetic_cache(model, batch, context)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.get_input_embeddings().num_embeddings, (batch, longest), generator=gen)
+    ids = ids.to(model.device)
+    return lambda n, keep: time_forward_ms(model, ids[:, :n], cache, keep)
+
+
 def _measure_group(models: dict, batch: int, context: int, jobs: list[_Job], repeats: int) -> dict[_Job, list[float]]:
     """Timed ms per job: one synthetic cache per model, a warm-up round, then ``repeats`` rounds with
     every job interleaved (order alternating between rounds). The draft keeps 1 position's logits, as
     when it drafts or catches up; the target keeps all n, as when it verifies."""
     roles = sorted({j.role for j in jobs})
-    caches = {r: hf_compat.synthetic_cache(models[r], batch, context) for r in roles}
-    gen = torch.Generator().manual_seed(0)
-    ids = {r: torch.randint(0, models[r].get_input_embeddings().num_embeddings,
-                            (batch, max(j.new_tokens for j in jobs if j.role == r)), generator=gen).to(models[r].device)
-           for r in roles}
+    timers = {r: _timer(models[r], batch, context, max(j.new_tokens for j in jobs if j.role == r)) for r in roles}
     samples: dict[_Job, list[float]] = {j: [] for j in jobs}
     for round_ in range(repeats + 1):
         for job in jobs if round_ % 2 == 0 else jobs[::-1]:
-            keep = job.new_tokens if job.role == "target" else 1
-            ms = time_forward_ms(models[job.role], ids[job.role][:, : job.new_tokens], caches[job.role], keep)
+            ms = timers[job.role](job.new_tokens, job.new_tokens if job.role == "target" else 1)
             if round_:  # round 0 is the warm-up
                 samples[job].append(ms)
     return samples

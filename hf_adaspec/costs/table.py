@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..backend import hf_compat
+from ..models.eagle3 import Eagle3Head, HeadCache
 
 MAX_FORWARD_MS = 600_000.0  # a forward measured at over 10 minutes is no cost model: a corrupted or edited file
 
@@ -130,6 +131,42 @@ class _ForwardProbe:
         return time_forward_ms(self.model, self.ids[:, self.context : self.context + n_new], self.cache, keep=n_new)
 
 
+class HeadProbe:
+    """Times a draft head's forwards over n new entries (n = 1: one drafted token with its logits) on top of
+    a ``context``-entry cache of random features (filled in chunks of 256 entries); the cache is rolled back
+    after each."""
+
+    def __init__(self, head: Eagle3Head, context: int, batch: int = 1) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.head, self.batch, self.width = head, batch, 3 * head.config.target_hidden_size
+        self.cache = HeadCache(batch)
+        with torch.no_grad():
+            for start in range(0, context, 256):
+                n = min(256, context - start)
+                tokens = torch.randint(0, head.config.target_vocab_size, (batch, n), generator=gen)
+                head.step(tokens, head.fuse(torch.randn(batch, n, self.width, generator=gen)),
+                          torch.ones(batch, n, dtype=torch.bool), self.cache)
+        self.held = self.cache.lengths.clone()
+
+    @torch.no_grad()
+    def time_ms(self, n_new: int) -> float:
+        """Wall ms of one forward over ``n_new`` entries and the last one's logits."""
+        tokens = torch.zeros(self.batch, n_new, dtype=torch.long)
+        features = torch.zeros(self.batch, n_new, self.width)
+        cuda = self.head.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = self.head.step(tokens, self.head.fuse(features), torch.ones(self.batch, n_new, dtype=torch.bool),
+                             self.cache)
+        self.head.logits(out[:, -1])
+        if cuda:
+            torch.cuda.synchronize()
+        elapsed = (time.perf_counter() - start) * 1000.0
+        self.cache.rollback(self.held)
+        return elapsed
+
+
 @torch.no_grad()
 def time_forward_ms(model: torch.nn.Module, input_ids: torch.Tensor, cache, keep: int) -> float:
     """Wall ms of one forward of ``input_ids`` [B, n] on top of ``cache``, keeping ``keep`` positions'
@@ -181,14 +218,19 @@ def measure(
 ) -> CostTable:
     """Time target forwards over the widths ``calibrated_ns(n_max)`` (new tokens; the rest interpolated),
     the draft's 1-token forward and its per-token cost of ingesting a 32-token chunk (ms, medians), each
-    over ``batch`` rows (so per batch step).
+    over ``batch`` rows (so per batch step). ``draft`` may be a draft model or an EAGLE-3 head (its
+    forwards read random target features).
 
     One warm-up round, then ``repeats`` rounds with all sizes interleaved so drift hits them alike. At most
     13 widths up to 32 tokens are timed whatever ``n_max`` is, so a first use does not grow with ``n_max``.
     """
     ns = calibrated_ns(n_max)
     target_probe = _ForwardProbe(target, context, ns[-1], batch)
-    draft_probe = _ForwardProbe(draft, context, _CATCHUP_CHUNK, batch) if draft is not None else None
+    draft_probe = None
+    if isinstance(draft, Eagle3Head):
+        draft_probe = HeadProbe(draft, context, batch)
+    elif draft is not None:
+        draft_probe = _ForwardProbe(draft, context, _CATCHUP_CHUNK, batch)
     verify: list[list[float]] = [[] for _ in ns]
     drafts: list[float] = []
     catchups: list[float] = []

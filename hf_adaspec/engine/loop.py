@@ -50,13 +50,15 @@ class DecodeSettings:
 @dataclass(frozen=True)
 class RunParts:
     """What one request runs on: the target's empty cache ([B] rows), the drafters in the controller's
-    order, the controller, the settings and k_max (the most tokens any drafter may offer a row per step)."""
+    order, the controller, the settings, k_max (the most tokens any drafter may offer a row per step) and
+    the target layers whose inputs the drafters read (a draft head's features; empty: none recorded)."""
 
     cache: KVCache
     drafters: tuple[Drafter, ...]
     controller: Controller
     settings: DecodeSettings
     k_max: int
+    feature_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,17 +176,19 @@ def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: _Rows, settin
     return accepted, new
 
 
-def _commit(parts: RunParts, finished: list[bool], confirmed: torch.Tensor, own: Sequence[torch.Tensor]) -> None:
+def _commit(parts: RunParts, finished: list[bool], confirmed: torch.Tensor, own: Sequence[torch.Tensor],
+            features: list[torch.Tensor] | None) -> None:
     """Roll the target's cache back to the ``confirmed`` [b] tokens per row and each drafter to its ``own``
-    [b] (a drafter keeps its tokens only where they were accepted); then finished rows leave the batch,
-    unless every row finished (the caches stay whole: the draft's may seed a later request)."""
+    [b] (a drafter keeps its tokens only where they were accepted), handing each the target's ``features``
+    of the confirmed positions (per row [c_i, F], None when not recorded); then finished rows leave the
+    batch, unless every row finished (the caches stay whole: the draft's may seed a later request)."""
     left = [s for s, f in enumerate(finished) if not f]
     keep = torch.tensor(left, dtype=torch.long) if 0 < len(left) < len(finished) else None
     parts.cache.rollback(confirmed)
     if keep is not None:
         parts.cache.select(keep)
     for drafter, lengths in zip(parts.drafters, own, strict=True):
-        drafter.commit(lengths, keep)
+        drafter.commit(lengths, keep, features)
 
 
 def _leave(parts: RunParts, rows: _Rows, finished: list[bool]) -> None:
@@ -204,15 +208,17 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     rows = _Rows(list(input_ids.cpu()), (attention_mask.shape[1] - attention_mask.sum(1)).tolist(), input_ids.shape[1],
                  list(range(batch)), [0.0] * batch)
     stats = SpeculationStats()
-    logits = parts.cache.append(input_ids, attention_mask.bool(), keep=1)[:, -1].cpu()  # [B, V]
+    logits, features = parts.cache.append_features(input_ids, attention_mask.bool(), 1, parts.feature_layers)
+    logits = logits[:, -1].cpu()  # [B, V]
     firsts = [select_token(settings.logits_processor(rows.views[i][None], logits[i : i + 1]), settings.do_sample,
                            settings.generator) for i in range(batch)]  # B × [1, 1]
     finished = [rows.emit(i, t, settings, now()) for i, t in enumerate(firsts)]
     stats.prefill_ms = now()
     _stream(settings, rows.views[0][input_ids.shape[1]:], None)
-    if any(finished):  # rows that stopped at their first token leave before the first step
+    if any(finished) or features is not None:  # the prompt's features; rows that stopped at their first token leave
         held = rows.current().lengths - 1  # the caches hold at most the prompt: nothing to roll back
-        _commit(parts, finished, held, [held] * len(parts.drafters))
+        prompt = None if features is None else [features[i][attention_mask[i].bool()] for i in range(batch)]
+        _commit(parts, finished, held, [held] * len(parts.drafters), prompt)  # prompt: B × [T_i, F]
     _leave(parts, rows, finished)
     step = 0
     while rows.active:
@@ -223,14 +229,16 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         t1 = time.perf_counter()
         block, valid = right_pad([torch.cat([rows.views[i][-1:], p.tokens[0]])  # [b, k+1]
                                   for i, p in zip(rows.active, proposals)], settings.pad_token_id)
-        accepted, new = _verify(parts.cache.append(block, valid, keep=block.shape[1]), proposals, rows, settings)
+        logits, features = parts.cache.append_features(block, valid, block.shape[1], parts.feature_layers)
+        accepted, new = _verify(logits, proposals, rows, settings)  # verify
         seen = _hindsight(offers, view, new)
         confirmed = current.lengths + torch.tensor(accepted)  # tokens each row holds, minus its new last token
         lengths = [rows.views[i].shape[0] for i in rows.active]
         finished = [rows.emit(s, n, settings, now()) for s, n in enumerate(new)]
         own = [torch.where(torch.tensor([c == d for c in decision.drafters]), confirmed, current.lengths)
                for d in range(len(parts.drafters))]
-        _commit(parts, finished, confirmed, own)  # commit
+        kept = None if features is None else [features[s, : n + 1] for s, n in enumerate(accepted)]  # [n_i+1, F]
+        _commit(parts, finished, confirmed, own, kept)  # commit
         ks = tuple(p.k for p in proposals)
         parts.controller.observe(StepOutcome(decision.drafters, ks, tuple(accepted),  # observe
                                              tuple(p.confidences for p in proposals), seen))

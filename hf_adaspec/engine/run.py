@@ -83,22 +83,24 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
               draft_key: object | None, caches: Caches, costs_for: Callable[[int], CostTable],
               settings: DecodeSettings) -> PreparedRun:
     """Everything one request of ``config``'s mode needs. input_ids, attention_mask: [B, T] (left-padded);
-    ``draft_key``: the draft model (or the replay's stand-in for it), None without one; ``costs_for(b)``:
-    the cost table at b rows. The drafters and their pricing come from ``policy.modes.MODES``; at batch
-    size 1 without padding the draft's cache starts from the longest prompt prefix the pair's prefix store
-    holds."""
+    ``draft_key``: the assistant (a draft model, a draft head, or the replay's stand-in for a draft model),
+    None without one; ``costs_for(b)``: the cost table at b rows. The drafters and their pricing come from
+    ``policy.modes.MODES``; at batch size 1 without padding a draft model's cache starts from the longest
+    prompt prefix the pair's prefix store holds."""
     batch, mode = input_ids.shape[0], MODES[config.speculation]
-    specs = mode.drafters(draft_key is not None)
+    specs = mode.drafters(draft_key)
+    seeded = any(spec.uses_draft_cache for spec in specs)
     seed = None
-    if draft_key is not None and batch == 1 and bool(attention_mask.all()):
+    if seeded and batch == 1 and bool(attention_mask.all()):
         seed = state.draft_prefixes.seed(draft_key, input_ids[0])
-    draft_cache = caches.draft(batch, seed) if draft_key is not None else None
+    draft_cache = caches.draft(batch, seed) if seeded else None
     context = DrafterContext(batch, config, settings.logits_processor, settings.do_sample, settings.pad_token_id,
-                             settings.eos_token_ids, draft_cache, state.suffixes, settings.generator)
+                             settings.eos_token_ids, draft_key, draft_cache, state.suffixes, settings.generator)
     drafters = tuple(spec.build(context) for spec in specs)
     learned = Learned(state.calibrators, state.matches)
     inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(draft_key)) for s in specs), learned)
-    parts = RunParts(caches.target(batch), drafters, mode.controller(inputs), settings, config.k_max)
+    features = tuple(layer for spec in specs for layer in spec.target_features(draft_key))
+    parts = RunParts(caches.target(batch), drafters, mode.controller(inputs), settings, config.k_max, features)
     return PreparedRun(parts, specs, draft_key, draft_cache, seed)
 
 

@@ -11,6 +11,9 @@ for a run from a ``DrafterContext``, and how the adaptive controller prices its 
   one, prompt lookup and suffix drafting.
 - "fixed": always ``num_speculative_tokens`` from the draft model, else prompt lookup, optionally stopped at
   ``draft_p_min`` (a baseline).
+- With a draft head (``assistant_model=hf_adaspec.load_head(path, target)``, EAGLE-3) in place of a draft
+  model, the head takes the draft model's place in either mode, priced and stopped by its own calibrated
+  confidence; the run records the target's features it reads.
 
 What a pair learns across requests (the confidence calibration, the match-length tables) comes in through
 ``Learned``, objects the acceptance models update; each drafter's share of it is found by its memory key.
@@ -26,7 +29,9 @@ import torch
 from ..backend.ragged import KVCache
 from ..config import ADAPTIVE, FIXED, SpeculationConfig
 from ..costs.table import CostTable
+from ..models.eagle3 import Eagle3Head
 from ..proposers import Drafter, DraftModelProposer, PromptLookupProposer, SuffixMemory, SuffixProposer
+from ..proposers.draft_head import DraftHeadProposer
 from .acceptance import AcceptanceModel, ConfidenceAcceptance
 from .confidence import CalibratorMemory
 from .controller import AdaptiveController, Controller, FixedController
@@ -45,8 +50,9 @@ class Learned:
 @dataclass(frozen=True)
 class DrafterContext:
     """What building a drafter for a run may use: the batch size, the config, the decoding settings the
-    drafters need (logits processors, sampling, pad and EOS ids, generator), the draft model's cache (None:
-    no draft model) and suffix drafting's memory of earlier responses."""
+    drafters need (logits processors, sampling, pad and EOS ids, generator), the assistant (``assistant_model``:
+    a draft model or a draft head; None), the draft model's cache (None: no draft model) and suffix drafting's
+    memory of earlier responses."""
 
     batch: int
     config: SpeculationConfig
@@ -54,23 +60,32 @@ class DrafterContext:
     do_sample: bool
     pad_token_id: int
     eos_token_ids: tuple[int, ...]
+    assistant: object | None
     draft_cache: KVCache | None
     suffixes: SuffixMemory
     generator: torch.Generator | None = None
 
 
+def _no_features(assistant: object | None) -> tuple[int, ...]:
+    return ()
+
+
 @dataclass(frozen=True)
 class DrafterSpec:
     """One drafter: ``name``; ``paid`` (a draft forward per column, priced by the cost table's draft cells,
-    and keyed in the learned state by the draft model's identity); ``build`` (context → drafter);
+    and keyed in the learned state by the assistant's identity); ``build`` (context → drafter);
     ``acceptance`` ((batch, learned, memory key) → the controller's acceptance model); ``remembers_responses``
-    (the run's prompts and outputs go to the pair's suffix memory)."""
+    (the run's prompts and outputs go to the pair's suffix memory); ``uses_draft_cache`` (it drafts with the
+    draft model's KV cache, which the pair's prefix store seeds); ``target_features`` (assistant → the target
+    layers whose inputs it reads)."""
 
     name: str
     paid: bool
     build: Callable[[DrafterContext], Drafter]
     acceptance: Callable[[int, Learned, str], AcceptanceModel]
     remembers_responses: bool = False
+    uses_draft_cache: bool = False
+    target_features: Callable[[object | None], tuple[int, ...]] = _no_features
 
     def memory_key(self, draft_key: object | None) -> str:
         """This drafter's key in the pair's learned state (a paid one per draft model)."""
@@ -84,6 +99,17 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
                               ctx.eos_token_ids, ctx.generator)
 
 
+def _draft_head(ctx: DrafterContext) -> Drafter:
+    if not isinstance(ctx.assistant, Eagle3Head):
+        raise ValueError("the draft head drafter needs a head (assistant_model=hf_adaspec.load_head(path, target))")
+    return DraftHeadProposer(ctx.assistant, ctx.batch, ctx.logits_processor, ctx.do_sample, ctx.pad_token_id,
+                             ctx.eos_token_ids, ctx.generator)
+
+
+def _head_features(assistant: object | None) -> tuple[int, ...]:
+    return tuple(assistant.config.aux_layers) if isinstance(assistant, Eagle3Head) else ()
+
+
 def _by_confidence(batch: int, learned: Learned, key: str) -> AcceptanceModel:
     return ConfidenceAcceptance(batch, learned.calibrators.calibrator_for(key))
 
@@ -92,7 +118,8 @@ def _by_match_length(batch: int, learned: Learned, key: str) -> AcceptanceModel:
     return MatchAcceptance(batch, learned.matches.table_for(key))
 
 
-DRAFT_MODEL = DrafterSpec("draft_model", True, _draft_model, _by_confidence)
+DRAFT_MODEL = DrafterSpec("draft_model", True, _draft_model, _by_confidence, uses_draft_cache=True)
+DRAFT_HEAD = DrafterSpec("draft_head", True, _draft_head, _by_confidence, target_features=_head_features)
 PROMPT_LOOKUP = DrafterSpec("prompt_lookup", False,
                             lambda ctx: PromptLookupProposer(ctx.config.prompt_lookup_max_ngram), _by_match_length)
 SUFFIX = DrafterSpec("suffix", False, lambda ctx: SuffixProposer(ctx.suffixes), _by_match_length,
@@ -123,21 +150,32 @@ def _fixed(inputs: PolicyInputs) -> Controller:
                            paid=inputs.drafters[0][0].paid, batch=inputs.batch)
 
 
+def assistant_kind(assistant: object | None) -> str | None:
+    """What ``assistant_model`` is: "head" (an ``Eagle3Head``), "model" (a draft model) or None."""
+    if assistant is None:
+        return None
+    return "head" if isinstance(assistant, Eagle3Head) else "model"
+
+
 @dataclass(frozen=True)
 class SpeculationMode:
-    """One ``speculation=`` value: its drafters with a draft model and without one, and its controller."""
+    """One ``speculation=`` value: its drafters with a draft model, with a draft head and with neither, and
+    its controller."""
 
-    with_draft: tuple[DrafterSpec, ...]
-    without_draft: tuple[DrafterSpec, ...]
+    with_model: tuple[DrafterSpec, ...]
+    with_head: tuple[DrafterSpec, ...]
+    without: tuple[DrafterSpec, ...]
     controller: Callable[[PolicyInputs], Controller]
 
-    def drafters(self, has_draft: bool) -> tuple[DrafterSpec, ...]:
-        """The drafters a run uses, in the order the controller indexes them."""
-        return self.with_draft if has_draft else self.without_draft
+    def drafters(self, assistant: object | None) -> tuple[DrafterSpec, ...]:
+        """The drafters a run with this ``assistant_model`` uses, in the order the controller indexes them."""
+        kind = assistant_kind(assistant)
+        return self.with_head if kind == "head" else self.with_model if kind == "model" else self.without
 
 
 MODES: dict[str, SpeculationMode] = {
-    ADAPTIVE: SpeculationMode((DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX), (PROMPT_LOOKUP, SUFFIX), _adaptive),
-    FIXED: SpeculationMode((DRAFT_MODEL,), (PROMPT_LOOKUP,), _fixed),
+    ADAPTIVE: SpeculationMode((DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX), (DRAFT_HEAD, PROMPT_LOOKUP, SUFFIX),
+                              (PROMPT_LOOKUP, SUFFIX), _adaptive),
+    FIXED: SpeculationMode((DRAFT_MODEL,), (DRAFT_HEAD,), (PROMPT_LOOKUP,), _fixed),
 }
 

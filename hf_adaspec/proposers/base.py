@@ -113,9 +113,11 @@ class Drafter(Protocol):
         ``stop`` after each drafted column."""
         ...
 
-    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None,
+               features: list[torch.Tensor] | None = None) -> None:
         """The first lengths[i] ([B] long) tokens of row i are confirmed: forget state past them; then keep
-        only rows ``keep`` ([b] long indices; None: all)."""
+        only rows ``keep`` ([b] long indices; None: all). ``features``: where the run records the target's
+        features (a draft head reads them), per row those of the positions the step confirmed, [c_i, F]."""
         ...
 
 
@@ -134,5 +136,6 @@ class CostlessDrafter(ABC):
         """The offer's first ks[i] tokens per row; ``stop`` is not asked (no confidences, nothing to save)."""
         return offer.take(ks)
 
-    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None,
+               features: list[torch.Tensor] | None = None) -> None:
         """No state across steps."""

@@ -97,6 +97,13 @@ class TraceCache:
         self.lengths = self.lengths + valid.long().sum(dim=1)
         return logits
 
+    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int, layers: tuple[int, ...]
+                        ) -> tuple[torch.Tensor, None]:
+        """``append``; traces hold no target features, so ``layers`` must be empty (ValueError otherwise)."""
+        if layers:
+            raise ValueError("traces hold no target features: a draft head cannot be replayed from them")
+        return self.append(tokens, valid, keep), None
+
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep only the first lengths[i] tokens of row i."""
         self.lengths = torch.minimum(self.lengths, lengths)

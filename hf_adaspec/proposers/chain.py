@@ -1,0 +1,83 @@
+"""A paid drafter's chain: one token per row per forward, kept per row, stopped by EOS, each row's k_i
+or the controller's stop rule — shared by every drafter that runs a model (the draft model, a draft head).
+
+Notation: q = draft distribution. ``Sampler`` turns a column's logits into tokens: greedy (with the
+token's q(x) as its confidence when a stop rule asks for confidences) or sampled from the processed q
+(lossless speculative sampling needs q, Leviathan et al. 2023, Alg. 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .base import Proposal, StopRule
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How a column's tokens are drawn: logits processors (run row by row, on each row's own tokens),
+    greedy or sampling, the generator, and the EOS ids a proposal is cut after."""
+
+    logits_processor: object
+    do_sample: bool
+    eos: torch.Tensor  # [n_eos] long
+    generator: torch.Generator | None = None
+
+    def draw(self, views: list[torch.Tensor], logits: torch.Tensor, confident: bool) -> tuple[
+            torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy) and, if
+        ``confident``, the tokens' q(x) [b] under the processed scores (else None)."""
+        scores = logits
+        if self.logits_processor:  # processors see each row's own tokens, so they run row by row
+            scores = torch.cat([self.logits_processor(v[None], logits[i : i + 1]) for i, v in enumerate(views)])
+        if not self.do_sample:
+            if not confident:
+                return scores.argmax(dim=-1), None, None
+            f = scores.float()
+            shifted = f - f.max(dim=-1, keepdim=True).values
+            return scores.argmax(dim=-1), None, 1.0 / shifted.exp().sum(dim=-1)  # softmax at the argmax
+        q = torch.softmax(scores, dim=-1)  # [b, V]
+        token = torch.multinomial(q, 1, generator=self.generator)  # [b, 1]
+        return token.squeeze(1), q, q.gather(1, token).squeeze(1) if confident else None
+
+
+def draft_chain(column: Callable[[int, torch.Tensor | None], torch.Tensor], views: Sequence[torch.Tensor],
+                ks: Sequence[int], sampler: Sampler, stop: StopRule | None = None) -> list[Proposal]:
+    """Row i gets up to ks[i] tokens ([1, k_i']) cut just after an EOS and, when sampling, q [1, k_i', V].
+
+    ``column(j, previous)`` runs the drafter's forward for column j (``previous``: the tokens [b] drawn at
+    column j − 1, None for the first) → logits [b, V]. With a ``stop`` rule, asked after each column,
+    drafting may end early and every proposal carries its tokens' confidences q(x_u) (without one they are
+    left empty: a softmax per column saved). ``views``: each row's padded view (what processors see).
+    """
+    b, views, kept = len(views), list(views), list(ks)  # row i keeps its first kept[i] tokens
+    drafted, probs, confs, token = [], [], [], None
+    for j in range(max(ks)):
+        token, q, conf = sampler.draw(views, column(j, token), stop is not None)  # [b], [b, V], [b]
+        drafted.append(token)
+        probs.append(q)
+        confs.append(conf)
+        eos = torch.isin(token, sampler.eos).tolist() if sampler.eos.numel() else [False] * b
+        kept = [j + 1 if k > j and hit else k for k, hit in zip(kept, eos, strict=True)]
+        if sampler.logits_processor:
+            views = [torch.cat([v, token[i : i + 1]]) for i, v in enumerate(views)]
+        growing = [k > j + 1 for k in kept]
+        if not any(growing):
+            break
+        if stop is not None:
+            table = torch.stack(confs, dim=1).tolist()  # [b, j+1]
+            if stop(j + 1, [tuple(r[:k]) for r, k in zip(table, kept)], growing):
+                break
+    out = torch.stack(drafted, dim=1)  # [b, J]
+    table = torch.stack(confs, dim=1).tolist() if stop is not None else [[] for _ in range(b)]
+    kept = [min(k, out.shape[1]) for k in kept]
+    return [_row(out[i], [q[i] for q in probs] if sampler.do_sample else None, kept[i], table[i]) for i in range(b)]
+
+
+def _row(tokens: torch.Tensor, q: list[torch.Tensor] | None, k: int, confidences: list[float]) -> Proposal:
+    """Row proposal: the first k tokens [1, k], their confidences and q [1, k, V] (sampling)."""
+    q_row = torch.stack(q[:k])[None] if q is not None and k else None  # [1, k, V]
+    return Proposal(tokens=tokens[:k][None, :], q=q_row, confidences=tuple(confidences[:k]))
