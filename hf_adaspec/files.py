@@ -7,8 +7,10 @@ behind under that name; ``sweep`` removes the ones whose writing process is gone
 process still writing. What was written is recorded in a stamp — per file its size, SHA-256 and the
 mtime at which it was hashed — and ``check_files`` trusts an entry only while every file matches it:
 a file whose size differs fails at once; one whose mtime changed is hashed again (so a check costs a
-``stat`` per file until something touches the file). JSON documents carry their own ``digest`` (the
-SHA-256 of the rest of the document), checked at read (``read_json_verified``).
+``stat`` per file until something touches the file). That cheap check misses bytes changed with size and
+mtime kept (bit rot, a backup restored with its timestamps): ``full=True`` hashes every file (what
+``hf-adaspec verify`` and ``load(..., verify=True)`` do). JSON documents carry their own ``digest`` (the
+SHA-256 of the rest of the document), checked in full at every read (``read_json_verified``).
 """
 
 from __future__ import annotations
@@ -131,16 +133,16 @@ class FileStamp:
         return cls(path.name, stat.st_size, sha256 or sha256_file(path), stat.st_mtime_ns)
 
 
-def file_problem(path: Path, stamp: FileStamp) -> str | None:
+def file_problem(path: Path, stamp: FileStamp, full: bool = False) -> str | None:
     """Why ``path`` is not the file ``stamp`` records (missing, other size, other SHA-256), or None.
-    Hashes only when the mtime moved since the stamp."""
+    Hashes only when the mtime moved since the stamp, or always with ``full``."""
     try:
         stat = path.stat()
     except FileNotFoundError:
         return f"{path.name} is missing"
     if stat.st_size != stamp.size:
         return f"{path.name} has {stat.st_size:,} bytes, {stamp.size:,} were written"
-    if stat.st_mtime_ns != stamp.mtime_ns and sha256_file(path) != stamp.sha256:
+    if (full or stat.st_mtime_ns != stamp.mtime_ns) and sha256_file(path) != stamp.sha256:
         return f"{path.name} was modified after it was written (SHA-256 differs)"
     return None
 
@@ -159,13 +161,14 @@ def read_stamp(path: Path) -> list[FileStamp] | None:
         return None
 
 
-def check_files(folder: Path, stamp_path: Path) -> str | None:
-    """None when every file recorded in ``stamp_path`` matches it inside ``folder``, else the reason."""
+def check_files(folder: Path, stamp_path: Path, full: bool = False) -> str | None:
+    """None when every file recorded in ``stamp_path`` matches it inside ``folder``, else the reason;
+    ``full``: hash every file (``file_problem``), not only those whose mtime moved."""
     stamps = read_stamp(stamp_path)
     if stamps is None:
         return f"{stamp_path.name} is missing or unreadable (an interrupted or older write)"
     for stamp in stamps:
-        problem = file_problem(folder / stamp.name, stamp)
+        problem = file_problem(folder / stamp.name, stamp, full)
         if problem:
             return problem
     return None

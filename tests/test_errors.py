@@ -251,3 +251,56 @@ def test_load_rejects_unknown_quantization():
 def test_load_rejects_unknown_dtype():
     with pytest.raises(ValueError, match="float8"):
         hf_adaspec.load("smollm2-135m", quantization="none", dtype="float8")
+
+
+# --- a proposal length or a count is an integer (issue 37) ---------------------------------------------
+
+NOT_INTEGERS = [8.5, 8.0, True, "8"]
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS)
+@pytest.mark.parametrize(("name", "mode"), [("max_speculative_tokens", "adaptive"), ("num_speculative_tokens", "fixed"),
+                                            ("prompt_lookup_max_ngram", "adaptive")])
+def test_a_non_integer_k_is_refused_through_generate(target, name, mode, value):
+    with pytest.raises(ValueError, match=f"{name} must be an integer"):
+        _generate(target, speculation=mode, **{name: value})
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS)
+def test_generate_batch_refuses_non_integer_counts(target, value):
+    from conftest import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer"):
+        hf_adaspec.generate_batch(target, tokenizer, ["w1 w2 w3"], max_new_tokens=value, speculation_costs=COSTS)
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer"):
+        hf_adaspec.generate_batch(target, tokenizer, ["w1 w2 w3"], speculation="fixed", num_speculative_tokens=value,
+                                  max_new_tokens=2, speculation_costs=COSTS)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        hf_adaspec.generate_batch(target, tokenizer, ["w1 w2 w3"], max_new_tokens=0)
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS)
+def test_fixed_controller_refuses_a_non_integer_k_or_batch(value):
+    from hf_adaspec.policy.controller import FixedController
+
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer"):
+        FixedController(value)
+    with pytest.raises(ValueError, match="batch must be an integer"):
+        FixedController(3, batch=value)
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        FixedController(3, batch=0)
+    assert FixedController(0).k == 0
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS)
+def test_playground_settings_refuse_a_non_integer_k_or_length(value):
+    from hf_adaspec.tools.live import RunSettings
+
+    with pytest.raises(ValueError, match="k must be an integer"):
+        RunSettings("fixed", k=value)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer"):
+        RunSettings("fixed", max_new_tokens=value)
+    with pytest.raises(ValueError, match=r"k must be in \[1, 64\]"):
+        RunSettings("fixed", k=65)
+    assert RunSettings("fixed", k=64).k == 64

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import _check_integer
 from ..engine.stats import SpeculationStats
 from .generate import enable
 
@@ -64,8 +65,12 @@ def generate_batch(
     ``generate``); ``draft_model`` None drafts by prompt lookup. Greedy unless ``do_sample=True``.
 
     Raises:
-        ValueError: no prompts, an empty prompt, or settings ``generate`` rejects.
+        ValueError: no prompts, an empty prompt, a ``max_new_tokens`` that is not an integer >= 1 (a bool or a
+            float is refused), or settings ``generate`` rejects.
     """
+    _check_integer("max_new_tokens", max_new_tokens)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     enable(model)
     inputs = {k: v.to(model.device) for k, v in encode_batch(tokenizer, prompts, chat).items()}
     generate_kwargs.setdefault("do_sample", False)

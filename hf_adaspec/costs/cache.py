@@ -15,6 +15,15 @@ from ..models.assets import cache_dir
 from .profile import find_profile
 from .table import CostTable, measure, table_key
 
+TABLE_ERRORS = (OSError, ValueError, KeyError, TypeError)  # what ``read_table`` raises for a bad file
+
+
+def read_table(path: Path) -> CostTable:
+    """The cached ``CostTable`` at ``path``, its digest and values checked (the whole file is read: a full
+    check). Raises one of ``TABLE_ERRORS``: missing or unreadable, edited or corrupted, implausible values."""
+    data = read_json_verified(path)
+    return CostTable(**{**data, "verify_ms": tuple(data["verify_ms"])})
+
 
 @dataclass
 class CostCache:
@@ -72,9 +81,8 @@ class CostCache:
         sweep(self.root)
         if path.exists():
             try:
-                data = read_json_verified(path)
-                return CostTable(**{**data, "verify_ms": tuple(data["verify_ms"])})
-            except (OSError, ValueError, KeyError, TypeError) as e:
+                return read_table(path)
+            except TABLE_ERRORS as e:
                 log(f"hf-adaspec: ignoring cost table {path} ({e}); recalibrating")
         log(f"hf-adaspec: calibrating step costs for this model pair at batch {batch} (first use), cached at {path}; "
             "run `hf-adaspec profile` for context-aware costs")

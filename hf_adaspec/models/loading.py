@@ -3,7 +3,7 @@
 Path for presets: assembled GGUF (``assets``) → transformers' GGUF loader with
 ``GgufConfig(dequantize=True)`` → dense weights, cached once as safetensors (written to a temporary
 directory, renamed into place, stamped with each file's size and SHA-256 and checked against the stamp
-at every load; the assembled GGUF is then discarded, so a preset keeps one copy on disk beside its
+at every load: by size and mtime, or every byte with ``verify=True``; the assembled GGUF is then discarded, so a preset keeps one copy on disk beside its
 installed parts) → optionally bitsandbytes NF4/int8 at load. NF4 (bf16 compute) is the CPU default,
 chosen by timing the Qwen2.5-Coder pair's paths (docs/experiments.md, row "A cheaper target step").
 """
@@ -59,11 +59,17 @@ def _dense_from_gguf(gguf: Path, dest: Path, dtype: str) -> Path:
     return dest
 
 
-def _dense_ok(dest: Path) -> bool:
+def check_dense(dest: Path, full: bool = True) -> str | None:
+    """Why the dense cache folder ``dest`` does not hold every file as written (``files.check_files``
+    against its stamp; ``full``: every file hashed, not only those whose mtime moved), or None."""
+    return check_files(dest, dest / _DONE, full)
+
+
+def _dense_ok(dest: Path, full: bool = False) -> bool:
     """The dense cache ``dest`` holds every file as written (else, if it exists, say why it is rebuilt)."""
     if not dest.exists():
         return False
-    problem = check_files(dest, dest / _DONE)
+    problem = check_dense(dest, full)
     if problem:
         print(f"hf-adaspec: the dense model cache {dest} is not what was written ({problem}); rebuilding it",
               file=sys.stderr)
@@ -107,10 +113,10 @@ def _check_name(name: str) -> None:
                          f"cache, and the hub cannot be reached ({reason}); use a preset or a local path")
 
 
-def resolve(name_or_path: str, dtype: str = "bfloat16") -> str:
+def resolve(name_or_path: str, dtype: str = "bfloat16", verify: bool = False) -> str:
     """A directory or HF id that ``from_pretrained`` can load: presets and ``.gguf`` files are
-    dequantized into the cache first (again when the cached copy fails its stamp), temporaries of
-    killed conversions are removed.
+    dequantized into the cache first (again when the cached copy fails its stamp: by size and mtime, or
+    with ``verify`` by every file's SHA-256), temporaries of killed conversions are removed.
 
     Raises:
         AssetError: a preset's model part is missing or fails its hash (names the pip command).
@@ -120,8 +126,8 @@ def resolve(name_or_path: str, dtype: str = "bfloat16") -> str:
     sweep(dense)
     if name_or_path in PRESETS:
         asset, dest = PRESETS[name_or_path].asset, dense / f"{name_or_path}-{dtype}"
-        if not _dense_ok(dest):
-            _dense_from_gguf(assemble(asset), dest, dtype)
+        if not _dense_ok(dest, verify):
+            _dense_from_gguf(assemble(asset, verify=verify), dest, dtype)
             discard(asset)
         return str(dest)
     if name_or_path.endswith(".gguf"):
@@ -129,7 +135,7 @@ def resolve(name_or_path: str, dtype: str = "bfloat16") -> str:
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF file not found: {gguf}")
         dest = dense / f"{gguf.stem}-{dtype}"
-        return str(dest if _dense_ok(dest) else _dense_from_gguf(gguf, dest, dtype))
+        return str(dest if _dense_ok(dest, verify) else _dense_from_gguf(gguf, dest, dtype))
     _check_name(name_or_path)
     return name_or_path
 
@@ -140,11 +146,15 @@ def load(
     dtype: str = "bfloat16",
     device: str = "cpu",
     quantize_lm_head: bool = False,
+    verify: bool = False,
 ) -> LoadedModel:
     """Load a causal LM and tokenizer; ``quantization`` nf4|int8|none (bitsandbytes), ``dtype`` the
     weight/compute dtype. ``quantize_lm_head`` also quantizes the output head (bitsandbytes skips it by
     default): worth it for a draft model, whose output head over the whole vocabulary is a large share of
-    its 1-token forward (docs/experiments.md, row "NF4 output head for the draft").
+    its 1-token forward (docs/experiments.md, row "NF4 output head for the draft"). ``verify``: hash
+    every file of the cache entries used (dense copy, assembled GGUF) against its stamp instead of
+    trusting an unchanged size and mtime (``hf-adaspec verify`` checks the whole cache); an entry that
+    fails is rebuilt.
 
     Raises:
         ValueError: unknown quantization or dtype; an unknown model id while the hub is unreachable.
@@ -154,7 +164,7 @@ def load(
     _check_options(quantization, dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = resolve(name_or_path, "float32" if dtype == "float32" else "bfloat16")
+    source = resolve(name_or_path, "float32" if dtype == "float32" else "bfloat16", verify)
     model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs(quantization, dtype, device, quantize_lm_head))
     model.config._name_or_path = name_or_path  # a cost profile's identity names the model as asked, not a cache path
     tokenizer = AutoTokenizer.from_pretrained(source)

@@ -23,6 +23,7 @@ from typing import Protocol
 
 import torch
 
+from ..config import _check_integer
 from ..costs.table import CostTable
 from ..proposers.base import StopRule
 from .acceptance import AcceptanceModel, ConfidenceAcceptance, IIDAcceptance
@@ -162,8 +163,14 @@ class FixedController:
 
     def __init__(self, k: int, p_min: float | None = None, costs_for: Callable[[int], CostTable] | None = None,
                  paid: bool = True, batch: int = 1) -> None:
+        """Raises ValueError for a k that is not an integer >= 0, or a batch that is not an integer >= 1 (a bool
+        or a float is refused)."""
+        _check_integer("num_speculative_tokens", k)
+        _check_integer("batch", batch)
         if k < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {k}")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
         self.k, self.p_min, self.costs_for, self.paid = k, p_min, costs_for, paid
         self.acceptance = IIDAcceptance(batch)
 

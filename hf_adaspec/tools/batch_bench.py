@@ -1,11 +1,13 @@
 """Batch benchmark: plain batched generate vs fixed-k and adaptive static-batch speculation.
 
 The same prompts run at every batch size B (split into chunks of B rows); within a chunk the methods
-run interleaved, the order rotating from chunk to chunk. Reported per (B, method): generated tokens/s
-over the batch (all rows' new tokens / wall time), mean per-request latency (time until the row
-finished; the whole call for plain generate), mean batch-wide k, acceptance, speedup vs plain at the
-same B, and how many rows equal plain batched greedy. transformers' assisted generation is tried and
-recorded as unsupported where it refuses the batch.
+run interleaved, the order rotating from chunk to chunk. Each hf-adaspec method learns into a fresh
+``SpeculationState`` per batch size, across that size's chunks, so no timed run starts from a state that
+has seen its prompts (suffix drafting would recall the answers a smaller B produced). Reported per
+(B, method): generated tokens/s over the batch (all rows' new tokens / wall time), mean per-request
+latency (time until the row finished; the whole call for plain generate), mean batch-wide k, acceptance,
+speedup vs plain at the same B, and how many rows equal plain batched greedy. transformers' assisted
+generation is tried and recorded as unsupported where it refuses the batch.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..api.generate_batch import encode_batch, generate_batch
+from ..engine.run import SpeculationState
 from .bench import divergence_gap, write_json
 from .prompts import Prompt, load_prompts
 
 BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive")
+NEEDS_DRAFT = ("hf-assisted", "fixed-k", "adaptive")  # batch methods that run the draft model
+_SPECULATION = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive"}  # generate_batch's speculation=
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,9 @@ def pick_prompts(path: Path, count: int) -> list[Prompt]:
     return ordered[:count]
 
 
-def _run(model, tokenizer, draft, texts: list[str], method: str, cfg: dict):
-    """(sequences or None, stats or None, seconds, error) of one method on one chunk (greedy)."""
+def _run(model, tokenizer, draft, texts: list[str], method: str, cfg: dict, state: SpeculationState | None = None):
+    """(sequences or None, stats or None, seconds, error) of one method on one chunk (greedy); an hf-adaspec
+    method learns into ``state`` (None: a fresh one)."""
     start = time.perf_counter()
     if method == "hf-assisted":
         inputs = encode_batch(tokenizer, texts)
@@ -67,21 +73,39 @@ def _run(model, tokenizer, draft, texts: list[str], method: str, cfg: dict):
         except ValueError as err:
             return None, None, 0.0, str(err).splitlines()[0]
         return out, None, time.perf_counter() - start, None
-    spec = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive"}[method]
+    spec = _SPECULATION[method]
     extra = {"num_speculative_tokens": cfg["fixed_k"]} if spec == "fixed" else {}
+    if spec is not None:
+        extra["speculation_state"] = state if state is not None else SpeculationState()
     gen = generate_batch(model, tokenizer, texts, draft_model=draft if spec else None, speculation=spec,
                          max_new_tokens=cfg["max_new_tokens"], **extra)
     return gen.sequences, gen.stats, time.perf_counter() - start, None
 
 
+def run_sizes(model, tokenizer, draft, prompts: list[Prompt], sizes: list[int], methods: list[str], cfg: dict):
+    """Warm up at every size (calibrating each size's cost tables before anything is timed), then
+    ``run_batch_size`` at each → list[BatchRun]. ``draft`` None: no draft model (the CLI then refuses the
+    methods of ``NEEDS_DRAFT``)."""
+    from tqdm.auto import tqdm
+
+    for b in sizes:
+        generate_batch(model, tokenizer, ["Say hello."] * b, draft_model=draft, max_new_tokens=4,
+                       speculation_state=SpeculationState())
+    return [run for b in tqdm(sizes, desc="batch sizes")
+            for run in run_batch_size(model, tokenizer, draft, prompts, b, methods, cfg)]
+
+
 def run_batch_size(model, tokenizer, draft, prompts: list[Prompt], batch: int, methods: list[str], cfg: dict):
-    """Every method on every chunk of ``batch`` prompts, interleaved and rotated → list[BatchRun]."""
+    """Every method on every chunk of ``batch`` prompts, interleaved and rotated → list[BatchRun]. Each
+    hf-adaspec method starts this batch size from a fresh ``SpeculationState`` and learns across its chunks
+    (which hold distinct prompts), so no timed chunk meets an answer it already produced."""
     runs = []
+    states = {m: SpeculationState() for m in methods if _SPECULATION.get(m)}
     for c, first in enumerate(range(0, len(prompts), batch)):
         texts = [p.text for p in prompts[first : first + batch]]
         prompt_len = encode_batch(tokenizer, texts)["input_ids"].shape[1]
         order = methods[c % len(methods) :] + methods[: c % len(methods)]
-        results = {m: _run(model, tokenizer, draft, texts, m, cfg) for m in order}
+        results = {m: _run(model, tokenizer, draft, texts, m, cfg, states.get(m)) for m in order}
         plain = results["plain"][0]
         for m in methods:
             seq, stats, seconds, error = results[m]
@@ -96,6 +120,16 @@ def run_batch_size(model, tokenizer, draft, prompts: list[Prompt], batch: int, m
                                  stats.acceptance_rate if stats else None, gaps.count(None),
                                  max(known) if known else None))
     return runs
+
+
+def overall_line(summary: dict, output: Path, prompts: int, methods: list[str]) -> dict:
+    """The batch bench's last stdout line: speedups vs plain per batch size and the adaptive method's mean k."""
+    table = summary["table"]
+    return {"output": str(output), "prompts": prompts,
+            "speedup_vs_plain": {b: {m: round(r["speedup"], 3) for m, r in row.items() if "speedup" in r}
+                                 for b, row in table.items()},
+            "mean_k": {b: {m: round(row[m]["mean_k"], 2) for m in ("adaptive",)
+                           if m in methods and row[m].get("mean_k") is not None} for b, row in table.items()}}
 
 
 def _row_gap(model, plain, other, pad_id: int) -> float | None:

@@ -8,13 +8,16 @@ the draft model, "adaptive-lookup" without one (prompt lookup only); "plain-agai
 a second time, an A/A control whose speedup is the run's noise.
 
 Methods run interleaved per prompt (the order rotates from prompt to prompt) so machine drift hits
-every method alike; each run is greedy, so every method's output is also checked against plain.
+every method alike; each run is greedy, so every method's output is also checked against plain. Each
+hf-adaspec method learns into a state of its own, and every timed run starts from that state as it was
+before the prompt (no run is timed with its own answer in memory: suffix drafting would recall it).
 Reported per category: tokens/s (new tokens over wall time, prefill included) and speedup vs plain
 (geometric mean of per-prompt ratios); overall: geometric mean over all prompts.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import statistics
@@ -31,6 +34,7 @@ from .bench_oracle import PromptOracle, prompt_oracle
 from .prompts import Prompt
 
 METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive", "adaptive-lookup")
+NEEDS_DRAFT = ("hf-assisted", "fixed-k", "pmin", "adaptive")  # methods that run the draft model
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "pmin": "draft",
@@ -92,22 +96,39 @@ def _timed(generate: Callable[..., object], inputs: dict, kwargs: dict, max_new_
     return out, time.perf_counter() - start
 
 
+def _state_for(states: dict, before: dict | None, method: str, repeat: int) -> SpeculationState:
+    """The state a timed run of ``method`` starts from: on the first repeat the method's own (created on first
+    use; what it learns is kept for the prompts that follow), on a later repeat a copy of it as it was before
+    this prompt (``before``, filled on the first repeat when ``before`` is not None)."""
+    state = states.setdefault(method, SpeculationState())
+    if repeat == 0:
+        if before is not None:
+            before[method] = copy.deepcopy(state)
+        return state
+    return copy.deepcopy(before[method])
+
+
 def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rotation: int, cfg: dict) -> PromptResult:
     """Run every method ``cfg["repeats"]`` times on one prompt, in rotated order (median time);
     compare outputs with plain; with ``cfg["costs"]`` (context tokens → the controller's CostTable) also
-    the oracle. With ``cfg["states"]`` (a dict) each hf-adaspec method learns into its own
-    ``SpeculationState``, created there on first use, as if it were the only method a user ran."""
+    the oracle. Each hf-adaspec method learns into its own ``SpeculationState`` in ``cfg["states"]`` (a dict;
+    created there on first use; without it, fresh ones for this call), as if it were the only method a user
+    ran. Every repeat starts from the method's state as it was before this prompt: the first repeat runs on
+    the state itself (what it learns is kept for the next prompts), a later one on a copy taken before the
+    first, so no run is timed with this prompt's answer already in memory."""
     inputs = tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, return_tensors="pt",
                                            return_dict=True)
     prompt_len = inputs["input_ids"].shape[1]
     order = methods[rotation % len(methods):] + methods[: rotation % len(methods)]
     outputs: dict[str, tuple] = {}
     seconds: dict[str, list[float]] = {m: [] for m in methods}
-    for _ in range(cfg.get("repeats", 1)):  # every method once per round: drift hits all alike
+    repeats, states = cfg.get("repeats", 1), cfg.get("states", {})
+    before: dict | None = {} if repeats > 1 else None
+    for repeat in range(repeats):  # every method once per round: drift hits all alike
         for method in order:
             kwargs = method_kwargs(method, draft, cfg["fixed_k"])
-            if "speculation" in kwargs and "states" in cfg:
-                kwargs["speculation_state"] = cfg["states"].setdefault(method, SpeculationState())
+            if "speculation" in kwargs:
+                kwargs["speculation_state"] = _state_for(states, before, method, repeat)
             outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
             seconds[method].append(outputs[method][1])
     plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None

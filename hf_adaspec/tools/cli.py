@@ -1,10 +1,12 @@
 """``hf-adaspec`` command line: ``generate`` (stream text, then one stats line), ``bench``, ``profile`` (cost
-profile of a model pair) and ``playground``."""
+profile of a model pair) and ``playground``; ``trace``, ``replay``, ``export-vllm`` and ``verify`` live in modules
+of their own. Bad input is a usage error: one ``Error:`` line naming the fix, exit code 2, no traceback."""
 
 from __future__ import annotations
 
 import json
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -14,18 +16,29 @@ from tqdm.auto import tqdm
 
 from ..config import SPECULATION_MODES
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from . import export_cli, trace_cli
+from . import export_cli, trace_cli, verify
 from .bench import METHODS
+from .cli_checks import (
+    check_output,
+    check_prompts_file,
+    parse_methods,
+    parse_sizes,
+    profile_grid,
+    usage_errors,
+)
 from .pair import load_pair as _load_pair
-from .prompts import Prompt, load_prompts
+from .prompts import SPLITS, Prompt, load_prompts
 
-app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True)
+# rich_markup_mode=None: an error is printed as one plain ``Error: ...`` line, not wrapped in a panel
+app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True,
+                  rich_markup_mode=None)
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
 SPEC_BENCH = trace_cli.SPEC_BENCH  # the packaged Spec-Bench subset (hf_adaspec/data/spec_bench.jsonl)
 app.command()(trace_cli.trace)
 app.command()(trace_cli.replay)
 app.command("export-vllm")(export_cli.export_vllm)
+app.command()(verify.verify)
 
 
 @app.command()
@@ -34,7 +47,7 @@ def generate(
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' for prompt lookup."),
     speculation: str = typer.Option("adaptive", help=" | ".join(SPECULATION_MODES) + " | off (plain decoding)."),
-    k: int = typer.Option(5, help="Proposal length for --speculation fixed."),
+    k: int = typer.Option(5, min=0, max=64, help="Proposal length for --speculation fixed (0..64)."),
     max_new_tokens: int = typer.Option(256, min=1),
     quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
@@ -47,6 +60,9 @@ def generate(
 
     if speculation not in (*SPECULATION_MODES, "off"):
         raise typer.BadParameter(f"--speculation {speculation!r}: use one of {', '.join(SPECULATION_MODES)} or off")
+    if do_sample and not (temperature > 0 and 0 < top_p <= 1):
+        raise typer.BadParameter(f"--temperature {temperature} --top-p {top_p}: sampling needs a temperature > 0 "
+                                 "and 0 < top-p <= 1 (or leave --do-sample out for greedy)")
 
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     inputs = tgt.tokenizer.apply_chat_template(
@@ -61,7 +77,8 @@ def generate(
             kwargs["assistant_model"] = drf.model
     streamer = TextStreamer(tgt.tokenizer, skip_prompt=True, skip_special_tokens=True)
     start = time.perf_counter()
-    out = tgt.model.generate(**inputs, streamer=streamer, **kwargs)
+    with usage_errors(ValueError):  # settings generate refuses, e.g. a draft with another vocabulary
+        out = tgt.model.generate(**inputs, streamer=streamer, **kwargs)
     seconds = time.perf_counter() - start
     stats = getattr(out, "speculation", None)
     if stats is not None:
@@ -80,7 +97,7 @@ def bench(
     split: str = typer.Option("all", help="all | tune (even question ids) | held-out (odd)."),
     methods: str = typer.Option(",".join(METHODS), help="Comma-separated subset of the methods."),
     max_new_tokens: int = typer.Option(256, min=1),
-    fixed_k: int = typer.Option(5, min=1, help="k for the fixed-k method."),
+    fixed_k: int = typer.Option(5, min=1, max=64, help="k for the fixed-k method (1..64)."),
     repeats: int = typer.Option(1, min=1, help="Timed runs per method and prompt (median)."),
     target: str = typer.Option(DEFAULT_TARGET),
     draft: str = typer.Option(DEFAULT_DRAFT),
@@ -96,22 +113,15 @@ def bench(
     """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
     from . import bench as bm
 
+    check_output(output)
+    check_prompts_file(prompts)
     if batch_size:
-        sizes = _parse_sizes(batch_size)
+        sizes = parse_sizes(batch_size)
         _batch_bench(prompts, sizes, batch_prompts, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
                      batch_methods)
         return
-    method_list = [m.strip() for m in methods.split(",") if m.strip()]
-    for m in method_list:
-        bm.method_kwargs(m, None, fixed_k)  # raises ValueError naming the valid methods
-    if "plain" not in method_list:
-        raise typer.BadParameter("methods must include 'plain' (speedups are relative to it)")
-    try:
-        selected = load_prompts(prompts, per_category, [c for c in categories.split(",") if c] or None, split)
-    except FileNotFoundError as e:
-        raise typer.BadParameter(str(e), param_hint="--prompts") from None
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+    method_list = parse_methods(methods, METHODS, "--methods", draft, bm.NEEDS_DRAFT)
+    selected = _bench_prompts(prompts, per_category, categories, split)
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     draft_model = drf.model if drf is not None else None
     warm = Prompt(-1, "warm-up", "Say hello.")
@@ -156,49 +166,40 @@ def _controller_costs(model, draft_model, k_max: int):
     return lambda context: CostCache().load_or_measure(model, draft_model, k_max + 1, log, context=context)
 
 
-def _parse_sizes(text: str, flag: str = "--batch-size") -> list[int]:
-    try:
-        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise typer.BadParameter(f"{flag} {text!r}: comma-separated integers, e.g. 1,2,4,8,16") from None
-    if not sizes or sizes[0] < 1:
-        raise typer.BadParameter(f"{flag} {text!r}: sizes must be >= 1")
-    return sizes
+def _bench_prompts(path: Path, per_category: int, categories: str, split: str) -> list[Prompt]:
+    """The bench's prompts (``load_prompts``); a usage error for a missing file, an unknown split, or a
+    selection that holds no prompt."""
+    if split not in SPLITS:
+        raise typer.BadParameter(f"{split!r}; choose one of {', '.join(SPLITS)}", param_hint="--split")
+    wanted = [c for c in categories.split(",") if c] or None
+    with usage_errors(FileNotFoundError, hint="--prompts"):
+        selected = load_prompts(path, per_category, wanted, split)
+    if not selected:
+        there = sorted({p.category for p in load_prompts(path, 1)})
+        raise typer.BadParameter(f"no prompts of {path} match --categories {categories!r} with --split {split}; "
+                                 f"its categories: {', '.join(there)}", param_hint="--categories")
+    return selected
 
 
 def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
                  batch_methods: str = "") -> None:
     """``bench --batch-size``: every size on the same prompts; JSON + markdown + PNG; last line JSON."""
-    from ..api.generate_batch import generate_batch
     from . import batch_bench as bb
 
-    methods = [m.strip() for m in batch_methods.split(",") if m.strip()] or list(bb.BATCH_METHODS)
-    unknown = [m for m in methods if m not in bb.BATCH_METHODS]
-    if unknown or "plain" not in methods:
-        raise typer.BadParameter(f"--batch-methods {batch_methods!r}: choose from {bb.BATCH_METHODS}, "
-                                 "including plain (speedups are relative to it)")
-    try:
+    methods = parse_methods(batch_methods or ",".join(bb.BATCH_METHODS), bb.BATCH_METHODS, "--batch-methods", draft,
+                           bb.NEEDS_DRAFT)
+    with usage_errors(FileNotFoundError, ValueError, hint="--prompts"):
         selected = bb.pick_prompts(prompts, max(count, max(sizes)))
-    except (FileNotFoundError, ValueError) as e:
-        raise typer.BadParameter(str(e), param_hint="--prompts") from None
     tgt, drf = _load_pair(target, draft, quantization, dtype)
-    for b in sizes:  # warm-up; calibrates the cost tables of every size before anything is timed
-        generate_batch(tgt.model, tgt.tokenizer, ["Say hello."] * b, draft_model=drf.model, max_new_tokens=4)
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
-    runs = []
-    for b in tqdm(sizes, desc="batch sizes"):
-        runs += bb.run_batch_size(tgt.model, tgt.tokenizer, drf.model, selected, b, methods, cfg)
+    runs = bb.run_sizes(tgt.model, tgt.tokenizer, drf.model if drf is not None else None, selected, sizes, methods, cfg)
     summary = bb.summarize(runs, methods)
     meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": methods,
             "batch_sizes": sizes, "prompts": len(selected), "max_new_tokens": max_new_tokens, "fixed_k": fixed_k,
             "machine": platform.machine(), "prompts_file": str(prompts)}
     bb.write_results(output, runs, summary, meta)
     typer.echo(bb.markdown(summary, methods))
-    table = summary["table"]
-    typer.echo(json.dumps({"output": str(output), "prompts": len(selected), "speedup_vs_plain": {
-        b: {m: round(r["speedup"], 3) for m, r in row.items() if "speedup" in r} for b, row in table.items()},
-        "mean_k": {b: {m: round(row[m]["mean_k"], 2) for m in ("adaptive",) if m in methods}
-                   for b, row in table.items()}}))
+    typer.echo(json.dumps(bb.overall_line(summary, output, len(selected), methods)))
 
 
 @app.command()
@@ -241,9 +242,12 @@ def profile(
     from ..costs import measure as profiling
     from ..costs.profile import default_profile_path, save_profile
 
-    grid = _profile_grid(quick, contexts, batch_sizes, new_tokens, repeats, max_tokens_per_forward)
+    grid = profile_grid(quick, contexts, batch_sizes, new_tokens, repeats, max_tokens_per_forward)
     pair = profiling.pair_name(target, draft)
     output = output or Path("model_cards") / pair / "profile.json"
+    check_output(output)
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise typer.BadParameter(f"{device!r}; use cpu, cuda or cuda:N", param_hint="--device")
     command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
                f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
                f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
@@ -282,25 +286,6 @@ def _profiled_models(target: str, draft: str, quantization: str, dtype: str, dev
         return (load_architecture(target, quantization, dtype, device),
                 load_architecture(draft, quantization, dtype, device, quantize_lm_head=True) if draft != "none" else None)
     except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from None
-
-
-def _profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,
-                  max_tokens_per_forward: int):
-    """The ``profile`` command's grid: the default (or ``--quick``) one with the given options replaced."""
-    import dataclasses
-
-    from ..costs.measure import QUICK_GRID, ProfileGrid
-
-    lists = {"contexts": contexts, "batch_sizes": batch_sizes, "new_tokens": new_tokens}
-    changes: dict = {name: tuple(_parse_sizes(text, "--" + name.replace("_", "-")))
-                     for name, text in lists.items() if text}
-    if repeats is not None:
-        changes["repeats"] = repeats
-    base = QUICK_GRID if quick else ProfileGrid()
-    try:
-        return dataclasses.replace(base, max_tokens_per_forward=max_tokens_per_forward, **changes)
-    except ValueError as e:
         raise typer.BadParameter(str(e)) from None
 
 

@@ -32,13 +32,15 @@ def export_vllm(
     from ..costs.profile import load_profile
     from .export_vllm import acceptance_from_traces, speculative_config
     from .trace import load_traces
+    from .trace_cli import check_output
 
+    check_output(output)
     try:
         loaded = load_traces(traces)
         document = speculative_config(load_profile(profile), acceptance_from_traces(loaded), method,
                                       draft_model, context, k_max)
     except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from None
+        raise typer.BadParameter(" ".join(str(e).split())) from None
     document["hf_adaspec"].update(traces=str(traces), prompts=len(loaded), profile_path=str(profile))
     atomic_write(output, lambda f: f.write((json.dumps(document, indent=2) + "\n").encode()))
     typer.echo(json.dumps({"output": str(output), "speculative_config": document["speculative_config"]}))

@@ -21,6 +21,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from ..config import _check_integer
 from ..engine.stats import SpeculationStats, StepRecord
 
 METHODS = ("adaptive", "prompt-lookup", "fixed", "plain")
@@ -51,10 +52,14 @@ class RunSettings:
     tpot_slo_ms: float | None = None
 
     def __post_init__(self) -> None:
+        """Raises ValueError for an unknown method, a k or max_new_tokens that is not an integer >= 1 (a bool or
+        a float is refused; k at most 64), or sampling settings out of range."""
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is not one of {METHODS}")
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1 for the fixed method, got {self.k}")
+        _check_integer("k", self.k)
+        _check_integer("max_new_tokens", self.max_new_tokens)
+        if not 1 <= self.k <= 64:
+            raise ValueError(f"k must be in [1, 64] for the fixed method, got {self.k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.do_sample and not (self.temperature > 0 and 0 < self.top_p <= 1):

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from ..files import sweep
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
+from .cli_checks import check_output, check_prompts_file, usage_errors
 from .pair import load_pair
 from .prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
 from .trace import load_trace, save_trace, take_trace, trace_path
@@ -59,11 +60,11 @@ def trace(
     """Per prompt: the target's plain greedy output and the draft's argmax and q(x) along it (one teacher-forced
     pass), for ``replay``. Resumable: prompts already traced with the same pair and length are skipped, and
     what an interrupted run left half-written is removed."""
-    sweep(output)
-    try:
+    check_output(output, folder=True)
+    check_prompts_file(prompts)
+    with usage_errors(FileNotFoundError, hint="--prompts"):
         selected = interleave_categories(load_prompts(prompts, per_category))
-    except FileNotFoundError as e:
-        raise typer.BadParameter(str(e), param_hint="--prompts") from None
+    sweep(output)
     names = (target, "" if draft == "none" else draft)
     todo = [p for p in selected if not _done(output, p, max_new_tokens, names)]
     start = time.perf_counter()
@@ -77,17 +78,40 @@ def trace(
                            "seconds": round(time.perf_counter() - start, 1)}))
 
 
+def _bench_runs(bench: Path) -> list[dict]:
+    """The runs of a bench JSON; a usage error of ``--bench`` when it is missing or not one."""
+    fix = "give the JSON that `hf-adaspec bench --output` wrote"
+    if not bench.is_file():
+        raise typer.BadParameter(f"no file at {bench}; {fix}", param_hint="--bench")
+    try:
+        runs = json.loads(bench.read_text())["runs"]
+        if not runs or not all({"question_id", "method", "tokens_per_s"} <= set(r) for r in runs):
+            raise ValueError("its runs lack question_id, method or tokens_per_s")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise typer.BadParameter(f"{bench} is not a bench result ({e}); {fix}", param_hint="--bench") from None
+    return runs
+
+
 def _select(traces_dir: Path, split: str, workload: str, bench: Path | None) -> tuple[list, list[dict]]:
     """The traces to replay (the bench's prompts, in its order, when ``bench`` is given) and the bench's runs."""
+    from .prompts import SPLITS
     from .trace import load_traces
 
-    if bench is not None:
-        runs = json.loads(bench.read_text())["runs"]
-        ids = list(dict.fromkeys(r["question_id"] for r in runs))
-        return load_traces(traces_dir, ids), runs
-    chosen = [t for t in load_traces(traces_dir) if split in ("all", t.split) and workload in ("all", t.source)]
+    if split not in SPLITS:
+        raise typer.BadParameter(f"{split!r}; choose one of {', '.join(SPLITS)}", param_hint="--split")
+    if not traces_dir.is_dir():
+        raise typer.BadParameter(f"no folder at {traces_dir}; take traces with `hf-adaspec trace --output "
+                                 f"{traces_dir}`, or pass --traces (the repository's are in benchmarks/traces)",
+                                 param_hint="--traces")
+    runs = _bench_runs(bench) if bench is not None else []
+    with usage_errors(FileNotFoundError, ValueError, hint="--traces"):
+        loaded = load_traces(traces_dir, list(dict.fromkeys(r["question_id"] for r in runs)) if runs else None)
+    if runs:
+        return loaded, runs
+    chosen = [t for t in loaded if split in ("all", t.split) and workload in ("all", t.source)]
     if not chosen:
-        raise typer.BadParameter(f"no traces in {traces_dir} for --split {split} --workload {workload}")
+        raise typer.BadParameter(f"no traces in {traces_dir} for --split {split} --workload {workload}; the "
+                                 f"workloads there: {', '.join(sorted({t.source for t in loaded}))}")
     return chosen, []
 
 
@@ -113,28 +137,21 @@ def replay(
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
     from . import bench as bm
-    from .replay import Clock
-    from .replay_report import fit_overheads as fit
-    from .replay_report import replay_all, validate
+    from .replay_report import validate
 
     start = time.perf_counter()
-    method_list = [m.strip() for m in methods.split(",") if m.strip()]
-    if "plain" not in method_list:
-        method_list.insert(0, "plain")
-    chosen, bench_runs = _select(traces, split, workload, bench)
-    costs_for = None
-    if controller_costs is not None:
-        table = _load_table(controller_costs)
-        costs_for = lambda b, c: table  # noqa: E731
+    method_list = _replay_methods(methods)
+    if fit_overheads and (bench is None or batch_size != 1):
+        raise typer.BadParameter("--fit-overheads needs --bench and batch size 1")
+    check_output(output)
     loaded = _load_profile(profile)
+    chosen, bench_runs = _select(traces, split, workload, bench)
+    table = _load_table(controller_costs) if controller_costs is not None else None
+    costs_for = (lambda b, c: table) if table is not None else None
     if fit_overheads:
-        if not bench_runs or batch_size != 1:
-            raise typer.BadParameter("--fit-overheads needs --bench and batch size 1")
-        unpriced = replay_all(chosen, method_list, Clock(loaded), 1, costs_for)
-        step_overhead_ms, plain_overhead_ms = fit(unpriced.replays, bench_runs,
-                                                  {t.question_id for t in chosen if t.split == "tune"})
-    clock = Clock(loaded, step_overhead_ms, plain_overhead_ms)
-    result = replay_all(chosen, method_list, clock, batch_size, costs_for)
+        step_overhead_ms, plain_overhead_ms = _fitted_overheads(chosen, method_list, loaded, costs_for, bench_runs)
+    clock, result = _replayed(chosen, method_list, loaded, (step_overhead_ms, plain_overhead_ms), batch_size,
+                              costs_for)
     summary = bm.summarize(result.runs, method_list, result.oracles)
     meta = {"kind": "replay prediction (virtual clock, not measured)", "profile": str(profile),
             "profile_machine": clock.profile.meta.get("cpu"), "traces": str(traces), "split": split,
@@ -146,7 +163,8 @@ def replay(
             "predicted_speedup": {m: round(summary["table"]["overall"][m]["speedup"], 3) for m in method_list}}
     if bench_runs:
         judged = [r for r in result.runs if not fit_overheads or r.question_id % 2 == 1]  # held-out when fitted
-        check = validate(judged, bench_runs)
+        with usage_errors(ValueError, hint="--bench"):
+            check = validate(judged, bench_runs)
         meta["validation"] = {"prompts": "held-out (odd ids)" if fit_overheads else "all",
                               "median_abs_error": check.median_abs_error, "p90_abs_error": check.p90_abs_error,
                               "per_method": check.per_method, "bench": str(bench)}
@@ -161,21 +179,52 @@ def replay(
     typer.echo(json.dumps(line))
 
 
+def _replay_methods(methods: str) -> list[str]:
+    """The ``--methods`` list, plain first if it was left out; a usage error naming the replay's methods."""
+    from .replay import REPLAY_METHODS
+
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in method_list if m not in REPLAY_METHODS]
+    if unknown:
+        raise typer.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(REPLAY_METHODS)}",
+                                 param_hint="--methods")
+    return method_list if "plain" in method_list else ["plain", *method_list]
+
+
+def _fitted_overheads(chosen: list, methods: list[str], profile, costs_for, bench_runs: list[dict]):
+    """(step, plain) overheads in ms fitted on the bench's tune-split prompts (``replay_report.fit_overheads``)."""
+    from .replay import Clock
+    from .replay_report import fit_overheads, replay_all
+
+    with usage_errors(ValueError, hint="--bench"):
+        unpriced = replay_all(chosen, methods, Clock(profile), 1, costs_for)
+        return fit_overheads(unpriced.replays, bench_runs, {t.question_id for t in chosen if t.split == "tune"})
+
+
+def _replayed(chosen: list, methods: list[str], profile, overheads: tuple[float, float], batch_size: int, costs_for):
+    """(clock, ``replay_all``'s result); a usage error for methods the traces cannot replay."""
+    from .replay import Clock
+    from .replay_report import replay_all
+
+    clock = Clock(profile, *overheads)
+    with usage_errors(ValueError):  # e.g. a draft method on traces taken without a draft model
+        return clock, replay_all(chosen, methods, clock, batch_size, costs_for)
+
+
 def _load_profile(path: Path):
     from ..costs.profile import load_profile
 
-    try:
+    with usage_errors(ValueError, hint="--profile"):
         return load_profile(path)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
 
 
 def _load_table(path: Path):
-    """A ``CostTable`` from its cached JSON. Raises typer.BadParameter naming the file when unreadable."""
-    from ..costs.table import CostTable
+    """A ``CostTable`` from its cached JSON (``costs.cache.read_table``: digest and values checked).
+    Raises typer.BadParameter naming the file and the fix when it is missing or not one."""
+    from ..costs.cache import TABLE_ERRORS, read_table
 
     try:
-        data = json.loads(path.read_text())
-        return CostTable(**{**data, "verify_ms": tuple(data["verify_ms"])})
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise typer.BadParameter(f"{path}: not a cost table ({e})") from None
+        return read_table(path)
+    except TABLE_ERRORS as e:
+        raise typer.BadParameter(f"{path} is not a cost table ({e}); give a JSON from <cache>/costs/, or leave "
+                                 "--controller-costs out to decide with the profile", param_hint="--controller-costs") from None
