@@ -38,3 +38,17 @@ def test_generate_names_the_modes_on_a_bad_one():
     assert result.exit_code != 0
     text = " ".join(result.output.replace("│", " ").split())
     assert "adaptive" in text and "fixed" in text and "off" in text
+
+
+def test_generate_drafts_with_a_head_folder(models, tiny_head, tmp_path, monkeypatch):
+    from hf_adaspec import save_head
+
+    folder = save_head(tiny_head, tmp_path / "head")
+    target = LoadedModel(models["target"], _Tokenizer(), "t")
+    asked = []
+    monkeypatch.setattr(cli, "_load_pair", lambda t, d, *args: asked.append(d) or (target, None))
+    result = CliRunner().invoke(cli.app, ["generate", "--head", str(folder), "--max-new-tokens", "8", "hi"])
+    assert result.exit_code == 0, result.output
+    assert asked == ["none"] and "[hf-adaspec] adaptive: " in result.stdout  # no draft model loaded beside the head
+    missing = CliRunner().invoke(cli.app, ["generate", "--head", str(tmp_path / "nope"), "hi"])
+    assert missing.exit_code == 2 and "speculators-format folder" in missing.output and "Traceback" not in missing.output

@@ -15,6 +15,7 @@ import typer
 from tqdm.auto import tqdm
 
 from ..config import SPECULATION_MODES
+from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from . import export_cli, trace_cli, verify
 from .bench import METHODS
@@ -46,6 +47,7 @@ def generate(
     prompt: str = typer.Argument(DEFAULT_PROMPT, help="User message; the chat template is applied."),
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' for prompt lookup."),
+    head: Path | None = typer.Option(None, help="An EAGLE-3 draft head (speculators folder) instead of --draft."),
     speculation: str = typer.Option("adaptive", help=" | ".join(SPECULATION_MODES) + " | off (plain decoding)."),
     k: int = typer.Option(5, min=0, max=64, help="Proposal length for --speculation fixed (0..64)."),
     max_new_tokens: int = typer.Option(256, min=1),
@@ -64,7 +66,7 @@ def generate(
         raise typer.BadParameter(f"--temperature {temperature} --top-p {top_p}: sampling needs a temperature > 0 "
                                  "and 0 < top-p <= 1 (or leave --do-sample out for greedy)")
 
-    tgt, drf = _load_pair(target, draft, quantization, dtype)
+    tgt, drf = _load_pair(target, "none" if head else draft, quantization, dtype)
     inputs = tgt.tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
@@ -73,8 +75,9 @@ def generate(
         kwargs.update(temperature=temperature, top_p=top_p)
     if speculation != "off":
         kwargs.update(speculation=speculation, num_speculative_tokens=k if speculation == "fixed" else None)
-        if drf is not None:
-            kwargs["assistant_model"] = drf.model
+        if drf is not None or head:
+            with usage_errors(ValueError, FileNotFoundError, hint="--head"):
+                kwargs["assistant_model"] = load_head(head, tgt.model) if head else drf.model
     streamer = TextStreamer(tgt.tokenizer, skip_prompt=True, skip_special_tokens=True)
     start = time.perf_counter()
     with usage_errors(ValueError):  # settings generate refuses, e.g. a draft with another vocabulary
