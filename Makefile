@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.adaspec-installed
 
-.PHONY: install browser demo test bench profile playground clean
+.PHONY: install browser demo test bench profile playground gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,21 @@ profile: install
 
 playground: install
 	$(BIN)/hf-adaspec playground
+
+# The GPU check (python -m hf_adaspec.tools.gpu_check; results in model_cards/gpu/<gpu>/, rewritten after
+# every step). It needs no model files and no install: where this python lacks transformers >= 5.20 or
+# bitsandbytes (a lent GPU machine: transformers 5.17, no bitsandbytes, no network), the wheels in .whl/ are
+# installed into GPU_SITE first. GPU_ARGS: e.g. --budget-s 300, --steps profile-7b-nf4, --out DIR.
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_SITE ?= /tmp/hf-adaspec-site
+GPU_ARGS ?=
+gpu-check:
+	@if ! $(GPU_PYTHON) -c "import bitsandbytes, transformers as t; from packaging.version import Version as V; \
+	  assert V(t.__version__) >= V('5.20')" >/dev/null 2>&1 && ls .whl/*.whl >/dev/null 2>&1; then \
+	  echo "gpu-check: installing $$(ls .whl | tr '\n' ' ')into $(GPU_SITE)"; \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	    --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m hf_adaspec.tools.gpu_check --device cuda $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -11,7 +11,7 @@ from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 import hf_adaspec
-from hf_adaspec import CostTable
+from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.config import SpeculationConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -304,3 +304,17 @@ def test_playground_settings_refuse_a_non_integer_k_or_length(value):
     with pytest.raises(ValueError, match=r"k must be in \[1, 64\]"):
         RunSettings("fixed", k=65)
     assert RunSettings("fixed", k=64).k == 64
+
+
+def test_a_draft_with_a_narrower_head_drafts_for_the_target(target, tiny_factory):
+    """The same tokenizer with the target's output head padded (Qwen2.5-7B's 152,064 rows against the
+    0.5B's 151,936): the draft's logits are padded with −inf, ids beyond its own are never proposed, and a
+    target id it cannot embed is fed to it as its last id; greedy output stays the target's."""
+    draft = tiny_factory(0, vocab_size=48)
+    prompt = torch.tensor([[5, 6, 7, 50, 8, 9, 60] * 3])  # ids 50 and 60 lie beyond the draft's vocabulary
+    plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
+    out = target.generate(prompt, assistant_model=draft, speculation="fixed", num_speculative_tokens=3,
+                          speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=20,
+                          do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert {s.drafter for s in out.speculation.steps if s.k} == {"draft_model"}

@@ -21,6 +21,7 @@ import hf_adaspec.engine.loop as loop
 import hf_adaspec.engine.verification as verification
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.engine.verification import Verification, speculative_sample
+from hf_adaspec.tools.gpu_check_sampling import chi2_ratio  # the same test the GPU check runs on the device
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
@@ -95,22 +96,6 @@ def test_greedy_output_equals_plain_generate(models, assistants, plain_greedy, m
 
 
 # --- 2. lossless sampling -------------------------------------------------------------------------------
-
-def chi2_ratio(tokens: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square of the counts of ``tokens`` [N] against ``probs`` [V], cells with expectation < 5
-    pooled, divided by its p = 0.001 critical value (Wilson–Hilferty): < 1 passes, > 1 rejects."""
-    n = tokens.shape[0]
-    counts = torch.bincount(tokens, minlength=probs.shape[0]).double()
-    expected = probs.double() * n
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    stat = float((((obs - exp) ** 2)[keep] / exp[keep]).sum())
-    df = int(keep.sum()) - 1
-    critical = df * (1 - 2 / (9 * df) + 3.0902 * (2 / (9 * df)) ** 0.5) ** 3  # z_0.999 = 3.0902
-    return stat / critical
-
 
 def test_chi2_ratio_accepts_exact_samples_and_rejects_a_shifted_distribution():
     gen = torch.Generator().manual_seed(0)

@@ -62,7 +62,8 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
 
     Raises:
         ValueError: beams or several sequences per prompt, per-step outputs (``_check_outputs``), a draft
-            with another vocabulary, a mask of another shape, an empty or right-padded prompt, or a
+            with a larger vocabulary (a narrower draft head is padded: the same tokenizer), a head of another
+            target, a mask of another shape, an empty or right-padded prompt, or a
             batch-size-1 feature (streamer, speculation_callback, tpot_slo_ms) with a batch.
     """
     if gen_config.num_beams != 1 or gen_config.num_return_sequences != 1:
@@ -72,9 +73,9 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
     if assistant_kind(draft) == "head" and draft.config.target_vocab_size != hf_compat.vocab_size(model):
         raise ValueError(f"the draft head was made for a vocabulary of {draft.config.target_vocab_size} tokens, "
                          f"the target's is {hf_compat.vocab_size(model)}: load a head trained for this target")
-    elif assistant_kind(draft) == "model" and hf_compat.vocab_size(draft) != hf_compat.vocab_size(model):
+    elif assistant_kind(draft) == "model" and hf_compat.vocab_size(draft) > hf_compat.vocab_size(model):
         raise ValueError(
-            f"draft model vocabulary ({hf_compat.vocab_size(draft)}) differs from the target's "
+            f"draft model vocabulary ({hf_compat.vocab_size(draft)}) is larger than the target's "
             f"({hf_compat.vocab_size(model)}); pick a draft with the target's tokenizer, or drop "
             "assistant_model to use prompt lookup"
         )
@@ -130,7 +131,8 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
     _check_inputs(model, input_ids, mask, request, generation_config)
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
                               generation_config.do_sample, hf_compat.pad_token_id(generation_config),
-                              hf_compat.eos_token_ids(generation_config), request.streamer, on_step=request.on_step)
+                              hf_compat.eos_token_ids(generation_config), hf_compat.vocab_size(model),
+                              request.streamer, on_step=request.on_step)
     run = build_run(request.config, request.state, input_ids, mask, request.draft_model,
                     ModelCaches(model, request.draft_model),
                     _costs_for(model, request, input_ids.shape[0], input_ids.shape[1]), settings)

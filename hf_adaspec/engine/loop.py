@@ -32,7 +32,8 @@ from .verification import Verification, greedy_verify, speculative_sample
 @dataclass
 class DecodeSettings:
     """What the loop needs from the generation config: processors, stopping, the length budget (tokens),
-    sampling, pad and EOS ids, and at batch size 1 the streamer and the step callback
+    sampling, pad and EOS ids, the target's logits width V (a draft model with a narrower output head
+    has its logits padded to it; 0: not given), and at batch size 1 the streamer and the step callback
     ``on_step(record, tokens [m])``."""
 
     logits_processor: object
@@ -41,6 +42,7 @@ class DecodeSettings:
     do_sample: bool
     pad_token_id: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    vocab_size: int = 0
     streamer: object | None = None
     generator: torch.Generator | None = None
     on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None

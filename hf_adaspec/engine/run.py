@@ -95,7 +95,8 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
         seed = state.draft_prefixes.seed(draft_key, input_ids[0])
     draft_cache = caches.draft(batch, seed) if seeded else None
     context = DrafterContext(batch, config, settings.logits_processor, settings.do_sample, settings.pad_token_id,
-                             settings.eos_token_ids, draft_key, draft_cache, state.suffixes, settings.generator)
+                             settings.eos_token_ids, draft_key, draft_cache, state.suffixes, settings.generator,
+                             settings.vocab_size)
     drafters = tuple(spec.build(context) for spec in specs)
     learned = Learned(state.calibrators, state.matches)
     inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(draft_key)) for s in specs), learned)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backend import hf_compat
 from ..backend.ragged import KVCache
 from ..config import ADAPTIVE, FIXED, SpeculationConfig
 from ..costs.table import CostTable
@@ -64,6 +65,7 @@ class DrafterContext:
     draft_cache: KVCache | None
     suffixes: SuffixMemory
     generator: torch.Generator | None = None
+    vocab_size: int = 0  # the target's logits width (0: the draft's own)
 
 
 def _no_features(assistant: object | None) -> tuple[int, ...]:
@@ -95,8 +97,10 @@ class DrafterSpec:
 def _draft_model(ctx: DrafterContext) -> Drafter:
     if ctx.draft_cache is None:
         raise ValueError("the draft model drafter needs a draft model (assistant_model=...)")
+    narrower = ctx.vocab_size and hf_compat.vocab_size(ctx.assistant) < ctx.vocab_size
     return DraftModelProposer(ctx.draft_cache, ctx.logits_processor, ctx.do_sample, ctx.pad_token_id,
-                              ctx.eos_token_ids, ctx.generator)
+                              ctx.eos_token_ids, ctx.generator,
+                              (hf_compat.vocab_size(ctx.assistant), ctx.vocab_size) if narrower else None)
 
 
 def _draft_head(ctx: DrafterContext) -> Drafter:

@@ -26,10 +26,14 @@ class DraftModelProposer:
     name = "draft_model"
 
     def __init__(self, cache: KVCache, logits_processor, do_sample: bool, pad_token_id: int,
-                 eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None) -> None:
+                 eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
+                 widths: tuple[int, int] | None = None) -> None:
         """``cache``: the draft model's cache for the batch (a ``RaggedCache`` of the model, possibly already
-        holding a prefix of each prompt; the replay passes one that answers from traces)."""
-        self.cache, self.pad = cache, pad_token_id
+        holding a prefix of each prompt; the replay passes one that answers from traces). ``widths``: (the
+        draft's vocabulary, the target's) when the draft's is narrower (the same tokenizer, the target's
+        head padded): its logits are padded to the target's with −inf, and an id beyond its own (which it
+        cannot embed, and never proposes) is fed to it as its last id; None: equal widths."""
+        self.cache, self.pad, self.widths = cache, pad_token_id, widths
         self.sampler = Sampler(logits_processor, do_sample, torch.tensor(eos_token_ids, dtype=torch.long), generator)
 
     def offer(self, rows: Rows, k_max: int) -> DraftOffer:
@@ -47,10 +51,15 @@ class DraftModelProposer:
         b = len(rows.views)
         seen = self.cache.lengths.tolist()
         unseen = left_pad([rows.tokens(i)[seen[i] :] for i in range(b)], self.pad)  # [b, m ≥ 1] tokens, valid
+        if self.widths is not None:
+            unseen = (unseen[0].clamp_max(self.widths[0] - 1), unseen[1])
 
         def column(j: int, previous: torch.Tensor | None) -> torch.Tensor:
             tokens, valid = unseen if previous is None else (previous[:, None], torch.ones(b, 1, dtype=torch.bool))
-            return self.cache.append(tokens, valid, keep=1)[:, -1].cpu()  # [b, V]
+            logits = self.cache.append(tokens, valid, keep=1)[:, -1].cpu()  # [b, V_draft]
+            if self.widths is None:
+                return logits
+            return torch.nn.functional.pad(logits, (0, self.widths[1] - self.widths[0]), value=float("-inf"))
 
         return draft_chain(column, rows.views, ks, self.sampler, stop)
 

@@ -1,0 +1,143 @@
+"""The GPU check (issue 36, ``make gpu-check``) proven on the CPU before GPU time is spent on it: the whole
+check with ``--device cpu --tiny`` (shrunk copies of the presets' configs, tiny grids, one repeat) runs every
+step and passes, its results file is valid JSON after every step, a spent budget skips the rest but still
+leaves a valid file, a failing or raising step is recorded and the next one runs, bitsandbytes failing to
+load is recorded as a bf16 fallback, and the replay can be run later from the profiles a run left. Also:
+the 7B architecture ships and its output head is wider than the draft's (which ``generate`` refuses)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import transformers
+
+from hf_adaspec.costs.profile import load_profile
+from hf_adaspec.models import architecture
+from hf_adaspec.tools import gpu_check
+from hf_adaspec.tools.gpu_check import RESULTS, SUMMARY, Step
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The whole check, --device cpu --tiny, with the results file parsed after every write."""
+    out, cache = tmp_path_factory.mktemp("gpu"), tmp_path_factory.mktemp("cache")
+    seen: list[dict] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_ADASPEC_CACHE", str(cache))
+        original = gpu_check.write_results
+
+        def write_and_read(folder, doc):
+            original(folder, doc)
+            seen.append(json.loads((folder / RESULTS).read_text()))  # valid JSON at every point
+
+        mp.setattr(gpu_check, "write_results", write_and_read)
+        status = gpu_check.main(["--device", "cpu", "--tiny", "--out", str(out)])
+    return status, out, seen
+
+
+def test_tiny_check_runs_every_step_and_passes(tiny_run):
+    status, out, _ = tiny_run
+    doc = json.loads((out / RESULTS).read_text())
+    steps = doc["steps"]
+    assert status == 0 and doc["finished"] and list(steps) == [s.name for s in gpu_check.plan()]
+    assert {n: e["status"] for n, e in steps.items()} == dict.fromkeys(steps, "ok")
+    assert "bitsandbytes" in steps["environment"]["nf4"]  # loads here: NF4 ran (else a FALLBACK line)
+    for name in ("greedy-bf16", "greedy-nf4", "self-draft-bf16", "self-draft-nf4", "sampling"):
+        assert steps[name]["passed"] is True, name
+    cases = steps["greedy-nf4"]["cases"]
+    assert len(cases) == 10 and {"draft_model", "prompt_lookup", "suffix"} <= {d for c in cases.values()
+                                                                               for d in c["drafters"]}
+    assert all(c["acceptance"] >= 0.9 for c in steps["self-draft-nf4"]["cases"].values())
+    for name in ("profile-1.5b-bf16", "profile-1.5b-nf4", "profile-7b-nf4", "profile-7b-bf16"):
+        profile = load_profile(steps[name]["path"])
+        assert "--random-weights" in profile.meta["command"] and profile.draft_cells
+    assert "generate takes the pair" in steps["profile-7b-nf4"]["summary"]  # the 7B head is wider: the draft is padded
+    assert steps["engine"]["runs"]["adaptive"]["steps"] > 0 and len(steps["engine"]["overheads_ms"]) == 2
+    assert steps["never-loses"]["passed"] is None  # tiny timings are not judged
+    tables = steps["replay"]["tables"]
+    assert len(tables) == 4 and all(set(t) == {"b1", "b2"} for t in tables.values())
+    summary = (out / SUMMARY).read_text()
+    assert all(f"| {name} | ok |" in summary for name in steps) and "Projections" in summary
+
+
+def test_results_are_valid_after_every_step(tiny_run):
+    _, _, seen = tiny_run
+    done = [len(doc["steps"]) for doc in seen]
+    assert done[0] == 0 and done[-1] == len(gpu_check.plan())
+    assert sorted(set(done)) == list(range(len(gpu_check.plan()) + 1))  # one write per step
+    assert not seen[-2]["finished"] and seen[-1]["finished"]
+
+
+def test_replay_runs_later_and_merges_into_the_results(tiny_run):
+    _, out, _ = tiny_run
+    before = json.loads((out / RESULTS).read_text())["steps"]
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--out", str(out), "--steps", "replay"]) == 0
+    doc = json.loads((out / RESULTS).read_text())
+    after = doc["steps"]
+    assert list(after) == list(before) and after["greedy-nf4"] == before["greedy-nf4"]
+    assert doc["device_label"] == "cpu" and doc["finished"] and after["replay"]["ran_on"] == "cpu"
+    assert after["replay"]["overheads_ms"] == before["engine"]["overheads_ms"]  # the engine's, from the file
+
+
+def test_a_spent_budget_skips_every_step_and_leaves_valid_results(tmp_path):
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--budget-s", "0"]) == 0
+    doc = json.loads((tmp_path / RESULTS).read_text())
+    assert doc["finished"] and {e["status"] for e in doc["steps"].values()} == {"skipped: budget"}
+    assert "skipped: budget" in (tmp_path / SUMMARY).read_text()
+
+
+def test_failing_and_raising_steps_are_recorded_and_the_rest_run(tmp_path, monkeypatch):
+    def boom(check):
+        raise RuntimeError("kernel not found")
+
+    steps = [Step("boom", boom), Step("wrong", lambda c: {"passed": False, "summary": "a check failed"}),
+             Step("fine", lambda c: {"passed": True, "summary": "all good"})]
+    monkeypatch.setattr(gpu_check, "plan", lambda: steps)
+    assert gpu_check.main(["--device", "cpu", "--out", str(tmp_path)]) == 1
+    entries = json.loads((tmp_path / RESULTS).read_text())["steps"]
+    assert [e["status"] for e in entries.values()] == ["error", "failed", "ok"]
+    assert "RuntimeError: kernel not found" in entries["boom"]["error"] and "Traceback" in entries["boom"]["traceback"]
+
+
+def test_without_bitsandbytes_the_nf4_steps_fall_back_to_bf16(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import bitsandbytes raises ImportError
+    names = "environment,greedy-nf4,self-draft-nf4,profile-1.5b-nf4"
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--steps", names]) == 0
+    steps = json.loads((tmp_path / RESULTS).read_text())["steps"]
+    assert steps["environment"]["nf4"].startswith("FALLBACK: bitsandbytes did not load")
+    for name in names.split(",")[1:]:
+        assert steps[name]["status"] == "ok" and steps[name]["fallback"] and "FALLBACK" in steps[name]["summary"]
+
+
+def test_command_line_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--steps", "nonsense"])
+    assert "choose from environment, sampling" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            gpu_check.main(["--out", str(tmp_path)])
+        assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_the_7b_architecture_ships_with_a_wider_head_than_the_draft():
+    config = transformers.AutoConfig.from_pretrained(architecture.config_path("qwen2.5-7b"))
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (3584, 18944, 28)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.tie_word_embeddings) == (28, 4, False)
+    draft = transformers.AutoConfig.from_pretrained(architecture.config_path("qwen2.5-coder-0.5b"))
+    assert (config.vocab_size, draft.vocab_size) == (152064, 151936)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert 7.6e9 < sum(p.numel() for p in model.parameters()) < 7.7e9  # Qwen2.5-7B's 7.62B parameters
+
+
+def test_on_a_gpu_cpu_work_and_steps_the_budget_cannot_fit_are_skipped(tmp_path):
+    ran = []
+    steps = [Step("replay-like", lambda c: ran.append("cpu work") or {}, on_gpu=False),
+             Step("big", lambda c: ran.append("big") or {}, needs_s=1000.0),
+             Step("small", lambda c: ran.append("small") or {"passed": True}, needs_s=1.0)]
+    doc = gpu_check.run_steps(gpu_check.Check("cuda", False, tmp_path), steps, budget_s=60.0)
+    assert [e["status"] for e in doc["steps"].values()] == ["skipped: CPU work", "skipped: budget", "ok"]
+    assert ran == ["small"] and "--steps replay-like" in doc["steps"]["replay-like"]["summary"]
