@@ -34,7 +34,7 @@ from hf_adaspec.costs.profile import (
 )
 from hf_adaspec.costs.table import processor_name
 from hf_adaspec.files import write_json_verified
-from hf_adaspec.tools import cli
+from hf_adaspec.tools import cli, profile_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 TINY_GRID = ProfileGrid(new_tokens=(1, 2, 4), batch_sizes=(1, 2), contexts=(16, 48), repeats=1,
@@ -385,7 +385,8 @@ def test_pair_name():
 
 def test_cli_profile_writes_json_png_and_a_last_json_line(models, tmp_path, monkeypatch):
     loaded = {"t": LoadedModel(models["target"], None, "t"), "d": LoadedModel(models["other_seed"], None, "d")}
-    monkeypatch.setattr(cli, "_load_pair", lambda target, draft, quantization, dtype, device="cpu": (loaded[target], loaded[draft]))
+    monkeypatch.setattr(profile_cli, "_load_pair",
+                        lambda target, draft, quantization, dtype, device="cpu": (loaded[target], loaded.get(draft)))
     output = tmp_path / "cards" / "profile.json"
     args = ["profile", "--target", "t", "--draft", "d", "--contexts", "16,32", "--batch-sizes", "1,2",
             "--new-tokens", "1,2,3", "--repeats", "1", "--output", str(output)]
@@ -397,6 +398,22 @@ def test_cli_profile_writes_json_png_and_a_last_json_line(models, tmp_path, monk
     assert (tmp_path / "cards" / "cost_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert load_profile(summary["cache_copy"]) == load_profile(output)
     assert "--contexts 16,32" in load_profile(output).meta["command"]
+
+
+def test_cli_profile_measures_a_random_head_of_the_targets_shape(models, tmp_path, monkeypatch):
+    loaded = {"t": LoadedModel(models["target"], None, "t")}
+    monkeypatch.setattr(profile_cli, "_load_pair",
+                        lambda target, draft, quantization, dtype, device="cpu": (loaded[target], None))
+    output = tmp_path / "profile.json"
+    args = ["profile", "--target", "t", "--head", "random", "--contexts", "16,32", "--batch-sizes", "1",
+            "--new-tokens", "1,2", "--repeats", "1", "--output", str(output)]
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    profile = load_profile(output)
+    assert profile.identity["draft"]["name"] == "Eagle3Head" and profile.draft_cells and "--head random" in \
+        profile.meta["command"]
+    missing = CliRunner().invoke(cli.app, args[:3] + ["--head", str(tmp_path / "nope")] + args[5:])
+    assert missing.exit_code == 2 and "speculators-format folder" in missing.output
 
 
 def _error_text(args: list[str]) -> str:

@@ -156,3 +156,21 @@ def _check_weights(head: Eagle3Head, weights: dict[str, torch.Tensor]) -> None:
     if missing or unexpected or shapes:
         raise ValueError(f"the head's weights do not match its config: missing {missing}, unexpected {unexpected}, "
                          f"shapes {shapes}")
+
+
+def random_head(target: nn.Module, draft_vocab_size: int = 32000, seed: int = 0) -> Eagle3Head:
+    """A head of ``target``'s shape with random weights (``seed``), for costs (it proposes noise): the target's
+    width, attention heads, MLP width, RMSNorm ε and RoPE θ, vLLM's default feature layers, and a draft
+    vocabulary of the first ``draft_vocab_size`` target ids; in the dtype and on the device of the target's
+    input embedding."""
+    text = target.config.get_text_config()
+    heads = text.num_attention_heads
+    rope = getattr(text, "rope_parameters", None) or {}
+    config = HeadConfig(text.hidden_size, heads, getattr(text, "num_key_value_heads", None) or heads,
+                        text.intermediate_size, text.hidden_size, min(draft_vocab_size, text.vocab_size),
+                        text.vocab_size, default_aux_layers(text.num_hidden_layers), getattr(text, "head_dim", 0) or 0,
+                        text.rms_norm_eps, rope.get("rope_theta", getattr(text, "rope_theta", 10000.0)),
+                        verifier=str(getattr(target.config, "_name_or_path", "")))
+    torch.manual_seed(seed)
+    embed = target.get_input_embeddings()
+    return Eagle3Head(config, embed).to(device=embed.weight.device, dtype=embed.weight.dtype).eval()

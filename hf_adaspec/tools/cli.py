@@ -6,25 +6,22 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 import time
 from pathlib import Path
 
-import torch
 import typer
 from tqdm.auto import tqdm
 
 from ..config import SPECULATION_MODES
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from . import export_cli, trace_cli, verify
+from . import export_cli, profile_cli, trace_cli, verify
 from .bench import METHODS
 from .cli_checks import (
     check_output,
     check_prompts_file,
     parse_methods,
     parse_sizes,
-    profile_grid,
     usage_errors,
 )
 from .pair import load_pair as _load_pair
@@ -40,6 +37,7 @@ app.command()(trace_cli.trace)
 app.command()(trace_cli.replay)
 app.command("export-vllm")(export_cli.export_vllm)
 app.command()(verify.verify)
+app.command()(profile_cli.profile)
 
 
 @app.command()
@@ -219,82 +217,3 @@ def playground(
     if pair not in PAIRS:
         raise typer.BadParameter(f"--pair {pair!r}: use one of {', '.join(PAIRS)}")
     launch(pair=pair, host=host, port=port, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency)
-
-
-@app.command()
-def profile(
-    target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
-    draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' (target only, for prompt lookup)."),
-    quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
-    quick: bool = typer.Option(False, help="Tiny grid for CI: n 1..4, batch 1..2, contexts 128 and 256, 1 repeat."),
-    contexts: str = typer.Option("", help="Context lengths in tokens (default 128,512,1024,2048)."),
-    batch_sizes: str = typer.Option("", help="Batch sizes (default 1,2,4,8,16)."),
-    new_tokens: str = typer.Option("", help="New tokens per target forward (default 1..9,12,16,24,32)."),
-    repeats: int | None = typer.Option(None, min=1, help="Timed rounds per cell, median kept (default 3; --quick 1)."),
-    max_tokens_per_forward: int = typer.Option(64, min=1, help="Skip target cells with batch × new tokens above it."),
-    output: Path | None = typer.Option(None, help="JSON out (default model_cards/<pair>/profile.json); "
-                                       "cost_curves.png beside it; a copy goes to the cache for the engine."),
-    device: str = typer.Option("cpu", help="cpu | cuda (timings synchronise the GPU; NF4 via bitsandbytes there)."),
-    random_weights: bool = typer.Option(False, help="Build each model from its architecture (a preset's shipped "
-                                        "config.json, or a folder's) with random weights: costs do not depend "
-                                        "on the weights, so no model files are needed."),
-) -> None:
-    """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
-    vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
-    from ..costs import measure as profiling
-    from ..costs.profile import default_profile_path, save_profile
-
-    grid = profile_grid(quick, contexts, batch_sizes, new_tokens, repeats, max_tokens_per_forward)
-    pair = profiling.pair_name(target, draft)
-    output = output or Path("model_cards") / pair / "profile.json"
-    check_output(output)
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise typer.BadParameter(f"{device!r}; use cpu, cuda or cuda:N", param_hint="--device")
-    command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
-               f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
-               f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
-               f"--max-tokens-per-forward {grid.max_tokens_per_forward} --device {device}"
-               + (" --random-weights" if random_weights else ""))
-    start = time.perf_counter()
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise typer.BadParameter("--device cuda: torch sees no CUDA device (a CPU build of torch, or no GPU)")
-    tgt, drf = _profiled_models(target, draft, quantization, dtype, device, random_weights)
-    result = profiling.measure_profile(tgt, drf, grid, pair, command, True)
-    save_profile(result, output)
-    cached = save_profile(result, default_profile_path(result.key))
-    try:
-        profiling.plot_profile(result, output.with_name("cost_curves.png"))
-    except ImportError:
-        typer.echo("hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot",
-                   err=True)
-    held_out = len(result.held_out_target) + len(result.held_out_draft)
-    cells = len(result.target_cells) + len(result.draft_cells) + held_out
-    typer.echo(json.dumps({"output": str(output), "cache_copy": str(cached), "cells_measured": cells,
-                           "held_out_cells": held_out,
-                           "held_out_mape_pct": {q: {"table": _round(s.table_mape), "fit": _round(s.fit_mape)}
-                                                 for q, s in result.scores.items()},
-                           "predictors": {q: s.predictor for q, s in result.scores.items()},
-                           "seconds": round(time.perf_counter() - start, 1)}))
-
-
-def _profiled_models(target: str, draft: str, quantization: str, dtype: str, device: str, random_weights: bool):
-    """(target, draft or None) models to profile: loaded, or built from their architectures."""
-    if not random_weights:
-        tgt, drf = _load_pair(target, draft, quantization, dtype, device)
-        return tgt.model, drf.model if drf is not None else None
-    from ..models.architecture import load_architecture
-
-    try:
-        return (load_architecture(target, quantization, dtype, device),
-                load_architecture(draft, quantization, dtype, device, quantize_lm_head=True) if draft != "none" else None)
-    except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from None
-
-
-def _csv(values) -> str:
-    return ",".join(str(v) for v in values)
-
-
-def _round(value: float | None) -> float | None:
-    return round(value, 2) if value is not None else None
