@@ -80,22 +80,3 @@ def parse_sizes(text: str, flag: str = "--batch-size") -> list[int]:
     if not sizes or sizes[0] < 1:
         raise typer.BadParameter(f"{flag} {text!r}: sizes must be >= 1")
     return sizes
-
-
-def profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,
-                 max_tokens_per_forward: int):
-    """The ``profile`` command's grid: the default (or ``--quick``) one with the given options replaced."""
-    import dataclasses
-
-    from ..costs.measure import QUICK_GRID, ProfileGrid
-
-    lists = {"contexts": contexts, "batch_sizes": batch_sizes, "new_tokens": new_tokens}
-    changes: dict = {name: tuple(parse_sizes(text, "--" + name.replace("_", "-")))
-                     for name, text in lists.items() if text}
-    if repeats is not None:
-        changes["repeats"] = repeats
-    base = QUICK_GRID if quick else ProfileGrid()
-    try:
-        return dataclasses.replace(base, max_tokens_per_forward=max_tokens_per_forward, **changes)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None

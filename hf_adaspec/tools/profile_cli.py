@@ -14,7 +14,7 @@ import typer
 
 from ..models.eagle3_format import load_head, random_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from .cli_checks import check_output, profile_grid, usage_errors
+from .cli_checks import check_output, parse_sizes, usage_errors
 from .pair import load_pair as _load_pair
 
 
@@ -110,3 +110,22 @@ def _head(spec: str, target):
             raise ValueError(f"--head {spec!r}: random:V with V a number of draft tokens, e.g. random:32000")
         return random_head(target, int(vocab))
     return load_head(Path(spec), target)
+
+
+def profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,
+                 max_tokens_per_forward: int):
+    """The ``profile`` command's grid: the default (or ``--quick``) one with the given options replaced."""
+    import dataclasses
+
+    from ..costs.measure import QUICK_GRID, ProfileGrid
+
+    lists = {"contexts": contexts, "batch_sizes": batch_sizes, "new_tokens": new_tokens}
+    changes: dict = {name: tuple(parse_sizes(text, "--" + name.replace("_", "-")))
+                     for name, text in lists.items() if text}
+    if repeats is not None:
+        changes["repeats"] = repeats
+    base = QUICK_GRID if quick else ProfileGrid()
+    try:
+        return dataclasses.replace(base, max_tokens_per_forward=max_tokens_per_forward, **changes)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
