@@ -15,7 +15,7 @@ from transformers import LogitsProcessorList
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import hf_compat
-from hf_adaspec.models.eagle3_format import default_aux_layers, load_head, save_head, to_speculators
+from hf_adaspec.models.eagle3_format import default_aux_layers, load_head, random_head, save_head, to_speculators
 from hf_adaspec.proposers import Rows
 from hf_adaspec.proposers.draft_head import DraftHeadProposer
 
@@ -103,6 +103,20 @@ def test_a_head_round_trips_through_the_speculators_format(models, tiny_head, tm
     assert torch.equal(out[0].sequences, out[1].sequences)
     assert [(s.k, s.accepted, s.drafter) for s in out[0].speculation.steps] == \
            [(s.k, s.accepted, s.drafter) for s in out[1].speculation.steps]
+
+
+def test_a_narrow_random_head_round_trips_with_its_own_sizes(models, tmp_path):
+    target = models["target"]
+    head = random_head(target, draft_vocab_size=20, intermediate_size=16)
+    assert (head.config.draft_vocab_size, head.config.intermediate_size) == (20, 16)
+    assert head.lm_head.weight.shape == (20, 32) and head.layers[0].mlp.gate_proj.weight.shape == (16, 32)
+    assert random_head(target).config.intermediate_size == target.config.intermediate_size
+    loaded = load_head(save_head(head, tmp_path / "narrow"), target)
+    assert loaded.config == head.config
+    for key, value in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    with pytest.raises(ValueError, match="intermediate_size must be >= 1"):
+        random_head(target, intermediate_size=0)
 
 
 def _vllm_parameters(config: dict) -> dict[str, tuple[int, ...]]:

@@ -16,6 +16,7 @@ from hf_adaspec.tools import export_cli
 from hf_adaspec.tools.export_vllm import (
     acceptance_from_traces,
     best_k,
+    head_prefix_acceptance,
     speculative_config,
 )
 from hf_adaspec.tools.trace import Trace, save_trace
@@ -25,7 +26,8 @@ from hf_adaspec.tools.trace import Trace, save_trace
 # https://docs.vllm.ai/en/latest/features/speculative_decoding/draft_model/ (method, model,
 # num_speculative_tokens), .../n_gram/ (prompt_lookup_max, prompt_lookup_min) and
 # https://docs.vllm.ai/en/v0.25.0/features/speculative_decoding/dynamic_speculative_decoding/
-# (num_speculative_tokens_per_batch_size). No disable_by_batch_size: a V0 key, absent from V1's config.
+# (num_speculative_tokens_per_batch_size); https://docs.vllm.ai/en/latest/features/speculative_decoding/eagle/
+# ("method": "eagle3", "model", "num_speculative_tokens"). No disable_by_batch_size: a V0 key, absent from V1's.
 VLLM_SPECULATIVE_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
                          "num_speculative_tokens_per_batch_size"}
 META = {"versions": {"torch": "x"}, "machine": "m", "cpu": "c", "threads": 1, "created": "2025-01-01T00:00:00+00:00",
@@ -39,12 +41,13 @@ def _verify(b: int, c: int, n: int) -> float:
     return 0.001 * b * c + 2.0 * b * n + 20.0
 
 
-def _profile(draft_scale: float = 1.0, with_draft: bool = True):
+def _profile(draft_scale: float = 1.0, with_draft: bool = True, head: bool = False):
     cells = {"target": [ProfileCell(b, c, n, _verify(b, c, n)) for b in BATCHES for c in CONTEXTS for n in (1, 3, 9)]}
     if with_draft:
         cells["draft"] = [ProfileCell(b, c, n, draft_scale * (0.0001 * b * c + 0.2 * b * n + 1.0))
                           for b in BATCHES for c in CONTEXTS for n in (1, 32)]
-    return assemble_profile("hand", IDENTITY, cells, META)
+    identity = {**IDENTITY, "draft": {"name": "Eagle3Head"}} if head else IDENTITY
+    return assemble_profile("hand", identity, cells, META)
 
 
 def _trace(qid: int, prompt: list[int], generated: list[int], agree: bool = True) -> Trace:
@@ -147,3 +150,63 @@ def test_cli_writes_the_config_and_prints_it_last(tmp_path):
     _assert_valid_for_vllm(written["speculative_config"])
     assert written["hf_adaspec"]["alpha"] == 1.0 and written["hf_adaspec"]["prompts"] == 2
     assert not list(out.parent.glob("*.tmp"))
+
+
+def _head_trace(qid: int, runs: list[int], depth: int = 4) -> Trace:
+    """A trace of 12 new tokens whose head chain drafted at generated position j agrees for runs[j] tokens
+    (0 at j = 0 and where runs is short), then misses."""
+    prompt, generated = [1, 2, 3], list(range(10, 22))
+    tokens = prompt + generated
+    chains = []
+    for j in range(len(generated) + 1):
+        run = runs[j] if j < len(runs) else 0
+        chains.append(tuple(tokens[3 + j + d] if d < run and 3 + j + d < len(tokens) else 99 for d in range(depth)))
+    t = _trace(qid, prompt, generated)
+    return Trace(**{**t.__dict__, "head": "hand-head", "head_next": tuple(chains),
+                    "head_q": tuple((0.5,) * depth for _ in chains)})
+
+
+def test_head_prefix_acceptance_counts_each_depth_where_tokens_remain():
+    t = _head_trace(0, [0] + [4] * 12)  # every chain agrees as far as the output goes
+    assert head_prefix_acceptance([t]) == (1.0, 1.0, 1.0, 1.0)
+    half = _head_trace(1, [0] + [2, 1] * 6)  # alternating runs of 2 and 1
+    p = head_prefix_acceptance([half])
+    assert p[0] == 1.0 and p[1] == pytest.approx(5 / 10) and p[2] == 0.0  # depth 2: 5 of the 10 positions with 2 left
+    assert acceptance_from_traces([half])["eagle3"] == 1.0 and head_prefix_acceptance([_trace(0, [1], [2, 3])]) == ()
+
+
+def test_eagle3_names_the_head_and_takes_k_from_its_measured_depths():
+    cheap = _profile(draft_scale=0.2, head=True)
+    deep = speculative_config(cheap, {"eagle3": 0.9}, "eagle3", "my/head", 512, head_prefix=(0.9, 0.85, 0.8, 0.75))
+    shallow = speculative_config(cheap, {"eagle3": 0.9}, "eagle3", "my/head", 512, head_prefix=(0.9, 0.05, 0.0, 0.0))
+    config = deep["speculative_config"]
+    _assert_valid_for_vllm(config)
+    assert config["method"] == "eagle3" and config["model"] == "my/head" and config["num_speculative_tokens"] == 4
+    assert shallow["speculative_config"]["num_speculative_tokens"] == 1  # past depth 1 the head misses
+    assert deep["hf_adaspec"]["prefix_acceptance"] == [0.9, 0.85, 0.8, 0.75]
+    with pytest.raises(ValueError, match="eagle3 needs the head's costs"):
+        speculative_config(_profile(), {"eagle3": 0.9}, "eagle3", "h", 512, head_prefix=(0.9,))
+    with pytest.raises(ValueError, match="hf-adaspec trace --head"):
+        speculative_config(cheap, {"eagle3": 0.9}, "eagle3", "h", 512)
+    with pytest.raises(ValueError, match="head's name or path"):
+        speculative_config(cheap, {"eagle3": 0.9}, "eagle3", "", 512, head_prefix=(0.9,))
+    with pytest.raises(ValueError, match="measured with a head; draft_model needs"):
+        speculative_config(cheap, {"draft_model": 0.9}, "draft_model", "d", 512)
+
+
+def test_cli_exports_eagle3_with_the_head_model(tmp_path):
+    traces = tmp_path / "traces"
+    save_trace(_head_trace(0, [0] + [4] * 12), traces)
+    profile = save_profile(_profile(draft_scale=0.2, head=True), tmp_path / "head_profile.json")
+    app = typer.Typer()
+    app.command()(export_cli.export_vllm)
+    out = tmp_path / "vllm.json"
+    base = [str(traces), str(profile), "--method", "eagle3", "--output", str(out)]
+    refused = CliRunner().invoke(app, base)
+    assert refused.exit_code == 2 and "--head-model" in refused.output
+    result = CliRunner().invoke(app, [*base, "--head-model", "org/qwen-eagle3"])
+    assert result.exit_code == 0, result.output
+    config = json.loads(out.read_text())["speculative_config"]
+    _assert_valid_for_vllm(config)
+    assert config["method"] == "eagle3" and config["model"] == "org/qwen-eagle3"
+    assert config["num_speculative_tokens"] >= 1

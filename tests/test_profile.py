@@ -34,6 +34,7 @@ from hf_adaspec.costs.profile import (
 )
 from hf_adaspec.costs.table import processor_name
 from hf_adaspec.files import write_json_verified
+from hf_adaspec.models.eagle3_format import random_head
 from hf_adaspec.tools import cli, profile_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
@@ -405,15 +406,29 @@ def test_cli_profile_measures_a_random_head_of_the_targets_shape(models, tmp_pat
     monkeypatch.setattr(profile_cli, "_load_pair",
                         lambda target, draft, quantization, dtype, device="cpu": (loaded[target], None))
     output = tmp_path / "profile.json"
-    args = ["profile", "--target", "t", "--head", "random", "--contexts", "16,32", "--batch-sizes", "1",
+    args = ["profile", "--target", "t", "--head", "random:20:16", "--contexts", "16,32", "--batch-sizes", "1",
             "--new-tokens", "1,2", "--repeats", "1", "--output", str(output)]
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     profile = load_profile(output)
-    assert profile.identity["draft"]["name"] == "Eagle3Head" and profile.draft_cells and "--head random" in \
+    assert profile.identity["draft"]["name"] == "Eagle3Head" and profile.draft_cells and "--head random:20:16" in \
         profile.meta["command"]
+    narrow = random_head(models["target"], 20, intermediate_size=16)
+    assert profile.identity["draft"]["params"] == sum(p.numel() for p in narrow.parameters())
     missing = CliRunner().invoke(cli.app, args[:3] + ["--head", str(tmp_path / "nope")] + args[5:])
     assert missing.exit_code == 2 and "speculators-format folder" in missing.output
+
+
+def test_the_random_head_spec_parses_and_malformed_ones_name_the_form():
+    assert profile_cli.parse_random_head("random") == (32000, None)
+    assert profile_cli.parse_random_head("random:8000") == (8000, None)
+    assert profile_cli.parse_random_head("random:8000:2048") == (8000, 2048)
+    assert profile_cli.parse_random_head("some/folder") is None
+    for bad in ("random:", "random:abc", "random:0", "random:8000:", "random:8000:0", "random:1:2:3", "random:-5"):
+        with pytest.raises(ValueError, match=r"random\[:V\[:I\]\] with V the draft vocabulary"):
+            profile_cli.parse_random_head(bad)
+    text = _error_text(["profile", "--head", "random:32k"])
+    assert "--head 'random:32k': use random[:V[:I]]" in text and "e.g. random:32000 or random:16000:2048" in text
 
 
 def _error_text(args: list[str]) -> str:

@@ -27,6 +27,7 @@ import torch
 
 from ..files import read_json_verified, sweep, write_json_verified
 from ..models.assets import cache_dir
+from ..models.eagle3 import Eagle3Head
 from .predictors import (
     CATCHUP_CHUNK,
     QUANTITIES,
@@ -74,6 +75,12 @@ class Profile:
             raise ValueError("a profile needs measured target cells")
         if (self.draft_fit is None) != (not self.draft_cells):
             raise ValueError("draft cells and draft fit must be given together")
+
+    @property
+    def drafter_is_head(self) -> bool:
+        """Whether the drafter cells are an EAGLE-3 draft head's (``hf-adaspec profile --head``), as its
+        identity records the drafter's class."""
+        return (self.identity.get("draft") or {}).get("name") == Eagle3Head.__name__
 
     def predictor(self, quantity: str) -> str:
         """"table" or "fit": the one with the lower held-out error for ``quantity`` (``QUANTITIES``)."""

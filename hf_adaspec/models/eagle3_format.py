@@ -158,17 +158,29 @@ def _check_weights(head: Eagle3Head, weights: dict[str, torch.Tensor]) -> None:
                          f"shapes {shapes}")
 
 
-def random_head(target: nn.Module, draft_vocab_size: int = 32000, seed: int = 0) -> Eagle3Head:
+def random_head(target: nn.Module, draft_vocab_size: int = 32000, seed: int = 0,
+                intermediate_size: int | None = None) -> Eagle3Head:
     """A head of ``target``'s shape with random weights (``seed``), for costs (it proposes noise): the target's
-    width, attention heads, MLP width, RMSNorm ε and RoPE θ, vLLM's default feature layers, and a draft
-    vocabulary of the first ``draft_vocab_size`` target ids; in the dtype and on the device of the target's
-    input embedding."""
+    width, attention heads, RMSNorm ε and RoPE θ, vLLM's default feature layers, a draft vocabulary of the
+    first ``draft_vocab_size`` target ids (at most the target's) and a decoder layer whose MLP is
+    ``intermediate_size`` wide (None: the target's), so a narrower design is priced before it is trained; in
+    the dtype and on the device of the target's input embedding. ``save_head`` writes both sizes into the
+    speculators config (``draft_vocab_size``, ``transformer_layer_config.intermediate_size``), so a saved
+    narrow head loads with its own shape.
+
+    Raises:
+        ValueError: ``draft_vocab_size`` or ``intermediate_size`` < 1.
+    """
+    if draft_vocab_size < 1 or (intermediate_size is not None and intermediate_size < 1):
+        raise ValueError(f"draft_vocab_size and intermediate_size must be >= 1, got {draft_vocab_size}, "
+                         f"{intermediate_size}")
     text = target.config.get_text_config()
     heads = text.num_attention_heads
     rope = getattr(text, "rope_parameters", None) or {}
     config = HeadConfig(text.hidden_size, heads, getattr(text, "num_key_value_heads", None) or heads,
-                        text.intermediate_size, text.hidden_size, min(draft_vocab_size, text.vocab_size),
-                        text.vocab_size, default_aux_layers(text.num_hidden_layers), getattr(text, "head_dim", 0) or 0,
+                        intermediate_size or text.intermediate_size, text.hidden_size,
+                        min(draft_vocab_size, text.vocab_size), text.vocab_size,
+                        default_aux_layers(text.num_hidden_layers), getattr(text, "head_dim", 0) or 0,
                         text.rms_norm_eps, rope.get("rope_theta", getattr(text, "rope_theta", 10000.0)),
                         verifier=str(getattr(target.config, "_name_or_path", "")))
     torch.manual_seed(seed)

@@ -12,6 +12,7 @@ compares with a method's tokens/s over wall time.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass
 
@@ -29,7 +30,8 @@ FAMILIES = ("draft", "lookup", "hybrid")
 @dataclass(frozen=True)
 class PromptOracle:
     """One prompt's oracle: generated tokens, the target prefill (ms), the draft's greedy agreement and
-    prompt lookup's per-position hit rate over the decode tokens, and oracle tokens/s per family."""
+    prompt lookup's per-position hit rate over the decode tokens, oracle tokens/s per family, and a draft
+    head's first-token agreement (NaN without one; replay's traces give it)."""
 
     question_id: int
     category: str
@@ -38,6 +40,7 @@ class PromptOracle:
     draft_agreement: float
     lookup_agreement: float
     tokens_per_s: dict[str, float]
+    head_agreement: float = math.nan
 
 
 @torch.no_grad()

@@ -36,8 +36,8 @@ def profile(
                                         "config.json, or a folder's) with random weights: costs do not depend "
                                         "on the weights, so no model files are needed."),
     head: str = typer.Option("", help="Profile an EAGLE-3 draft head as the drafter instead of --draft: a "
-                             "speculators folder, or random[:V] (the target's shape, random weights, a draft "
-                             "vocabulary of V tokens, default 32000)."),
+                             "speculators folder, or random[:V[:I]] (the target's width, random weights, a draft "
+                             "vocabulary of V tokens, default 32000, and an MLP I wide, default the target's)."),
 ) -> None:
     """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
     vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
@@ -48,6 +48,8 @@ def profile(
     pair = profiling.pair_name(target, "head" if head else draft)
     output = output or Path("model_cards") / pair / "profile.json"
     check_output(output)
+    with usage_errors(ValueError, hint="--head"):
+        parse_random_head(head)  # a malformed random design fails before any model loads
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise typer.BadParameter(f"{device!r}; use cpu, cuda or cuda:N", param_hint="--device")
     command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
@@ -102,13 +104,27 @@ def _round(value: float | None) -> float | None:
     return round(value, 2) if value is not None else None
 
 
+HEAD_SPEC_HELP = ("random[:V[:I]] with V the draft vocabulary (tokens) and I the decoder layer's MLP "
+                  "intermediate size, positive integers, e.g. random:32000 or random:16000:2048")
+
+
+def parse_random_head(spec: str) -> tuple[int, int | None] | None:
+    """``--head``'s random design: ``random[:V[:I]]`` → (V, I), V default 32000, I None (the target's MLP
+    width); None when ``spec`` names a folder. Raises ValueError naming the form for a malformed spec."""
+    if spec != "random" and not spec.startswith("random:"):
+        return None
+    parts = spec.split(":")[1:]
+    if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--head {spec!r}: use {HEAD_SPEC_HELP}")
+    vocab = int(parts[0]) if parts else 32000
+    return vocab, int(parts[1]) if len(parts) == 2 else None
+
+
 def _head(spec: str, target):
-    """The head ``--head`` names: ``random[:V]`` or a speculators folder (ValueError, FileNotFoundError)."""
-    if spec == "random" or spec.startswith("random:"):
-        vocab = spec.partition(":")[2] or "32000"
-        if not vocab.isdigit() or int(vocab) < 1:
-            raise ValueError(f"--head {spec!r}: random:V with V a number of draft tokens, e.g. random:32000")
-        return random_head(target, int(vocab))
+    """The head ``--head`` names: ``random[:V[:I]]`` or a speculators folder (ValueError, FileNotFoundError)."""
+    design = parse_random_head(spec)
+    if design is not None:
+        return random_head(target, design[0], intermediate_size=design[1])
     return load_head(Path(spec), target)
 
 

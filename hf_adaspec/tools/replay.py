@@ -11,6 +11,11 @@ columns), the prefill by the trace, plus a fixed per-step overhead of the engine
 transformers' plain loop). Plain decoding is priced the same way, so speedups are ratios on one clock.
 The oracle (``oracle.oracle_schedule``) prices the best schedule over the same drafters and costs.
 A replay's figures are predictions (a projection when the profile is another machine's).
+
+A draft head is replayed the same way: on traces with the head's chains (``hf-adaspec trace --head``) the
+mode registry builds the real ``DraftHeadProposer`` on a ``virtual.VirtualHead``, priced by a profile
+measured with the head (``hf-adaspec profile --head``: its drafter cells are the head's); "fixed-head"
+and "adaptive-head" are "fixed-k" and "adaptive" with the head in the draft model's place.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ from .bench import method_kwargs
 from .bench_oracle import costless_runs
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 from .trace import Trace
-from .virtual import Forward, TraceCaches, Vocab, draft_answers, target_answers
+from .virtual import Forward, TraceCaches, VirtualHead, Vocab, draft_answers, head_answers, target_answers
 
-REPLAY_METHODS = ("plain", "fixed-k", "pmin", "adaptive", "adaptive-lookup")
+REPLAY_METHODS = ("plain", "fixed-k", "pmin", "adaptive", "adaptive-lookup", "fixed-head", "adaptive-head")
+HEAD_METHODS = ("fixed-head", "adaptive-head")
+HEAD_FAMILY = {"fixed-head": "head", "adaptive-head": "head-hybrid"}  # the oracle family bounding each
 K_MAX = 8
+FIXED_K = 5  # "fixed-k" and "fixed-head"'s proposal length
 _CONTEXT_STEP = 8  # contexts are priced in buckets of 8 tokens (a cost barely moves within one), so prices cache well
 
 
@@ -48,27 +56,50 @@ class VirtualDraft:
 
 class Clock:
     """Prices forwards (ms): a cost ``profile`` (the target's and the draft's cells), the engine's fixed
-    ``step_overhead_ms`` per speculative step, and ``plain_overhead_ms`` per token of plain decoding."""
+    ``step_overhead_ms`` per speculative step, ``plain_overhead_ms`` per token of plain decoding, and a draft
+    head's forwards from ``head_profile`` (a profile measured with the head, of the same target; None: no
+    head costs).
 
-    def __init__(self, profile: Profile, step_overhead_ms: float = 0.0, plain_overhead_ms: float = 0.0) -> None:
+    Raises:
+        ValueError: a ``head_profile`` not measured with a head, or measured for another target.
+    """
+
+    def __init__(self, profile: Profile, step_overhead_ms: float = 0.0, plain_overhead_ms: float = 0.0,
+                 head_profile: Profile | None = None) -> None:
+        if head_profile is not None and not head_profile.drafter_is_head:
+            raise ValueError(f"head profile {head_profile.key} was measured with a draft model, not a head; "
+                             "measure one with `hf-adaspec profile --head FOLDER`")
+        if head_profile is not None and head_profile.identity.get("target") != profile.identity.get("target"):
+            raise ValueError(f"head profile {head_profile.key} was measured for another target than profile "
+                             f"{profile.key}; measure both for the same target")
         self.profile, self.step_overhead_ms, self.plain_overhead_ms = profile, step_overhead_ms, plain_overhead_ms
-        self._cache: dict[tuple[bool, int, int, int], float] = {}
+        self.head_profile = head_profile
+        self._cache: dict[tuple[str, int, int, int], float] = {}
 
-    def _priced(self, target: bool, f: Forward) -> float:
-        key = (target, f.batch, max(1, f.context // _CONTEXT_STEP * _CONTEXT_STEP), f.columns)
+    def _priced(self, role: str, f: Forward) -> float:
+        key = (role, f.batch, max(1, f.context // _CONTEXT_STEP * _CONTEXT_STEP), f.columns)
         if key not in self._cache:
             _, b, c, n = key
-            self._cache[key] = (self.profile.verify_ms(b, c, n) if target else
-                                self.profile.draft_ms(b, c) + (n - 1) * self.profile.catchup_ms(b, c))
+            drafter = self.head_profile if role == "head" else self.profile
+            self._cache[key] = (self.profile.verify_ms(b, c, n) if role == "target" else
+                                drafter.draft_ms(b, c) + (n - 1) * drafter.catchup_ms(b, c))
         return self._cache[key]
 
     def verify_ms(self, f: Forward) -> float:
         """A target forward over f.columns new tokens (ms)."""
-        return self._priced(True, f)
+        return self._priced("target", f)
 
     def draft_ms(self, f: Forward) -> float:
         """A draft forward: one token, plus (columns − 1) caught-up tokens (ms)."""
-        return self._priced(False, f)
+        return self._priced("draft", f)
+
+    def head_ms(self, f: Forward) -> float:
+        """A head forward: one token, plus (columns − 1) ingested entries (ms). Raises ValueError without
+        head costs."""
+        if self.head_profile is None:
+            raise ValueError("no head costs: pass a profile measured by `hf-adaspec profile --head FOLDER` "
+                             "(replay's --head-profile)")
+        return self._priced("head", f)
 
 
 @dataclass(frozen=True)
@@ -117,23 +148,52 @@ def _stopping(eos: torch.Tensor, max_length: int) -> Callable[[torch.Tensor, obj
     return lambda ids, scores: torch.tensor([ids.shape[1] >= max_length or bool(torch.isin(ids[0, -1], eos))])
 
 
+def check_head_method(method: str, traces: Sequence[Trace], clock: Clock) -> None:
+    """Raise ValueError naming the fix when head ``method`` cannot be replayed: traces without the head's
+    chains, or a clock without head costs."""
+    if method not in HEAD_METHODS:
+        return
+    if not all(t.head for t in traces):
+        raise ValueError(f"{method} needs traces with a draft head's chains; add them with `hf-adaspec trace "
+                         "--head FOLDER` (the traced prompts are not generated again)")
+    if clock.head_profile is None:
+        raise ValueError(f"{method} needs the head's costs: pass --head-profile, a profile measured by "
+                         "`hf-adaspec profile --head FOLDER` for the same target")
+
+
+def _method_kwargs(method: str, head: VirtualHead) -> dict:
+    """generate()'s keywords for a replayed method, with ``head`` or the draft's stand-in as assistant."""
+    if method == "adaptive-head":
+        return {"assistant_model": head, "speculation": "adaptive"}
+    if method == "fixed-head":
+        return {"assistant_model": head, "speculation": "fixed", "num_speculative_tokens": FIXED_K}
+    return method_kwargs(method, VirtualDraft, FIXED_K)
+
+
 def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState, clock: Clock,
-                   costs_for: Callable[[int, int], CostTable] | None = None) -> ReplayRun:
+                   costs_for: Callable[[int, int], CostTable] | None = None, head: VirtualHead | None = None
+                   ) -> ReplayRun:
     """Replay ``method`` on a static batch of the traces' prompts (B = len(traces)), learning into ``state``.
 
     costs_for(b, context) → the controller's ``CostTable`` (default: the clock's profile at the padded
-    prompt length, as the engine uses a profile). Raises ValueError for an unknown method, or a draft
-    method on traces taken without a draft."""
+    prompt length, as the engine uses a profile; the head profile for a head method). ``head``: the head's
+    stand-in, one per replayed method so its learned calibration carries (default: a new one). Raises
+    ValueError for an unknown method, a draft method on traces taken without a draft, or a head method
+    without head chains or head costs (``check_head_method``)."""
     if method == "plain":
         return plain_run(traces, clock)
     if method not in REPLAY_METHODS:
         raise ValueError(f"unknown replay method {method!r}; choose from {REPLAY_METHODS}")
-    kwargs = method_kwargs(method, VirtualDraft, 5)
+    check_head_method(method, traces, clock)
+    head = head if head is not None else VirtualHead()
+    kwargs = _method_kwargs(method, head)
     config = SpeculationConfig(**{k: v for k, v in kwargs.items() if k != "assistant_model"})
     draft_key = kwargs.get("assistant_model")
-    if draft_key is not None and not all(t.draft for t in traces):
+    drafts = draft_key is VirtualDraft
+    if drafts and not all(t.draft for t in traces):
         raise ValueError(f"{method} needs traces taken with a draft model; re-run `hf-adaspec trace --draft ...`")
-    vocab = Vocab([i for t in traces for i in (*t.tokens, *t.draft_next, *t.eos)] + state.suffixes.ids())
+    chains = [i for t in traces for row in t.head_next for i in row] if draft_key is head else []
+    vocab = Vocab([i for t in traces for i in (*t.tokens, *t.draft_next, *t.eos)] + chains + state.suffixes.ids())
     eos = vocab.encode(traces[0].eos)
     pad = int(eos[0]) if eos.numel() else 0  # pads fill holes the engine never reads
     rows = [vocab.encode(t.tokens) for t in traces]
@@ -141,11 +201,15 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
     width = input_ids.shape[1]
     caches = TraceCaches([target_answers(r, pad) for r in rows],
                          [draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces]
-                         if draft_key is not None else [], vocab.size)
+                         if drafts else [], vocab.size)
+    if draft_key is head:
+        head.serve([head_answers(t.prompt_len, vocab.encode([i for row in t.head_next for i in row]).view(
+            len(t.head_next), -1), t.head_q) for t in traces], vocab.size)
     max_length = width + max(t.max_new_tokens for t in traces)
     settings = DecodeSettings(LogitsProcessorList(), _stopping(eos, max_length), max_length, False, pad,
                               tuple(eos.tolist()))
-    table = costs_for or (lambda b, c: clock.profile.cost_table(b, c, config.max_speculative_tokens + 1))
+    priced_by = clock.head_profile if draft_key is head else clock.profile
+    table = costs_for or (lambda b, c: priced_by.cost_table(b, c, config.max_speculative_tokens + 1))
     compact = dataclasses.replace(state, suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
                                   draft_prefixes=state.draft_prefixes.mapped(vocab.encode_known))  # this request's ids
     run = build_run(config, compact, input_ids, valid.long(), draft_key, caches,
@@ -154,17 +218,20 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
     outputs = [vocab.decode(result.sequences[i, width : width + n]) for i, n in enumerate(result.stats.row_tokens)]
     record_run(state, run, [list(t.tokens[: t.prompt_len]) for t in traces], outputs)
     draft_log = caches.made_draft.log if caches.made_draft is not None else []
-    time_ms = _price(clock, traces, caches.made_target.log, draft_log, result.stats)
+    head_log = head.log if draft_key is head else []
+    time_ms = _price(clock, traces, caches.made_target.log, (draft_log, head_log), result.stats)
     seed = run.seed.length if run.seed is not None else 0
     return _run(traces, method, result.stats, time_ms, seed, _matches(result.sequences, width, traces, vocab))
 
 
-def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward], draft_log: list[Forward],
-           stats: SpeculationStats) -> float:
-    """Virtual ms: the traced prefill, every later target and draft forward, and the per-step overhead."""
+def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward],
+           drafter_logs: tuple[list[Forward], list[Forward]], stats: SpeculationStats) -> float:
+    """Virtual ms: the traced prefill, every later target, draft and head forward, and the per-step overhead."""
     steps = len({s.step for s in stats.steps})
+    draft_log, head_log = drafter_logs
     return (sum(t.prefill_ms for t in traces) + sum(clock.verify_ms(f) for f in target_log[1:])
-            + sum(clock.draft_ms(f) for f in draft_log) + steps * clock.step_overhead_ms)
+            + sum(clock.draft_ms(f) for f in draft_log) + sum(clock.head_ms(f) for f in head_log)
+            + steps * clock.step_overhead_ms)
 
 
 def _matches(sequences: torch.Tensor, width: int, traces: Sequence[Trace], vocab: Vocab) -> bool:
@@ -189,16 +256,26 @@ def _run(traces: Sequence[Trace], method: str, stats: SpeculationStats, time_ms:
 
 
 def oracle_tokens_per_s(trace: Trace, clock: Clock, seed: int, k_max: int = K_MAX) -> dict[str, float]:
-    """Oracle tokens/s per drafter family ("draft", "lookup": the costless drafters, "hybrid") for one trace:
-    the fastest schedule knowing every acceptance, each step priced as the clock prices it (at the mid-output context, the
-    step overhead included), the prefill and the draft's catch-up of the prompt less ``seed`` added."""
+    """Oracle tokens/s per drafter family ("draft", "lookup": the costless drafters, "hybrid": both; with a
+    head's chains in the trace and head costs on the clock also "head", "head-hybrid": the head and the
+    costless drafters, and "all": every drafter) for one trace: the fastest schedule knowing every
+    acceptance (the head's: its traced chains, ``Trace.head_runs``), each step priced as the clock prices it
+    (at the mid-output context, the step overhead included), the prefill and the drafters' catch-up of the
+    prompt (the draft's less ``seed``) added."""
     n, mid = trace.new_tokens, trace.prompt_len + trace.new_tokens // 2
     seq = torch.tensor([trace.tokens])
     lookup = OracleDrafter(tuple(costless_runs(seq, trace.prompt_len, k_max)))
     verify = lambda cols: clock.verify_ms(Forward(1, cols, mid)) + clock.step_overhead_ms  # noqa: E731
     families: dict[str, list[OracleDrafter]] = {"lookup": [lookup]}
+    model = head = None
     if trace.draft:
         model = OracleDrafter(tuple(agreement_runs(trace.draft_agreement())), clock.draft_ms(Forward(1, 1, mid)),
                               clock.draft_ms(Forward(1, trace.prompt_len - seed, 0)) if trace.prompt_len > seed else 0.0)
         families.update(draft=[model], hybrid=[model, lookup])
+    if trace.head and clock.head_profile is not None:
+        head = OracleDrafter(tuple(trace.head_runs()), clock.head_ms(Forward(1, 1, mid)),
+                             clock.head_ms(Forward(1, trace.prompt_len, 0)))
+        families.update({"head": [head], "head-hybrid": [head, lookup]})
+    if model is not None and head is not None:
+        families["all"] = [model, head, lookup]
     return {f: 1000.0 * n / (trace.prefill_ms + oracle_schedule(d, k_max, verify).time_ms) for f, d in families.items()}

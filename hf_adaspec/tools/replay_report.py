@@ -1,5 +1,6 @@
 """Replay over a set of traces: every method in order with its own learned state, the oracle per prompt,
-the bench's summary tables, and the check of predicted against measured speedups (``validate``).
+the bench's summary tables, and the check of predicted against measured speedups (``validate``). A draft
+head's methods are bounded by the oracle's head families (``replay.HEAD_FAMILY``).
 
 The replayed runs are reported as ``bench.Run`` records (seconds = predicted time), so the bench's summary
 and markdown apply unchanged; every figure is labelled a prediction (a projection when the profile was
@@ -18,8 +19,17 @@ import torch
 from ..backend.draft_prefix import DraftPrefixStore
 from ..engine.run import SpeculationState
 from .bench import METHOD_FAMILY, PromptOracle, Run
-from .replay import Clock, ReplayRun, VirtualDraft, oracle_tokens_per_s, replay_request
+from .replay import (
+    HEAD_FAMILY,
+    Clock,
+    ReplayRun,
+    VirtualDraft,
+    check_head_method,
+    oracle_tokens_per_s,
+    replay_request,
+)
 from .trace import Trace
+from .virtual import VirtualHead
 
 
 @dataclass(frozen=True)
@@ -33,11 +43,15 @@ class ReplayResult:
 
 def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, batch_size: int = 1,
                costs_for=None) -> ReplayResult:
-    """Replay each method over ``traces`` in order (requests of ``batch_size`` rows), learning across them;
-    at batch size 1 also each prompt's oracle (seeded like the draft's prefix store)."""
+    """Replay each method over ``traces`` in order (requests of ``batch_size`` rows), learning across them
+    (a head method through one ``VirtualHead`` per method); at batch size 1 also each prompt's oracle
+    (seeded like the draft's prefix store). Raises ValueError, before any replay, for a head method the
+    traces or the clock cannot serve (``replay.check_head_method``)."""
+    for m in methods:
+        check_head_method(m, traces, clock)
     groups = [list(traces[i : i + batch_size]) for i in range(0, len(traces), batch_size)]
-    replays = [replay_request(g, m, state, clock, costs_for)
-               for m in methods for state in [SpeculationState()] for g in groups]
+    replays = [replay_request(g, m, state, clock, costs_for, head)
+               for m in methods for state, head in [(SpeculationState(), VirtualHead())] for g in groups]
     oracles = _oracles(traces, clock) if batch_size == 1 else []
     bound = {o.question_id: o.tokens_per_s for o in oracles}
     runs = []
@@ -45,7 +59,7 @@ def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, ba
         per_row = r.time_ms / 1000.0
         for qid, cat in zip(r.question_ids, r.categories, strict=True):
             tokens = r.new_tokens if len(r.question_ids) == 1 else r.new_tokens / len(r.question_ids)
-            family = METHOD_FAMILY.get(r.method)
+            family = METHOD_FAMILY.get(r.method) or HEAD_FAMILY.get(r.method)
             runs.append(Run(qid, cat, r.method, int(tokens), per_row, tokens / per_row, r.matches_trace,
                             r.mean_accepted_length, r.plain_share, None, r.acceptance, r.mean_k,
                             bound.get(qid, {}).get(family) if family else None, r.draft_prefix_tokens))
@@ -54,16 +68,16 @@ def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, ba
 
 def _oracles(traces: Sequence[Trace], clock: Clock) -> list[PromptOracle]:
     """Per prompt the oracle tokens/s per family, the draft's catch-up less the prefix a store of the last 4
-    prompts would seed."""
+    prompts would seed; the draft's and the head's first-token agreement."""
     prefixes, out = DraftPrefixStore(), []
     for t in traces:
         seed = prefixes.seed(VirtualDraft, torch.tensor(list(t.tokens[: t.prompt_len]))).length
         prefixes.remember(VirtualDraft, t.tokens, len(t.tokens), seed, None)
         n = t.new_tokens
-        agree = t.draft_agreement()
+        agree, head = t.draft_agreement(), t.head_agreement()
         out.append(PromptOracle(t.question_id, t.category, n, t.prefill_ms,
                                 sum(agree) / len(agree) if agree else math.nan, math.nan,
-                                oracle_tokens_per_s(t, clock, seed)))
+                                oracle_tokens_per_s(t, clock, seed), sum(head) / len(head) if head else math.nan))
     return out
 
 

@@ -17,7 +17,7 @@ from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from .cli_checks import check_output, check_prompts_file, usage_errors
 from .pair import load_pair
 from .prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
-from .trace import load_trace, save_trace, take_trace, trace_path
+from .trace import HEAD_DEPTH, load_trace, save_trace, take_trace, trace_path, with_head
 
 # shown in --help instead of the packaged file's site-packages path
 SPEC_BENCH_SHOWN = f"packaged Spec-Bench subset, {PACKAGED_PER_CATEGORY} prompts per category"
@@ -33,16 +33,16 @@ def interleave_categories(prompts: list[Prompt]) -> list[Prompt]:
     return [p for _, _, p in sorted(keyed, key=lambda t: t[:2])]
 
 
-def _done(directory: Path, prompt: Prompt, max_new_tokens: int, names: tuple[str, str]) -> bool:
-    """A finished trace of this prompt, length and pair is already there (a resumed run skips it)."""
+def _existing(directory: Path, prompt: Prompt, max_new_tokens: int, names: tuple[str, str]):
+    """The finished trace of this prompt, length and pair already there (a resumed run reuses it), or None."""
     path = trace_path(directory, prompt.question_id)
     if not path.is_file():
-        return False
+        return None
     try:
         t = load_trace(path)
     except ValueError:
-        return False
-    return (t.max_new_tokens, t.target, t.draft) == (max_new_tokens, *names)
+        return None
+    return t if (t.max_new_tokens, t.target, t.draft) == (max_new_tokens, *names) else None
 
 
 def trace(
@@ -56,26 +56,45 @@ def trace(
     quantization: str = typer.Option("nf4"),
     dtype: str = typer.Option("bfloat16"),
     workload: str = typer.Option("", help="Workload name stored in each trace (default: the prompts file's stem)."),
+    head: str = typer.Option("", help="Also record an EAGLE-3 head's chains (a speculators folder) along each "
+                             "output, for replay's head methods; traces of the pair already there gain them "
+                             "without generating again."),
+    head_depth: int = typer.Option(HEAD_DEPTH, min=1, help="Tokens of the head's chain recorded per position."),
 ) -> None:
     """Per prompt: the target's plain greedy output and the draft's argmax and q(x) along it (one teacher-forced
-    pass), for ``replay``. Resumable: prompts already traced with the same pair and length are skipped, and
-    what an interrupted run left half-written is removed."""
+    pass), and with --head the head's chains, for ``replay``. Resumable: prompts already traced with the same
+    pair, length and head are skipped, and what an interrupted run left half-written is removed."""
     check_output(output, folder=True)
     check_prompts_file(prompts)
+    if head and not Path(head).is_dir():
+        raise typer.BadParameter(f"no folder at {head}; give a speculators-format head folder "
+                                 "(config.json + model.safetensors)", param_hint="--head")
     with usage_errors(FileNotFoundError, hint="--prompts"):
         selected = interleave_categories(load_prompts(prompts, per_category))
     sweep(output)
     names = (target, "" if draft == "none" else draft)
-    todo = [p for p in selected if not _done(output, p, max_new_tokens, names)]
+    found = {p.question_id: _existing(output, p, max_new_tokens, names) for p in selected}
+    todo = [p for p in selected if found[p.question_id] is None
+            or (head and (found[p.question_id].head, found[p.question_id].head_depth) != (head, head_depth))]
     start = time.perf_counter()
     if todo:
-        tgt, drf = load_pair(target, draft, quantization, dtype)
+        generate = any(found[p.question_id] is None for p in todo)
+        tgt, drf = load_pair(target, draft if generate else "none", quantization, dtype)
+        chains = _load_head(head, tgt.model) if head else None
         for p in tqdm(todo, desc="trace prompts"):
-            t = take_trace(tgt.model, tgt.tokenizer, drf.model if drf is not None else None, p, max_new_tokens,
-                           names, source=workload or prompts.stem)
-            save_trace(t, output)
+            t = found[p.question_id] or take_trace(tgt.model, tgt.tokenizer, drf.model if drf is not None else None,
+                                                   p, max_new_tokens, names, source=workload or prompts.stem)
+            save_trace(with_head(t, tgt.model, chains, head, head_depth) if chains is not None else t, output)
     typer.echo(json.dumps({"output": str(output), "prompts": len(selected), "traced_now": len(todo),
                            "seconds": round(time.perf_counter() - start, 1)}))
+
+
+def _load_head(folder: str, target):
+    """The head at ``folder`` for ``target``; a usage error of ``--head`` naming the fix otherwise."""
+    from ..models.eagle3_format import load_head
+
+    with usage_errors(ValueError, FileNotFoundError, hint="--head"):
+        return load_head(Path(folder), target)
 
 
 def _bench_runs(bench: Path) -> list[dict]:
@@ -119,7 +138,9 @@ def replay(
     traces: Path = typer.Option(Path("benchmarks/traces"), help="Directory of `hf-adaspec trace` files."),
     profile: Path = typer.Option(..., help="Cost profile JSON (`hf-adaspec profile`); another machine's "
                                  "profile makes the output a projection for that machine."),
-    methods: str = typer.Option("plain,fixed-k,pmin,adaptive,adaptive-lookup", help="Comma-separated methods."),
+    methods: str = typer.Option("plain,fixed-k,pmin,adaptive,adaptive-lookup", help="Comma-separated methods; "
+                                "fixed-head and adaptive-head draft with a head (traces from `hf-adaspec trace "
+                                "--head`, costs from --head-profile)."),
     split: str = typer.Option("all", help="tune (even question ids) | held-out (odd) | all."),
     workload: str = typer.Option("all", help="Workload name the traces were taken with (e.g. spec_bench, code)."),
     batch_size: int = typer.Option(1, min=1, help="Rows per replayed request (static batches, in trace order)."),
@@ -133,6 +154,8 @@ def replay(
     fit_overheads: bool = typer.Option(False, help="With --bench: fit both overheads on the bench's tune-split "
                                        "prompts (even ids) and report the errors on the held-out ones (odd)."),
     output: Path = typer.Option(Path("benchmarks/results/replay.json"), help="JSON out; a .md table beside it."),
+    head_profile: Path | None = typer.Option(None, help="A draft head's cost profile (`hf-adaspec profile --head "
+                                             "FOLDER`, same target): prices the head methods and the head oracle."),
 ) -> None:
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
@@ -145,17 +168,20 @@ def replay(
         raise typer.BadParameter("--fit-overheads needs --bench and batch size 1")
     check_output(output)
     loaded = _load_profile(profile)
+    heads = _load_profile(head_profile, "--head-profile") if head_profile is not None else None
     chosen, bench_runs = _select(traces, split, workload, bench)
     table = _load_table(controller_costs) if controller_costs is not None else None
     costs_for = (lambda b, c: table) if table is not None else None
     if fit_overheads:
-        step_overhead_ms, plain_overhead_ms = _fitted_overheads(chosen, method_list, loaded, costs_for, bench_runs)
-    clock, result = _replayed(chosen, method_list, loaded, (step_overhead_ms, plain_overhead_ms), batch_size,
+        step_overhead_ms, plain_overhead_ms = _fitted_overheads(chosen, method_list, (loaded, heads), costs_for,
+                                                                bench_runs)
+    clock, result = _replayed(chosen, method_list, (loaded, heads), (step_overhead_ms, plain_overhead_ms), batch_size,
                               costs_for)
     summary = bm.summarize(result.runs, method_list, result.oracles)
     meta = {"kind": "replay prediction (virtual clock, not measured)", "profile": str(profile),
             "profile_machine": clock.profile.meta.get("cpu"), "traces": str(traces), "split": split,
             "workload": workload, "batch_size": batch_size, "methods": method_list, "prompts": len(chosen),
+            "head_profile": str(head_profile) if head_profile else None,
             "controller_costs": str(controller_costs) if controller_costs else "profile",
             "step_overhead_ms": step_overhead_ms, "plain_overhead_ms": plain_overhead_ms}
     extra = {"oracles": result.oracles, "replays": [r.summary() for r in result.replays]}
@@ -191,30 +217,39 @@ def _replay_methods(methods: str) -> list[str]:
     return method_list if "plain" in method_list else ["plain", *method_list]
 
 
-def _fitted_overheads(chosen: list, methods: list[str], profile, costs_for, bench_runs: list[dict]):
-    """(step, plain) overheads in ms fitted on the bench's tune-split prompts (``replay_report.fit_overheads``)."""
-    from .replay import Clock
+def _fitted_overheads(chosen: list, methods: list[str], profiles: tuple, costs_for, bench_runs: list[dict]):
+    """(step, plain) overheads in ms fitted on the bench's tune-split prompts (``replay_report.fit_overheads``);
+    ``profiles``: (the cost profile, the head's or None)."""
     from .replay_report import fit_overheads, replay_all
 
     with usage_errors(ValueError, hint="--bench"):
-        unpriced = replay_all(chosen, methods, Clock(profile), 1, costs_for)
+        unpriced = replay_all(chosen, methods, _clock(profiles, (0.0, 0.0)), 1, costs_for)
         return fit_overheads(unpriced.replays, bench_runs, {t.question_id for t in chosen if t.split == "tune"})
 
 
-def _replayed(chosen: list, methods: list[str], profile, overheads: tuple[float, float], batch_size: int, costs_for):
-    """(clock, ``replay_all``'s result); a usage error for methods the traces cannot replay."""
-    from .replay import Clock
+def _replayed(chosen: list, methods: list[str], profiles: tuple, overheads: tuple[float, float], batch_size: int,
+              costs_for):
+    """(clock, ``replay_all``'s result); a usage error for methods the traces or profiles cannot replay."""
     from .replay_report import replay_all
 
-    clock = Clock(profile, *overheads)
+    clock = _clock(profiles, overheads)
     with usage_errors(ValueError):  # e.g. a draft method on traces taken without a draft model
         return clock, replay_all(chosen, methods, clock, batch_size, costs_for)
 
 
-def _load_profile(path: Path):
+def _clock(profiles: tuple, overheads: tuple[float, float]):
+    """The replay's ``Clock`` from (profile, head profile or None); a usage error of ``--head-profile`` for a
+    head profile that is not one, or of another target."""
+    from .replay import Clock
+
+    with usage_errors(ValueError, hint="--head-profile"):
+        return Clock(profiles[0], *overheads, head_profile=profiles[1])
+
+
+def _load_profile(path: Path, hint: str = "--profile"):
     from ..costs.profile import load_profile
 
-    with usage_errors(ValueError, hint="--profile"):
+    with usage_errors(ValueError, hint=hint):
         return load_profile(path)
 
 
