@@ -82,6 +82,9 @@ class _AlternatingController:
     def observe(self, outcome):
         pass
 
+    def price(self, outcome):
+        return math.nan
+
     def select(self, rows):
         pass
 

@@ -103,6 +103,9 @@ class _PlainOnly:
     def observe(self, outcome: StepOutcome) -> None:
         self.outcomes.append(outcome)
 
+    def price(self, outcome):
+        return math.nan
+
     def select(self, rows):
         pass
 

@@ -90,6 +90,19 @@ def _set_up(page, prompt: str, method: str, max_new_tokens: int) -> None:
     box.press("Enter")
 
 
+def _shown(page, selector: str) -> bool:
+    """Whether every element matching ``selector`` lies inside each ancestor that clips (overflow not visible)."""
+    return page.locator(selector).evaluate_all("""els => els.every(e => {
+        const r = e.getBoundingClientRect();
+        for (let a = e.parentElement; a; a = a.parentElement) {
+            if (getComputedStyle(a).overflow === 'visible') continue;
+            const b = a.getBoundingClientRect();
+            if (r.top < b.top - 1 || r.bottom > b.bottom + 1 || r.left < b.left - 1 || r.right > b.right + 1) return false;
+        }
+        return r.height > 0;
+    })""")
+
+
 def _token_colours(page) -> list[str]:
     return page.locator("#output .textfield .token").evaluate_all("els => els.map(e => e.style.backgroundColor)")
 
@@ -101,12 +114,18 @@ def test_generate_shows_coloured_tokens_chart_and_speedup(page, shots):
         f"() => [...document.querySelectorAll('#output .textfield .token')]"
         f".some(e => e.style.backgroundColor.startsWith('{DRAFT_GREEN}'))")
     page.locator("#k-plot svg.marks .mark-symbol path").first.wait_for()  # the k chart has points
-    page.locator("#goodput-plot svg.marks .mark-line path").first.wait_for()
+    page.locator("#time-plot svg.marks .mark-line path").first.wait_for()
     page.get_by_text(re.compile(r"speedup \d+\.\d\dx")).wait_for()  # then the plain run of the same prompt
     stats = page.locator("#stats").inner_text()
     assert re.search(r"fixed: 24 tokens, [\d.]+ tokens/s", stats), stats
+    assert re.search(r"realized/predicted ([\d.]+|n/a) \(median\)", stats) and re.search(r"page: \d+ updates", stats)
     assert set(_token_colours(page)) - {""}, "tokens carry no colour"
+    assert page.locator("#plain-output .textfield .token").count() > 0  # the plain run's text
     assert page.locator("#decisions").get_by_text("draft_model").count() > 0
+    for plot, series in (("#k-plot", ["plain", "draft_model"]), ("#time-plot", ["predicted", "realized", "plain decoding"])):
+        legend = page.locator(f"{plot} svg .role-legend-label text").all_text_contents()
+        assert set(series) <= set(legend), legend
+        assert _shown(page, f"{plot} svg .role-legend-label"), f"{plot}'s legend entries are cut off"
     page.screenshot(path=str(shots / "playground.png"), full_page=True)
 
 

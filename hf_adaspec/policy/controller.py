@@ -25,6 +25,7 @@ import torch
 
 from ..config import _check_integer
 from ..costs.table import CostTable
+from ..costs.tracking import CostTracker
 from ..proposers.base import StopRule
 from .acceptance import AcceptanceModel, ConfidenceAcceptance, IIDAcceptance
 from .goodput import Offer, best_plan, draft_next_column, expected_tokens, step_time_ms
@@ -65,13 +66,28 @@ class StepOutcome:
     """What a step did per row: drafter index, tokens drafted (k_i), accepted (n_i ≤ k_i) and the draft's
     q(x_u) of each drafted token (empty for deterministic drafters); ``hindsight[d]``: for a costless drafter
     d, per row (compared, accepted) of its whole offer against the emitted tokens (None: not costless;
-    empty: not given)."""
+    empty: not given); ``draft_ms``, ``verify_ms``: the step's realized proposal and verification times
+    (ms; verification = everything after the proposal; NaN: not measured)."""
 
     drafters: tuple[int, ...]
     ks: tuple[int, ...]
     accepted: tuple[int, ...]
     confidences: tuple[tuple[float, ...], ...]
     hindsight: tuple[tuple[tuple[int, int], ...] | None, ...] = ()
+    draft_ms: float = math.nan
+    verify_ms: float = math.nan
+
+
+def step_ms(costs: CostTable, paid: Sequence[bool], catchup: Sequence[int], outcome: StepOutcome
+            ) -> tuple[float, float]:
+    """Predicted (draft, verification) time in ms of the step ``outcome`` ran, at its realized widths: per
+    paid drafter used, its widest row's k_i draft tokens and its ``catchup[d]`` ingested columns; the target's
+    forward over max_i k_i + 1 new tokens per row (SmartSpec, arXiv 2406.14066, §4.2: k·t_draft + t_verify(k+1))."""
+    draft = 0.0
+    for d in {d for d, k in zip(outcome.drafters, outcome.ks, strict=True) if k and paid[d]}:
+        widest = max(k for e, k in zip(outcome.drafters, outcome.ks, strict=True) if e == d)
+        draft += widest * costs.draft_ms + catchup[d] * costs.draft_catchup_ms
+    return draft, costs.t_verify(max(outcome.ks) + 1)
 
 
 class Controller(Protocol):
@@ -85,6 +101,11 @@ class Controller(Protocol):
 
     def observe(self, outcome: StepOutcome) -> None: ...
 
+    def price(self, outcome: StepOutcome) -> float:
+        """The step's predicted draft + verification time (ms) at the widths it ran, by the costs the
+        last ``decide`` priced with (NaN: no cost model)."""
+        ...
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep the per-row state of rows ``rows`` ([b] long indices)."""
         ...
@@ -95,19 +116,26 @@ class AdaptiveController:
 
     ``costs_for(b)``: the ``CostTable`` at b rows; ``models[d]``: drafter d's acceptance model;
     ``paid[d]``: whether drafter d costs a draft forward (the draft model) or nothing (prompt lookup);
-    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can.
+    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can;
+    ``tracker``: a ``CostTracker`` that learns realized vs predicted step times and corrects the costs
+    (None: the costs are used as given).
     """
 
     def __init__(self, costs_for: Callable[[int], CostTable], models: Sequence[AcceptanceModel],
-                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None) -> None:
+                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None,
+                 tracker: CostTracker | None = None) -> None:
         self.costs_for, self.models, self.paid = costs_for, list(models), list(paid)
-        self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
+        self.min_gain, self.tpot_slo_ms, self.tracker = min_gain, tpot_slo_ms, tracker
         self._costs: CostTable | None = None
+        self._raw: CostTable | None = None
+        self._catchup: tuple[int, ...] = ()
 
     def decide(self, view: StepView) -> Decision:
         """``best_plan`` over every drafter's paths; a confidence-stopped row is offered its whole upper
         bound (the stop rule ends it), another row its min(k, u_i)."""
-        costs = self._costs = self.costs_for(view.batch)
+        raw = self._raw = self.costs_for(view.batch)
+        costs = self._costs = self.tracker.corrected(raw) if self.tracker is not None else raw
+        self._catchup = view.catchup
         for d, evidence in enumerate(view.evidence):
             self.models[d].see(evidence)
         offers = [Offer(tuple(m.path(i, u) for i, u in enumerate(view.offers[d])),
@@ -148,6 +176,14 @@ class AdaptiveController:
             elif not k and not outcome.hindsight:
                 for m in self.models:
                     m.observe(i, 0, 0, ())
+        if self.tracker is not None and self._raw is not None:
+            predicted = step_ms(self._raw, self.paid, self._catchup, outcome)
+            self.tracker.observe(max(outcome.ks) + 1, predicted, (outcome.draft_ms, outcome.verify_ms))
+
+    def price(self, outcome: StepOutcome) -> float:
+        if self._costs is None:
+            return math.nan
+        return sum(step_ms(self._costs, self.paid, self._catchup, outcome))
 
     def select(self, rows: torch.Tensor) -> None:
         for m in self.models:
@@ -173,6 +209,7 @@ class FixedController:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.k, self.p_min, self.costs_for, self.paid = k, p_min, costs_for, paid
         self.acceptance = IIDAcceptance(batch)
+        self._costs: CostTable | None = None
 
     def decide(self, view: StepView) -> Decision:
         ks = tuple(min(self.k, u) for u in view.offers[0])
@@ -180,6 +217,7 @@ class FixedController:
         rate = math.nan
         if self.costs_for is not None:
             costs, width = self.costs_for(view.batch), max(ks)
+            self._costs = costs
             tokens = sum(expected_tokens(a, k) for a, k in zip(alphas, ks, strict=True))
             rate = 1000.0 * tokens / step_time_ms(width, costs.draft_ms if self.paid else 0.0, costs.t_verify)
         return Decision(ks, (0,) * view.batch, alphas, rate)
@@ -190,6 +228,11 @@ class FixedController:
         p_min = self.p_min
         return lambda j, confidences, growing: all(not c or c[-1] < p_min
                                                    for c, g in zip(confidences, growing) if g)
+
+    def price(self, outcome: StepOutcome) -> float:
+        if self._costs is None:
+            return math.nan
+        return sum(step_ms(self._costs, (self.paid,), (0,), outcome))
 
     def observe(self, outcome: StepOutcome) -> None:
         """Each row's α (reported, not used to decide)."""

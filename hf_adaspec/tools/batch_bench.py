@@ -6,7 +6,8 @@ run interleaved, the order rotating from chunk to chunk. Each hf-adaspec method 
 has seen its prompts (suffix drafting would recall the answers a smaller B produced). Reported per
 (B, method): generated tokens/s over the batch (all rows' new tokens / wall time), mean per-request
 latency (time until the row finished; the whole call for plain generate), mean batch-wide k, acceptance,
-speedup vs plain at the same B, and how many rows equal plain batched greedy. transformers' assisted
+speedup vs plain at the same B (``plain-again``, plain timed a second time in the same rotation, is the
+A/A control), and how many rows equal plain batched greedy. transformers' assisted
 generation is tried and recorded as unsupported where it refuses the batch.
 """
 
@@ -22,9 +23,10 @@ from ..engine.run import SpeculationState
 from .bench import divergence_gap, write_json
 from .prompts import Prompt, load_prompts
 
-BATCH_METHODS = ("plain", "hf-assisted", "fixed-k", "adaptive")
+BATCH_METHODS = ("plain", "plain-again", "hf-assisted", "fixed-k", "adaptive")
 NEEDS_DRAFT = ("hf-assisted", "fixed-k", "adaptive")  # batch methods that run the draft model
-_SPECULATION = {"plain": None, "fixed-k": "fixed", "adaptive": "adaptive"}  # generate_batch's speculation=
+# generate_batch's speculation=; "plain-again" is plain timed twice, an A/A control: its speedup is the run's noise
+_SPECULATION = {"plain": None, "plain-again": None, "fixed-k": "fixed", "adaptive": "adaptive"}
 
 
 @dataclass(frozen=True)

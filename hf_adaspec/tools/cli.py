@@ -109,7 +109,7 @@ def bench(
                                    "hf-assisted, fixed-k, adaptive) at these batch sizes instead."),
     batch_prompts: int = typer.Option(16, min=1, help="Prompts for the batch benchmark (round-robin over categories)."),
     batch_methods: str = typer.Option("", help="Comma-separated subset of the batch methods (default: all of "
-                                      "plain, hf-assisted, fixed-k, adaptive)."),
+                                      "plain, plain-again (A/A), hf-assisted, fixed-k, adaptive)."),
 ) -> None:
     """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
     from . import bench as bm
@@ -210,10 +210,14 @@ def playground(
     port: int = typer.Option(7860, min=1, max=65535),
     max_prompt_tokens: int = typer.Option(2048, min=1, help="Longer prompts are refused with a message."),
     concurrency: int = typer.Option(1, min=1, help="Generations running at once (the queue holds the rest)."),
+    text_interval: float = typer.Option(0.25, min=0.01, help="Seconds between updates of the text and stats."),
+    chart_interval: float = typer.Option(1.0, min=0.01, help="Seconds between updates of the charts and table."),
 ) -> None:
-    """Serve the Gradio playground: live speculation decisions, coloured tokens, k and goodput charts."""
+    """Serve the Gradio playground: live speculation decisions, coloured tokens, k and step-time charts, the
+    speedup over plain."""
     from .playground import PAIRS, launch
 
     if pair not in PAIRS:
         raise typer.BadParameter(f"--pair {pair!r}: use one of {', '.join(PAIRS)}")
-    launch(pair=pair, host=host, port=port, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency)
+    launch(pair=pair, host=host, port=port, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency,
+           text_interval_s=text_interval, chart_interval_s=chart_interval)

@@ -1,12 +1,13 @@
 """Live runs: one generation in a worker thread, observed step by step (what the playground shows).
 
 Design: ``run_live`` starts ``model.generate`` in a thread with ``speculation_callback`` (or, for plain
-decoding, a streamer), so every step arrives as (StepRecord, tokens, time) on a queue; the caller's
-iterator wakes once per interval (not per token, which would contend for the GIL with the worker),
-drains the queue and yields ``LiveSnapshot``s — the text cut into per-token pieces labelled
-by how each token was made, the steps so far and their ``SpeculationStats``. A ``threading.Event``
-stops the run at the next emitted token (a stopping criterion), and the thread is always joined, so
-a stopped run frees the model. No Gradio here: the UI lives in ``playground``.
+decoding, a streamer), so every step arrives as (StepRecord, tokens, time) on a queue; the callback only
+puts that tuple (the engine never waits for the observer). The caller's iterator wakes at most once per
+interval (not per token, which would contend for the GIL with the worker), drains the queue and yields
+``LiveSnapshot``s — the text cut into per-token pieces labelled by how each token was made, the steps
+so far, when each arrived, and their ``SpeculationStats``. A ``threading.Event`` stops the run at the
+next emitted token (a stopping criterion), and the thread is always joined, so a stopped run frees the
+model. No Gradio here: the UI lives in ``playground``.
 """
 
 from __future__ import annotations
@@ -142,20 +143,39 @@ class TokenPieces:
 
 @dataclass
 class LiveSnapshot:
-    """The run so far: (text, label) pieces, each step's record, stats; ``done`` once generate returned."""
+    """The run so far: (text, label) pieces, each step's record, stats; ``arrivals_ms``: when each step's
+    tokens reached the observer (ms from the start; plain decoding: one entry per token, the prefill's
+    first); ``done`` once generate returned."""
 
     pieces: list[tuple[str, str]] = field(default_factory=list)
     stats: SpeculationStats = field(default_factory=lambda: SpeculationStats(row_tokens=(0,)))
+    arrivals_ms: list[float] = field(default_factory=list)
     done: bool = False
 
     @property
     def text(self) -> str:
         return "".join(text for text, _ in self.pieces)
 
+    def step_intervals_ms(self) -> list[float]:
+        """Wall time between consecutive arrivals (ms), one per step after the prefill's token: for plain
+        decoding, the time of each plain step as the observer saw it."""
+        return [b - a for a, b in zip(self.arrivals_ms, self.arrivals_ms[1:])]
+
 
 def slo_attainment(steps: list[StepRecord], tpot_slo_ms: float) -> float:
     """Share of emitted tokens whose step met the TPOT SLO (``SpeculationStats.slo_attainment``)."""
     return SpeculationStats(steps=list(steps)).slo_attainment(tpot_slo_ms)
+
+
+def median_time_ratio(steps: list[StepRecord]) -> float:
+    """Median over ``steps`` of realized / predicted step time: (draft_ms + verify_ms) / predicted_ms,
+    skipping steps whose ``predicted_ms`` is NaN or not > 0. 1.0: the steps ran at the costs the
+    controller priced them with; 2.0: twice as slow. NaN when no step was predicted."""
+    ratios = sorted((s.draft_ms + s.verify_ms) / s.predicted_ms for s in steps if s.predicted_ms > 0)
+    if not ratios:
+        return float("nan")
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
 def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock) -> None:
@@ -193,9 +213,10 @@ def _apply(snapshot: LiveSnapshot, pieces: TokenPieces, record: StepRecord | Non
 
 def run_live(
     model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None, stop: threading.Event | None = None,
-    lock: threading.Lock | None = None, min_interval_s: float = 0.1, extra_kwargs: dict | None = None,
+    lock: threading.Lock | None = None, min_interval_s: float = 0.25, extra_kwargs: dict | None = None,
 ) -> Iterator[LiveSnapshot]:
-    """Generate in a worker thread; yield a snapshot at most every ``min_interval_s`` and once at the end.
+    """Generate in a worker thread; yield a snapshot at most every ``min_interval_s`` (s; only when tokens
+    arrived) and at once when generate returns. The snapshot is the same object, updated in place.
 
     inputs: ``input_ids`` [1, T] (and ``attention_mask``). ``model`` must be ``hf_adaspec.enable``d.
     ``extra_kwargs`` go to ``generate`` as well (e.g. ``speculation_costs``).
@@ -211,7 +232,7 @@ def run_live(
     else:
         kwargs["streamer"] = _QueueStreamer(events)
     thread = threading.Thread(target=_worker, args=(model, inputs, kwargs, events, lock), daemon=True)
-    snapshot, pieces, start, last = LiveSnapshot(), TokenPieces(tokenizer), time.perf_counter(), 0.0
+    snapshot, pieces, start = LiveSnapshot(), TokenPieces(tokenizer), time.perf_counter()
     thread.start()
     try:
         while not snapshot.done:
@@ -226,10 +247,11 @@ def run_live(
                     snapshot.stats.prefill_ms = (at - start) * 1000.0  # TTFT
                 _apply(snapshot, pieces, record, tokens)
                 snapshot.stats.wall_ms = (at - start) * 1000.0
+                snapshot.arrivals_ms.append(snapshot.stats.wall_ms)
+            last = time.perf_counter()
             yield snapshot
-            if not snapshot.done:
-                time.sleep(max(0.0, last + min_interval_s - time.perf_counter()))
-                last = time.perf_counter()
+            if not snapshot.done:  # ends early when the worker does, so the final update is not delayed
+                thread.join(timeout=max(0.0, last + min_interval_s - time.perf_counter()))
     finally:
         if not snapshot.done:  # the consumer quit early (closed, or an error): end the worker too
             stop.set()

@@ -2,11 +2,16 @@
 
 Design: one Blocks page; a Generate click runs a generator that drives ``live.run_live`` and turns
 each ``LiveSnapshot`` into component values — HighlightedText (one span per token, labelled by how it
-was made), a scatter plot of the chosen k per step, a line plot of predicted vs realized goodput, a table
-of the latest decisions (drafter, k, α, predicted goodput) and a stats line; then, optionally, a plain
-run of the same prompt for the speedup. The queue serialises runs (concurrency limit); Stop sets the
-session's stop event (the run ends at its next token and frees the model) and cancels the event.
-Errors surface as ``gr.Error`` in the page; the server keeps serving. Model pairs load lazily, once.
+was made), a scatter plot of the chosen k per step, a line plot of each step's predicted vs realized
+time (ms), a table of the latest decisions and a stats line; then, optionally, a plain run of the same
+prompt through the same live path and the same updates, for the speedup. The engine never waits for
+the page: the text and stats update at most every ``text_interval_s``, the charts and the table at most
+every ``chart_interval_s`` (skipped in between: ``gr.skip()``), always once at the end; Gradio sends a
+streamed output as a diff of the last one, so the growing token list costs its new tokens on the wire.
+The page reports its own server-side time per update. The queue serialises runs (concurrency limit);
+Stop sets the session's stop event (the run ends at its next token and frees the model) and cancels
+the event. Errors surface as ``gr.Error`` in the page; the server keeps serving. Model pairs load
+lazily, once.
 """
 
 from __future__ import annotations
@@ -14,24 +19,24 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import pandas as pd
-
 from ..engine.stats import StepRecord
-from .live import (
-    METHODS,
-    SOURCE_LABELS,
-    LiveSnapshot,
-    RunSettings,
-    run_live,
-    slo_attainment,
+from .live import METHODS, LiveSnapshot, RunSettings, run_live
+from .playground_views import (
+    COLORS,
+    DRAFTER_COLORS,
+    SERIES_COLORS,
+    UiCost,
+    decisions_frame,
+    k_frame,
+    paced,
+    stats_markdown,
+    step_time_frame,
 )
 
-COLORS = dict(zip(SOURCE_LABELS.values(), ("#22c55e", "#06b6d4", "#f59e0b", "#ef4444", "#a855f7", "#9ca3af"),
-                  strict=True))
-DRAFTER_COLORS = {"plain": COLORS["target, plain step"], "draft_model": COLORS["draft token, accepted"],
-                  "prompt_lookup": COLORS["n-gram token, accepted"], "suffix": COLORS["suffix token, accepted"]}
-SERIES_COLORS = {"predicted": "#3b82f6", "realized": "#f97316"}
-DECISION_ROWS = 12  # latest decisions shown in the table
+# Vega lays a chart's bottom legend and its y title out a few px outside the SVG it sizes, which clips them:
+# let them show, in room the chart's block makes for them
+PLOT_CSS = ("#k-plot svg, #time-plot svg { overflow: visible; } "
+            "#k-plot, #time-plot { padding-bottom: 24px; padding-left: 28px; }")
 
 
 @dataclass(frozen=True)
@@ -102,69 +107,32 @@ def load_pair(spec: PairSpec) -> LoadedPair:
     return LoadedPair(target.model, target.tokenizer, draft, threading.Lock())
 
 
-def _with_domain(frame: pd.DataFrame, column: str, values) -> pd.DataFrame:
-    """Append one row per value of ``column`` with NaN elsewhere (not drawn). The page fixes a plot's
-    colour domain from its first value, so every series must be in it from the start."""
-    return pd.concat([frame, pd.DataFrame({column: pd.Series(list(values), dtype="str")})], ignore_index=True)
+def _charts(steps: list[StepRecord], plain: LiveSnapshot | None, charts: bool) -> tuple:
+    """(k plot, step-time plot, decisions) values, or three skips when the charts are not due."""
+    import gradio as gr
 
-
-def k_frame(steps: list[StepRecord]) -> pd.DataFrame:
-    """One row per step: step index, chosen k, drafter ("plain" for k = 0); plus the domain rows."""
-    frame = pd.DataFrame({"step": pd.Series(range(1, len(steps) + 1), dtype="float64"),
-                          "k": pd.Series([s.k for s in steps], dtype="float64"),
-                          "drafter": pd.Series([s.drafter for s in steps], dtype="str")})
-    return _with_domain(frame, "drafter", DRAFTER_COLORS)
-
-
-def goodput_frame(steps: list[StepRecord]) -> pd.DataFrame:
-    """Long format: per step, predicted and realized goodput (tokens/s; NaN is not drawn); plus domain rows."""
-    n = len(steps)
-    frame = pd.DataFrame({
-        "step": pd.Series([*range(1, n + 1)] * 2, dtype="float64"),
-        "series": pd.Series(["predicted"] * n + ["realized"] * n, dtype="str"),
-        "tokens/s": pd.Series([s.predicted_goodput for s in steps] + [s.realized_goodput for s in steps], dtype="float64"),
-    })
-    return _with_domain(frame, "series", SERIES_COLORS)
-
-
-def decisions_frame(steps: list[StepRecord]) -> pd.DataFrame:
-    """The latest decisions: drafter, k, accepted, α estimate, predicted and realized goodput, ms."""
-    first = max(len(steps) - DECISION_ROWS, 0)
-    return pd.DataFrame(
-        [(i, s.drafter, s.k, s.accepted, round(s.alpha, 3), round(s.predicted_goodput, 1),
-          round(s.realized_goodput, 1), round(s.draft_ms + s.verify_ms, 1))
-         for i, s in enumerate(steps[first:], first + 1)],
-        columns=["step", "drafter", "k", "accepted", "α", "predicted tok/s", "realized tok/s", "step ms"],
-    )
-
-
-def stats_markdown(snapshot: LiveSnapshot, settings: RunSettings, plain_tps: float | None, note: str = "") -> str:
-    """One status line: tokens, tokens/s, TTFT, acceptance, mean accepted length, plain share, SLO, speedup."""
-    s = snapshot.stats
-    parts = [f"**{settings.method}**: {s.new_tokens} tokens, {s.tokens_per_s:.1f} tokens/s, TTFT {s.prefill_ms:.0f} ms"]
-    if settings.method != "plain":
-        acceptance = "n/a" if s.acceptance_rate != s.acceptance_rate else f"{s.acceptance_rate:.2f}"
-        parts.append(f"acceptance {acceptance}, mean accepted length {s.mean_accepted_length:.2f}, "
-                     f"plain steps {100 * s.plain_share:.0f}%")
-        if settings.tpot_slo_ms is not None:
-            met = slo_attainment(s.steps, settings.tpot_slo_ms)
-            parts.append(f"TPOT SLO {settings.tpot_slo_ms:g} ms met by {100 * met:.0f}% of tokens")
-    if plain_tps:
-        parts.append(f"plain decoding {plain_tps:.1f} tokens/s → **speedup {s.tokens_per_s / plain_tps:.2f}x**")
-    return " | ".join(parts) + (f"  \n{note}" if note else "")
+    if not charts:
+        return gr.skip(), gr.skip(), gr.skip()
+    plain_ms = plain.step_intervals_ms() if plain is not None else []
+    return k_frame(steps), step_time_frame(steps, plain_ms), decisions_frame(steps)
 
 
 class Playground:
-    """Holds the loaded pairs and cached plain rates; ``build()`` returns the Gradio Blocks."""
+    """Holds the loaded pairs and the cached plain runs; ``build()`` returns the Gradio Blocks.
+    text_interval_s, chart_interval_s: the least time between text and between chart updates (s, >= 0)."""
 
-    def __init__(self, default_pair: str = "qwen", max_prompt_tokens: int = 2048, preload: bool = True) -> None:
+    def __init__(self, default_pair: str = "qwen", max_prompt_tokens: int = 2048, preload: bool = True,
+                 text_interval_s: float = 0.25, chart_interval_s: float = 1.0) -> None:
         if default_pair not in PAIRS:
             raise ValueError(f"unknown pair {default_pair!r}; choose one of {sorted(PAIRS)}")
         if max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
+        if not (text_interval_s >= 0 and chart_interval_s >= 0):
+            raise ValueError(f"update intervals must be >= 0 s, got {text_interval_s} and {chart_interval_s}")
         self.default_pair, self.max_prompt_tokens = default_pair, max_prompt_tokens
+        self.text_interval_s, self.chart_interval_s = text_interval_s, chart_interval_s
         self.pairs: dict[str, LoadedPair] = {}
-        self.plain_rates: dict[tuple, float] = {}
+        self.plain_runs: dict[tuple, LiveSnapshot] = {}
         self.load_lock = threading.Lock()
         if preload:
             self.pair(default_pair)
@@ -188,20 +156,10 @@ class Playground:
                              "Shorten it, or start the playground with a larger --max-prompt-tokens.")
         return inputs
 
-    def plain_rate(self, key: tuple, pair: LoadedPair, inputs: dict, settings: RunSettings, stop) -> float | None:
-        """Tokens/s of plain decoding on the same prompt and settings (cached per key; None if stopped)."""
-        if key not in self.plain_rates:
-            plain = RunSettings("plain", max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
-                                temperature=settings.temperature, top_p=settings.top_p)
-            *_, last = run_live(pair.model, pair.tokenizer, inputs, plain, stop=stop, lock=pair.lock)
-            if stop.is_set():
-                return None
-            self.plain_rates[key] = last.stats.tokens_per_s
-        return self.plain_rates[key]
-
     def run(self, control: RunControl, prompt, pair_name, method, k, max_new_tokens, do_sample, temperature, top_p,
             tpot_slo_ms, compare):
-        """Gradio generator: yields (highlighted, k plot, goodput plot, decisions, stats) per update."""
+        """Gradio generator: yields (output, plain output, k plot, step-time plot, decisions, stats) per update;
+        with ``compare``, then the plain run of the same prompt (cached per prompt and settings) the same way."""
         import gradio as gr
 
         try:
@@ -209,26 +167,57 @@ class Playground:
                                    float(top_p), float(tpot_slo_ms) if tpot_slo_ms else None)
             pair = self.pair(pair_name)
             inputs = self.encode(pair, prompt)
-            stop = control.start()
-            snapshot = LiveSnapshot()
-            for snapshot in run_live(pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock):
-                yield self.view(snapshot, settings, None, "" if snapshot.done else "generating…")
-            if not compare or method == "plain" or stop.is_set():
+            stop, ui = control.start(), UiCost()
+            comparing = compare and method != "plain"
+            done_note = "running plain decoding of the same prompt for the speedup…" if comparing else ""
+
+            def main_view(snap: LiveSnapshot, charts: bool) -> tuple:
+                note = "generating…" if not snap.done else done_note or ui.line()
+                plain = snap if method == "plain" else None  # its step times go to the chart's plain series
+                return (list(snap.pieces), [] if charts else gr.skip(), *_charts(snap.stats.steps, plain, charts),
+                        stats_markdown(snap, settings, None, note))
+
+            runs = run_live(pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock,
+                            self.text_interval_s)
+            main = yield from paced(runs, main_view, ui, self.chart_interval_s)
+            if not comparing or stop.is_set():
                 return
-            yield self.view(snapshot, settings, None, "running plain decoding of the same prompt for the speedup…")
-            key = (pair_name, tuple(inputs["input_ids"][0].tolist()), settings.max_new_tokens, settings.do_sample,
-                   settings.temperature, settings.top_p)
-            yield self.view(snapshot, settings, self.plain_rate(key, pair, inputs, settings, stop), "")
+            plain = yield from self.plain_run(pair_name, pair, inputs, settings, main, stop, ui)
+            yield (list(main.pieces), list(plain.pieces) if plain else gr.skip(),
+                   *_charts(main.stats.steps, plain, True),
+                   stats_markdown(main, settings, plain.stats.tokens_per_s if plain else None, ui.line()))
         except ValueError as exc:
             raise gr.Error(str(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 — shown in the page; the server keeps serving
+        except Exception as exc:  # shown in the page; the server keeps serving
             raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
 
-    @staticmethod
-    def view(snapshot: LiveSnapshot, settings: RunSettings, plain_tps: float | None, note: str) -> tuple:
-        steps = snapshot.stats.steps
-        return (snapshot.pieces, k_frame(steps), goodput_frame(steps), decisions_frame(steps),
-                stats_markdown(snapshot, settings, plain_tps, note))
+    def plain_run(self, pair_name: str, pair: LoadedPair, inputs: dict, settings: RunSettings, main: LiveSnapshot,
+                  stop: threading.Event, ui: UiCost):
+        """Generator: plain decoding of the same prompt through ``run_live``, its updates paced and built
+        like the main run's (text and stats, then the charts and table); returns its final snapshot,
+        cached per prompt and settings, or None when stopped."""
+        import gradio as gr
+
+        key = (pair_name, tuple(inputs["input_ids"][0].tolist()), settings.max_new_tokens, settings.do_sample,
+               settings.temperature, settings.top_p)
+        if key in self.plain_runs:
+            return self.plain_runs[key]
+        plain_settings = RunSettings("plain", max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
+                                     temperature=settings.temperature, top_p=settings.top_p)
+
+        def plain_view(snap: LiveSnapshot, charts: bool) -> tuple:
+            note = (f"plain decoding of the same prompt, for the speedup: {snap.stats.new_tokens} tokens, "
+                    f"{snap.stats.tokens_per_s:.1f} tokens/s…")
+            return (gr.skip(), list(snap.pieces), *_charts(main.stats.steps, snap, charts),
+                    stats_markdown(main, settings, None, note))
+
+        runs = run_live(pair.model, pair.tokenizer, inputs, plain_settings, stop=stop, lock=pair.lock,
+                        min_interval_s=self.text_interval_s)
+        plain = yield from paced(runs, plain_view, ui, self.chart_interval_s)
+        if stop.is_set():
+            return None
+        self.plain_runs[key] = plain
+        return plain
 
     def build(self):
         """The Gradio Blocks page (not launched)."""
@@ -248,13 +237,16 @@ class Playground:
                                                 color_map=COLORS, show_legend=True, combine_adjacent=True,
                                                 elem_id="output")
                     stats = gr.Markdown(elem_id="stats")
+                    plain_output = gr.HighlightedText(label="Plain decoding of the same prompt (the speedup's baseline)",
+                                                      color_map=COLORS, combine_adjacent=True, show_inline_category=False,
+                                                      elem_id="plain-output")
                 with gr.Column(scale=2):
                     pair = gr.Dropdown([(p.label, n) for n, p in PAIRS.items()], value=self.default_pair,
                                        label="Model pair (target ← draft)", elem_id="pair")
                     method = gr.Radio(list(METHODS), value="adaptive", label="Method", elem_id="method")
                     k = gr.Slider(1, 8, value=4, step=1, label="k (fixed method)")
                     max_new = gr.Slider(1, 512, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens")
-                    compare = gr.Checkbox(True, label="Compare with plain decoding of the same prompt")
+                    compare = gr.Checkbox(True, label="Compare with plain decoding of the same prompt", elem_id="compare")
                     with gr.Accordion("Sampling and TPOT SLO", open=False):
                         do_sample = gr.Checkbox(False, label="Sample (lossless speculative sampling)")
                         temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")
@@ -263,19 +255,24 @@ class Playground:
             with gr.Row():
                 k_plot = gr.ScatterPlot(x="step", y="k", color="drafter", title="Chosen k per step (0 = plain step)",
                                         color_map=DRAFTER_COLORS, y_lim=[0, 8], elem_id="k-plot")
-                goodput_plot = gr.LinePlot(x="step", y="tokens/s", color="series", elem_id="goodput-plot", color_map=SERIES_COLORS,
-                                           title="Goodput per step (tokens/s): predicted (blue) vs realized (orange)")
+                time_plot = gr.LinePlot(x="step", y="ms", color="series", color_map=SERIES_COLORS,
+                                        y_lim=[0, None], elem_id="time-plot",
+                                        title="Step time (ms): predicted vs realized draft + verify; plain decoding's steps")
             decisions = gr.Dataframe(label="Latest decisions", elem_id="decisions")
             inputs = [control, prompt, pair, method, k, max_new, do_sample, temperature, top_p, slo, compare]
-            event = generate.click(self.run, inputs, [output, k_plot, goodput_plot, decisions, stats])
+            # no progress trackers on the outputs: each runs a timer every animation frame while the run lasts,
+            # which keeps the browser busy on the engine's cores (the Stop button has none)
+            event = generate.click(self.run, inputs, [output, plain_output, k_plot, time_plot, decisions, stats],
+                                   show_progress="hidden", show_progress_on=[stop])
             stop.click(lambda c: c.stop.set(), [control], None, cancels=[event])
         return demo
 
 
 def launch(pair: str = "qwen", host: str = "127.0.0.1", port: int = 7860, max_prompt_tokens: int = 2048,
-           concurrency: int = 1, max_queue: int = 16) -> None:
-    """Load ``pair``, then serve the playground on ``host:port`` until interrupted (localhost by default)."""
-    playground = Playground(pair, max_prompt_tokens)
+           concurrency: int = 1, max_queue: int = 16, text_interval_s: float = 0.25, chart_interval_s: float = 1.0) -> None:
+    """Load ``pair``, then serve the playground on ``host:port`` until interrupted (localhost by default);
+    the intervals as in ``Playground``."""
+    playground = Playground(pair, max_prompt_tokens, text_interval_s=text_interval_s, chart_interval_s=chart_interval_s)
     demo = playground.build()
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
-    demo.launch(server_name=host, server_port=port, show_error=True, ssr_mode=False)
+    demo.launch(server_name=host, server_port=port, show_error=True, ssr_mode=False, css=PLOT_CSS)
