@@ -23,8 +23,6 @@ class SpeculationConfig:
     (best effort when no choice meets it); batch size 1.
     draft_p_min: "fixed" only: stop drafting once a drafted token's draft probability q(x) < p_min (the
     llama.cpp ``--draft-p-min`` baseline); None: always k.
-    cost_tracking: "adaptive" only: learn realized vs predicted step times across the pair's requests and
-    price with corrected costs once they drift beyond noise (``costs.tracking.CostTracker``).
 
     Raises:
         ValueError: an unknown mode, a proposal length or n-gram size that is not an integer (bool and float
@@ -37,7 +35,6 @@ class SpeculationConfig:
     prompt_lookup_max_ngram: int = 3
     tpot_slo_ms: float | None = None
     draft_p_min: float | None = None
-    cost_tracking: bool = False
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -47,10 +44,6 @@ class SpeculationConfig:
             )
         if self.speculation == FIXED and self.num_speculative_tokens is None:
             raise ValueError('speculation="fixed" needs num_speculative_tokens=k (k >= 0)')
-        if not isinstance(self.cost_tracking, bool):
-            raise ValueError(f"cost_tracking must be True or False, got {self.cost_tracking!r}")
-        if self.speculation == FIXED and self.cost_tracking:
-            raise ValueError('cost_tracking belongs to speculation="adaptive" ("fixed" does not price its steps)')
         if self.speculation != FIXED and (self.num_speculative_tokens is not None or self.draft_p_min is not None):
             raise ValueError('num_speculative_tokens and draft_p_min belong to speculation="fixed"; "adaptive" '
                              "chooses k itself (cap it with max_speculative_tokens)")

@@ -11,7 +11,7 @@ import torch
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.policy.acceptance import AcceptancePrior, ConfidenceAcceptance, IIDAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
-from hf_adaspec.policy.controller import AdaptiveController, FixedController, StepOutcome, StepView
+from hf_adaspec.policy.controller import AdaptiveController, FixedController, StepOutcome, StepView, step_ms
 from hf_adaspec.policy.goodput import Offer, best_plan, expected_tokens
 
 # verification costs the same for 1..9 tokens; 20 ms per draft token, 2 ms per catch-up token
@@ -210,3 +210,23 @@ def test_fixed_controller_p_min_stops_once_every_growing_row_is_unsure():
     assert not stop(2, [(0.8, 0.75)], [True])  # strictly below p_min stops
     assert not stop(1, [(0.5,), (0.9,)], [True, True])  # row 1 is still sure
     assert stop(1, [(0.5,), (0.9,)], [True, False])  # ... but takes no more tokens
+
+
+# --- price: the predicted time of the step as it ran ------------------------------------------------
+
+def test_step_ms_prices_the_step_as_it_ran():
+    table = CostTable(verify_ms=(50.0, 52.0, 54.0, 56.0, 58.0), draft_ms=10.0, draft_catchup_ms=2.0)
+    outcome = StepOutcome((0, 1), (3, 4), (1, 2), ((), ()))  # row 0: paid drafter, 3 tokens; row 1: free, 4
+    assert step_ms(table, (True, False), (4, 0), outcome) == (3 * 10.0 + 4 * 2.0, 58.0)
+    assert step_ms(table, (True, False), (4, 0), StepOutcome((0,), (0,), (0,), ((),))) == (0.0, 50.0)
+
+
+def test_price_uses_the_costs_of_the_last_decision():
+    adaptive, fixed = _hybrid(0.8, 0.8), FixedController(3, costs_for=lambda b: FLAT)
+    outcome = StepOutcome((0,), (3,), (1,), ((),))
+    assert math.isnan(adaptive.price(outcome)) and math.isnan(fixed.price(outcome))  # before any decision
+    adaptive.decide(_view(8, 0, catchup=5))
+    fixed.decide(StepView(((5,),), (0,), 8))
+    assert adaptive.price(outcome) == pytest.approx(3 * 20.0 + 5 * 2.0 + 50.0)
+    assert fixed.price(outcome) == pytest.approx(3 * 20.0 + 50.0)
+    assert math.isnan(FixedController(3).price(outcome))  # no cost model

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 from test_live import COSTS, PROMPT, ByteTokenizer
 
 import hf_adaspec
 from hf_adaspec.engine.stats import StepRecord
-from hf_adaspec.tools.live import LiveSnapshot, RunSettings, median_time_ratio, run_live
+from hf_adaspec.tools.live import LiveSnapshot, MainThreadRunner, RunSettings, median_time_ratio, run_live
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,3 +49,29 @@ def test_a_long_interval_still_ends_with_the_final_update_at_once(target, method
     assert arrivals == sorted(arrivals) and arrivals[0] == pytest.approx(last.stats.prefill_ms)
     assert arrivals[-1] == pytest.approx(last.stats.wall_ms)
     assert len(arrivals) == (20 if method == "plain" else len(last.stats.steps) + 1)  # the prefill's token first
+
+
+def test_main_thread_runner_runs_calls_on_the_serving_thread(target):
+    """run_live through a MainThreadRunner: generate runs on the thread that serves the runner, and the
+    observer (here another thread) still gets every step."""
+    runner, stop, seen = MainThreadRunner(), threading.Event(), {}
+
+    def submit(call):
+        def on_server():
+            seen["thread"] = threading.current_thread()
+            call()
+        runner.submit(on_server)
+
+    def observe():
+        try:
+            seen["snapshots"] = list(run_live(target, ByteTokenizer(), PROMPT, RunSettings("plain", max_new_tokens=6),
+                                              launch=submit))
+        finally:
+            stop.set()
+
+    observer = threading.Thread(target=observe)
+    observer.start()
+    runner.serve(stop, poll_s=0.05)
+    observer.join()
+    assert seen["thread"] is threading.current_thread()
+    assert seen["snapshots"][-1].done and seen["snapshots"][-1].stats.new_tokens == 6

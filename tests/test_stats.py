@@ -119,3 +119,15 @@ def test_summary_numbers_from_hand_built_records():
     assert stats.mean_latency_ms == pytest.approx(80.0)
     assert stats.row(1).steps == steps[2:] and stats.row(1).wall_ms == 60.0
     assert math.isnan(SpeculationStats(steps=[_record(0, 0, 1)], row_tokens=(2,)).acceptance_rate)
+
+
+def test_every_step_records_its_predicted_time(models):
+    """With a cost table, each step's ``predicted_ms`` is the table's price of the step as it ran."""
+    table = CostTable(verify_ms=tuple(10.0 + n for n in range(9)), draft_ms=3.0)
+    out = models["target"].generate(torch.tensor([[5, 9, 13, 2, 7, 5, 9, 13]]), assistant_model=models["noisy_copy"],
+                                    speculation="adaptive", speculation_costs=table, max_new_tokens=24,
+                                    do_sample=False, return_dict_in_generate=True,
+                                    speculation_state=SpeculationState())
+    steps = out.speculation.steps
+    assert steps and all(s.predicted_ms >= table.t_verify(s.k + 1) for s in steps)
+    assert all(s.predicted_ms == table.t_verify(1) for s in steps if s.k == 0)

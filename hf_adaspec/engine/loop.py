@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from ..backend.ragged import KVCache, right_pad
-from ..costs.tracking import CostTracker
 from ..policy.controller import Controller, Decision, StepOutcome, StepView
 from ..policy.horizon import lindy_horizon
 from ..proposers.base import Drafter, DraftOffer, Proposal, Rows
@@ -54,8 +53,7 @@ class DecodeSettings:
 class RunParts:
     """What one request runs on: the target's empty cache ([B] rows), the drafters in the controller's
     order, the controller, the settings, k_max (the most tokens any drafter may offer a row per step) and
-    the target layers whose inputs the drafters read (a draft head's features; empty: none recorded), and
-    the controller's ``CostTracker`` (None: costs as given), whose corrections the stats report."""
+    the target layers whose inputs the drafters read (a draft head's features; empty: none recorded)."""
 
     cache: KVCache
     drafters: tuple[Drafter, ...]
@@ -63,7 +61,6 @@ class RunParts:
     settings: DecodeSettings
     k_max: int
     feature_layers: tuple[int, ...] = ()
-    cost_tracker: CostTracker | None = None
 
 
 @dataclass(frozen=True)
@@ -246,8 +243,7 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         _commit(parts, finished, confirmed, own, kept)  # commit
         ks = tuple(p.k for p in proposals)
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
-        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals),
-                              seen, draft_ms, verify_ms)
+        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals), seen)
         predicted_ms = parts.controller.price(outcome)
         parts.controller.observe(outcome)  # observe
         for s, i in enumerate(rows.active):
@@ -262,7 +258,6 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     if settings.streamer is not None:
         settings.streamer.end()
     stats.wall_ms = now()
-    stats.cost_factors = parts.cost_tracker.factors() if parts.cost_tracker is not None else {}
     stats.row_tokens = tuple(int(v.shape[0]) - input_ids.shape[1] for v in rows.views)
     stats.finish_ms = tuple(rows.finish_ms)
     return DecodeResult(_pad_right(rows.views, settings.pad_token_id), stats)

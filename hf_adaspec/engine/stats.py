@@ -52,8 +52,7 @@ class SpeculationStats:
     """Every row's decisions of one request plus times: ``row_tokens`` generated per row, ``finish_ms``
     when each row finished (ms from the start); ``tpot_slo_ms``: the request's TPOT objective (ms/token,
     None when none was set); ``draft_prefix_tokens``: prompt tokens the draft's cache started with,
-    reused from an earlier request; ``cost_factors``: with cost tracking, the corrections to the cost
-    table in force at the end (realized / predicted by quantity: "draft", "verify@n"; empty: none)."""
+    reused from an earlier request."""
 
     steps: list[StepRecord] = field(default_factory=list)
     prefill_ms: float = 0.0
@@ -62,7 +61,6 @@ class SpeculationStats:
     finish_ms: tuple[float, ...] = ()
     tpot_slo_ms: float | None = None
     draft_prefix_tokens: int = 0
-    cost_factors: dict[str, float] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
@@ -144,8 +142,7 @@ class SpeculationStats:
 
     def summary(self) -> str:
         """One line: (rows,) tokens/s, mean accepted length, acceptance, k histogram, share of plain steps,
-        the draft's reused prompt tokens when any, the SLO attainment when an SLO was set, and the cost
-        corrections in force when any."""
+        the draft's reused prompt tokens when any, and the SLO attainment when an SLO was set."""
         hist = " ".join(f"{k}:{n}" for k, n in self.k_histogram.items())
         rows = f"{self.batch} rows, " if self.batch > 1 else ""
         line = (
@@ -157,8 +154,6 @@ class SpeculationStats:
             line += f" | draft reused {self.draft_prefix_tokens} prompt tokens"
         if self.tpot_slo_ms is not None:
             line += f" | TPOT SLO {self.tpot_slo_ms:g} ms met by {100 * self.slo_attainment():.0f}% of tokens"
-        if self.cost_factors:
-            line += " | costs corrected " + ", ".join(f"{q} x{f:.2f}" for q, f in self.cost_factors.items())
         return line
 
     def to_dict(self) -> dict:
@@ -170,6 +165,5 @@ class SpeculationStats:
             "mean_k": self.mean_k, "k_histogram": self.k_histogram, "plain_share": self.plain_share,
             "draft_prefix_tokens": self.draft_prefix_tokens, "tpot_slo_ms": self.tpot_slo_ms,
             "slo_attainment": self.slo_attainment() if self.tpot_slo_ms is not None else None,
-            "cost_factors": dict(self.cost_factors),
             "steps": [asdict(s) for s in self.steps],
         }

@@ -25,7 +25,6 @@ import torch
 
 from ..config import _check_integer
 from ..costs.table import CostTable
-from ..costs.tracking import CostTracker
 from ..proposers.base import StopRule
 from .acceptance import AcceptanceModel, ConfidenceAcceptance, IIDAcceptance
 from .goodput import Offer, best_plan, draft_next_column, expected_tokens, step_time_ms
@@ -66,16 +65,13 @@ class StepOutcome:
     """What a step did per row: drafter index, tokens drafted (k_i), accepted (n_i ≤ k_i) and the draft's
     q(x_u) of each drafted token (empty for deterministic drafters); ``hindsight[d]``: for a costless drafter
     d, per row (compared, accepted) of its whole offer against the emitted tokens (None: not costless;
-    empty: not given); ``draft_ms``, ``verify_ms``: the step's realized proposal and verification times
-    (ms; verification = everything after the proposal; NaN: not measured)."""
+    empty: not given)."""
 
     drafters: tuple[int, ...]
     ks: tuple[int, ...]
     accepted: tuple[int, ...]
     confidences: tuple[tuple[float, ...], ...]
     hindsight: tuple[tuple[tuple[int, int], ...] | None, ...] = ()
-    draft_ms: float = math.nan
-    verify_ms: float = math.nan
 
 
 def step_ms(costs: CostTable, paid: Sequence[bool], catchup: Sequence[int], outcome: StepOutcome
@@ -116,25 +112,20 @@ class AdaptiveController:
 
     ``costs_for(b)``: the ``CostTable`` at b rows; ``models[d]``: drafter d's acceptance model;
     ``paid[d]``: whether drafter d costs a draft forward (the draft model) or nothing (prompt lookup);
-    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can;
-    ``tracker``: a ``CostTracker`` that learns realized vs predicted step times and corrects the costs
-    (None: the costs are used as given).
+    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can.
     """
 
     def __init__(self, costs_for: Callable[[int], CostTable], models: Sequence[AcceptanceModel],
-                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None,
-                 tracker: CostTracker | None = None) -> None:
+                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None) -> None:
         self.costs_for, self.models, self.paid = costs_for, list(models), list(paid)
-        self.min_gain, self.tpot_slo_ms, self.tracker = min_gain, tpot_slo_ms, tracker
+        self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self._costs: CostTable | None = None
-        self._raw: CostTable | None = None
         self._catchup: tuple[int, ...] = ()
 
     def decide(self, view: StepView) -> Decision:
         """``best_plan`` over every drafter's paths; a confidence-stopped row is offered its whole upper
         bound (the stop rule ends it), another row its min(k, u_i)."""
-        raw = self._raw = self.costs_for(view.batch)
-        costs = self._costs = self.tracker.corrected(raw) if self.tracker is not None else raw
+        costs = self._costs = self.costs_for(view.batch)
         self._catchup = view.catchup
         for d, evidence in enumerate(view.evidence):
             self.models[d].see(evidence)
@@ -176,9 +167,6 @@ class AdaptiveController:
             elif not k and not outcome.hindsight:
                 for m in self.models:
                     m.observe(i, 0, 0, ())
-        if self.tracker is not None and self._raw is not None:
-            predicted = step_ms(self._raw, self.paid, self._catchup, outcome)
-            self.tracker.observe(max(outcome.ks) + 1, predicted, (outcome.draft_ms, outcome.verify_ms))
 
     def price(self, outcome: StepOutcome) -> float:
         if self._costs is None:

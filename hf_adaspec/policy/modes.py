@@ -30,7 +30,6 @@ from ..backend import hf_compat
 from ..backend.ragged import KVCache
 from ..config import ADAPTIVE, FIXED, SpeculationConfig
 from ..costs.table import CostTable
-from ..costs.tracking import CostTracker
 from ..models.eagle3 import Eagle3Head
 from ..proposers import Drafter, DraftModelProposer, PromptLookupProposer, SuffixMemory, SuffixProposer
 from ..proposers.draft_head import DraftHeadProposer
@@ -134,21 +133,20 @@ SUFFIX = DrafterSpec("suffix", False, lambda ctx: SuffixProposer(ctx.suffixes), 
 @dataclass(frozen=True)
 class PolicyInputs:
     """Everything a controller is built from: the request's config, costs at b rows (``costs_for``), the
-    batch size, the run's drafters in order (``drafters[d]``: (spec, memory key)), what the pair
-    learned (``learned``) and the pair's cost tracker for this run (None: costs as given)."""
+    batch size, the run's drafters in order (``drafters[d]``: (spec, memory key)) and what the pair
+    learned (``learned``)."""
 
     config: SpeculationConfig
     costs_for: Callable[[int], CostTable]
     batch: int
     drafters: tuple[tuple[DrafterSpec, str], ...]
     learned: Learned
-    cost_tracker: CostTracker | None = None
 
 
 def _adaptive(inputs: PolicyInputs) -> Controller:
     models = [spec.acceptance(inputs.batch, inputs.learned, key) for spec, key in inputs.drafters]
     return AdaptiveController(inputs.costs_for, models, [spec.paid for spec, _ in inputs.drafters],
-                              tpot_slo_ms=inputs.config.tpot_slo_ms, tracker=inputs.cost_tracker)
+                              tpot_slo_ms=inputs.config.tpot_slo_ms)
 
 
 def _fixed(inputs: PolicyInputs) -> Controller:

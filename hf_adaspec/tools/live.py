@@ -1,12 +1,13 @@
-"""Live runs: one generation in a worker thread, observed step by step (what the playground shows).
+"""Live runs: one generation on another thread, observed step by step (what the playground shows).
 
-Design: ``run_live`` starts ``model.generate`` in a thread with ``speculation_callback`` (or, for plain
+Design: ``run_live`` starts ``model.generate`` on another thread (a new one, or the process's main thread
+through ``MainThreadRunner``) with ``speculation_callback`` (or, for plain
 decoding, a streamer), so every step arrives as (StepRecord, tokens, time) on a queue; the callback only
 puts that tuple (the engine never waits for the observer). The caller's iterator wakes at most once per
 interval (not per token, which would contend for the GIL with the worker), drains the queue and yields
 ``LiveSnapshot``s — the text cut into per-token pieces labelled by how each token was made, the steps
 so far, when each arrived, and their ``SpeculationStats``. A ``threading.Event`` stops the run at the
-next emitted token (a stopping criterion), and the thread is always joined, so a stopped run frees the
+next emitted token (a stopping criterion), and the run is always waited for, so a stopped run frees the
 model. No Gradio here: the UI lives in ``playground``.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -178,8 +179,36 @@ def median_time_ratio(steps: list[StepRecord]) -> float:
     return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
-def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock) -> None:
-    """Run generate under ``lock``; put its exception (if any), then _DONE, on the queue."""
+def in_new_thread(call: Callable[[], None]) -> None:
+    """Start ``call`` in a new daemon thread (``run_live``'s default way to run generate)."""
+    threading.Thread(target=call, daemon=True).start()
+
+
+class MainThreadRunner:
+    """Runs submitted calls, one at a time, on the thread that calls ``serve`` — for a server, the process's
+    main thread. generate runs markedly slower on a thread other than the main one here (torch 2.13 CPU,
+    NF4), so the playground serves its page from other threads and generates on the main one."""
+
+    def __init__(self) -> None:
+        self.calls: queue.Queue = queue.Queue()
+
+    def submit(self, call: Callable[[], None]) -> None:
+        """Queue ``call`` (``run_live``'s ``launch``)."""
+        self.calls.put(call)
+
+    def serve(self, stop: threading.Event | None = None, poll_s: float = 0.5) -> None:
+        """Run queued calls until ``stop`` is set (forever without one); each call handles its own errors."""
+        while stop is None or not stop.is_set():
+            try:
+                call = self.calls.get(timeout=poll_s)
+            except queue.Empty:
+                continue
+            call()
+
+
+def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock,
+            finished: threading.Event) -> None:
+    """Run generate under ``lock``; put its exception (if any), then _DONE, on the queue; set ``finished``."""
     try:
         with lock:
             model.generate(**inputs, **kwargs)
@@ -187,6 +216,7 @@ def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: thread
         events.put(exc)
     finally:
         events.put(_DONE)
+        finished.set()
 
 
 def _drain(events: queue.Queue) -> list:
@@ -214,8 +244,10 @@ def _apply(snapshot: LiveSnapshot, pieces: TokenPieces, record: StepRecord | Non
 def run_live(
     model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None, stop: threading.Event | None = None,
     lock: threading.Lock | None = None, min_interval_s: float = 0.25, extra_kwargs: dict | None = None,
+    launch: Callable[[Callable[[], None]], None] = in_new_thread,
 ) -> Iterator[LiveSnapshot]:
-    """Generate in a worker thread; yield a snapshot at most every ``min_interval_s`` (s; only when tokens
+    """Generate elsewhere (``launch`` starts the call: a new thread by default, or
+    ``MainThreadRunner.submit``); yield a snapshot at most every ``min_interval_s`` (s; only when tokens
     arrived) and at once when generate returns. The snapshot is the same object, updated in place.
 
     inputs: ``input_ids`` [1, T] (and ``attention_mask``). ``model`` must be ``hf_adaspec.enable``d.
@@ -231,9 +263,9 @@ def run_live(
         kwargs["speculation_callback"] = lambda record, tokens: events.put((record, tokens, time.perf_counter()))
     else:
         kwargs["streamer"] = _QueueStreamer(events)
-    thread = threading.Thread(target=_worker, args=(model, inputs, kwargs, events, lock), daemon=True)
+    finished = threading.Event()
     snapshot, pieces, start = LiveSnapshot(), TokenPieces(tokenizer), time.perf_counter()
-    thread.start()
+    launch(lambda: _worker(model, inputs, kwargs, events, lock, finished))
     try:
         while not snapshot.done:
             for item in _drain(events):  # wake up once per interval, not per token: the worker keeps the GIL
@@ -251,8 +283,8 @@ def run_live(
             last = time.perf_counter()
             yield snapshot
             if not snapshot.done:  # ends early when the worker does, so the final update is not delayed
-                thread.join(timeout=max(0.0, last + min_interval_s - time.perf_counter()))
+                finished.wait(timeout=max(0.0, last + min_interval_s - time.perf_counter()))
     finally:
         if not snapshot.done:  # the consumer quit early (closed, or an error): end the worker too
             stop.set()
-        thread.join()
+        finished.wait()

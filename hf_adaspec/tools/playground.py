@@ -17,10 +17,11 @@ lazily, once.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..engine.stats import StepRecord
-from .live import METHODS, LiveSnapshot, RunSettings, run_live
+from .live import METHODS, LiveSnapshot, MainThreadRunner, RunSettings, in_new_thread, run_live
 from .playground_views import (
     COLORS,
     DRAFTER_COLORS,
@@ -119,10 +120,13 @@ def _charts(steps: list[StepRecord], plain: LiveSnapshot | None, charts: bool) -
 
 class Playground:
     """Holds the loaded pairs and the cached plain runs; ``build()`` returns the Gradio Blocks.
-    text_interval_s, chart_interval_s: the least time between text and between chart updates (s, >= 0)."""
+    text_interval_s, chart_interval_s: the least time between text and between chart updates (s, >= 0);
+    ``launch_run`` starts each generate call (``live.run_live``'s ``launch``: a new thread by default;
+    ``launch`` passes ``MainThreadRunner.submit``)."""
 
     def __init__(self, default_pair: str = "qwen", max_prompt_tokens: int = 2048, preload: bool = True,
-                 text_interval_s: float = 0.25, chart_interval_s: float = 1.0) -> None:
+                 text_interval_s: float = 0.25, chart_interval_s: float = 1.0,
+                 launch_run: Callable[[Callable[[], None]], None] = in_new_thread) -> None:
         if default_pair not in PAIRS:
             raise ValueError(f"unknown pair {default_pair!r}; choose one of {sorted(PAIRS)}")
         if max_prompt_tokens < 1:
@@ -130,7 +134,7 @@ class Playground:
         if not (text_interval_s >= 0 and chart_interval_s >= 0):
             raise ValueError(f"update intervals must be >= 0 s, got {text_interval_s} and {chart_interval_s}")
         self.default_pair, self.max_prompt_tokens = default_pair, max_prompt_tokens
-        self.text_interval_s, self.chart_interval_s = text_interval_s, chart_interval_s
+        self.text_interval_s, self.chart_interval_s, self.launch_run = text_interval_s, chart_interval_s, launch_run
         self.pairs: dict[str, LoadedPair] = {}
         self.plain_runs: dict[tuple, LiveSnapshot] = {}
         self.load_lock = threading.Lock()
@@ -178,7 +182,7 @@ class Playground:
                         stats_markdown(snap, settings, None, note))
 
             runs = run_live(pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock,
-                            self.text_interval_s)
+                            self.text_interval_s, launch=self.launch_run)
             main = yield from paced(runs, main_view, ui, self.chart_interval_s)
             if not comparing or stop.is_set():
                 return
@@ -212,7 +216,7 @@ class Playground:
                     stats_markdown(main, settings, None, note))
 
         runs = run_live(pair.model, pair.tokenizer, inputs, plain_settings, stop=stop, lock=pair.lock,
-                        min_interval_s=self.text_interval_s)
+                        min_interval_s=self.text_interval_s, launch=self.launch_run)
         plain = yield from paced(runs, plain_view, ui, self.chart_interval_s)
         if stop.is_set():
             return None
@@ -271,8 +275,16 @@ class Playground:
 def launch(pair: str = "qwen", host: str = "127.0.0.1", port: int = 7860, max_prompt_tokens: int = 2048,
            concurrency: int = 1, max_queue: int = 16, text_interval_s: float = 0.25, chart_interval_s: float = 1.0) -> None:
     """Load ``pair``, then serve the playground on ``host:port`` until interrupted (localhost by default);
-    the intervals as in ``Playground``."""
-    playground = Playground(pair, max_prompt_tokens, text_interval_s=text_interval_s, chart_interval_s=chart_interval_s)
+    the intervals as in ``Playground``. The page is served from Gradio's threads; every generate call runs
+    on this (the main) thread (``live.MainThreadRunner``)."""
+    runner = MainThreadRunner()
+    playground = Playground(pair, max_prompt_tokens, text_interval_s=text_interval_s, chart_interval_s=chart_interval_s,
+                            launch_run=runner.submit)
     demo = playground.build()
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
-    demo.launch(server_name=host, server_port=port, show_error=True, ssr_mode=False, css=PLOT_CSS)
+    demo.launch(server_name=host, server_port=port, show_error=True, ssr_mode=False, css=PLOT_CSS,
+                prevent_thread_lock=True)
+    try:
+        runner.serve()
+    except KeyboardInterrupt:
+        demo.close()
