@@ -95,9 +95,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(pair: str, port: int, log_path: Path, timeout_s: float, extra: list[str] = ()) -> subprocess.Popen:
-    """``python app/app.py --pair PAIR --port PORT [extra]`` on 127.0.0.1; returns once it serves."""
-    cmd = [sys.executable, str(ROOT / "app" / "app.py"), "--pair", pair, "--port", str(port), *extra]
+def start_app(pair: str, port: int, log_path: Path, timeout_s: float) -> subprocess.Popen:
+    """``python app/app.py --pair PAIR --port PORT`` on 127.0.0.1; returns once it serves."""
+    cmd = [sys.executable, str(ROOT / "app" / "app.py"), "--pair", pair, "--port", str(port)]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env=os.environ | {"GRADIO_ANALYTICS_ENABLED": "False"})
@@ -185,8 +185,6 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="for the app's start and for the page's run")
     parser.add_argument("--screenshot", type=Path, default=None, help="a PNG of the page after the run")
-    parser.add_argument("--text-interval", type=float, default=None, help="the app's --text-interval (s)")
-    parser.add_argument("--chart-interval", type=float, default=None, help="the app's --chart-interval (s)")
     args = parser.parse_args()
     if args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
@@ -197,9 +195,7 @@ def main() -> None:
         print(f"CLI {cli[name]['line']}", flush=True)
     port = args.port or _free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        extra = [f"--{name}-interval={value}" for name, value in (("text", args.text_interval),
-                                                                  ("chart", args.chart_interval)) if value is not None]
-        app = start_app(args.pair, port, Path(tmp) / "app.log", args.timeout_s, extra)
+        app = start_app(args.pair, port, Path(tmp) / "app.log", args.timeout_s)
         try:
             page = drive_page(f"http://127.0.0.1:{port}", args.prompt, args.max_new_tokens, args.timeout_s,
                               args.screenshot)

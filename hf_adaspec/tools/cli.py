@@ -210,8 +210,6 @@ def playground(
     port: int = typer.Option(7860, min=1, max=65535),
     max_prompt_tokens: int = typer.Option(2048, min=1, help="Longer prompts are refused with a message."),
     concurrency: int = typer.Option(1, min=1, help="Generations running at once (the queue holds the rest)."),
-    text_interval: float = typer.Option(0.25, min=0.01, help="Seconds between updates of the text and stats."),
-    chart_interval: float = typer.Option(1.0, min=0.01, help="Seconds between updates of the charts and table."),
 ) -> None:
     """Serve the Gradio playground: live speculation decisions, coloured tokens, k and step-time charts, the
     speedup over plain."""
@@ -219,5 +217,4 @@ def playground(
 
     if pair not in PAIRS:
         raise typer.BadParameter(f"--pair {pair!r}: use one of {', '.join(PAIRS)}")
-    launch(pair=pair, host=host, port=port, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency,
-           text_interval_s=text_interval, chart_interval_s=chart_interval)
+    launch(pair=pair, host=host, port=port, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency)
