@@ -4,8 +4,8 @@ Design: a forward's cost depends on the architecture, dtype, quantization and de
 values, so a cost profile needs no trained weights (SmartSpec, arXiv 2406.14066, profiles step costs
 the same way). The presets' ``config.json`` files ship with the package (``configs/``, a few KB), so a
 machine that cannot hold or receive the GGUF parts (a lent GPU) measures the profile the trained pair
-will use there: the model is built from the config with seeded random weights, saved to a temporary
-folder in the cache (removed after, or swept after a kill) and loaded with the same ``from_pretrained``
+will use there: the model is built from the config with seeded random weights, held in memory (a 7B's
+bf16 weights would take 15 GB of disk) and loaded from its state dict with the same ``from_pretrained``
 keywords as ``loading.load``, so its identity (parameters, dtype, quantization, device and the name it
 was asked by) is the trained model's and the profile's key matches it. ``qwen2.5-7b`` ships as an
 architecture only (Qwen2.5-7B-Instruct's config.json, no model files): the size of target consumer-GPU users
@@ -15,15 +15,11 @@ run, profiled with the 0.5B draft. Its output head is 152,064 wide, the 0.5B's 1
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..files import sweep, temp_path
-from .assets import cache_dir
 from .loading import model_kwargs
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -47,13 +43,23 @@ def config_path(name: str) -> Path:
     return CONFIGS / f"{name}.json"
 
 
-@contextlib.contextmanager
-def architecture_folder(name_or_path: str, dtype: str = "bfloat16", seed: int = 0,
-                        build_device: str = "cpu") -> Iterator[Path]:
-    """``with architecture_folder(name) as folder:`` a saved model with the architecture of ``name_or_path``
-    (a shipped config's name, or a folder holding config.json) and random weights (``seed``), built on
-    ``build_device`` (a GPU builds a large model in seconds), in a temporary folder of the cache that is
-    removed after (or swept after a kill). Load it as often as needed with ``load_saved``.
+@dataclass(frozen=True)
+class RandomWeights:
+    """A model with the architecture of ``name`` and seeded random weights, held in memory (nothing is
+    written to disk): its class, config and ``state_dict`` (on the device it was built on). Load it as often
+    as needed with ``load_random``."""
+
+    name: str
+    model_class: type
+    config: object
+    state_dict: dict
+
+
+def random_weights(name_or_path: str, dtype: str = "bfloat16", seed: int = 0,
+                   build_device: str = "cpu") -> RandomWeights:
+    """Random weights (``seed``) with the architecture of ``name_or_path`` (a shipped config's name, or a
+    folder holding config.json), in ``dtype``, built on ``build_device`` (a GPU builds a large model in
+    seconds).
 
     Raises:
         FileNotFoundError: a folder without config.json; ValueError: an unknown dtype.
@@ -64,29 +70,21 @@ def architecture_folder(name_or_path: str, dtype: str = "bfloat16", seed: int = 
     if not source.is_file():
         raise FileNotFoundError(f"no config.json at {source}; give a preset or a model folder")
     config = AutoConfig.from_pretrained(source)
-    root = cache_dir() / "architectures"
-    root.mkdir(parents=True, exist_ok=True)
-    sweep(root)
-    folder = temp_path(root / Path(name_or_path).name)
-    try:
-        torch.manual_seed(seed)
-        with torch.device(build_device):
-            model = AutoModelForCausalLM.from_config(config, dtype=model_kwargs("none", dtype, "cpu", False)["dtype"])
-        model.save_pretrained(folder)
-        del model
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    torch.manual_seed(seed)
+    with torch.device(build_device):
+        model = AutoModelForCausalLM.from_config(config, dtype=model_kwargs("none", dtype, "cpu", False)["dtype"])
+    return RandomWeights(name_or_path, type(model), config, dict(model.state_dict()))
 
 
-def load_saved(folder: Path, name_or_path: str, quantization: str = "nf4", dtype: str = "bfloat16",
-               device: str = "cpu", quantize_lm_head: bool = False) -> torch.nn.Module:
-    """The model saved in ``folder`` by ``architecture_folder``, loaded with ``loading.load``'s keywords and
-    named ``name_or_path`` (so its identity, and a profile's key, are the trained model's); eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, **model_kwargs(quantization, dtype, device, quantize_lm_head))
-    model.config._name_or_path = name_or_path
+def load_random(weights: RandomWeights, quantization: str = "nf4", dtype: str = "bfloat16", device: str = "cpu",
+                quantize_lm_head: bool = False) -> torch.nn.Module:
+    """``weights`` loaded with ``loading.load``'s ``from_pretrained`` keywords (from the state dict, which is
+    left unchanged) and named ``weights.name`` (so its identity, and a profile's key, are the trained
+    model's); eval mode."""
+    kwargs = model_kwargs(quantization, dtype, device, quantize_lm_head)
+    model = weights.model_class.from_pretrained(None, config=weights.config, state_dict=dict(weights.state_dict),
+                                                **kwargs)
+    model.config._name_or_path = weights.name
     return model.eval()
 
 
@@ -100,5 +98,5 @@ def load_architecture(name_or_path: str, quantization: str = "nf4", dtype: str =
         ValueError: unknown preset, quantization or dtype; FileNotFoundError: a folder without config.json.
     """
     model_kwargs(quantization, dtype, device, quantize_lm_head)  # unknown options fail before anything is built
-    with architecture_folder(name_or_path, dtype, seed, build_device) as folder:
-        return load_saved(folder, name_or_path, quantization, dtype, device, quantize_lm_head)
+    return load_random(random_weights(name_or_path, dtype, seed, build_device), quantization, dtype, device,
+                       quantize_lm_head)

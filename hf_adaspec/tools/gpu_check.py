@@ -279,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny and args.device == "cpu":
         torch.set_num_threads(1)  # tiny tensors: thread spin-up would dominate
     try:
-        with check.stack:
-            doc = run_steps(check, [s for s in plan() if not wanted or s.name in wanted], args.budget_s, bool(wanted))
+        doc = run_steps(check, [s for s in plan() if not wanted or s.name in wanted], args.budget_s, bool(wanted))
     finally:
         torch.set_num_threads(threads)
     bad = [n for n, e in doc["steps"].items() if e["status"] in ("failed", "error")]

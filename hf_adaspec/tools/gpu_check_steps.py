@@ -29,7 +29,7 @@ import torch
 from ..api.generate import enable
 from ..costs.table import CostTable
 from ..engine.run import SpeculationState
-from ..models.architecture import architecture_folder, config_path, load_saved
+from ..models.architecture import config_path, load_random, random_weights
 from .bench import divergence_gap
 
 TARGET, DRAFT, BIG = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-7b"
@@ -48,8 +48,8 @@ QUANT_LABEL = {"none": "bf16", "nf4": "nf4"}
 @dataclass
 class Check:
     """What the steps share: the device, --tiny, the output folder, the quantizations that load here (the
-    environment step drops nf4 without bitsandbytes, saying why in ``fallback``), saved architectures and
-    loaded models, and ``facts`` later steps use (the GPU's name, measured overheads)."""
+    environment step drops nf4 without bitsandbytes, saying why in ``fallback``), random weights (in
+    memory) and loaded models, and ``facts`` later steps use (the GPU's name, measured overheads)."""
 
     device: str
     tiny: bool
@@ -57,8 +57,7 @@ class Check:
     quantizations: tuple[str, ...] = ("none", "nf4")
     fallback: str = ""
     facts: dict = field(default_factory=dict)
-    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-    folders: dict = field(default_factory=dict)
+    weights: dict = field(default_factory=dict)
     models: dict = field(default_factory=dict)
 
     def arch(self, name: str) -> str:
@@ -78,10 +77,9 @@ class Check:
         if key not in self.models:
             if self.device != "cpu":
                 self.drop(keep=[k for k in self.models if k[1] == quantization])
-            if name not in self.folders:
-                self.folders[name] = self.stack.enter_context(
-                    architecture_folder(self.arch(name), "bfloat16", SEEDS[name], self.device))
-            model = load_saved(self.folders[name], self.arch(name), quantization, "bfloat16", self.device, head)
+            if name not in self.weights:
+                self.weights[name] = random_weights(self.arch(name), "bfloat16", SEEDS[name], self.device)
+            model = load_random(self.weights[name], quantization, "bfloat16", self.device, head)
             model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
             self.models[key] = enable(model)
         return self.models[key]
