@@ -10,7 +10,9 @@ from hf_adaspec.costs.table import CostTable
 from hf_adaspec.policy.goodput import (
     Offer,
     Plan,
+    best_goodput,
     best_plan,
+    break_even_alpha,
     expected_tokens,
     expected_tokens_prefix,
     goodput,
@@ -185,3 +187,14 @@ def test_cost_table_t_verify_indexing_and_extrapolation():
 def test_cost_table_validation(kwargs):
     with pytest.raises(ValueError):
         CostTable(**kwargs)
+
+
+def test_break_even_alpha_is_where_the_cheaper_drafter_catches_up():
+    verify = lambda n: 80.0 + 5.0 * (n - 1)  # noqa: E731
+    rival = best_goodput(0.8, 30.0, verify)
+    alpha = break_even_alpha(5.0, verify, rival)
+    assert 0.0 < alpha < 0.8  # a drafter 6x cheaper needs less agreement
+    assert best_goodput(alpha, 5.0, verify) == pytest.approx(rival, rel=1e-6)
+    assert best_goodput(alpha - 0.01, 5.0, verify) < rival
+    assert break_even_alpha(30.0, verify, rival) == pytest.approx(0.8, abs=1e-6)  # the same drafter: its own α
+    assert break_even_alpha(5.0, verify, 1000.0 / verify(1) * 100) == 1.0  # 100x plain: out of reach

@@ -213,3 +213,14 @@ def _stop_strings(model: torch.nn.Module, kwargs: dict[str, Any]) -> str | list[
     if given is not None and given.stop_strings is not None:
         return given.stop_strings
     return model.generation_config.stop_strings
+
+
+def readout(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal LM's readout as float32 on its device: the dense output head's weight [V, H] and the final
+    RMSNorm's weight [H] (a draft head is initialised from them). Raises ValueError when the output head
+    is quantized (load the target with a dense head: bitsandbytes keeps it dense by default)."""
+    weight = model.get_output_embeddings().weight
+    if weight.dim() != 2 or weight.shape[1] != model.config.get_text_config().hidden_size:
+        raise ValueError(f"the output head's weight is {tuple(weight.shape)}: a quantized head; load the target "
+                         "with a dense output head")
+    return weight.detach().float(), model.get_decoder().norm.weight.detach().float()

@@ -206,8 +206,10 @@ class _Layer(nn.Module):
         self.mlp.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
         self.mlp.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                cache: HeadCache) -> torch.Tensor:
+    def project(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Entries (embeds, hidden [B, M, H] at ``positions`` [B, M]) → residual [B, M, H], rotated queries
+        [B, heads, M, d], rotated keys and values [B, kv_heads, M, d]."""
         c, a = self.c, self.self_attn
         normed = self.hidden_norm(hidden)
         residual = normed if c.norm_before_residual else hidden
@@ -216,14 +218,27 @@ class _Layer(nn.Module):
         q = rotate(a.q_proj(x).view(bsz, m, c.num_heads, c.dim).transpose(1, 2), positions, c.rope_theta)
         k = rotate(a.k_proj(x).view(bsz, m, c.num_kv_heads, c.dim).transpose(1, 2), positions, c.rope_theta)
         v = a.v_proj(x).view(bsz, m, c.num_kv_heads, c.dim).transpose(1, 2)
-        cache.add(k, v, valid)
-        keys = cache.k.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
-        values = cache.v.repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
-        width = cache.mask.shape[1]
-        causal = torch.ones(m, width, dtype=torch.bool).tril(width - m)  # column j of the block sees keys ≤ its own
-        allowed = (causal[None] & cache.mask[:, None, :]).to(x.device)  # [B, M, L]
-        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)  # padded columns attend somewhere (discarded)
+        return residual, q, k, v
+
+    def finish(self, residual: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               allowed: torch.Tensor) -> torch.Tensor:
+        """Attention of q over keys/values [B, kv_heads, L, d] where ``allowed`` [B, M, L] (every query row
+        allows at least one key), then the residual and the MLP → pre-norm outputs [B, M, H]."""
+        c, a = self.c, self.self_attn
+        bsz, m = residual.shape[:2]
+        group = c.num_heads // c.num_kv_heads
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None])
         x = residual + a.o_proj(out.transpose(1, 2).reshape(bsz, m, c.num_heads * c.dim))
         y = self.post_attention_layernorm(x)
         return x + self.mlp.down_proj(nn.functional.silu(self.mlp.gate_proj(y)) * self.mlp.up_proj(y))
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                cache: HeadCache) -> torch.Tensor:
+        residual, q, k, v = self.project(embeds, hidden, positions)
+        cache.add(k, v, valid)
+        m, width = q.shape[2], cache.mask.shape[1]
+        causal = torch.ones(m, width, dtype=torch.bool).tril(width - m)  # column j of the block sees keys ≤ its own
+        allowed = (causal[None] & cache.mask[:, None, :]).to(q.device)  # [B, M, L]
+        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)  # padded columns attend somewhere (discarded)
+        return self.finish(residual, q, cache.k, cache.v, allowed)

@@ -168,3 +168,21 @@ def draft_next_column(prefix_probs: Sequence[Sequence[float]], next_probs: Seque
     t_now = j * draft_ms + t_verify_ms(j + 1)
     t_next = (j + 1) * draft_ms + t_verify_ms(j + 2)
     return (tokens + sum(next_probs)) / t_next > tokens / t_now
+
+
+def best_goodput(alpha: float, t_draft_ms: float, t_verify_ms: TVerify, k_max: int = 8) -> float:
+    """max over k = 0..k_max of ``goodput``, tokens/s: a drafter's best speed at acceptance α."""
+    return max(goodput(alpha, k, t_draft_ms, t_verify_ms) for k in range(k_max + 1))
+
+
+def break_even_alpha(t_draft_ms: float, t_verify_ms: TVerify, rival_goodput: float, k_max: int = 8) -> float:
+    """The least acceptance α at which a drafter costing ``t_draft_ms`` a token reaches ``rival_goodput``
+    (tokens/s; e.g. ``best_goodput`` of the draft model at its own α), by bisection on the increasing
+    ``best_goodput``; 1.0 when even α = 1 does not reach it (SmartSpec's goodput, arXiv 2406.14066)."""
+    if best_goodput(1.0, t_draft_ms, t_verify_ms, k_max) < rival_goodput:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if best_goodput(mid, t_draft_ms, t_verify_ms, k_max) < rival_goodput else (low, mid)
+    return high

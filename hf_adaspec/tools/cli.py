@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from ..config import SPECULATION_MODES
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from . import export_cli, profile_cli, trace_cli, verify
+from . import export_cli, profile_cli, trace_cli, train_head_cli, verify
 from .bench import METHODS
 from .cli_checks import (
     check_output,
@@ -38,6 +38,7 @@ app.command()(trace_cli.replay)
 app.command("export-vllm")(export_cli.export_vllm)
 app.command()(verify.verify)
 app.command()(profile_cli.profile)
+app.command("train-head")(train_head_cli.train_head)
 
 
 @app.command()
