@@ -105,7 +105,8 @@ def label(target: torch.nn.Module, tokens: torch.Tensor, aux_layers: tuple[int, 
 def record(target, tokenizer, roots: list[Path], out: Path, tokens: int, aux_layers: tuple[int, ...],
            seq_len: int = 512, shard_seqs: int = 16, batch: int = 4) -> list[Path]:
     """Shards ``out/shard-00000.safetensors``... of ``shard_seqs`` sequences each, until ``tokens`` tokens are
-    recorded; existing shards are kept (resume). Writes ``out/sources.json`` (the files read, in order).
+    recorded; existing shards are kept (resume). Writes ``out/sources.json``: the stream's file order (the
+    recorded text is a prefix of it).
     → the shard paths."""
     files = source_files(roots)
     per_shard = seq_len * shard_seqs
