@@ -13,7 +13,12 @@ from conftest import HEAD_LAYERS, HEAD_PROMPTS, build_tiny_tokenizer
 
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.models.eagle3_format import load_head
-from hf_adaspec.models.eagle3_train import soft_labels, ttt_forward, ttt_mask
+from hf_adaspec.models.eagle3_train import (
+    draft_index,
+    soft_labels,
+    ttt_forward,
+    ttt_mask,
+)
 from hf_adaspec.tools import head_data, train_head
 from hf_adaspec.tools.trace import head_along
 
@@ -92,7 +97,7 @@ def test_a_training_run_learns_resumes_and_saves_a_head_that_loads(models, tmp_p
     again = train_head.train(target, data, {"train": data}, config, tmp_path / "run")  # resumes at the end
     assert again == folder and (tmp_path / "run" / "curve.jsonl").read_text().count("\n") == len(curve)
     head = load_head(folder, target, dtype=torch.float32)
-    assert train_head.agreement(head, data, train_head.t2d_index(head), 3)[0] == pytest.approx(
+    assert train_head.agreement(head, data, draft_index(head), 3)[0] == pytest.approx(
         curve[-1]["alpha"]["train"][0], abs=0.05)  # saved in bf16
     other = train_head.TrainConfig(160, epochs=31, lr=3e-3, warmup=2, batch=2, draft_vocab=48, intermediate=64)
     with pytest.raises(ValueError, match="another --out"):

@@ -158,6 +158,10 @@ class Eagle3Head(nn.Module):
         self.t2d.zero_()
         self.t2d[ids] = True
 
+    def target_ids(self) -> torch.Tensor:
+        """The target id of each draft id: [V_d] long, on the CPU."""
+        return torch.arange(self.config.draft_vocab_size) + self.d2t.cpu()
+
     @property
     def device(self) -> torch.device:
         return self.fc.weight.device
@@ -183,7 +187,7 @@ class Eagle3Head(nn.Module):
         """Float32 logits over the target vocabulary, −inf off the draft vocabulary: [B, H] → [B, V] (CPU)."""
         draft = self.lm_head(self.norm(hidden)).float().cpu()  # [B, V_d]
         out = torch.full((hidden.shape[0], self.config.target_vocab_size), float("-inf"))
-        out[:, torch.arange(self.config.draft_vocab_size) + self.d2t.cpu()] = draft
+        out[:, self.target_ids()] = draft
         return out
 
 

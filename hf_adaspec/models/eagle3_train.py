@@ -16,6 +16,7 @@ for every position, which ``tools.trace.head_along`` reproduces with the head's 
 from __future__ import annotations
 
 import torch
+
 from .eagle3 import Eagle3Head
 
 
@@ -50,6 +51,13 @@ def ttt_forward(head: Eagle3Head, tokens: torch.Tensor, features: torch.Tensor, 
         allowed = ttt_mask(n, s).to(head.device).expand(tokens.shape[0], n, s * n)
         outs.append(layer.finish(residual, q, torch.cat(keys, dim=2), torch.cat(values, dim=2), allowed))
     return outs
+
+
+def draft_index(head: Eagle3Head) -> torch.Tensor:
+    """The draft id of each target id, −1 where it has none: [V] long (the inverse of ``target_ids``)."""
+    index = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long)
+    index[head.target_ids()] = torch.arange(head.config.draft_vocab_size)
+    return index
 
 
 def soft_labels(top_ids: torch.Tensor, top_logp: torch.Tensor, t2d_index: torch.Tensor) -> tuple[torch.Tensor,
@@ -93,7 +101,7 @@ def init_from_target(head: Eagle3Head, output_weight: torch.Tensor, norm_weight:
     c = head.config
     if output_weight.shape[1] != c.hidden_size or c.target_hidden_size != c.hidden_size:
         raise ValueError(f"the target's width {output_weight.shape[1]} is not the head's {c.hidden_size}")
-    ids = torch.arange(c.draft_vocab_size) + head.d2t.cpu()
+    ids = head.target_ids()
     with torch.no_grad():
         head.lm_head.weight.copy_(output_weight.detach()[ids.to(output_weight.device)].to(head.lm_head.weight))
         head.norm.weight.copy_(norm_weight.detach().to(head.norm.weight))

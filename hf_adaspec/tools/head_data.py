@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 from tqdm.auto import tqdm
 
 from ..backend import hf_compat
@@ -64,8 +64,6 @@ class Sequences:
 
 
 def _serialize(tensors: dict[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
-
     return save({k: v.contiguous() for k, v in tensors.items()})
 
 

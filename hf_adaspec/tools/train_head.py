@@ -29,7 +29,13 @@ from ..backend import hf_compat
 from ..files import atomic_write
 from ..models.eagle3 import Eagle3Head
 from ..models.eagle3_format import random_head, save_head
-from ..models.eagle3_train import distill_loss, init_from_target, soft_labels, ttt_forward
+from ..models.eagle3_train import (
+    distill_loss,
+    draft_index,
+    init_from_target,
+    soft_labels,
+    ttt_forward,
+)
 from .head_data import Sequences
 
 
@@ -83,14 +89,6 @@ def build_head(target, data: Sequences, config: TrainConfig) -> Eagle3Head:
     return head
 
 
-def t2d_index(head: Eagle3Head) -> torch.Tensor:
-    """Draft id of each target id, −1 where it has none: [V] long."""
-    index = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long)
-    ids = torch.arange(head.config.draft_vocab_size) + head.d2t.cpu()
-    index[ids] = torch.arange(head.config.draft_vocab_size)
-    return index
-
-
 def batch_loss(head: Eagle3Head, data: Sequences, index: torch.Tensor, steps: int
                ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """The training-time-test loss on ``data`` (a batch) and per step (agreements, scored entries)."""
@@ -123,7 +121,7 @@ def train(target, data: Sequences, validation: dict[str, Sequences], config: Tra
     """Train (or resume) a head on ``data`` in ``out``; → the saved head's folder (``out/head``)."""
     torch.manual_seed(config.seed)
     head = build_head(target, data, config)
-    index, per_epoch = t2d_index(head), -(-len(data) // config.batch)
+    index, per_epoch = draft_index(head), -(-len(data) // config.batch)
     total = config.train_steps or max(1, int(per_epoch * config.epochs))
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr,
                                   betas=(0.9, 0.95), weight_decay=0.0)
@@ -152,8 +150,6 @@ def train(target, data: Sequences, validation: dict[str, Sequences], config: Tra
             _checkpoint(out / "checkpoint.pt", head, optimizer, config, state)
             last_save = time.monotonic()
     bar.close()
-    if not state["curve"] or state["curve"][-1]["step"] != state["step"]:
-        _evaluate(head, validation, index, config, state, out)
     return save_head(head.to(torch.bfloat16), out / "head")
 
 
