@@ -1,14 +1,14 @@
-"""Live runs: one generation on another thread, observed step by step (what the playground shows).
+"""Live runs: one generation started elsewhere, observed step by step (what the playground shows).
 
-Design: ``run_live`` starts ``model.generate`` on another thread (a new one, or the process's main thread
-through ``MainThreadRunner``) with ``speculation_callback`` (or, for plain
-decoding, a streamer), so every step arrives as (StepRecord, tokens, time) on a queue; the callback only
-puts that tuple (the engine never waits for the observer). The caller's iterator wakes at most once per
-interval (not per token, which would contend for the GIL with the worker), drains the queue and yields
-``LiveSnapshot``s — the text cut into per-token pieces labelled by how each token was made, the steps
-so far, when each arrived, and their ``SpeculationStats``. A ``threading.Event`` stops the run at the
-next emitted token (a stopping criterion), and the run is always waited for, so a stopped run frees the
-model. No Gradio here: the UI lives in ``playground``.
+Design: ``LiveRun`` starts ``model.generate`` through a ``launch`` (a new thread, or the process's main
+thread through ``MainThreadRunner``) with ``speculation_callback`` (or, for plain decoding, a streamer), so
+every step arrives as (StepRecord, tokens, time) on a queue; the callback only puts that tuple (the engine
+never waits for the observer). ``LiveRun.update`` drains the queue into a ``LiveSnapshot`` — the text cut
+into per-token pieces labelled by how each token was made, the steps so far, when each arrived, and their
+``SpeculationStats`` — without waiting (the playground's feed calls it per poll); ``run_live`` iterates
+a run's snapshots, waking at most once per interval. A ``threading.Event`` stops the run at the next
+emitted token (a stopping criterion), and a closed run is waited for, so a stopped run frees the model.
+No Gradio here: the UI lives in ``playground``.
 """
 
 from __future__ import annotations
@@ -206,27 +206,24 @@ class MainThreadRunner:
             call()
 
 
+@dataclass(frozen=True)
+class _Began:
+    at: float  # time.perf_counter() when generate began (after the lock)
+
+
 def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock,
             finished: threading.Event) -> None:
-    """Run generate under ``lock``; put its exception (if any), then _DONE, on the queue; set ``finished``."""
+    """Run generate under ``lock``: put the time it began, then its exception (if any), then _DONE, on the
+    queue; set ``finished``."""
     try:
         with lock:
+            events.put(_Began(time.perf_counter()))
             model.generate(**inputs, **kwargs)
-    except Exception as exc:  # noqa: BLE001 — handed to the consumer thread, which re-raises it
+    except Exception as exc:  # noqa: BLE001 — handed to the observer, which re-raises it
         events.put(exc)
     finally:
         events.put(_DONE)
         finished.set()
-
-
-def _drain(events: queue.Queue) -> list:
-    """Everything on the queue now; waits for the first item if it is empty."""
-    items = [events.get()]
-    while True:
-        try:
-            items.append(events.get_nowait())
-        except queue.Empty:
-            return items
 
 
 def _apply(snapshot: LiveSnapshot, pieces: TokenPieces, record: StepRecord | None, tokens: torch.Tensor) -> None:
@@ -241,50 +238,85 @@ def _apply(snapshot: LiveSnapshot, pieces: TokenPieces, record: StepRecord | Non
     snapshot.stats.row_tokens = (snapshot.stats.new_tokens + tokens.numel(),)  # one row
 
 
+class LiveRun:
+    """One ``generate`` call started elsewhere (``launch``: a new thread by default, or
+    ``MainThreadRunner.submit``), observed without ever making it wait: ``update`` drains what arrived into
+    ``snapshot`` (times from when generate began, after the lock).
+
+    inputs: ``input_ids`` [1, T] (and ``attention_mask``). ``model`` must be ``hf_adaspec.enable``d.
+    ``extra_kwargs`` go to ``generate`` as well (e.g. ``speculation_costs``). ``stop`` set → generation ends
+    at the next token. ``lock`` serialises runs on one model. Raises ValueError for a method the pair cannot run.
+    """
+
+    def __init__(self, model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None,
+                 stop: threading.Event | None = None, lock: threading.Lock | None = None,
+                 extra_kwargs: dict | None = None, launch: Callable[[Callable[[], None]], None] = in_new_thread) -> None:
+        self.stop, lock = stop or threading.Event(), lock or threading.Lock()
+        self.events: queue.Queue = queue.Queue()
+        kwargs = generate_kwargs(settings, draft_model) | (extra_kwargs or {})
+        kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnEvent(self.stop)])
+        if "speculation" in kwargs:
+            kwargs["speculation_callback"] = lambda record, tokens: self.events.put((record, tokens, time.perf_counter()))
+        else:
+            kwargs["streamer"] = _QueueStreamer(self.events)
+        self.finished = threading.Event()
+        self.snapshot, self.pieces, self.began = LiveSnapshot(), TokenPieces(tokenizer), time.perf_counter()
+        launch(lambda: _worker(model, inputs, kwargs, self.events, lock, self.finished))
+
+    def update(self, wait_s: float | None = 0.0) -> LiveSnapshot:
+        """Apply every step that arrived; wait up to ``wait_s`` seconds for the first (None: until one
+        arrives). Returns ``snapshot`` (updated in place; ``done`` once generate returned). Re-raises the
+        exception generate raised."""
+        items = []
+        try:
+            items.append(self.events.get(timeout=wait_s) if wait_s != 0.0 else self.events.get_nowait())
+            while True:
+                items.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        for item in items:
+            if isinstance(item, Exception):
+                self.snapshot.done = True
+                raise item
+            if item is _DONE:
+                self.snapshot.done = True
+            elif isinstance(item, _Began):
+                self.began = item.at
+            else:
+                self._arrived(*item)
+        return self.snapshot
+
+    def _arrived(self, record: StepRecord | None, tokens: torch.Tensor, at: float) -> None:
+        """One step's tokens, emitted at ``at`` (perf_counter s)."""
+        snapshot = self.snapshot
+        if not snapshot.stats.new_tokens:
+            snapshot.stats.prefill_ms = (at - self.began) * 1000.0  # TTFT
+        _apply(snapshot, self.pieces, record, tokens)
+        snapshot.stats.wall_ms = (at - self.began) * 1000.0
+        snapshot.arrivals_ms.append(snapshot.stats.wall_ms)
+
+    def close(self) -> None:
+        """End the run if it is still going (sets ``stop``) and wait until generate has returned."""
+        if not self.snapshot.done:
+            self.stop.set()
+        self.finished.wait()
+
+
 def run_live(
     model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None, stop: threading.Event | None = None,
     lock: threading.Lock | None = None, min_interval_s: float = 0.25, extra_kwargs: dict | None = None,
     launch: Callable[[Callable[[], None]], None] = in_new_thread,
 ) -> Iterator[LiveSnapshot]:
-    """Generate elsewhere (``launch`` starts the call: a new thread by default, or
-    ``MainThreadRunner.submit``); yield a snapshot at most every ``min_interval_s`` (s; only when tokens
-    arrived) and at once when generate returns. The snapshot is the same object, updated in place.
-
-    inputs: ``input_ids`` [1, T] (and ``attention_mask``). ``model`` must be ``hf_adaspec.enable``d.
-    ``extra_kwargs`` go to ``generate`` as well (e.g. ``speculation_costs``).
-    ``stop`` set → generation ends at the next token. ``lock`` serialises runs on one model.
-    Raises ValueError for a method the pair cannot run, and re-raises the worker's exception.
-    """
-    stop, lock = stop or threading.Event(), lock or threading.Lock()
-    events: queue.Queue = queue.Queue()
-    kwargs = generate_kwargs(settings, draft_model) | (extra_kwargs or {})
-    kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnEvent(stop)])
-    if "speculation" in kwargs:
-        kwargs["speculation_callback"] = lambda record, tokens: events.put((record, tokens, time.perf_counter()))
-    else:
-        kwargs["streamer"] = _QueueStreamer(events)
-    finished = threading.Event()
-    snapshot, pieces, start = LiveSnapshot(), TokenPieces(tokenizer), time.perf_counter()
-    launch(lambda: _worker(model, inputs, kwargs, events, lock, finished))
+    """A ``LiveRun`` as an iterator: yield its snapshot at most every ``min_interval_s`` (s; only when
+    tokens arrived) and at once when generate returns (the same object, updated in place). Arguments and
+    errors as ``LiveRun``; closing the iterator early stops the run and waits for it."""
+    run = LiveRun(model, tokenizer, inputs, settings, draft_model, stop, lock, extra_kwargs, launch)
     try:
-        while not snapshot.done:
-            for item in _drain(events):  # wake up once per interval, not per token: the worker keeps the GIL
-                if isinstance(item, Exception):
-                    raise item
-                if item is _DONE:
-                    snapshot.done = True
-                    break
-                record, tokens, at = item  # at: when the worker emitted the tokens
-                if not snapshot.stats.new_tokens:
-                    snapshot.stats.prefill_ms = (at - start) * 1000.0  # TTFT
-                _apply(snapshot, pieces, record, tokens)
-                snapshot.stats.wall_ms = (at - start) * 1000.0
-                snapshot.arrivals_ms.append(snapshot.stats.wall_ms)
+        while not run.snapshot.done:
+            run.update(wait_s=None)  # wake once per interval, not per token: the worker keeps the GIL
             last = time.perf_counter()
-            yield snapshot
-            if not snapshot.done:  # ends early when the worker does, so the final update is not delayed
-                finished.wait(timeout=max(0.0, last + min_interval_s - time.perf_counter()))
+            yield run.snapshot
+            if not run.snapshot.done:  # ends early when the worker does, so the final update is not delayed
+                run.finished.wait(timeout=max(0.0, last + min_interval_s - time.perf_counter()))
     finally:
-        if not snapshot.done:  # the consumer quit early (closed, or an error): end the worker too
-            stop.set()
-        finished.wait()
+        run.close()

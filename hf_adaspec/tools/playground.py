@@ -1,43 +1,38 @@
 """The Gradio playground: every speculation decision, live (``hf-adaspec playground``, ``python app/app.py``).
 
-Design: one Blocks page; a Generate click runs a generator that drives ``live.run_live`` and turns
-each ``LiveSnapshot`` into component values — HighlightedText (one span per token, labelled by how it
-was made), a scatter plot of the chosen k per step, a line plot of each step's predicted vs realized
-time (ms), a table of the latest decisions and a stats line; then, optionally, a plain run of the same
-prompt through the same live path and the same updates, for the speedup. The engine never waits for
-the page: the text and stats update at most every ``text_interval_s``, the charts and the table at most
-every ``chart_interval_s`` (skipped in between: ``gr.skip()``), always once at the end; Gradio sends a
-streamed output as a diff of the last one, so the growing token list costs its new tokens on the wire.
-The page reports its own server-side time per update. The queue serialises runs (concurrency limit);
-Stop sets the session's stop event (the run ends at its next token and frees the model) and cancels
-the event. Errors surface as ``gr.Error`` in the page; the server keeps serving. Model pairs load
-lazily, once.
+Design: one Blocks page. Generate validates the request, starts the chosen method's run (``live.LiveRun``)
+and returns at once with the id of its ``RunFeed``; the live view (``playground_page``, one ``gr.HTML``)
+polls that feed a few times a second and appends what is new — tokens coloured by how each was made,
+the chosen k and the predicted vs realized time of each step, the latest decisions, a stats line — then,
+optionally, the feed runs plain decoding of the same prompt the same way, for the speedup. The engine
+never waits for the page; no Gradio event stays pending while a run lasts. Runs are serialised on the
+pair's lock (and, served by ``launch``, on the main thread). Stop, or a new Generate in the same browser
+session, stops the session's run at its next token (a closed page's run ends at its max new tokens). Bad requests surface as
+``gr.Error``; errors of a run come back in the feed; the server keeps serving. Model pairs load lazily, once.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..engine.stats import StepRecord
-from .live import METHODS, LiveSnapshot, MainThreadRunner, RunSettings, in_new_thread, run_live
-from .playground_views import (
-    COLORS,
-    DRAFTER_COLORS,
-    SERIES_COLORS,
-    UiCost,
-    decisions_frame,
-    k_frame,
-    paced,
-    stats_markdown,
-    step_time_frame,
+from . import playground_page
+from .live import (
+    METHODS,
+    LiveRun,
+    LiveSnapshot,
+    MainThreadRunner,
+    RunSettings,
+    in_new_thread,
 )
+from .playground_views import COLORS, DRAFTER_COLORS, SERIES_COLORS, RunFeed
 
-# Vega lays a chart's bottom legend and its y title out a few px outside the SVG it sizes, which clips them:
-# let them show, in room the chart's block makes for them
-PLOT_CSS = ("#k-plot svg, #time-plot svg { overflow: visible; } "
-            "#k-plot, #time-plot { padding-bottom: 24px; padding-left: 28px; }")
+DECISION_ROWS = 12  # latest decisions the page shows
+CHART_INTERVAL_MS = 1000  # the page redraws its charts and table at most this often (and at the end)
+MAX_FEEDS = 32  # requests whose feeds are kept (the oldest is dropped)
 
 
 @dataclass(frozen=True)
@@ -108,35 +103,26 @@ def load_pair(spec: PairSpec) -> LoadedPair:
     return LoadedPair(target.model, target.tokenizer, draft, threading.Lock())
 
 
-def _charts(steps: list[StepRecord], plain: LiveSnapshot | None, charts: bool) -> tuple:
-    """(k plot, step-time plot, decisions) values, or three skips when the charts are not due."""
-    import gradio as gr
-
-    if not charts:
-        return gr.skip(), gr.skip(), gr.skip()
-    plain_ms = plain.step_intervals_ms() if plain is not None else []
-    return k_frame(steps), step_time_frame(steps, plain_ms), decisions_frame(steps)
-
-
 class Playground:
-    """Holds the loaded pairs and the cached plain runs; ``build()`` returns the Gradio Blocks.
-    text_interval_s, chart_interval_s: the least time between text and between chart updates (s, >= 0);
-    ``launch_run`` starts each generate call (``live.run_live``'s ``launch``: a new thread by default;
-    ``launch`` passes ``MainThreadRunner.submit``)."""
+    """Holds the loaded pairs, the cached plain runs and the requests' feeds; ``build()`` returns the Gradio
+    Blocks. poll_interval_s: how often the page polls a running request (s, > 0); ``launch_run`` starts each
+    generate call (``live.LiveRun``'s ``launch``: a new thread by default; ``launch`` passes
+    ``MainThreadRunner.submit``)."""
 
     def __init__(self, default_pair: str = "qwen", max_prompt_tokens: int = 2048, preload: bool = True,
-                 text_interval_s: float = 0.25, chart_interval_s: float = 1.0,
+                 poll_interval_s: float = 0.25,
                  launch_run: Callable[[Callable[[], None]], None] = in_new_thread) -> None:
         if default_pair not in PAIRS:
             raise ValueError(f"unknown pair {default_pair!r}; choose one of {sorted(PAIRS)}")
         if max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
-        if not (text_interval_s >= 0 and chart_interval_s >= 0):
-            raise ValueError(f"update intervals must be >= 0 s, got {text_interval_s} and {chart_interval_s}")
+        if not poll_interval_s > 0:
+            raise ValueError(f"poll_interval_s must be > 0 s, got {poll_interval_s}")
         self.default_pair, self.max_prompt_tokens = default_pair, max_prompt_tokens
-        self.text_interval_s, self.chart_interval_s, self.launch_run = text_interval_s, chart_interval_s, launch_run
+        self.poll_interval_s, self.launch_run = poll_interval_s, launch_run
         self.pairs: dict[str, LoadedPair] = {}
         self.plain_runs: dict[tuple, LiveSnapshot] = {}
+        self.feeds: OrderedDict[str, RunFeed] = OrderedDict()
         self.load_lock = threading.Lock()
         if preload:
             self.pair(default_pair)
@@ -160,10 +146,10 @@ class Playground:
                              "Shorten it, or start the playground with a larger --max-prompt-tokens.")
         return inputs
 
-    def run(self, control: RunControl, prompt, pair_name, method, k, max_new_tokens, do_sample, temperature, top_p,
-            tpot_slo_ms, compare):
-        """Gradio generator: yields (output, plain output, k plot, step-time plot, decisions, stats) per update;
-        with ``compare``, then the plain run of the same prompt (cached per prompt and settings) the same way."""
+    def start(self, control: RunControl, prompt, pair_name, method, k, max_new_tokens, do_sample, temperature,
+              top_p, tpot_slo_ms, compare) -> str:
+        """Gradio handler: stop the session's previous run, start this request's and return its feed id
+        (the live view's value). Raises gr.Error for a request that cannot run (naming the fix)."""
         import gradio as gr
 
         try:
@@ -171,61 +157,50 @@ class Playground:
                                    float(top_p), float(tpot_slo_ms) if tpot_slo_ms else None)
             pair = self.pair(pair_name)
             inputs = self.encode(pair, prompt)
-            stop, ui = control.start(), UiCost()
-            comparing = compare and method != "plain"
-            done_note = "running plain decoding of the same prompt for the speedup…" if comparing else ""
-
-            def main_view(snap: LiveSnapshot, charts: bool) -> tuple:
-                note = "generating…" if not snap.done else done_note or ui.line()
-                plain = snap if method == "plain" else None  # its step times go to the chart's plain series
-                return (list(snap.pieces), [] if charts else gr.skip(), *_charts(snap.stats.steps, plain, charts),
-                        stats_markdown(snap, settings, None, note))
-
-            runs = run_live(pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock,
-                            self.text_interval_s, launch=self.launch_run)
-            main = yield from paced(runs, main_view, ui, self.chart_interval_s)
-            if not comparing or stop.is_set():
-                return
-            plain = yield from self.plain_run(pair_name, pair, inputs, settings, main, stop, ui)
-            yield (list(main.pieces), list(plain.pieces) if plain else gr.skip(),
-                   *_charts(main.stats.steps, plain, True),
-                   stats_markdown(main, settings, plain.stats.tokens_per_s if plain else None, ui.line()))
+            control.stop.set()
+            stop = control.start()
+            main = LiveRun(pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock,
+                           launch=self.launch_run)
         except ValueError as exc:
             raise gr.Error(str(exc)) from exc
-        except Exception as exc:  # shown in the page; the server keeps serving
-            raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
-
-    def plain_run(self, pair_name: str, pair: LoadedPair, inputs: dict, settings: RunSettings, main: LiveSnapshot,
-                  stop: threading.Event, ui: UiCost):
-        """Generator: plain decoding of the same prompt through ``run_live``, its updates paced and built
-        like the main run's (text and stats, then the charts and table); returns its final snapshot,
-        cached per prompt and settings, or None when stopped."""
-        import gradio as gr
-
         key = (pair_name, tuple(inputs["input_ids"][0].tolist()), settings.max_new_tokens, settings.do_sample,
                settings.temperature, settings.top_p)
-        if key in self.plain_runs:
-            return self.plain_runs[key]
-        plain_settings = RunSettings("plain", max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
-                                     temperature=settings.temperature, top_p=settings.top_p)
+        plain = RunSettings("plain", max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
+                            temperature=settings.temperature, top_p=settings.top_p)
 
-        def plain_view(snap: LiveSnapshot, charts: bool) -> tuple:
-            note = (f"plain decoding of the same prompt, for the speedup: {snap.stats.new_tokens} tokens, "
-                    f"{snap.stats.tokens_per_s:.1f} tokens/s…")
-            return (gr.skip(), list(snap.pieces), *_charts(main.stats.steps, snap, charts),
-                    stats_markdown(main, settings, None, note))
+        def start_plain() -> LiveRun | LiveSnapshot:
+            cached = self.plain_runs.get(key)
+            return cached or LiveRun(pair.model, pair.tokenizer, inputs, plain, stop=stop, lock=pair.lock,
+                                     launch=self.launch_run)
 
-        runs = run_live(pair.model, pair.tokenizer, inputs, plain_settings, stop=stop, lock=pair.lock,
-                        min_interval_s=self.text_interval_s, launch=self.launch_run)
-        plain = yield from paced(runs, plain_view, ui, self.chart_interval_s)
-        if stop.is_set():
-            return None
-        self.plain_runs[key] = plain
-        return plain
+        comparing = bool(compare) and method != "plain"
+        feed = RunFeed(main, settings, start_plain if comparing else None,
+                       lambda snapshot: self.plain_runs.__setitem__(key, snapshot))
+        return self._keep(feed)
+
+    def _keep(self, feed: RunFeed) -> str:
+        """Register ``feed`` under a new unguessable id (dropping the oldest beyond ``MAX_FEEDS``)."""
+        feed_id = secrets.token_hex(8)
+        self.feeds[feed_id] = feed
+        while len(self.feeds) > MAX_FEEDS:
+            self.feeds.popitem(last=False)
+        return feed_id
+
+    def poll(self, cursor: dict) -> dict:
+        """The page's poll: ``cursor["run"]`` names the feed; the rest as ``RunFeed.poll``. An unknown feed
+        answers done with an error."""
+        feed = self.feeds.get(str(cursor.get("run")))
+        if feed is None:
+            return {"pieces": [], "steps": [], "plain_pieces": [], "plain_ms": [], "done": True,
+                    "error": "unknown run", "stats": "This run is no longer kept: Generate again."}
+        return feed.poll(cursor)
 
     def build(self):
         """The Gradio Blocks page (not launched)."""
         import gradio as gr
+
+        async def poll(cursor: dict) -> dict:  # a server function of the live view (a POST outside the queue)
+            return self.poll(cursor)
 
         with gr.Blocks(title="hf-adaspec playground", analytics_enabled=False) as demo:
             control = gr.State(RunControl)
@@ -237,13 +212,6 @@ class Playground:
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate")
                         stop = gr.Button("Stop", variant="stop", elem_id="stop")
-                    output = gr.HighlightedText(label="Output: each token coloured by how it was made",
-                                                color_map=COLORS, show_legend=True, combine_adjacent=True,
-                                                elem_id="output")
-                    stats = gr.Markdown(elem_id="stats")
-                    plain_output = gr.HighlightedText(label="Plain decoding of the same prompt (the speedup's baseline)",
-                                                      color_map=COLORS, combine_adjacent=True, show_inline_category=False,
-                                                      elem_id="plain-output")
                 with gr.Column(scale=2):
                     pair = gr.Dropdown([(p.label, n) for n, p in PAIRS.items()], value=self.default_pair,
                                        label="Model pair (target ← draft)", elem_id="pair")
@@ -256,33 +224,26 @@ class Playground:
                         temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")
                         top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p")
                         slo = gr.Number(None, label="TPOT SLO (ms per token, optional; adaptive avoids choices predicted to break it)")
-            with gr.Row():
-                k_plot = gr.ScatterPlot(x="step", y="k", color="drafter", title="Chosen k per step (0 = plain step)",
-                                        color_map=DRAFTER_COLORS, y_lim=[0, 8], elem_id="k-plot")
-                time_plot = gr.LinePlot(x="step", y="ms", color="series", color_map=SERIES_COLORS,
-                                        y_lim=[0, None], elem_id="time-plot",
-                                        title="Step time (ms): predicted vs realized draft + verify; plain decoding's steps")
-            decisions = gr.Dataframe(label="Latest decisions", elem_id="decisions")
+            live = gr.HTML("", html_template=playground_page.TEMPLATE, css_template=playground_page.CSS,
+                           js_on_load=playground_page.SCRIPT, server_functions=[poll], elem_id="live",
+                           colors=COLORS, drafter_colors=DRAFTER_COLORS, series_colors=SERIES_COLORS,
+                           decision_rows=DECISION_ROWS, interval_ms=round(1000 * self.poll_interval_s),
+                           chart_interval_ms=CHART_INTERVAL_MS)
             inputs = [control, prompt, pair, method, k, max_new, do_sample, temperature, top_p, slo, compare]
-            # no progress trackers on the outputs: each runs a timer every animation frame while the run lasts,
-            # which keeps the browser busy on the engine's cores (the Stop button has none)
-            event = generate.click(self.run, inputs, [output, plain_output, k_plot, time_plot, decisions, stats],
-                                   show_progress="hidden", show_progress_on=[stop])
-            stop.click(lambda c: c.stop.set(), [control], None, cancels=[event])
+            generate.click(self.start, inputs, live, show_progress="hidden")
+            stop.click(lambda c: c.stop.set(), [control], None, show_progress="hidden")
         return demo
 
-
 def launch(pair: str = "qwen", host: str = "127.0.0.1", port: int = 7860, max_prompt_tokens: int = 2048,
-           concurrency: int = 1, max_queue: int = 16, text_interval_s: float = 0.25, chart_interval_s: float = 1.0) -> None:
+           concurrency: int = 1, max_queue: int = 16, poll_interval_s: float = 0.25) -> None:
     """Load ``pair``, then serve the playground on ``host:port`` until interrupted (localhost by default);
-    the intervals as in ``Playground``. The page is served from Gradio's threads; every generate call runs
+    ``poll_interval_s`` as in ``Playground``. The page is served from Gradio's threads; every generate call runs
     on this (the main) thread (``live.MainThreadRunner``)."""
     runner = MainThreadRunner()
-    playground = Playground(pair, max_prompt_tokens, text_interval_s=text_interval_s, chart_interval_s=chart_interval_s,
-                            launch_run=runner.submit)
+    playground = Playground(pair, max_prompt_tokens, poll_interval_s=poll_interval_s, launch_run=runner.submit)
     demo = playground.build()
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
-    demo.launch(server_name=host, server_port=port, show_error=True, ssr_mode=False, css=PLOT_CSS,
+    demo.launch(server_name=host, server_port=port, show_error=True, ssr_mode=False,
                 prevent_thread_lock=True)
     try:
         runner.serve()
