@@ -125,7 +125,8 @@ def test_generate_shows_coloured_tokens_chart_and_speedup(page, shots):
     steps = page.locator("#decisions tbody tr").count()
     assert int(page.locator("#k-plot").get_attribute("data-points")) >= steps > 0  # one point per step
     assert int(page.locator("#time-plot").get_attribute("data-points")) > steps  # predicted, realized, plain
-    for keys, series in (("#k-keys", ["plain", "draft_model"]), ("#time-keys", ["predicted", "realized", "plain decoding"])):
+    keyed = (("#k-keys", ["plain", "draft_model"]), ("#time-keys", ["predicted", "realized", "plain decoding"]))
+    for keys, series in keyed:
         assert set(series) <= set(page.locator(f"{keys} .key").all_text_contents())
         assert _shown(page, f"{keys} .key"), f"{keys}' entries are cut off"
     page.screenshot(path=str(shots / "playground.png"), full_page=True)

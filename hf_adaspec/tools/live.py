@@ -250,13 +250,15 @@ class LiveRun:
 
     def __init__(self, model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None,
                  stop: threading.Event | None = None, lock: threading.Lock | None = None,
-                 extra_kwargs: dict | None = None, launch: Callable[[Callable[[], None]], None] = in_new_thread) -> None:
+                 extra_kwargs: dict | None = None,
+                 launch: Callable[[Callable[[], None]], None] = in_new_thread) -> None:
         self.stop, lock = stop or threading.Event(), lock or threading.Lock()
         self.events: queue.Queue = queue.Queue()
         kwargs = generate_kwargs(settings, draft_model) | (extra_kwargs or {})
         kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnEvent(self.stop)])
         if "speculation" in kwargs:
-            kwargs["speculation_callback"] = lambda record, tokens: self.events.put((record, tokens, time.perf_counter()))
+            kwargs["speculation_callback"] = lambda record, tokens: self.events.put(
+                (record, tokens, time.perf_counter()))
         else:
             kwargs["streamer"] = _QueueStreamer(self.events)
         self.finished = threading.Event()

@@ -7,8 +7,9 @@ the chosen k and the predicted vs realized time of each step, the latest decisio
 optionally, the feed runs plain decoding of the same prompt the same way, for the speedup. The engine
 never waits for the page; no Gradio event stays pending while a run lasts. Runs are serialised on the
 pair's lock (and, served by ``launch``, on the main thread). Stop, or a new Generate in the same browser
-session, stops the session's run at its next token (a closed page's run ends at its max new tokens). Bad requests surface as
-``gr.Error``; errors of a run come back in the feed; the server keeps serving. Model pairs load lazily, once.
+session, stops the session's run at its next token (a closed page's run ends at its max new tokens). Bad
+requests surface as ``gr.Error``; errors of a run come back in the feed; the server keeps serving. Model
+pairs load lazily, once.
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ class Playground:
                            launch=self.launch_run)
         except ValueError as exc:
             raise gr.Error(str(exc)) from exc
+        except Exception as exc:  # e.g. a pair that fails to load: shown in the page; the server keeps serving
+            raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
         key = (pair_name, tuple(inputs["input_ids"][0].tolist()), settings.max_new_tokens, settings.do_sample,
                settings.temperature, settings.top_p)
         plain = RunSettings("plain", max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,

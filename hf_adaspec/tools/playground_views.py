@@ -95,7 +95,8 @@ class RunFeed:
         main, plain = self._advance()
         done = self.error is not None or (main.done and (self.start_plain is None or self.main.stop.is_set()
                                                          or (plain is not None and plain.done)))
-        plain_tps = plain.stats.tokens_per_s if plain is not None and plain.done and not self.main.stop.is_set() else None
+        finished = plain is not None and plain.done and not self.main.stop.is_set()
+        plain_tps = plain.stats.tokens_per_s if finished else None
         answer = {
             "pieces": main.pieces[at["pieces"]:],
             "steps": [step_row(s) for s in main.stats.steps[at["steps"]:]],
