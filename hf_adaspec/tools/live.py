@@ -180,7 +180,7 @@ def median_time_ratio(steps: list[StepRecord]) -> float:
 
 
 def in_new_thread(call: Callable[[], None]) -> None:
-    """Start ``call`` in a new daemon thread (``run_live``'s default way to run generate)."""
+    """Start ``call`` in a new daemon thread (``LiveRun``'s default way to run generate)."""
     threading.Thread(target=call, daemon=True).start()
 
 
@@ -193,7 +193,7 @@ class MainThreadRunner:
         self.calls: queue.Queue = queue.Queue()
 
     def submit(self, call: Callable[[], None]) -> None:
-        """Queue ``call`` (``run_live``'s ``launch``)."""
+        """Queue ``call`` (a ``LiveRun``'s ``launch``)."""
         self.calls.put(call)
 
     def serve(self, stop: threading.Event | None = None, poll_s: float = 0.5) -> None:

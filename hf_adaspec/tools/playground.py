@@ -29,7 +29,13 @@ from .live import (
     RunSettings,
     in_new_thread,
 )
-from .playground_views import COLORS, DRAFTER_COLORS, SERIES_COLORS, RunFeed
+from .playground_views import (
+    COLORS,
+    CURSOR_FIELDS,
+    DRAFTER_COLORS,
+    SERIES_COLORS,
+    RunFeed,
+)
 
 DECISION_ROWS = 12  # latest decisions the page shows
 CHART_INTERVAL_MS = 1000  # the page redraws its charts and table at most this often (and at the end)
@@ -176,10 +182,11 @@ class Playground:
             return cached or LiveRun(pair.model, pair.tokenizer, inputs, plain, stop=stop, lock=pair.lock,
                                      launch=self.launch_run)
 
+        def keep_plain(snapshot: LiveSnapshot) -> None:
+            self.plain_runs[key] = snapshot
+
         comparing = bool(compare) and method != "plain"
-        feed = RunFeed(main, settings, start_plain if comparing else None,
-                       lambda snapshot: self.plain_runs.__setitem__(key, snapshot))
-        return self._keep(feed)
+        return self._keep(RunFeed(main, settings, start_plain if comparing else None, keep_plain))
 
     def _keep(self, feed: RunFeed) -> str:
         """Register ``feed`` under a new unguessable id (dropping the oldest beyond ``MAX_FEEDS``)."""
@@ -194,8 +201,8 @@ class Playground:
         answers done with an error."""
         feed = self.feeds.get(str(cursor.get("run")))
         if feed is None:
-            return {"pieces": [], "steps": [], "plain_pieces": [], "plain_ms": [], "done": True,
-                    "error": "unknown run", "stats": "This run is no longer kept: Generate again."}
+            return {name: [] for name in CURSOR_FIELDS} | {
+                "done": True, "error": "unknown run", "stats": "This run is no longer kept: Generate again."}
         return feed.poll(cursor)
 
     def build(self):
