@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..backend import hf_compat
-from ..config import ADAPTIVE, SpeculationConfig
+from ..config import SpeculationConfig
 from ..costs.cache import CostCache
 from ..costs.table import CostTable
 from ..engine.loop import DecodeSettings, speculative_decode
@@ -133,14 +133,11 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
                               generation_config.do_sample, hf_compat.pad_token_id(generation_config),
                               hf_compat.eos_token_ids(generation_config), hf_compat.vocab_size(model),
                               request.streamer, on_step=request.on_step)
-    config = request.config if request.costs is None else replace(request.config, cost_tracking=False)
-    costs_for = _costs_for(model, request, input_ids.shape[0], input_ids.shape[1])
-    run = build_run(config, request.state, input_ids, mask, request.draft_model,
-                    ModelCaches(model, request.draft_model), costs_for, settings)
+    run = build_run(request.config, request.state, input_ids, mask, request.draft_model,
+                    ModelCaches(model, request.draft_model),
+                    _costs_for(model, request, input_ids.shape[0], input_ids.shape[1]), settings)
     result = speculative_decode(run.parts, input_ids, mask)
-    result.stats.tpot_slo_ms = config.tpot_slo_ms
-    if config.cost_tracking and config.speculation == ADAPTIVE:
-        result.stats.cost_factors = request.state.costs.tracker(costs_for(input_ids.shape[0]).key).factors(config.k_max + 1)
+    result.stats.tpot_slo_ms = request.config.tpot_slo_ms
     width, rows = input_ids.shape[1], range(input_ids.shape[0])
     record_run(request.state, run, [input_ids[i][mask[i].bool()].tolist() for i in rows],
                [result.sequences[i, width : width + result.stats.row_tokens[i]].tolist() for i in rows])
@@ -230,7 +227,7 @@ def enable(model) -> Any:
     Extra keywords with ``speculation``: every ``SpeculationConfig`` field but ``speculation``
     (``num_speculative_tokens``, ``max_speculative_tokens``, ``prompt_lookup_max_ngram``, ``tpot_slo_ms``,
     ``draft_p_min``), ``speculation_state`` (a ``SpeculationState`` to learn into instead of the model's
-    own), ``speculation_costs`` (a ``CostTable``, used as is: never corrected by ``cost_tracking``), ``speculation_profile`` (path of an
+    own), ``speculation_costs`` (a ``CostTable``, used as is), ``speculation_profile`` (path of an
     ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the cached profile of this pair, else
     calibration at first use) and ``speculation_callback``: called as ``fn(record, tokens)`` after each
     step with its ``StepRecord`` (None for the prefill's token) and the tokens it emitted ([m] long, on

@@ -34,7 +34,7 @@ class DecodeSettings:
     """What the loop needs from the generation config: processors, stopping, the length budget (tokens),
     sampling, pad and EOS ids, the target's logits width V (a draft model with a narrower output head
     has its logits padded to it; 0: not given), and at batch size 1 the streamer and the step callback
-    ``on_step(record, tokens [m])``; ``clock``: what step times are read from (seconds)."""
+    ``on_step(record, tokens [m])``."""
 
     logits_processor: object
     stopping_criteria: object
@@ -47,7 +47,6 @@ class DecodeSettings:
     generator: torch.Generator | None = None
     on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
     horizon: Callable[[int, int], int] = lindy_horizon  # (generated, tokens left) → tokens still to come
-    clock: Callable[[], float] = time.perf_counter  # seconds; the replay's runs on its priced forwards
 
 
 @dataclass(frozen=True)
@@ -206,9 +205,8 @@ def _leave(parts: RunParts, rows: _Rows, finished: list[bool]) -> None:
 def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DecodeResult:
     """Generate for a left-padded batch with ``parts`` (its cache empty). input_ids, attention_mask: [B, T]
     → DecodeResult."""
-    settings = parts.settings
-    start, batch, clock = settings.clock(), input_ids.shape[0], settings.clock
-    now = lambda: (clock() - start) * 1000.0  # noqa: E731
+    start, batch, settings = time.perf_counter(), input_ids.shape[0], parts.settings
+    now = lambda: (time.perf_counter() - start) * 1000.0  # noqa: E731
     rows = _Rows(list(input_ids.cpu()), (attention_mask.shape[1] - attention_mask.sum(1)).tolist(), input_ids.shape[1],
                  list(range(batch)), [0.0] * batch)
     stats = SpeculationStats()
@@ -228,9 +226,9 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     while rows.active:
         current = rows.current()
         offers, view, decision = _decide(rows, current, parts)  # decide
-        t0 = clock()
+        t0 = time.perf_counter()
         proposals = _propose(parts, current, offers, decision)  # propose
-        t1 = clock()
+        t1 = time.perf_counter()
         block, valid = right_pad([torch.cat([rows.views[i][-1:], p.tokens[0]])  # [b, k+1]
                                   for i, p in zip(rows.active, proposals)], settings.pad_token_id)
         logits, features = parts.cache.append_features(block, valid, block.shape[1], parts.feature_layers)
@@ -244,9 +242,8 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         kept = None if features is None else [features[s, : n + 1] for s, n in enumerate(accepted)]  # [n_i+1, F]
         _commit(parts, finished, confirmed, own, kept)  # commit
         ks = tuple(p.k for p in proposals)
-        draft_ms, verify_ms = (t1 - t0) * 1000.0, (clock() - t1) * 1000.0
-        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals), seen,
-                              draft_ms, verify_ms)
+        draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
+        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals), seen)
         predicted_ms = parts.controller.price(outcome)
         parts.controller.observe(outcome)  # observe
         for s, i in enumerate(rows.active):

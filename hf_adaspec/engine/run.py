@@ -20,7 +20,6 @@ from ..backend.draft_prefix import DraftPrefixStore, PrefixSeed
 from ..backend.ragged import KVCache, RaggedCache
 from ..config import SpeculationConfig
 from ..costs.table import CostTable
-from ..costs.tracking import CostMemory
 from ..policy.confidence import CalibratorMemory
 from ..policy.match import MatchMemory
 from ..policy.modes import MODES, DrafterContext, DrafterSpec, Learned, PolicyInputs
@@ -32,8 +31,7 @@ from .loop import DecodeSettings, RunParts
 class SpeculationState:
     """What ``generate`` learns across requests of one model: the draft's confidence calibration,
     the costless drafters' acceptance per match length (``matches``), the draft's recent caches
-    (``draft_prefixes``), for suffix drafting the recent responses (``suffixes``) and the drift of
-    realized step times from their prices (``costs``). ``enable`` keeps one
+    (``draft_prefixes``) and, for suffix drafting, the recent responses (``suffixes``). ``enable`` keeps one
     per model, so decisions — and with them sampled outputs — change from call to call as it learns;
     ``generate(..., speculation_state=SpeculationState())`` starts a call (or a workload, or a benchmarked
     method) from a fresh one."""
@@ -42,7 +40,6 @@ class SpeculationState:
     matches: MatchMemory = field(default_factory=MatchMemory)
     draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
     suffixes: SuffixMemory = field(default_factory=SuffixMemory)
-    costs: CostMemory = field(default_factory=CostMemory)
 
 
 class Caches(Protocol):
@@ -101,7 +98,7 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
                              settings.eos_token_ids, draft_key, draft_cache, state.suffixes, settings.generator,
                              settings.vocab_size)
     drafters = tuple(spec.build(context) for spec in specs)
-    learned = Learned(state.calibrators, state.matches, state.costs)
+    learned = Learned(state.calibrators, state.matches)
     inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(draft_key)) for s in specs), learned)
     features = tuple(layer for spec in specs for layer in spec.target_features(draft_key))
     parts = RunParts(caches.target(batch), drafters, mode.controller(inputs), settings, config.k_max, features)

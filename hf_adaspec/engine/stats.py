@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
-from ..costs.tracking import CostFactors
-
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -54,8 +52,7 @@ class SpeculationStats:
     """Every row's decisions of one request plus times: ``row_tokens`` generated per row, ``finish_ms``
     when each row finished (ms from the start); ``tpot_slo_ms``: the request's TPOT objective (ms/token,
     None when none was set); ``draft_prefix_tokens``: prompt tokens the draft's cache started with,
-    reused from an earlier request; ``cost_factors``: what cost tracking multiplied the priced costs by after
-    the request (None: costs used as priced)."""
+    reused from an earlier request."""
 
     steps: list[StepRecord] = field(default_factory=list)
     prefill_ms: float = 0.0
@@ -64,7 +61,6 @@ class SpeculationStats:
     finish_ms: tuple[float, ...] = ()
     tpot_slo_ms: float | None = None
     draft_prefix_tokens: int = 0
-    cost_factors: CostFactors | None = None
 
     @property
     def batch(self) -> int:
@@ -146,8 +142,7 @@ class SpeculationStats:
 
     def summary(self) -> str:
         """One line: (rows,) tokens/s, mean accepted length, acceptance, k histogram, share of plain steps,
-        the draft's reused prompt tokens when any, the SLO attainment when an SLO was set, and the cost
-        factors when cost tracking moved them."""
+        the draft's reused prompt tokens when any, and the SLO attainment when an SLO was set."""
         hist = " ".join(f"{k}:{n}" for k, n in self.k_histogram.items())
         rows = f"{self.batch} rows, " if self.batch > 1 else ""
         line = (
@@ -159,8 +154,6 @@ class SpeculationStats:
             line += f" | draft reused {self.draft_prefix_tokens} prompt tokens"
         if self.tpot_slo_ms is not None:
             line += f" | TPOT SLO {self.tpot_slo_ms:g} ms met by {100 * self.slo_attainment():.0f}% of tokens"
-        if self.cost_factors is not None and self.cost_factors.steps:
-            line += f" | costs {self.cost_factors.describe()}"
         return line
 
     def to_dict(self) -> dict:
@@ -172,6 +165,5 @@ class SpeculationStats:
             "mean_k": self.mean_k, "k_histogram": self.k_histogram, "plain_share": self.plain_share,
             "draft_prefix_tokens": self.draft_prefix_tokens, "tpot_slo_ms": self.tpot_slo_ms,
             "slo_attainment": self.slo_attainment() if self.tpot_slo_ms is not None else None,
-            "cost_factors": asdict(self.cost_factors) if self.cost_factors is not None else None,
             "steps": [asdict(s) for s in self.steps],
         }

@@ -25,7 +25,6 @@ import torch
 
 from ..config import _check_integer
 from ..costs.table import CostTable
-from ..costs.tracking import CostMemory, StepTiming
 from ..proposers.base import StopRule
 from .acceptance import AcceptanceModel, ConfidenceAcceptance, IIDAcceptance
 from .goodput import Offer, best_plan, draft_next_column, expected_tokens, step_time_ms
@@ -66,35 +65,25 @@ class StepOutcome:
     """What a step did per row: drafter index, tokens drafted (k_i), accepted (n_i ≤ k_i) and the draft's
     q(x_u) of each drafted token (empty for deterministic drafters); ``hindsight[d]``: for a costless drafter
     d, per row (compared, accepted) of its whole offer against the emitted tokens (None: not costless;
-    empty: not given); ``draft_ms``, ``verify_ms``: the step's realized draft and verification times (ms;
-    NaN: not timed)."""
+    empty: not given)."""
 
     drafters: tuple[int, ...]
     ks: tuple[int, ...]
     accepted: tuple[int, ...]
     confidences: tuple[tuple[float, ...], ...]
     hindsight: tuple[tuple[tuple[int, int], ...] | None, ...] = ()
-    draft_ms: float = math.nan
-    verify_ms: float = math.nan
-
-
-def paid_tokens(paid: Sequence[bool], catchup: Sequence[int], outcome: StepOutcome) -> tuple[int, int]:
-    """(draft tokens, catch-up tokens) the paid drafters of ``outcome`` forwarded: per paid drafter used, its
-    widest row's k_i and its ``catchup[d]`` ingested columns."""
-    drafted = ingested = 0
-    for d in {d for d, k in zip(outcome.drafters, outcome.ks, strict=True) if k and paid[d]}:
-        drafted += max(k for e, k in zip(outcome.drafters, outcome.ks, strict=True) if e == d)
-        ingested += catchup[d]
-    return drafted, ingested
 
 
 def step_ms(costs: CostTable, paid: Sequence[bool], catchup: Sequence[int], outcome: StepOutcome
             ) -> tuple[float, float]:
-    """Predicted (draft, verification) time in ms of the step ``outcome`` ran, at its realized widths: the
-    ``paid_tokens`` at their costs; the target's forward over max_i k_i + 1 new tokens per row (SmartSpec,
-    arXiv 2406.14066, §4.2: k·t_draft + t_verify(k+1))."""
-    drafted, ingested = paid_tokens(paid, catchup, outcome)
-    return drafted * costs.draft_ms + ingested * costs.draft_catchup_ms, costs.t_verify(max(outcome.ks) + 1)
+    """Predicted (draft, verification) time in ms of the step ``outcome`` ran, at its realized widths: per
+    paid drafter used, its widest row's k_i draft tokens and its ``catchup[d]`` ingested columns; the target's
+    forward over max_i k_i + 1 new tokens per row (SmartSpec, arXiv 2406.14066, §4.2: k·t_draft + t_verify(k+1))."""
+    draft = 0.0
+    for d in {d for d, k in zip(outcome.drafters, outcome.ks, strict=True) if k and paid[d]}:
+        widest = max(k for e, k in zip(outcome.drafters, outcome.ks, strict=True) if e == d)
+        draft += widest * costs.draft_ms + catchup[d] * costs.draft_catchup_ms
+    return draft, costs.t_verify(max(outcome.ks) + 1)
 
 
 class Controller(Protocol):
@@ -123,25 +112,20 @@ class AdaptiveController:
 
     ``costs_for(b)``: the ``CostTable`` at b rows; ``models[d]``: drafter d's acceptance model;
     ``paid[d]``: whether drafter d costs a draft forward (the draft model) or nothing (prompt lookup);
-    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can;
-    ``costs``: the pair's ``CostMemory`` when the prices follow the realized step times (``costs.tracking``),
-    None to price with ``costs_for`` as given.
+    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can.
     """
 
     def __init__(self, costs_for: Callable[[int], CostTable], models: Sequence[AcceptanceModel],
-                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None,
-                 costs: CostMemory | None = None) -> None:
+                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None) -> None:
         self.costs_for, self.models, self.paid = costs_for, list(models), list(paid)
-        self.min_gain, self.tpot_slo_ms, self.memory = min_gain, tpot_slo_ms, costs
-        self._base: CostTable | None = None
+        self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
         self._costs: CostTable | None = None
         self._catchup: tuple[int, ...] = ()
 
     def decide(self, view: StepView) -> Decision:
         """``best_plan`` over every drafter's paths; a confidence-stopped row is offered its whole upper
         bound (the stop rule ends it), another row its min(k, u_i)."""
-        base = self._base = self.costs_for(view.batch)
-        costs = self._costs = base if self.memory is None else self.memory.tracker(base.key).corrected(base)
+        costs = self._costs = self.costs_for(view.batch)
         self._catchup = view.catchup
         for d, evidence in enumerate(view.evidence):
             self.models[d].see(evidence)
@@ -171,8 +155,7 @@ class AdaptiveController:
 
     def observe(self, outcome: StepOutcome) -> None:
         """A costless drafter learns on every row from its hindsight; a paid one from the rows that drafted
-        with it (their confidences); without hindsight a plain row relaxes every i.i.d. model of that row.
-        With a ``CostMemory``, the pair's tracker learns the step's realized times against their prices."""
+        with it (their confidences); without hindsight a plain row relaxes every i.i.d. model of that row."""
         seen = outcome.hindsight or (None,) * len(self.models)
         for d, rows in enumerate(seen):
             for i, (compared, accepted) in enumerate(rows or ()):
@@ -184,14 +167,6 @@ class AdaptiveController:
             elif not k and not outcome.hindsight:
                 for m in self.models:
                     m.observe(i, 0, 0, ())
-        if self.memory is not None and self._base is not None:
-            self.memory.tracker(self._base.key).observe(self._timing(outcome))
-
-    def _timing(self, outcome: StepOutcome) -> StepTiming:
-        """The step's times as the uncorrected costs price it and as realized."""
-        draft, verify = step_ms(self._base, self.paid, self._catchup, outcome)
-        drafted, ingested = paid_tokens(self.paid, self._catchup, outcome)
-        return StepTiming(max(outcome.ks) + 1, draft, verify, outcome.draft_ms, outcome.verify_ms, drafted, ingested)
 
     def price(self, outcome: StepOutcome) -> float:
         if self._costs is None:

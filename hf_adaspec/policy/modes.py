@@ -15,16 +15,14 @@ for a run from a ``DrafterContext``, and how the adaptive controller prices its 
   model, the head takes the draft model's place in either mode, priced and stopped by its own calibrated
   confidence; the run records the target's features it reads.
 
-What a pair learns across requests (the confidence calibration, the match-length tables, and for
-"adaptive" with ``cost_tracking`` the drift of its step times from their prices) comes in through
-``Learned``, objects the controller and acceptance models update; each drafter's share of it is found by its
-memory key, the cost drift by the cost table's key.
+What a pair learns across requests (the confidence calibration, the match-length tables) comes in through
+``Learned``, objects the acceptance models update; each drafter's share of it is found by its memory key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -32,15 +30,8 @@ from ..backend import hf_compat
 from ..backend.ragged import KVCache
 from ..config import ADAPTIVE, FIXED, SpeculationConfig
 from ..costs.table import CostTable
-from ..costs.tracking import CostMemory
 from ..models.eagle3 import Eagle3Head
-from ..proposers import (
-    Drafter,
-    DraftModelProposer,
-    PromptLookupProposer,
-    SuffixMemory,
-    SuffixProposer,
-)
+from ..proposers import Drafter, DraftModelProposer, PromptLookupProposer, SuffixMemory, SuffixProposer
 from ..proposers.draft_head import DraftHeadProposer
 from .acceptance import AcceptanceModel, ConfidenceAcceptance
 from .confidence import CalibratorMemory
@@ -51,12 +42,10 @@ from .match import MatchAcceptance, MatchMemory
 @dataclass(frozen=True)
 class Learned:
     """What the pair learned across requests, keyed per drafter: the draft's confidence calibrations and
-    the costless drafters' acceptance per match length; and per cost table the realized step times' drift
-    (``costs``)."""
+    the costless drafters' acceptance per match length."""
 
     calibrators: CalibratorMemory
     matches: MatchMemory
-    costs: CostMemory = field(default_factory=CostMemory)
 
 
 @dataclass(frozen=True)
@@ -157,8 +146,7 @@ class PolicyInputs:
 def _adaptive(inputs: PolicyInputs) -> Controller:
     models = [spec.acceptance(inputs.batch, inputs.learned, key) for spec, key in inputs.drafters]
     return AdaptiveController(inputs.costs_for, models, [spec.paid for spec, _ in inputs.drafters],
-                              tpot_slo_ms=inputs.config.tpot_slo_ms,
-                              costs=inputs.learned.costs if inputs.config.cost_tracking else None)
+                              tpot_slo_ms=inputs.config.tpot_slo_ms)
 
 
 def _fixed(inputs: PolicyInputs) -> Controller:

@@ -4,8 +4,7 @@
 once the assistant's token probability falls below ``assistant_confidence_threshold=0.4``.
 "fixed-k" drafts k tokens with the draft model every step; "pmin" is the llama.cpp-style baseline
 (``speculation="fixed"`` with k = 8 and ``draft_p_min=0.75``); "adaptive" is the library's policy with
-the draft model ("adaptive-fixed-costs": the same on the profile's costs as measured, ``cost_tracking=False``),
-"adaptive-lookup" without one (prompt lookup only); "plain-again" times plain decoding
+the draft model, "adaptive-lookup" without one (prompt lookup only); "plain-again" times plain decoding
 a second time, an A/A control whose speedup is the run's noise.
 
 Methods run interleaved per prompt (the order rotates from prompt to prompt) so machine drift hits
@@ -34,13 +33,12 @@ from ..engine.run import SpeculationState
 from .bench_oracle import PromptOracle, prompt_oracle
 from .prompts import Prompt
 
-METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive", "adaptive-fixed-costs",
-           "adaptive-lookup")
-NEEDS_DRAFT = ("hf-assisted", "fixed-k", "pmin", "adaptive", "adaptive-fixed-costs")  # methods that run the draft model
+METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive", "adaptive-lookup")
+NEEDS_DRAFT = ("hf-assisted", "fixed-k", "pmin", "adaptive")  # methods that run the draft model
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "pmin": "draft",
-                 "adaptive": "hybrid", "adaptive-fixed-costs": "hybrid", "adaptive-lookup": "lookup"}
+                 "adaptive": "hybrid", "adaptive-lookup": "lookup"}
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,6 @@ def method_kwargs(method: str, draft, fixed_k: int) -> dict:
         "fixed-k": {"assistant_model": draft, "speculation": "fixed", "num_speculative_tokens": fixed_k},
         "pmin": {"assistant_model": draft, "speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 0.75},
         "adaptive": {"assistant_model": draft, "speculation": "adaptive"},
-        "adaptive-fixed-costs": {"assistant_model": draft, "speculation": "adaptive", "cost_tracking": False},
         "adaptive-lookup": {"speculation": "adaptive"},
     }
     if method not in table:

@@ -24,7 +24,6 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from ..config import _check_integer
-from ..costs.tracking import CostFactors
 from ..engine.stats import SpeculationStats, StepRecord
 
 METHODS = ("adaptive", "prompt-lookup", "fixed", "plain")
@@ -212,23 +211,14 @@ class _Began:
     at: float  # time.perf_counter() when generate began (after the lock)
 
 
-@dataclass(frozen=True)
-class _Priced:
-    factors: CostFactors | None  # what cost tracking multiplied the prices by (SpeculationStats.cost_factors)
-
-
 def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock,
             finished: threading.Event) -> None:
-    """Run generate under ``lock``: put the time it began, then its exception (if any) or, with speculation,
-    its cost factors, then _DONE, on the queue; set ``finished``."""
+    """Run generate under ``lock``: put the time it began, then its exception (if any), then _DONE, on the
+    queue; set ``finished``."""
     try:
         with lock:
             events.put(_Began(time.perf_counter()))
-            if "speculation" in kwargs:
-                out = model.generate(**inputs, **kwargs, return_dict_in_generate=True)
-                events.put(_Priced(out.speculation.cost_factors))
-            else:
-                model.generate(**inputs, **kwargs)
+            model.generate(**inputs, **kwargs)
     except Exception as exc:  # noqa: BLE001 — handed to the observer, which re-raises it
         events.put(exc)
     finally:
@@ -294,8 +284,6 @@ class LiveRun:
                 self.snapshot.done = True
             elif isinstance(item, _Began):
                 self.began = item.at
-            elif isinstance(item, _Priced):
-                self.snapshot.stats.cost_factors = item.factors
             else:
                 self._arrived(*item)
         return self.snapshot

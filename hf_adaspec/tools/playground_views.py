@@ -41,8 +41,7 @@ def step_row(step: StepRecord) -> list:
 
 def stats_line(snapshot: LiveSnapshot, settings: RunSettings, plain_tps: float | None, note: str = "") -> str:
     """One status line: tokens, tokens/s, TTFT, acceptance, mean accepted length, plain share, median
-    realized/predicted step time, SLO, the cost factors once the run is done, speedup; ``note`` on a second
-    line."""
+    realized/predicted step time, SLO, speedup; ``note`` on a second line."""
     s = snapshot.stats
     parts = [f"{settings.method}: {s.new_tokens} tokens, {s.tokens_per_s:.1f} tokens/s, TTFT {s.prefill_ms:.0f} ms"]
     if settings.method != "plain":
@@ -54,8 +53,6 @@ def stats_line(snapshot: LiveSnapshot, settings: RunSettings, plain_tps: float |
         if settings.tpot_slo_ms is not None:
             met = slo_attainment(s.steps, settings.tpot_slo_ms)
             parts.append(f"TPOT SLO {settings.tpot_slo_ms:g} ms met by {100 * met:.0f}% of tokens")
-        if s.cost_factors is not None and s.cost_factors.steps:
-            parts.append(f"costs tracked: {s.cost_factors.describe()}")
     if plain_tps:
         parts.append(f"plain decoding {plain_tps:.1f} tokens/s → speedup {s.tokens_per_s / plain_tps:.2f}x")
     return " | ".join(parts) + (f"\n{note}" if note else "")

@@ -40,18 +40,9 @@ from .bench import method_kwargs
 from .bench_oracle import costless_runs
 from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 from .trace import Trace
-from .virtual import (
-    Forward,
-    TraceCaches,
-    VirtualHead,
-    Vocab,
-    draft_answers,
-    head_answers,
-    target_answers,
-)
+from .virtual import Forward, TraceCaches, VirtualHead, Vocab, draft_answers, head_answers, target_answers
 
-REPLAY_METHODS = ("plain", "fixed-k", "pmin", "adaptive", "adaptive-fixed-costs", "adaptive-lookup", "fixed-head",
-                  "adaptive-head")
+REPLAY_METHODS = ("plain", "fixed-k", "pmin", "adaptive", "adaptive-lookup", "fixed-head", "adaptive-head")
 HEAD_METHODS = ("fixed-head", "adaptive-head")
 HEAD_FAMILY = {"fixed-head": "head", "adaptive-head": "head-hybrid"}  # the oracle family bounding each
 K_MAX = 8
@@ -180,14 +171,12 @@ def _method_kwargs(method: str, head: VirtualHead) -> dict:
 
 
 def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState, clock: Clock,
-                   costs_for: Callable[[int, int], CostTable] | None = None, head: VirtualHead | None = None,
-                   controller_profile: Profile | None = None) -> ReplayRun:
+                   costs_for: Callable[[int, int], CostTable] | None = None, head: VirtualHead | None = None
+                   ) -> ReplayRun:
     """Replay ``method`` on a static batch of the traces' prompts (B = len(traces)), learning into ``state``.
 
-    costs_for(b, context) → the controller's ``CostTable``, used as is (as ``generate`` uses
-    ``speculation_costs``: no cost tracking). Default: ``controller_profile`` (None: the clock's profile; the
-    head profile for a head method) at the padded prompt length, as the engine uses a profile, its prices
-    corrected by cost tracking against the run's step times on the clock (``VirtualTime``). ``head``: the head's
+    costs_for(b, context) → the controller's ``CostTable`` (default: the clock's profile at the padded
+    prompt length, as the engine uses a profile; the head profile for a head method). ``head``: the head's
     stand-in, one per replayed method so its learned calibration carries (default: a new one). Raises
     ValueError for an unknown method, a draft method on traces taken without a draft, or a head method
     without head chains or head costs (``check_head_method``)."""
@@ -198,8 +187,7 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
     check_head_method(method, traces, clock)
     head = head if head is not None else VirtualHead()
     kwargs = _method_kwargs(method, head)
-    given = {"cost_tracking": False} if costs_for is not None else {}  # a given table is used as is
-    config = SpeculationConfig(**({k: v for k, v in kwargs.items() if k != "assistant_model"} | given))
+    config = SpeculationConfig(**{k: v for k, v in kwargs.items() if k != "assistant_model"})
     draft_key = kwargs.get("assistant_model")
     drafts = draft_key is VirtualDraft
     if drafts and not all(t.draft for t in traces):
@@ -219,8 +207,8 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
             len(t.head_next), -1), t.head_q) for t in traces], vocab.size)
     max_length = width + max(t.max_new_tokens for t in traces)
     settings = DecodeSettings(LogitsProcessorList(), _stopping(eos, max_length), max_length, False, pad,
-                              tuple(eos.tolist()), clock=VirtualTime(clock, caches, head if draft_key is head else None))
-    priced_by = clock.head_profile if draft_key is head else controller_profile or clock.profile
+                              tuple(eos.tolist()))
+    priced_by = clock.head_profile if draft_key is head else clock.profile
     table = costs_for or (lambda b, c: priced_by.cost_table(b, c, config.max_speculative_tokens + 1))
     compact = dataclasses.replace(state, suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
                                   draft_prefixes=state.draft_prefixes.mapped(vocab.encode_known))  # this request's ids
@@ -234,32 +222,6 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
     time_ms = _price(clock, traces, caches.made_target.log, (draft_log, head_log), result.stats)
     seed = run.seed.length if run.seed is not None else 0
     return _run(traces, method, result.stats, time_ms, seed, _matches(result.sequences, width, traces, vocab))
-
-
-class VirtualTime:
-    """The run's clock (seconds, for ``DecodeSettings.clock``): the forwards made so far, priced by ``clock``
-    as ``_price`` prices the run (the prefill left out, each later target forward with the step overhead), so
-    the loop's step times, and what cost tracking learns from them, are the replay's own."""
-
-    def __init__(self, clock: Clock, caches: TraceCaches, head: VirtualHead | None) -> None:
-        self.clock, self.caches, self.head = clock, caches, head
-        self._done: dict[str, int] = {}
-        self._ms = 0.0
-
-    def _add(self, role: str, log: list[Forward], price: Callable[[Forward], float], skip: int = 0) -> None:
-        start = max(self._done.get(role, 0), skip)
-        self._ms += sum(price(f) for f in log[start:])
-        self._done[role] = max(start, len(log))
-
-    def __call__(self) -> float:
-        c, made = self.clock, self.caches
-        if made.made_target is not None:
-            self._add("target", made.made_target.log, lambda f: c.verify_ms(f) + c.step_overhead_ms, skip=1)
-        if made.made_draft is not None:
-            self._add("draft", made.made_draft.log, c.draft_ms)
-        if self.head is not None:
-            self._add("head", self.head.log, c.head_ms)
-        return self._ms / 1000.0
 
 
 def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward],

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from ..backend.draft_prefix import DraftPrefixStore
-from ..costs.profile import Profile
 from ..engine.run import SpeculationState
 from .bench import METHOD_FAMILY, PromptOracle, Run
 from .replay import (
@@ -43,16 +42,15 @@ class ReplayResult:
 
 
 def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, batch_size: int = 1,
-               costs_for=None, controller_profile: Profile | None = None) -> ReplayResult:
+               costs_for=None) -> ReplayResult:
     """Replay each method over ``traces`` in order (requests of ``batch_size`` rows), learning across them
     (a head method through one ``VirtualHead`` per method); at batch size 1 also each prompt's oracle
-    (seeded like the draft's prefix store). ``costs_for`` and ``controller_profile``: what the controllers
-    price with (``replay.replay_request``). Raises ValueError, before any replay, for a head method the
+    (seeded like the draft's prefix store). Raises ValueError, before any replay, for a head method the
     traces or the clock cannot serve (``replay.check_head_method``)."""
     for m in methods:
         check_head_method(m, traces, clock)
     groups = [list(traces[i : i + batch_size]) for i in range(0, len(traces), batch_size)]
-    replays = [replay_request(g, m, state, clock, costs_for, head, controller_profile)
+    replays = [replay_request(g, m, state, clock, costs_for, head)
                for m in methods for state, head in [(SpeculationState(), VirtualHead())] for g in groups]
     oracles = _oracles(traces, clock) if batch_size == 1 else []
     bound = {o.question_id: o.tokens_per_s for o in oracles}

@@ -146,13 +146,9 @@ def replay(
     batch_size: int = typer.Option(1, min=1, help="Rows per replayed request (static batches, in trace order)."),
     bench: Path | None = typer.Option(None, help="A bench JSON: replay its prompts in its order and report the "
                                       "error of each predicted speedup against the measured one."),
-    controller_costs: Path | None = typer.Option(None, help="CostTable JSON the controller decides with, as is "
-                                                 "(default: the profile, as the engine uses one, with cost tracking); "
-                                                 "e.g. the calibration a bench ran with, from <cache>/costs/."),
-    controller_profile: Path | None = typer.Option(None, help="Cost profile the controller decides with (default: "
-                                                   "--profile), its prices corrected by cost tracking against the "
-                                                   "replay's step times: e.g. a stale profile, or one measured "
-                                                   "quiet replayed on a profile measured under load."),
+    controller_costs: Path | None = typer.Option(None, help="CostTable JSON the controller decides with (default: "
+                                                 "the profile, as the engine uses one); e.g. the calibration a bench "
+                                                 "ran with, from <cache>/costs/."),
     step_overhead_ms: float = typer.Option(0.0, help="Engine time per speculative step beyond the forwards (ms)."),
     plain_overhead_ms: float = typer.Option(0.0, help="transformers' time per plain step beyond the forward (ms)."),
     fit_overheads: bool = typer.Option(False, help="With --bench: fit both overheads on the bench's tune-split "
@@ -174,22 +170,19 @@ def replay(
     loaded = _load_profile(profile)
     heads = _load_profile(head_profile, "--head-profile") if head_profile is not None else None
     chosen, bench_runs = _select(traces, split, workload, bench)
-    if controller_costs is not None and controller_profile is not None:
-        raise typer.BadParameter("give the controller a cost table or a profile, not both", param_hint="--controller-costs")
     table = _load_table(controller_costs) if controller_costs is not None else None
-    pricing = ((lambda b, c: table) if table is not None else None,
-               _load_profile(controller_profile, "--controller-profile") if controller_profile is not None else None)
+    costs_for = (lambda b, c: table) if table is not None else None
     if fit_overheads:
-        step_overhead_ms, plain_overhead_ms = _fitted_overheads(chosen, method_list, (loaded, heads), pricing,
+        step_overhead_ms, plain_overhead_ms = _fitted_overheads(chosen, method_list, (loaded, heads), costs_for,
                                                                 bench_runs)
     clock, result = _replayed(chosen, method_list, (loaded, heads), (step_overhead_ms, plain_overhead_ms), batch_size,
-                              pricing)
+                              costs_for)
     summary = bm.summarize(result.runs, method_list, result.oracles)
     meta = {"kind": "replay prediction (virtual clock, not measured)", "profile": str(profile),
             "profile_machine": clock.profile.meta.get("cpu"), "traces": str(traces), "split": split,
             "workload": workload, "batch_size": batch_size, "methods": method_list, "prompts": len(chosen),
             "head_profile": str(head_profile) if head_profile else None,
-            "controller_costs": str(controller_costs or controller_profile or "profile"),
+            "controller_costs": str(controller_costs) if controller_costs else "profile",
             "step_overhead_ms": step_overhead_ms, "plain_overhead_ms": plain_overhead_ms}
     extra = {"oracles": result.oracles, "replays": [r.summary() for r in result.replays]}
     line = {"output": str(output), "prompts": len(chosen), "all_match_traces": all(r.matches_plain for r in result.runs),
@@ -224,24 +217,24 @@ def _replay_methods(methods: str) -> list[str]:
     return method_list if "plain" in method_list else ["plain", *method_list]
 
 
-def _fitted_overheads(chosen: list, methods: list[str], profiles: tuple, pricing: tuple, bench_runs: list[dict]):
+def _fitted_overheads(chosen: list, methods: list[str], profiles: tuple, costs_for, bench_runs: list[dict]):
     """(step, plain) overheads in ms fitted on the bench's tune-split prompts (``replay_report.fit_overheads``);
-    ``profiles``: (the cost profile, the head's or None); ``pricing``: (costs_for, controller profile)."""
+    ``profiles``: (the cost profile, the head's or None)."""
     from .replay_report import fit_overheads, replay_all
 
     with usage_errors(ValueError, hint="--bench"):
-        unpriced = replay_all(chosen, methods, _clock(profiles, (0.0, 0.0)), 1, *pricing)
+        unpriced = replay_all(chosen, methods, _clock(profiles, (0.0, 0.0)), 1, costs_for)
         return fit_overheads(unpriced.replays, bench_runs, {t.question_id for t in chosen if t.split == "tune"})
 
 
 def _replayed(chosen: list, methods: list[str], profiles: tuple, overheads: tuple[float, float], batch_size: int,
-              pricing: tuple):
+              costs_for):
     """(clock, ``replay_all``'s result); a usage error for methods the traces or profiles cannot replay."""
     from .replay_report import replay_all
 
     clock = _clock(profiles, overheads)
     with usage_errors(ValueError):  # e.g. a draft method on traces taken without a draft model
-        return clock, replay_all(chosen, methods, clock, batch_size, *pricing)
+        return clock, replay_all(chosen, methods, clock, batch_size, costs_for)
 
 
 def _clock(profiles: tuple, overheads: tuple[float, float]):
