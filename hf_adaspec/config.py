@@ -23,6 +23,8 @@ class SpeculationConfig:
     (best effort when no choice meets it); batch size 1.
     draft_p_min: "fixed" only: stop drafting once a drafted token's draft probability q(x) < p_min (the
     llama.cpp ``--draft-p-min`` baseline); None: always k.
+    adapt_threads: on a CPU, let the engine pick torch's thread count per step (torch's count or 1) from
+    realized step times (``engine.threads``); False: torch's count as set.
 
     Raises:
         ValueError: an unknown mode, a proposal length or n-gram size that is not an integer (bool and float
@@ -35,6 +37,7 @@ class SpeculationConfig:
     prompt_lookup_max_ngram: int = 3
     tpot_slo_ms: float | None = None
     draft_p_min: float | None = None
+    adapt_threads: bool = True
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -57,6 +60,8 @@ class SpeculationConfig:
             raise ValueError(f"prompt_lookup_max_ngram must be >= 1, got {self.prompt_lookup_max_ngram}")
         if self.draft_p_min is not None and not 0.0 <= self.draft_p_min <= 1.0:
             raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if not isinstance(self.adapt_threads, bool):
+            raise ValueError(f"adapt_threads must be True or False, got {self.adapt_threads!r}")
         if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:
             raise ValueError(f"tpot_slo_ms must be > 0 ms per token (or None for no SLO), got {self.tpot_slo_ms}")
 

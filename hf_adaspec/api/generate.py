@@ -129,14 +129,20 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
     mask = model_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
     _check_inputs(model, input_ids, mask, request, generation_config)
+    on_cpu = model.device.type == "cpu"
     settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
                               generation_config.do_sample, hf_compat.pad_token_id(generation_config),
                               hf_compat.eos_token_ids(generation_config), hf_compat.vocab_size(model),
-                              request.streamer, on_step=request.on_step)
+                              request.streamer, on_step=request.on_step,
+                              threads=request.state.threads if request.config.adapt_threads and on_cpu else None)
     run = build_run(request.config, request.state, input_ids, mask, request.draft_model,
                     ModelCaches(model, request.draft_model),
                     _costs_for(model, request, input_ids.shape[0], input_ids.shape[1]), settings)
-    result = speculative_decode(run.parts, input_ids, mask)
+    threads = torch.get_num_threads()
+    try:
+        result = speculative_decode(run.parts, input_ids, mask)
+    finally:
+        torch.set_num_threads(threads)
     result.stats.tpot_slo_ms = request.config.tpot_slo_ms
     width, rows = input_ids.shape[1], range(input_ids.shape[0])
     record_run(request.state, run, [input_ids[i][mask[i].bool()].tolist() for i in rows],

@@ -26,6 +26,7 @@ from ..policy.controller import Controller, Decision, StepOutcome, StepView
 from ..policy.horizon import lindy_horizon
 from ..proposers.base import Drafter, DraftOffer, Proposal, Rows
 from .stats import SpeculationStats, StepRecord
+from .threads import ThreadChooser
 from .verification import Verification, greedy_verify, speculative_sample
 
 
@@ -34,7 +35,8 @@ class DecodeSettings:
     """What the loop needs from the generation config: processors, stopping, the length budget (tokens),
     sampling, pad and EOS ids, the target's logits width V (a draft model with a narrower output head
     has its logits padded to it; 0: not given), and at batch size 1 the streamer and the step callback
-    ``on_step(record, tokens [m])``."""
+    ``on_step(record, tokens [m])``; ``threads``: the chooser of torch's thread count per step (None: left
+    as set; the caller restores it)."""
 
     logits_processor: object
     stopping_criteria: object
@@ -47,6 +49,7 @@ class DecodeSettings:
     generator: torch.Generator | None = None
     on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
     horizon: Callable[[int, int], int] = lindy_horizon  # (generated, tokens left) → tokens still to come
+    threads: ThreadChooser | None = None  # picks torch's thread count per step; None: left as set
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,7 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     while rows.active:
         current = rows.current()
         offers, view, decision = _decide(rows, current, parts)  # decide
+        threads = _set_threads(settings.threads)
         t0 = time.perf_counter()
         proposals = _propose(parts, current, offers, decision)  # propose
         t1 = time.perf_counter()
@@ -245,6 +249,8 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
         outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals), seen)
         predicted_ms = parts.controller.price(outcome)
+        if threads is not None:
+            settings.threads.observe(threads, draft_ms + verify_ms, predicted_ms)
         parts.controller.observe(outcome)  # observe
         for s, i in enumerate(rows.active):
             record = StepRecord(ks[s], accepted[s], rows.views[i].shape[0] - lengths[s],
@@ -261,6 +267,16 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     stats.row_tokens = tuple(int(v.shape[0]) - input_ids.shape[1] for v in rows.views)
     stats.finish_ms = tuple(rows.finish_ms)
     return DecodeResult(_pad_right(rows.views, settings.pad_token_id), stats)
+
+
+def _set_threads(chooser: ThreadChooser | None) -> int | None:
+    """Set torch's thread count for the next step as ``chooser`` picks it (None: no chooser, left as set)."""
+    if chooser is None:
+        return None
+    count = chooser.pick()
+    if count != torch.get_num_threads():
+        torch.set_num_threads(count)
+    return count
 
 
 def _stream(settings: DecodeSettings, tokens: torch.Tensor, record: StepRecord | None) -> None:

@@ -25,13 +25,15 @@ from ..policy.match import MatchMemory
 from ..policy.modes import MODES, DrafterContext, DrafterSpec, Learned, PolicyInputs
 from ..proposers.suffix import SuffixMemory
 from .loop import DecodeSettings, RunParts
+from .threads import ThreadChooser
 
 
 @dataclass
 class SpeculationState:
     """What ``generate`` learns across requests of one model: the draft's confidence calibration,
     the costless drafters' acceptance per match length (``matches``), the draft's recent caches
-    (``draft_prefixes``) and, for suffix drafting, the recent responses (``suffixes``). ``enable`` keeps one
+    (``draft_prefixes``), for suffix drafting the recent responses (``suffixes``) and, on a CPU, which
+    thread count decodes fastest (``threads``). ``enable`` keeps one
     per model, so decisions — and with them sampled outputs — change from call to call as it learns;
     ``generate(..., speculation_state=SpeculationState())`` starts a call (or a workload, or a benchmarked
     method) from a fresh one."""
@@ -40,6 +42,7 @@ class SpeculationState:
     matches: MatchMemory = field(default_factory=MatchMemory)
     draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
     suffixes: SuffixMemory = field(default_factory=SuffixMemory)
+    threads: ThreadChooser = field(default_factory=lambda: ThreadChooser.for_threads(torch.get_num_threads()))
 
 
 class Caches(Protocol):

@@ -33,12 +33,13 @@ from ..engine.run import SpeculationState
 from .bench_oracle import PromptOracle, prompt_oracle
 from .prompts import Prompt
 
-METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive", "adaptive-lookup")
-NEEDS_DRAFT = ("hf-assisted", "fixed-k", "pmin", "adaptive")  # methods that run the draft model
+METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive",
+           "adaptive-fixed-threads", "adaptive-lookup")
+NEEDS_DRAFT = ("hf-assisted", "fixed-k", "pmin", "adaptive", "adaptive-fixed-threads")  # methods that run the draft model
 
 # which oracle bounds a method: the drafters it may use (plain has none)
 METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "pmin": "draft",
-                 "adaptive": "hybrid", "adaptive-lookup": "lookup"}
+                 "adaptive": "hybrid", "adaptive-fixed-threads": "hybrid", "adaptive-lookup": "lookup"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ def method_kwargs(method: str, draft, fixed_k: int) -> dict:
         "fixed-k": {"assistant_model": draft, "speculation": "fixed", "num_speculative_tokens": fixed_k},
         "pmin": {"assistant_model": draft, "speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 0.75},
         "adaptive": {"assistant_model": draft, "speculation": "adaptive"},
+        "adaptive-fixed-threads": {"assistant_model": draft, "speculation": "adaptive", "adapt_threads": False},
         "adaptive-lookup": {"speculation": "adaptive"},
     }
     if method not in table:
