@@ -138,11 +138,11 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
     run = build_run(request.config, request.state, input_ids, mask, request.draft_model,
                     ModelCaches(model, request.draft_model),
                     _costs_for(model, request, input_ids.shape[0], input_ids.shape[1]), settings)
-    threads = torch.get_num_threads()
+    threads_before = torch.get_num_threads()  # the chooser may change it per step
     try:
         result = speculative_decode(run.parts, input_ids, mask)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads_before)
     result.stats.tpot_slo_ms = request.config.tpot_slo_ms
     width, rows = input_ids.shape[1], range(input_ids.shape[0])
     record_run(request.state, run, [input_ids[i][mask[i].bool()].tolist() for i in rows],

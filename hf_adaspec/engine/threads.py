@@ -70,10 +70,8 @@ class ThreadChooser:
 
     def observe(self, count: int, realized_ms: float, predicted_ms: float) -> None:
         """One step's realized and predicted time (ms) on ``count`` threads; other values are ignored."""
-        if count not in self.counts or not (math.isfinite(realized_ms) and math.isfinite(predicted_ms)):
-            return
-        if realized_ms <= 0 or predicted_ms <= 0:
-            return
+        if count not in self.counts or not (0 < realized_ms < math.inf and 0 < predicted_ms < math.inf):
+            return  # NaN fails every comparison
         n = self.seen[count] = self.seen.get(count, 0) + 1
         x = math.log(realized_ms / predicted_ms)
         self.means[count] = x if n == 1 else self.means[count] + max(WEIGHT, 1.0 / n) * (x - self.means[count])

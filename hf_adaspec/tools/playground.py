@@ -244,6 +244,7 @@ class Playground:
             stop.click(lambda c: c.stop.set(), [control], None, show_progress="hidden")
         return demo
 
+
 def launch(pair: str = "qwen", host: str = "127.0.0.1", port: int = 7860, max_prompt_tokens: int = 2048,
            concurrency: int = 1, max_queue: int = 16, poll_interval_s: float = 0.25) -> None:
     """Load ``pair``, then serve the playground on ``host:port`` until interrupted (localhost by default);
