@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 ADAPTIVE, FIXED = "adaptive", "fixed"
 SPECULATION_MODES = (ADAPTIVE, FIXED)  # what each does: ``policy.modes.MODES``
+KV_CACHES = ("auto", "dynamic", "static")  # where keys and values live: ``backend.stores``
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class SpeculationConfig:
     llama.cpp ``--draft-p-min`` baseline); None: always k.
     adapt_threads: on a CPU, let the engine pick torch's thread count per step (torch's count or 1) from
     realized step times (``engine.threads``); False: torch's count as set.
+    kv_cache: "auto" (a preallocated cache whose narrow forwards replay captured CUDA graphs on a GPU, a
+    transformers ``DynamicCache`` elsewhere), "dynamic" or "static" (on a CPU, the static path's bookkeeping
+    with each recording re-run instead of replayed: a check, not a speed-up).
 
     Raises:
         ValueError: an unknown mode, a proposal length or n-gram size that is not an integer (bool and float
@@ -38,6 +42,7 @@ class SpeculationConfig:
     tpot_slo_ms: float | None = None
     draft_p_min: float | None = None
     adapt_threads: bool = True
+    kv_cache: str = "auto"
 
     def __post_init__(self) -> None:
         if self.speculation not in SPECULATION_MODES:
@@ -60,6 +65,8 @@ class SpeculationConfig:
             raise ValueError(f"prompt_lookup_max_ngram must be >= 1, got {self.prompt_lookup_max_ngram}")
         if self.draft_p_min is not None and not 0.0 <= self.draft_p_min <= 1.0:
             raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if self.kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache={self.kv_cache!r}; choose one of {KV_CACHES}")
         if not isinstance(self.adapt_threads, bool):
             raise ValueError(f"adapt_threads must be True or False, got {self.adapt_threads!r}")
         if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:

@@ -84,7 +84,8 @@ def test_every_config_field_is_a_generate_keyword(target):
                "prompt_lookup_max_ngram": {"speculation": "adaptive", "prompt_lookup_max_ngram": -3},
                "tpot_slo_ms": {"speculation": "adaptive", "tpot_slo_ms": 0.0},
                "draft_p_min": {"speculation": "fixed", "num_speculative_tokens": 2, "draft_p_min": -0.5},
-               "adapt_threads": {"speculation": "adaptive", "adapt_threads": "yes"}}
+               "adapt_threads": {"speculation": "adaptive", "adapt_threads": "yes"},
+               "kv_cache": {"speculation": "adaptive", "kv_cache": "paged"}}
     assert set(invalid) == {f.name for f in dataclasses.fields(SpeculationConfig)} - {"speculation"}
     for name, kwargs in invalid.items():
         with pytest.raises(ValueError, match=name):

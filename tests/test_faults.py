@@ -202,8 +202,9 @@ def test_profile_scaled_a_million_times_is_refused(enabled, tmp_path):
 
 def test_first_use_calibration_is_sized_whatever_k_is(tiny_factory, monkeypatch):
     timed = []
-    real = cost_table._ForwardProbe.time_ms
-    monkeypatch.setattr(cost_table._ForwardProbe, "time_ms", lambda self, n: timed.append(n) or real(self, n))
+    real = cost_table.ForwardProbe.time_ms
+    monkeypatch.setattr(cost_table.ForwardProbe, "time_ms",
+                        lambda self, n, keep=None: timed.append(n) or real(self, n, keep))
     table = cost_table.measure(tiny_factory(0), None, n_max=65, repeats=1)
     assert set(timed) == set(cost_table.CALIBRATED_NS) and max(timed) == 32
     assert table.max_tokens == 32 and table.t_verify(65) >= table.t_verify(32) > 0

@@ -61,16 +61,18 @@ def plain_greedy(models):
 
 # --- 1. greedy output equals plain generate -----------------------------------------------------------
 
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("mode", list(MODES))
-def test_greedy_output_equals_plain_generate(models, assistants, plain_greedy, mode, drafter, batch):
+def test_greedy_output_equals_plain_generate(models, assistants, plain_greedy, mode, drafter, batch, kv_cache):
+    """(``kv_cache="static"``: the preallocated arena, its recordings re-run on the CPU, ``graphs.Rerun``.)"""
     prompts = PROMPTS[:batch]
     inputs = left_padded(prompts) if batch > 1 else {"input_ids": torch.tensor([prompts[0]])}
     draft = {} if drafter == "prompt_lookup" else {"assistant_model": assistants[drafter]}
     out = models["target"].generate(**inputs, **draft, **MODES[mode], speculation_costs=COSTS,
                                     speculation_state=SpeculationState(), max_new_tokens=NEW, do_sample=False,
-                                    return_dict_in_generate=True)
+                                    return_dict_in_generate=True, kv_cache=kv_cache)
     width = inputs["input_ids"].shape[1]
     assert out.sequences.shape == (batch, width + NEW)
     assert torch.equal(out.sequences[:, :width], inputs["input_ids"])
@@ -230,18 +232,20 @@ def _ratios(new: torch.Tensor, marginals) -> list[list[float]]:
 STEEP = CostTable(verify_ms=tuple(10.0 + 4.0 * n for n in range(9)), draft_ms=2.0)
 
 
-@pytest.mark.parametrize(("mode", "drafter"), [("fixed-k2", "noisy_copy"), ("fixed-k2", "prompt_lookup"),
-                                               ("fixed-k2", "draft_head"), ("adaptive-stopped", "noisy_copy")])
-def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode, drafter):
+@pytest.mark.parametrize(("mode", "drafter", "kv_cache"), [
+    ("fixed-k2", "noisy_copy", "dynamic"), ("fixed-k2", "prompt_lookup", "dynamic"), ("fixed-k2", "draft_head", "dynamic"),
+    ("adaptive-stopped", "noisy_copy", "dynamic"), ("fixed-k2", "noisy_copy", "static"),
+    ("adaptive-stopped", "noisy_copy", "static")])
+def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode, drafter, kv_cache):
     """Each row's sampled tokens follow the target's exact distribution: the 2nd and 3rd tokens go through
     acceptance, residual resampling and the bonus token ("fixed": k = 2 from the perturbed copy, or from prompt
     lookup, a deterministic drafter: q one-hot; or from the tiny EAGLE-3 head, whose q is zero off its draft
     vocabulary; "adaptive" under steep costs: the draft model offered 2 tokens and stopped by its confidence
     stop rule after 1)."""
     if mode == "fixed-k2":
-        new, stats = _sampled(assistants, drafter, speculation="fixed", num_speculative_tokens=2)
+        new, stats = _sampled(assistants, drafter, speculation="fixed", num_speculative_tokens=2, kv_cache=kv_cache)
     else:
-        new, stats = _sampled(assistants, drafter, costs=STEEP, speculation="adaptive")
+        new, stats = _sampled(assistants, drafter, costs=STEEP, speculation="adaptive", kv_cache=kv_cache)
     first = [s for s in stats.steps if s.step == 0]
     assert len(first) == 2 * COPIES
     drafted = [s for s in first if s.k > 0]

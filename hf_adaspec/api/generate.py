@@ -26,6 +26,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..backend import hf_compat
+from ..backend.static_kv import capacity_for
 from ..config import SpeculationConfig
 from ..costs.cache import CostCache
 from ..costs.table import CostTable
@@ -113,7 +114,19 @@ def _costs_for(model, request: SpeculationRequest, batch: int, context: int) -> 
         return lambda b: request.costs
     log = functools.partial(print, file=sys.stderr)
     n_max = request.config.max_speculative_tokens + 1
-    return CostCache().costs_for(model, request.draft_model, n_max, log, batch, context, request.profile)
+    return CostCache().costs_for(model, request.draft_model, n_max, log, batch, context, request.profile,
+                                 request.config.kv_cache)
+
+
+NEW_TOKENS_SIZED = 1024  # an arena is first sized for at most this many new tokens; a longer request moves
+
+
+def _model_caches(model, request: SpeculationRequest, width: int, max_length: int) -> ModelCaches:
+    """The request's caches: where ``kv_cache`` puts them, an arena sized for the padded prompt (``width``
+    tokens), the new tokens (at most ``NEW_TOKENS_SIZED``) and one proposal, recordings up to k_max + 1 wide."""
+    config = request.config
+    new = min(max(max_length - width, 0), NEW_TOKENS_SIZED) + config.k_max + 1
+    return ModelCaches(model, request.draft_model, config.kv_cache, capacity_for(width, new), config.k_max + 1)
 
 
 def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
@@ -136,7 +149,7 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
                               request.streamer, on_step=request.on_step,
                               threads=request.state.threads if request.config.adapt_threads and on_cpu else None)
     run = build_run(request.config, request.state, input_ids, mask, request.draft_model,
-                    ModelCaches(model, request.draft_model),
+                    _model_caches(model, request, input_ids.shape[1], generation_config.max_length),
                     _costs_for(model, request, input_ids.shape[0], input_ids.shape[1]), settings)
     threads_before = torch.get_num_threads()  # the chooser may change it per step
     try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, StoppingCriteriaList, StopStringCriteria
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 # transformers' own assisted generation: GenerationConfig fields, also generate keywords (with the
 # generate-only ``assistant_tokenizer``, see ``assisted_generation_options``); the custom_generate path ignores them
@@ -37,15 +38,12 @@ def synthetic_cache(model: torch.nn.Module, batch: int, length: int, seed: int =
     """
     if batch < 1 or length < 1:
         raise ValueError(f"a synthetic cache needs batch >= 1 and length >= 1, got {batch}, {length}")
-    config = model.config.get_text_config()
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    weight = model.get_input_embeddings().weight
+    layers, kv_heads, head_dim, dtype = kv_shape(model)
+    device = model.get_input_embeddings().weight.device
     gen = torch.Generator().manual_seed(seed)
-    states = torch.randn(batch, kv_heads, length, head_dim, generator=gen).to(device=weight.device, dtype=weight.dtype)
+    states = torch.randn(batch, kv_heads, length, head_dim, generator=gen).to(device=device, dtype=dtype)
     cache = new_cache(model)
-    for layer in range(config.num_hidden_layers):
+    for layer in range(layers):
         cache.update(states, states, layer)  # each layer concatenates into tensors of its own
     return cache
 
@@ -77,26 +75,9 @@ def forward_logits(
     """Run ``model`` on new tokens appended to ``cache``; return float32 logits of the last ``keep``.
 
     input_ids: [B, n] long (any device) → logits [B, keep, V] float32 on the CPU. Positions follow the
-    cache length. Inputs go to the model's device; the logits come back to the CPU, where the engine
-    keeps all its bookkeeping (so a target on a GPU, a draft on the CPU or both on one GPU all work).
+    cache length. Inputs go to the model's device.
     """
-    return forward(model, input_ids, cache, keep)[0]
-
-
-def forward_logits_masked(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    cache: DynamicCache,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    keep: int,
-) -> torch.Tensor:
-    """``forward_logits`` for rows with holes: ``attention_mask`` [B, L + n] covers cached and new
-    positions (0 = padding or a rejected draft position), ``position_ids`` [B, n] the RoPE positions.
-
-    input_ids: [B, n] long → logits [B, keep, V] float32 on the CPU (devices as ``forward_logits``).
-    """
-    return forward(model, input_ids, cache, keep, attention_mask, position_ids)[0]
+    return forward(model, input_ids, cache, keep)[0].cpu()
 
 
 def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, keep: int,
@@ -104,18 +85,97 @@ def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache
             feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of ``model`` over input_ids [B, n] on top of ``cache`` (with ``attention_mask`` [B, L + n]
     and ``position_ids`` [B, n] for rows with holes, else positions follow the cache length) → float32
-    logits of the last ``keep`` columns [B, keep, V] and, with ``feature_layers``, the residual stream at
-    the inputs of those layers for every column, concatenated: [B, n, len(layers)·H] float32 (EAGLE-3's
-    target features; transformers' hidden_states[i] is the input of layer i). Both on the CPU."""
+    logits of the last ``keep`` columns [B, keep, V] on the model's device and, with ``feature_layers``, the
+    residual stream at the inputs of those layers for every column, concatenated: [B, n, len(layers)·H]
+    float32 on the CPU (EAGLE-3's target features; transformers' hidden_states[i] is the input of layer i)."""
     device = model.device
     masked = {} if attention_mask is None else {"attention_mask": attention_mask.to(device),
                                                  "position_ids": position_ids.to(device)}
-    out = model(input_ids=input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=keep,
-                output_hidden_states=bool(feature_layers), **masked)
-    features = None
-    if feature_layers:
-        features = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1).float().cpu()
-    return out.logits[:, -keep:].float().cpu(), features
+    logits, features = raw_forward(model, input_ids.to(device), cache, keep, feature_layers=feature_layers, **masked)
+    return logits.float(), None if features is None else features.float().cpu()
+
+
+def raw_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: Cache, keep: int,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model call itself, every tensor already on the model's device (what a CUDA graph captures):
+    logits of the last ``keep`` columns [B, keep, V] and the concatenated features [B, n, len(layers)·H]
+    (None without layers), both in the model's dtype. ``attention_mask``: 2-D [B, L + n] or a prepared
+    4-D boolean mask [B, 1, n, L] (True = attend), which transformers uses as given."""
+    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep,
+                output_hidden_states=bool(feature_layers), attention_mask=attention_mask, position_ids=position_ids)
+    features = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1) if feature_layers else None
+    return out.logits[:, -keep:], features
+
+
+class _ColumnLayer(CacheLayerMixin):
+    """One layer of a preallocated cache: keys and values [B, H_kv, L, D] at fixed addresses; ``update``
+    writes a block's keys and values at the columns ``columns`` [n] (a tensor its owner fills before each
+    forward) and returns the whole arena, every column masked by the caller's 4-D mask."""
+
+    is_compileable = True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, columns: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.columns = keys, values, columns
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the arena exists before the first forward."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys.index_copy_(2, self.columns, key_states.to(self.dtype))
+        self.values.index_copy_(2, self.columns, value_states.to(self.dtype))
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+def column_cache(keys: list[torch.Tensor], values: list[torch.Tensor], columns: torch.Tensor) -> Cache:
+    """A transformers cache over preallocated per-layer ``keys``/``values`` [B, H_kv, L, D] that writes each
+    forward's block at ``columns`` [n] long (on their device). Forwards through it need ``position_ids`` and a
+    4-D mask (``raw_forward``): the cache keeps no lengths."""
+    return Cache(layers=[_ColumnLayer(k, v, columns) for k, v in zip(keys, values, strict=True)])
+
+
+def kv_shape(model: torch.nn.Module) -> tuple[int, int, int, torch.dtype]:
+    """(layers, key/value heads, head dim, dtype) of ``model``'s KV cache, from its text config; the dtype is
+    the input embedding's (what a quantized model computes in)."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim, model.get_input_embeddings().weight.dtype
+
+
+def static_kv_reason(model: torch.nn.Module) -> str | None:
+    """Why ``model`` cannot run on a preallocated cache with a prepared 4-D mask (sliding-window or
+    non-attention layers, whose masks transformers builds per layer type), or None."""
+    types = set(getattr(model.config.get_text_config(), "layer_types", None) or ("full_attention",))
+    if types != {"full_attention"}:
+        return f"its layers are {sorted(types)}; a preallocated cache serves full-attention layers only"
+    return None
+
+
+def dynamic_cache_of(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:
+    """A ``DynamicCache`` holding copies of per-layer ``keys``/``values`` [B, H_kv, n, D] (a prefix to keep)."""
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+        cache.update(k.detach().clone(), v.detach().clone(), layer)
+    return cache
+
+
+def cache_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer the (keys, values) [B, H_kv, n, D] a ``DynamicCache`` holds."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:

@@ -1,12 +1,14 @@
 """A KV cache for a static batch whose rows hold different numbers of tokens.
 
-Design: every row shares one physical cache length L (a transformers ``DynamicCache``), and a mask
-[B, L] says which positions are real tokens of that row (1) and which are holes (0): left padding of
-the prompt, padding of a ragged block, or draft tokens that verification rejected. RoPE positions
-come from each row's own token count, so a row with holes computes exactly what it would alone.
-Rolling a row back to its first m tokens only clears mask bits; columns that no row still uses are
-cropped off the end. Finished rows leave the batch with ``select``. The mask, lengths and logits live on
-the CPU; ``hf_compat``'s forwards move a block to the model's device and its logits back.
+Design: every row shares one physical cache length L, and a mask [B, L] says which positions are real
+tokens of that row (1) and which are holes (0): left padding of the prompt, padding of a ragged block, or
+draft tokens that verification rejected. RoPE positions come from each row's own token count, so a row
+with holes computes exactly what it would alone. Rolling a row back to its first m tokens only clears mask
+bits; columns that no row still uses are cropped off the end. Finished rows leave the batch with
+``select``. The mask and lengths live on the CPU; the keys and values in a store (``stores``): a
+transformers ``DynamicCache`` (the CPU's), or a preallocated arena whose narrow forwards replay recorded
+CUDA graphs (a GPU's; ``kv_cache="static"``), which may compact the rows' tokens to the left when it runs out
+of columns. Logits come back on the model's device.
 """
 
 from __future__ import annotations
@@ -15,16 +17,14 @@ from typing import Protocol
 
 import torch
 
-from . import hf_compat
+from .stores import DynamicStore, KVStore
 
 
 class KVCache(Protocol):
     """What the engine and a paid drafter need from a model's cache over a batch (``RaggedCache``, or the
-    replay's stand-in that answers from traces). lengths: [B] long, tokens held per row; ``cache``: the
-    transformers cache underneath (None for a stand-in)."""
+    replay's stand-in that answers from traces). lengths: [B] long, tokens held per row."""
 
     lengths: torch.Tensor
-    cache: object | None
 
     def append(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
         """Feed tokens [B, M] (``valid`` [B, M] bool marks real ones) → float32 logits [B, keep, V]."""
@@ -44,6 +44,11 @@ class KVCache(Protocol):
         """Keep batch rows ``rows`` ([b] long indices)."""
         ...
 
+    def export_prefix(self) -> object | None:
+        """A transformers cache of a single row's tokens for the draft prefix store, which keeps it (the cache
+        is not used after); None where there is none to keep (a batch, a row with holes, a stand-in)."""
+        ...
+
 
 class RaggedCache:
     """KV cache + hole mask for a batch of rows of different lengths.
@@ -51,12 +56,16 @@ class RaggedCache:
     mask: [B, L] long (1 = a token of that row); lengths: [B] long, tokens held per row.
     """
 
-    def __init__(self, model: torch.nn.Module, batch: int, cache: object | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, batch: int, cache: object | None = None,
+                 store: KVStore | None = None) -> None:
         """``cache``: a transformers cache of ``batch`` rows that already holds the same number of tokens
-        in every row (a reused prompt prefix, ``draft_prefix``); None: an empty one."""
+        in every row (a reused prompt prefix, ``draft_prefix``), or ``store``: where the keys and values live
+        (a ``StaticStore``, possibly seeded); neither: an empty ``DynamicCache``."""
+        if cache is not None and store is not None:
+            raise ValueError("give a cache to start from or a store, not both")
         self.model = model
-        self.cache = cache if cache is not None else hf_compat.new_cache(model)
-        held = hf_compat.cache_length(self.cache)
+        self.store = store if store is not None else DynamicStore(model, cache)
+        held = self.store.held
         self.mask = torch.ones(batch, held, dtype=torch.long)
         self.lengths = torch.full((batch,), held, dtype=torch.long)
 
@@ -68,21 +77,20 @@ class RaggedCache:
     def append(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
         """Feed a block of tokens [B, M] where ``valid`` [B, M] bool marks each row's real tokens.
 
-        Returns float32 logits [B, keep, V] of the block's last ``keep`` columns.
+        Returns float32 logits [B, keep, V] of the block's last ``keep`` columns, on the model's device.
         """
         return self.append_features(tokens, valid, keep, ())[0]
 
     def append_features(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int, layers: tuple[int, ...]
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``append``, also returning the residual stream at the inputs of ``layers`` for every column of
-        the block, concatenated: [B, M, len(layers)·H] float32 (None without layers)."""
+        the block, concatenated: [B, M, len(layers)·H] float32 on the CPU (None without layers)."""
+        valid = valid.cpu()
+        self.mask = self.store.make_room(self.mask, tokens.shape[1])
         offsets = valid.long().cumsum(dim=1) - 1  # [B, M]: index of each token among the row's new ones
         position_ids = self.lengths[:, None] + offsets.clamp_min(0)  # [B, M]
         mask = torch.cat([self.mask, valid.long()], dim=1)  # [B, L + M]
-        if bool(mask.all()):  # no holes: positions follow the cache length, as in a plain forward
-            logits, features = hf_compat.forward(self.model, tokens, self.cache, keep, feature_layers=layers)
-        else:
-            logits, features = hf_compat.forward(self.model, tokens, self.cache, keep, mask, position_ids, layers)
+        logits, features = self.store.forward(tokens, mask, position_ids, keep, layers)
         self.mask = mask
         self.lengths = self.lengths + valid.long().sum(dim=1)
         return logits, features
@@ -95,13 +103,25 @@ class RaggedCache:
         used = kept.any(dim=0).nonzero()
         width = int(used[-1]) + 1 if used.numel() else 0
         if width < self.mask.shape[1]:
-            hf_compat.rollback(self.cache, width)
+            self.store.crop(width)
             self.mask = self.mask[:, :width]
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep batch rows ``rows`` ([b] long indices), dropping the others (finished requests)."""
-        hf_compat.select_rows(self.cache, rows.to(self.model.device))
+        self.store.select(rows)
         self.mask, self.lengths = self.mask[rows], self.lengths[rows]
+
+    def export_prefix(self) -> object | None:
+        if self.batch != 1 or not bool(self.mask.all()):
+            return None
+        return self.store.export(self.mask.shape[1])
+
+    def fill_random(self, context: int) -> None:
+        """Hold ``context`` tokens of random keys and values in every row (a cost probe's context: attention's
+        cost does not depend on the values)."""
+        self.store.fill_random(self.batch, context)
+        self.mask = torch.ones(self.batch, context, dtype=torch.long)
+        self.lengths = torch.full((self.batch,), context, dtype=torch.long)
 
 
 def left_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,7 @@ from ..files import atomic_write
 from ..models.eagle3 import Eagle3Head
 from .predictors import CATCHUP_CHUNK, ProfileCell
 from .profile import Profile, assemble_profile, library_versions, profile_identity
-from .table import HeadProbe, processor_name, time_forward_ms
+from .table import ForwardProbe, HeadProbe, processor_name
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)
 SKIP_RULE = "target cells with batch * new_tokens > max_tokens_per_forward are not measured"
@@ -119,25 +119,23 @@ def _plan(grid: ProfileGrid, with_draft: bool) -> dict[tuple[int, int], list[_Jo
     return dict(sorted(plan.items()))
 
 
-def _timer(model, batch: int, context: int, longest: int) -> Callable[[int, int], float]:
-    """time(n, keep): wall ms of one forward of ``model`` over n new tokens keeping ``keep`` positions'
-    logits, on a synthetic ``context``-token cache of ``batch`` rows (a draft head: its own probe)."""
+def _probe(model, batch: int, context: int, longest: int, kv_cache: str) -> ForwardProbe | HeadProbe:
+    """``time_ms(n, keep)``: wall ms of one forward of ``model`` over n new tokens keeping ``keep`` positions'
+    logits, on a synthetic ``context``-token cache of ``batch`` rows kept where ``kv_cache`` puts a request's
+    (a draft head: its own probe)."""
     if isinstance(model, Eagle3Head):
-        probe = HeadProbe(model, context, batch)
-        return lambda n, keep: probe.time_ms(n)
-    cache = hf_compat.synthetic_cache(model, batch, context)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.get_input_embeddings().num_embeddings, (batch, longest), generator=gen)
-    ids = ids.to(model.device)
-    return lambda n, keep: time_forward_ms(model, ids[:, :n], cache, keep)
+        return HeadProbe(model, context, batch)
+    return ForwardProbe(model, context, longest, batch, kv_cache, prefill=False)
 
 
-def _measure_group(models: dict, batch: int, context: int, jobs: list[_Job], repeats: int) -> dict[_Job, list[float]]:
+def _measure_group(models: dict, batch: int, context: int, jobs: list[_Job], repeats: int,
+                   kv_cache: str) -> dict[_Job, list[float]]:
     """Timed ms per job: one synthetic cache per model, a warm-up round, then ``repeats`` rounds with
     every job interleaved (order alternating between rounds). The draft keeps 1 position's logits, as
     when it drafts or catches up; the target keeps all n, as when it verifies."""
     roles = sorted({j.role for j in jobs})
-    timers = {r: _timer(models[r], batch, context, max(j.new_tokens for j in jobs if j.role == r)) for r in roles}
+    timers = {r: _probe(models[r], batch, context, max(j.new_tokens for j in jobs if j.role == r), kv_cache).time_ms
+              for r in roles}
     samples: dict[_Job, list[float]] = {j: [] for j in jobs}
     for round_ in range(repeats + 1):
         for job in jobs if round_ % 2 == 0 else jobs[::-1]:
@@ -148,17 +146,19 @@ def _measure_group(models: dict, batch: int, context: int, jobs: list[_Job], rep
 
 
 def measure_profile(target: torch.nn.Module, draft: torch.nn.Module | None, grid: ProfileGrid = ProfileGrid(),
-                    pair: str = "", command: str = "", progress: bool = False) -> Profile:
+                    pair: str = "", command: str = "", progress: bool = False, kv_cache: str = "auto") -> Profile:
     """Measure ``grid`` for the pair (``draft`` None: target only, for prompt lookup) and return the
-    profile with fits, held-out errors and each quantity's predictor. ``progress``: a tqdm bar per group."""
+    profile with fits, held-out errors and each quantity's predictor. ``progress``: a tqdm bar per group;
+    ``kv_cache``: where the probes keep their caches (``config.KV_CACHES``: on a GPU by default an arena whose
+    narrow forwards replay CUDA graphs, as a request's do)."""
     models = {"target": target, "draft": draft}
     cells: dict[str, list[ProfileCell]] = {"target": [], "draft": [], "held_out_target": [], "held_out_draft": []}
     for (b, c), jobs in tqdm(_plan(grid, draft is not None).items(), desc="profile (batch, context)",
                              disable=not progress):
-        for job, samples in _measure_group(models, b, c, jobs, grid.repeats).items():
+        for job, samples in _measure_group(models, b, c, jobs, grid.repeats, kv_cache).items():
             name = ("held_out_" if job.held_out else "") + job.role
             cells[name].append(ProfileCell(b, c, job.new_tokens, statistics.median(samples), tuple(samples)))
-    return assemble_profile(pair, profile_identity(target, draft), cells, _meta(grid, command))
+    return assemble_profile(pair, profile_identity(target, draft, kv_cache), cells, _meta(grid, command))
 
 
 def _meta(grid: ProfileGrid, command: str) -> dict:

@@ -151,16 +151,16 @@ def assemble_profile(pair: str, identity: dict, cells: dict[str, Sequence[Profil
                    score_predictors(groups, target_fit, draft_fit), meta)
 
 
-def profile_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dict:
-    """What a profile holds for: ``table.pair_identity`` (models, torch/transformers, machine, threads)
-    plus the bitsandbytes version and the measurement schema."""
+def profile_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cache: str = "auto") -> dict:
+    """What a profile holds for: ``table.pair_identity`` (models, torch/transformers, machine, threads, the
+    kind of KV cache ``kv_cache`` gives the target) plus the bitsandbytes version and the measurement schema."""
     bnb = library_versions()["bitsandbytes"]
-    return {"profile_schema": MEASUREMENT_SCHEMA, **pair_identity(target, draft), "bitsandbytes": bnb}
+    return {"profile_schema": MEASUREMENT_SCHEMA, **pair_identity(target, draft, kv_cache), "bitsandbytes": bnb}
 
 
-def profile_key(target: torch.nn.Module, draft: torch.nn.Module | None) -> str:
+def profile_key(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cache: str = "auto") -> str:
     """The key a profile of this pair on this machine carries (and its cache file name)."""
-    return identity_key(profile_identity(target, draft))
+    return identity_key(profile_identity(target, draft, kv_cache))
 
 
 def default_profile_path(key: str) -> Path:
@@ -287,7 +287,7 @@ def _same_target(now: dict, then: dict) -> bool:
 
 
 def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explicit: str | Path | None = None,
-                 log: Callable[[str], None] = print) -> Profile | None:
+                 log: Callable[[str], None] = print, kv_cache: str = "auto") -> Profile | None:
     """The cost profile of this pair: ``explicit`` (a path), else ``$HF_ADASPEC_PROFILE``, else
     ``<cache>/profiles/<key>.json``; logs (once per message) which one is used.
 
@@ -297,7 +297,7 @@ def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explici
     (``draft`` None) a pair's profile of the same target serves (its target cells). Raises ValueError
     when an explicitly given profile is missing or invalid.
     """
-    identity = profile_identity(target, draft)
+    identity = profile_identity(target, draft, kv_cache)
     chosen = explicit or os.environ.get(PROFILE_ENV) or None
     path = Path(chosen) if chosen else default_profile_path(identity_key(identity))
     if chosen is None and not path.exists():

@@ -17,13 +17,16 @@ import json
 import math
 import platform
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..backend import hf_compat
+from ..backend.graphs import timed_ms
+from ..backend.ragged import RaggedCache
+from ..backend.static_kv import capacity_for
+from ..backend.stores import open_store, store_kind
 from ..models.eagle3 import Eagle3Head, HeadCache
 
 MAX_FORWARD_MS = 600_000.0  # a forward measured at over 10 minutes is no cost model: a corrupted or edited file
@@ -73,9 +76,11 @@ class DrafterCosts:
     catchup_ms: float = 0.0
 
 
-def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dict:
+def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cache: str = "auto") -> dict:
     """What a measured cost depends on: both models (name, params, dtype, quantization, device), the
-    torch and transformers versions, the machine and torch's intra-op thread count."""
+    torch and transformers versions, the machine, torch's intra-op thread count and, where ``kv_cache``
+    (``config.KV_CACHES``) gives the target a preallocated arena (``backend.stores.store_kind``), that its
+    steps are recorded graphs ("kv": "static")."""
     import transformers
 
     return {
@@ -85,6 +90,7 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None) -> dic
         "transformers": transformers.__version__,
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
+        **({"kv": "static"} if store_kind(target, kv_cache) == "static" else {}),
     }
 
 
@@ -105,30 +111,48 @@ def identity_key(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, batch: int = 1) -> str:
+def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, batch: int = 1,
+              kv_cache: str = "auto") -> str:
     """Stable cache key of a (target, draft) pair at a batch size on this machine and library versions."""
-    ident = {"schema": 2, **pair_identity(target, draft), "n_max": n_max, **({"batch": batch} if batch != 1 else {})}
+    ident = {"schema": 2, **pair_identity(target, draft, kv_cache), "n_max": n_max,
+             **({"batch": batch} if batch != 1 else {})}
     return identity_key(ident)
 
 
 _CATCHUP_CHUNK = 32
+DEFAULT_GRAPH_WIDTH = 9  # the widest recorded forward at the default k_max = 8: a verification of 9 tokens
 
 
-class _ForwardProbe:
-    """Times forwards over n new tokens on top of a fixed, prefilled ``context``-token cache."""
+class ForwardProbe:
+    """Times a model's forwards over n new tokens on top of a ``context``-token cache of ``batch`` rows, kept
+    where a request's would be (``kv_cache``: an arena of the capacity a request with that context gets, its
+    narrow forwards replayed recordings, or a ``DynamicCache``); ``prefill``: the context from a forward over
+    random tokens, else random keys and values (attention's cost does not depend on them). After each
+    timed forward the cache is rolled back to the context."""
 
-    def __init__(self, model: torch.nn.Module, context: int, n_max: int, batch: int = 1) -> None:
+    def __init__(self, model: torch.nn.Module, context: int, n_max: int, batch: int = 1, kv_cache: str = "auto",
+                 prefill: bool = True, graph_width: int = DEFAULT_GRAPH_WIDTH) -> None:
         vocab = model.get_input_embeddings().num_embeddings
         gen = torch.Generator().manual_seed(0)
         self.model, self.context = model, context
-        self.ids = torch.randint(0, vocab, (batch, context + n_max), generator=gen).to(model.device)
-        self.cache = hf_compat.new_cache(model)
+        self.ids = torch.randint(0, vocab, (batch, context + n_max), generator=gen)
+        store = open_store(model, batch, kv_cache, capacity_for(context), "probe", graph_width)
+        self.cache = RaggedCache(model, batch, store=store)
         with torch.no_grad():
-            hf_compat.forward_logits(model, self.ids[:, :context], self.cache, keep=1)
+            if prefill:
+                self.cache.append(self.ids[:, :context], torch.ones(batch, context, dtype=torch.bool), keep=1)
+            else:
+                self.cache.fill_random(context)
 
-    def time_ms(self, n_new: int) -> float:
-        """Wall ms of one forward over ``n_new`` tokens; the cache is rolled back afterwards."""
-        return time_forward_ms(self.model, self.ids[:, self.context : self.context + n_new], self.cache, keep=n_new)
+    @torch.no_grad()
+    def time_ms(self, n_new: int, keep: int | None = None) -> float:
+        """Wall ms of one forward over ``n_new`` tokens keeping ``keep`` positions' logits (default all), the
+        device synchronised around it; the cache is rolled back afterwards."""
+        ids = self.ids[:, self.context : self.context + n_new]
+        valid = torch.ones(ids.shape, dtype=torch.bool)
+        elapsed = timed_ms(lambda: self.cache.append(ids, valid, n_new if keep is None else keep), self.model.device)
+        self.cache.rollback(torch.full((ids.shape[0],), self.context, dtype=torch.long))
+        return elapsed
 
 
 class HeadProbe:
@@ -149,39 +173,16 @@ class HeadProbe:
         self.held = self.cache.lengths.clone()
 
     @torch.no_grad()
-    def time_ms(self, n_new: int) -> float:
-        """Wall ms of one forward over ``n_new`` entries and the last one's logits."""
+    def time_ms(self, n_new: int, keep: int = 1) -> float:
+        """Wall ms of one forward over ``n_new`` entries and the last one's logits (a head keeps only the last
+        position's: ``keep`` is accepted for ``ForwardProbe``'s signature)."""
         tokens = torch.zeros(self.batch, n_new, dtype=torch.long)
         features = torch.zeros(self.batch, n_new, self.width)
-        cuda = self.head.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = self.head.step(tokens, self.head.fuse(features), torch.ones(self.batch, n_new, dtype=torch.bool),
-                             self.cache)
-        self.head.logits(out[:, -1])
-        if cuda:
-            torch.cuda.synchronize()
-        elapsed = (time.perf_counter() - start) * 1000.0
+        valid = torch.ones(self.batch, n_new, dtype=torch.bool)
+        elapsed = timed_ms(lambda: self.head.logits(self.head.step(tokens, self.head.fuse(features), valid,
+                                                                   self.cache)[:, -1]), self.head.device)
         self.cache.rollback(self.held)
         return elapsed
-
-
-@torch.no_grad()
-def time_forward_ms(model: torch.nn.Module, input_ids: torch.Tensor, cache, keep: int) -> float:
-    """Wall ms of one forward of ``input_ids`` [B, n] on top of ``cache``, keeping ``keep`` positions'
-    logits; the cache is rolled back to its length before the call afterwards."""
-    length = hf_compat.cache_length(cache)
-    cuda = model.device.type == "cuda"
-    if cuda:  # queued kernels of earlier work must not count
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    hf_compat.forward_logits(model, input_ids, cache, keep=keep)
-    if cuda:
-        torch.cuda.synchronize()
-    elapsed = (time.perf_counter() - start) * 1000.0
-    hf_compat.rollback(cache, length)
-    return elapsed
 
 
 CALIBRATED_NS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)  # the profile's default grid of new tokens
@@ -215,6 +216,7 @@ def measure(
     context: int = 128,
     repeats: int = 7,
     batch: int = 1,
+    kv_cache: str = "auto",
 ) -> CostTable:
     """Time target forwards over the widths ``calibrated_ns(n_max)`` (new tokens; the rest interpolated),
     the draft's 1-token forward and its per-token cost of ingesting a 32-token chunk (ms, medians), each
@@ -225,12 +227,12 @@ def measure(
     13 widths up to 32 tokens are timed whatever ``n_max`` is, so a first use does not grow with ``n_max``.
     """
     ns = calibrated_ns(n_max)
-    target_probe = _ForwardProbe(target, context, ns[-1], batch)
-    draft_probe = None
+    target_probe = ForwardProbe(target, context, ns[-1], batch, kv_cache, graph_width=n_max)
+    draft_probe: ForwardProbe | HeadProbe | None = None
     if isinstance(draft, Eagle3Head):
         draft_probe = HeadProbe(draft, context, batch)
     elif draft is not None:
-        draft_probe = _ForwardProbe(draft, context, _CATCHUP_CHUNK, batch)
+        draft_probe = ForwardProbe(draft, context, _CATCHUP_CHUNK, batch, kv_cache, graph_width=n_max)
     verify: list[list[float]] = [[] for _ in ns]
     drafts: list[float] = []
     catchups: list[float] = []
@@ -238,9 +240,9 @@ def measure(
         for i, n in enumerate(ns):
             verify[i].append(target_probe.time_ms(n))
         if draft_probe is not None:
-            drafts.append(draft_probe.time_ms(1))
-            catchups.append(draft_probe.time_ms(_CATCHUP_CHUNK) / _CATCHUP_CHUNK)
+            drafts.append(draft_probe.time_ms(1, keep=1))
+            catchups.append(draft_probe.time_ms(_CATCHUP_CHUNK, keep=1) / _CATCHUP_CHUNK)
     verify_ms = _interpolated(ns, [statistics.median(v[1:]) for v in verify])
     draft_ms = statistics.median(drafts[1:]) if drafts else 0.0
     catchup_ms = statistics.median(catchups[1:]) if catchups else 0.0
-    return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max, batch), catchup_ms)
+    return CostTable(verify_ms, draft_ms, context, table_key(target, draft, n_max, batch, kv_cache), catchup_ms)

@@ -75,29 +75,32 @@ class DecodeResult:
 
 
 def process_scores(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Apply logits processors position by position: scores_i sees ids + d_<i. logits: [1, k+1, V]."""
+    """Apply logits processors position by position: scores_i sees ids + d_<i (moved to the logits' device).
+    logits: [1, k+1, V]."""
     if not processor:
         return logits
-    rows = [processor(torch.cat([ids, draft[:, :i]], dim=1), logits[:, i]) for i in range(logits.shape[1])]
+    seen = torch.cat([ids, draft.to(ids.device)], dim=1).to(logits.device)  # [1, T + k]
+    rows = [processor(seen[:, : ids.shape[1] + i], logits[:, i]) for i in range(logits.shape[1])]
     return torch.stack(rows, dim=1)  # [1, k+1, V]
 
 
 def select_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from processed scores [B, V] → [B, 1]."""
+    """One token per row from processed scores [B, V] → [B, 1] (on the scores' device)."""
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
     return scores.argmax(dim=-1, keepdim=True)
 
 
 def verify_proposal(proposal: Proposal, scores: torch.Tensor, settings: DecodeSettings) -> Verification:
-    """Greedy or speculative-sampling verification of one row's ``proposal`` against scores [1, k+1, V]."""
+    """Greedy or speculative-sampling verification of one row's ``proposal`` against scores [1, k+1, V]
+    (greedy on the scores' device; sampling on the CPU, where its generator is)."""
     if not settings.do_sample:
-        return greedy_verify(proposal.tokens, scores)
-    p = torch.softmax(scores, dim=-1)  # [1, k+1, V]
+        return greedy_verify(proposal.tokens.to(scores.device), scores)
+    p = torch.softmax(scores.cpu(), dim=-1)  # [1, k+1, V]
     q = proposal.q
     if q is None:  # deterministic drafter: q is one-hot on its tokens
         q = torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype)  # [1, k, V]
-    return speculative_sample(proposal.tokens, q, p, settings.generator)
+    return speculative_sample(proposal.tokens, q.cpu(), p, settings.generator)
 
 
 @dataclass
@@ -169,15 +172,16 @@ def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decis
 
 def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: _Rows, settings: DecodeSettings
             ) -> tuple[list[int], list[torch.Tensor]]:
-    """Per row verify its proposal against its logits [1, k_i+1, V] → accepted n_i, new tokens [1, n_i+1]."""
+    """Per row verify its proposal against its logits [1, k_i+1, V] (on the target's device) → accepted n_i,
+    new tokens [1, n_i+1] on the CPU."""
     accepted, new = [], []
     for slot, (i, proposal) in enumerate(zip(rows.active, proposals, strict=True)):
-        row_logits = logits[slot : slot + 1, : proposal.k + 1].cpu()  # [1, k_i+1, V]
+        row_logits = logits[slot : slot + 1, : proposal.k + 1]  # [1, k_i+1, V]
         scores = process_scores(settings.logits_processor, rows.views[i][None], proposal.tokens, row_logits)
         result = verify_proposal(proposal, scores, settings)
-        n = int(result.num_accepted[0])
+        n, token = torch.cat([result.num_accepted, result.next_token]).tolist()  # one transfer
         accepted.append(n)
-        new.append(torch.cat([proposal.tokens[:, :n], result.next_token[:, None]], dim=1))
+        new.append(torch.cat([proposal.tokens[:, :n], torch.tensor([[token]])], dim=1))
     return accepted, new
 
 
@@ -214,9 +218,9 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
                  list(range(batch)), [0.0] * batch)
     stats = SpeculationStats()
     logits, features = parts.cache.append_features(input_ids, attention_mask.bool(), 1, parts.feature_layers)
-    logits = logits[:, -1].cpu()  # [B, V]
-    firsts = [select_token(settings.logits_processor(rows.views[i][None], logits[i : i + 1]), settings.do_sample,
-                           settings.generator) for i in range(batch)]  # B × [1, 1]
+    logits = logits[:, -1].cpu() if settings.do_sample else logits[:, -1]  # [B, V]; sampling on the CPU
+    firsts = [select_token(settings.logits_processor(rows.views[i][None].to(logits.device), logits[i : i + 1]),
+                           settings.do_sample, settings.generator).cpu() for i in range(batch)]  # B × [1, 1]
     finished = [rows.emit(i, t, settings, now()) for i, t in enumerate(firsts)]
     stats.prefill_ms = now()
     _stream(settings, rows.views[0][input_ids.shape[1]:], None)

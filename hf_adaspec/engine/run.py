@@ -18,6 +18,7 @@ import torch
 
 from ..backend.draft_prefix import DraftPrefixStore, PrefixSeed
 from ..backend.ragged import KVCache, RaggedCache
+from ..backend.stores import open_store
 from ..config import SpeculationConfig
 from ..costs.table import CostTable
 from ..policy.confidence import CalibratorMemory
@@ -55,18 +56,26 @@ class Caches(Protocol):
 
 @dataclass(frozen=True)
 class ModelCaches:
-    """``RaggedCache``s of the real target and draft models."""
+    """``RaggedCache``s of the real target and draft models, their keys and values where ``kv_cache`` says
+    (``backend.stores.open_store``): an arena of ``capacity`` columns whose forwards of up to ``graph_width``
+    columns replay recordings, or a ``DynamicCache``."""
 
     target_model: torch.nn.Module
     draft_model: torch.nn.Module | None = None
+    kv_cache: str = "dynamic"
+    capacity: int = 0
+    graph_width: int = 1
 
     def target(self, batch: int) -> KVCache:
-        return RaggedCache(self.target_model, batch)
+        store = open_store(self.target_model, batch, self.kv_cache, self.capacity, "target", self.graph_width)
+        return RaggedCache(self.target_model, batch, store=store)
 
     def draft(self, batch: int, seed: PrefixSeed | None) -> KVCache:
         if self.draft_model is None:
             raise ValueError("no draft model to make a cache for")
-        return RaggedCache(self.draft_model, batch, seed.cache if seed is not None else None)
+        store = open_store(self.draft_model, batch, self.kv_cache, self.capacity, "draft", self.graph_width,
+                           seed.cache if seed is not None else None)
+        return RaggedCache(self.draft_model, batch, store=store)
 
 
 @dataclass(frozen=True)
@@ -119,4 +128,4 @@ def record_run(state: SpeculationState, run: PreparedRun, prompts: Sequence[Sequ
     if run.seed is not None and run.draft_cache is not None:
         held = int(run.draft_cache.lengths[0])
         state.draft_prefixes.remember(run.draft_key, [*prompts[0], *outputs[0]], held, run.seed.length,
-                                      run.draft_cache.cache)
+                                      run.draft_cache.export_prefix())

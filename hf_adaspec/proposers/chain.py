@@ -29,10 +29,12 @@ class Sampler:
     def draw(self, views: list[torch.Tensor], logits: torch.Tensor, confident: bool) -> tuple[
             torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy) and, if
-        ``confident``, the tokens' q(x) [b] under the processed scores (else None)."""
-        scores = logits
+        ``confident``, the tokens' q(x) [b] under the processed scores (else None). Greedy draws stay on the
+        logits' device; sampling runs on the CPU, where its generator is."""
+        scores = logits.cpu() if self.do_sample else logits
         if self.logits_processor:  # processors see each row's own tokens, so they run row by row
-            scores = torch.cat([self.logits_processor(v[None], logits[i : i + 1]) for i, v in enumerate(views)])
+            scores = torch.cat([self.logits_processor(v[None].to(scores.device), scores[i : i + 1])
+                                for i, v in enumerate(views)])
         if not self.do_sample:
             if not confident:
                 return scores.argmax(dim=-1), None, None
@@ -57,13 +59,14 @@ def draft_chain(column: Callable[[int, torch.Tensor | None], torch.Tensor], view
     drafted, probs, confs, token = [], [], [], None
     for j in range(max(ks)):
         token, q, conf = sampler.draw(views, column(j, token), stop is not None)  # [b], [b, V], [b]
-        drafted.append(token)
+        host, conf = _to_host(token, conf)  # one transfer per column; ``token`` stays where the drafter runs
+        drafted.append(host)
         probs.append(q)
         confs.append(conf)
-        eos = torch.isin(token, sampler.eos).tolist() if sampler.eos.numel() else [False] * b
+        eos = torch.isin(host, sampler.eos).tolist() if sampler.eos.numel() else [False] * b
         kept = [j + 1 if k > j and hit else k for k, hit in zip(kept, eos, strict=True)]
         if sampler.logits_processor:
-            views = [torch.cat([v, token[i : i + 1]]) for i, v in enumerate(views)]
+            views = [torch.cat([v, host[i : i + 1]]) for i, v in enumerate(views)]
         growing = [k > j + 1 for k in kept]
         if not any(growing):
             break
@@ -75,6 +78,15 @@ def draft_chain(column: Callable[[int, torch.Tensor | None], torch.Tensor], view
     table = torch.stack(confs, dim=1).tolist() if stop is not None else [[] for _ in range(b)]
     kept = [min(k, out.shape[1]) for k in kept]
     return [_row(out[i], [q[i] for q in probs] if sampler.do_sample else None, kept[i], table[i]) for i in range(b)]
+
+
+def _to_host(token: torch.Tensor, conf: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A column's tokens [b] long and confidences [b] (or None) on the CPU, in one transfer (ids below 2^24
+    are exact in float32)."""
+    if conf is None:
+        return token.cpu(), None
+    both = torch.stack([token.float(), conf.float()]).cpu()  # [2, b]
+    return both[0].long(), both[1]
 
 
 def _row(tokens: torch.Tensor, q: list[torch.Tensor] | None, k: int, confidences: list[float]) -> Proposal:

@@ -56,7 +56,7 @@ class DraftModelProposer:
 
         def column(j: int, previous: torch.Tensor | None) -> torch.Tensor:
             tokens, valid = unseen if previous is None else (previous[:, None], torch.ones(b, 1, dtype=torch.bool))
-            logits = self.cache.append(tokens, valid, keep=1)[:, -1].cpu()  # [b, V_draft]
+            logits = self.cache.append(tokens, valid, keep=1)[:, -1]  # [b, V_draft] on the draft's device
             if self.widths is None:
                 return logits
             return torch.nn.functional.pad(logits, (0, self.widths[1] - self.widths[0]), value=float("-inf"))

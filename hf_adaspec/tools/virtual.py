@@ -84,10 +84,8 @@ class TraceCache:
     """A ``backend.ragged.KVCache`` for a batch whose rows answer from ``RowAnswers``.
 
     lengths: [B] long, tokens held per row; ids: each row's index in the request; ``log``: the forwards, in
-    order; ``cache``: None (no model cache).
+    order.
     """
-
-    cache = None
 
     def __init__(self, rows: Sequence[RowAnswers], vocab_size: int, held: Sequence[int] | None = None) -> None:
         self.rows, self.vocab_size = list(rows), vocab_size
@@ -136,6 +134,10 @@ class TraceCache:
         self.rows = [self.rows[int(i)] for i in rows]
         self.ids = [self.ids[int(i)] for i in rows]
         self.lengths = self.lengths[rows]
+
+    def export_prefix(self) -> None:
+        """No model cache to keep: the prefix store keeps the token ids alone."""
+        return None
 
 
 class TraceCaches:

@@ -1,0 +1,222 @@
+"""A preallocated KV cache whose narrow forwards run as captured graphs (a CUDA graph on a GPU).
+
+Design: an ``Arena`` per (model, role) holds, per layer, keys and values for B_cap rows × L_cap columns at
+fixed addresses (B_cap a power of two, L_cap from ``capacity_for``), a row mask [B_cap, L_cap] on the device
+and, per forward width n ≤ ``graph_width`` (1 … k_max + 1: a draft token, a verification), one recording
+whose static inputs are the token ids and RoPE positions [B_cap, n] and the columns it writes [n]; the 4-D
+attention mask is built inside the recording from the row mask (a column is visible to block column i when
+it is a token of the row at or before i, or i itself, so no query row is fully masked). Recordings are made
+at a width's first use (the capture time is recorded in ``Arena.records``) and reused by later requests of
+the same sizes; a width whose replay measures no faster than its eager forward runs eagerly. Wider
+forwards (a prompt) run eagerly on the same arena.
+
+``StaticStore`` is one request's view of an arena, behind ``RaggedCache`` (which keeps the hole mask and the
+positions on the CPU, as for the dynamic cache): which arena row each batch row is (a row that leaves the
+batch keeps its slot, masked out) and how many columns are held. Rolling back shortens the held columns
+(later ones stay masked until overwritten). A block that would run past L_cap first compacts every row's
+tokens to the left; if that is not enough the request moves to an arena twice as wide. One request per
+(model, role) at a time: a later request takes the arena over.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from . import hf_compat
+from .graphs import Capture, CudaGraphs, Rerun, timed_ms
+
+CAPACITY_FLOOR = 256  # the smallest arena, in columns
+STANDARD_NEW_TOKENS = 256  # a request's length when only its context is known (the profile's cells)
+ARENAS_PER_ROLE = 3  # arenas kept per (model, role), least recently used first out
+
+
+def _next_power(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+def capacity_for(context: int, new_tokens: int = STANDARD_NEW_TOKENS) -> int:
+    """Columns of the arena a request of ``context`` tokens that generates ``new_tokens`` more is given: the
+    next power of two ≥ their sum (at least ``CAPACITY_FLOOR``). Attention reads every column, so a step's
+    cost depends on this bucket; the profile measures a context c at ``capacity_for(c)``."""
+    if context < 0 or new_tokens < 0:
+        raise ValueError(f"context and new tokens must be >= 0, got {context}, {new_tokens}")
+    return _next_power(context + new_tokens, CAPACITY_FLOOR)
+
+
+def block_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor,
+                  cache: object, rowmask: torch.Tensor, column_index: torch.Tensor, keep: int,
+                  layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward of a block ids [B, n] (RoPE ``positions`` [B, n]) written at ``columns`` [n] of an arena
+    (``cache``), the 4-D mask [B, 1, n, L] built from the row mask [B, L]: column j is visible to block
+    column i when it is a token of the row at or before i (``column_index`` [L] = 0 … L − 1), or i itself."""
+    seen = column_index[None, :] <= columns[:, None]  # [n, L]
+    own = column_index[None, :] == columns[:, None]  # [n, L]
+    mask = (rowmask[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L]
+    return hf_compat.raw_forward(model, ids, cache, keep, mask, positions, layers)
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → widths recorded compiled
+
+
+def compile_widths(model: torch.nn.Module, widths: frozenset[int]) -> None:
+    """Record ``model``'s forwards of these widths through ``torch.compile`` (inductor fuses the element-wise
+    kernels a decoding step is made of) in arenas made from now on; compiling costs seconds to minutes at
+    each width's first recording. An empty set: plain recordings."""
+    _COMPILED[model] = frozenset(widths)
+
+
+@functools.cache
+def _compiled_block():
+    return torch.compile(block_forward, dynamic=False)
+
+
+@dataclass(frozen=True)
+class CaptureRecord:
+    """One recording: the arena's rows and columns, its width n and feature layers, whether it went through
+    ``torch.compile``, what capturing took (ms; the warm-up runs and any compilation included) and the eager
+    forward's and the replay's ms measured then, and whether the replay was kept."""
+
+    batch: int
+    capacity: int
+    width: int
+    layers: tuple[int, ...]
+    compiled: bool
+    capture_ms: float
+    eager_ms: float
+    replay_ms: float
+    kept: bool
+
+
+@dataclass
+class _Inputs:
+    """One width's inputs: ids and positions [B_cap, n] long, the columns written [n] long, and the
+    transformers cache that writes at them."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    columns: torch.Tensor
+    cache: object
+
+
+@dataclass
+class _Recording:
+    captured: object
+    out: tuple
+
+
+class Arena:
+    """Preallocated keys/values [B_cap, H_kv, L_cap, D] per layer of one model, its row mask, and its
+    recordings per (width, feature layers)."""
+
+    def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture | None,
+                 choose_by_time: bool) -> None:
+        layers, heads, dim, dtype = hf_compat.kv_shape(model)
+        self.device, self.batch, self.capacity = model.device, batch, capacity
+        shape = (batch, heads, capacity, dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
+        self.rowmask = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
+        self.column_index = torch.arange(capacity, device=self.device)
+        self.capture, self.choose_by_time = capture, choose_by_time
+        self.inputs: dict[tuple[int, tuple[int, ...]], _Inputs] = {}
+        self.recordings: dict[tuple[int, tuple[int, ...]], _Recording | None] = {}
+        self.records: list[CaptureRecord] = []
+
+    def _new_inputs(self, n: int) -> _Inputs:
+        ids = torch.zeros(self.batch, n, dtype=torch.long, device=self.device)
+        columns = torch.zeros(n, dtype=torch.long, device=self.device)
+        return _Inputs(ids, torch.zeros_like(ids), columns, hf_compat.column_cache(self.keys, self.values, columns))
+
+    def _step(self, model: torch.nn.Module, inputs: _Inputs, keep: int, layers: tuple[int, ...],
+              compiled: bool = False) -> tuple:
+        forward = _compiled_block() if compiled else block_forward
+        return forward(model, inputs.ids, inputs.positions, inputs.columns, inputs.cache, self.rowmask,
+                       self.column_index, keep, layers)
+
+    @torch.no_grad()
+    def run(self, model: torch.nn.Module, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+            mask: torch.Tensor, start: int, keep: int, layers: tuple[int, ...], graph_width: int
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Write the block tokens [b, n] (positions [b, n]; the batch rows' masks [b, start + n]) at columns
+        start … start + n − 1 of arena rows ``slots`` [b] (on the device) → logits [b, keep, V] and features
+        [b, n, F] (None without ``layers``) in the model's dtype, on the device."""
+        n, key = tokens.shape[1], (tokens.shape[1], layers)
+        recorded = self.capture is not None and n <= graph_width
+        inputs = self.inputs.setdefault(key, self._new_inputs(n)) if recorded else self._new_inputs(n)
+        for static, given in ((inputs.ids, tokens), (inputs.positions, positions)):
+            static.zero_()
+            static.index_copy_(0, slots, given.to(self.device))
+        inputs.columns.copy_(torch.arange(start, start + n))
+        self.rowmask.zero_()
+        self.rowmask[slots, : start + n] = mask.to(self.device, torch.bool)
+        if not recorded:
+            logits, features = self._step(model, inputs, keep, layers)
+        else:
+            if key not in self.recordings:
+                self.recordings[key] = self._record(model, inputs, key)
+            recording = self.recordings[key]
+            if recording is None:
+                logits, features = self._step(model, inputs, n, layers)
+            else:
+                recording.captured.replay()
+                logits, features = recording.out
+        return logits[slots, -keep:], None if features is None else features[slots]
+
+    def _record(self, model: torch.nn.Module, inputs: _Inputs, key: tuple[int, tuple[int, ...]]) -> _Recording | None:
+        """Record width ``key``'s step on the inputs it is about to run (the warm-up and the capture write the
+        same keys and values at the same columns), and keep the recording unless its replay measures no
+        faster than the eager forward (``choose_by_time``)."""
+        ref, (n, layers) = weakref.ref(model), key
+        compiled = n in _COMPILED.get(model, frozenset())
+
+        def fn() -> tuple:
+            return self._step(ref(), inputs, n, layers, compiled)
+
+        eager_ms = timed_ms(lambda: self._step(model, inputs, n, layers), self.device)
+        made: list[tuple] = []
+        capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
+        captured, static_out = made[0]
+        replay_ms = timed_ms(captured.replay, self.device)
+        kept = replay_ms < eager_ms or not self.choose_by_time
+        self.records.append(CaptureRecord(self.batch, self.capacity, n, layers, compiled, round(capture_ms, 2),
+                                          round(eager_ms, 3), round(replay_ms, 3), kept))
+        return _Recording(captured, static_out) if kept else None
+
+    @torch.no_grad()
+    def gather(self, slots: torch.Tensor, order: torch.Tensor) -> None:
+        """Move each slot's columns so that its new column j holds its old column order[i, j] ([b, W] long on
+        the device), for every layer."""
+        for tensor in (*self.keys, *self.values):
+            rows = tensor[slots]  # [b, H, L, D]
+            index = order[:, None, :, None].expand(-1, rows.shape[1], -1, rows.shape[3])
+            tensor[slots, :, : order.shape[1]] = rows.gather(2, index)
+
+
+_ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {(role, B_cap, L_cap): Arena}
+
+
+def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int) -> Arena:
+    """The arena of ``model`` for ``role`` ("target", "draft", "probe") with room for ``batch`` rows (a power of
+    two) and ``capacity`` columns, made on first use; recordings are CUDA graphs on a GPU and ``Rerun``
+    stand-ins elsewhere. At most ``ARENAS_PER_ROLE`` are kept per role."""
+    arenas = _ARENAS.setdefault(model, {})
+    key = (role, _next_power(batch), capacity)
+    arena = arenas.pop(key, None)
+    if arena is None:
+        mine = [k for k in arenas if k[0] == role]
+        for old in mine[: max(0, len(mine) - ARENAS_PER_ROLE + 1)]:
+            del arenas[old]
+        cuda = model.device.type == "cuda"
+        capture = CudaGraphs(torch.cuda.graph_pool_handle()) if cuda else Rerun()
+        arena = Arena(model, key[1], capacity, capture, choose_by_time=cuda)
+    arenas[key] = arena  # most recently used last
+    return arena
+
+
+def capture_records(model: torch.nn.Module) -> list[CaptureRecord]:
+    """Every recording made for ``model`` in the arenas it still has (what capturing cost, per width)."""
+    return [r for arena in _ARENAS.get(model, {}).values() for r in arena.records]

@@ -1,0 +1,177 @@
+"""The preallocated KV cache (``backend.static_kv``, ``backend.stores.StaticStore``) computes what the dynamic
+one does, on the tiny fp32 Llamas of conftest: the same logits under random appends with holes, rollbacks and
+rows leaving, through compaction and moves to a wider arena; the same greedy tokens through ``generate`` when
+rows stop at different times; a seeded draft prefix; recordings made once per width and replayed (on a CPU the
+recordings are ``graphs.Rerun`` stand-ins, the CUDA graphs' static-buffer contract without a GPU); and the
+architecture guard. Greedy equality with plain generate and the chi-square on sampling run over both caches in
+tests/test_invariants.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import left_padded
+
+import hf_adaspec
+from hf_adaspec import CostTable, SpeculationState
+from hf_adaspec.backend import static_kv
+from hf_adaspec.backend.draft_prefix import DraftPrefixStore
+from hf_adaspec.backend.graphs import Rerun
+from hf_adaspec.backend.ragged import RaggedCache
+from hf_adaspec.backend.stores import DynamicStore, StaticStore, open_store, store_kind
+
+pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
+COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
+
+
+def _pair(model, batch: int, capacity: int) -> tuple[RaggedCache, RaggedCache]:
+    """The same batch on a dynamic cache and on an arena of ``capacity`` columns (role "test")."""
+    static = StaticStore(model, batch, capacity, "test", graph_width=4)
+    return RaggedCache(model, batch), RaggedCache(model, batch, store=static)
+
+
+def _same(a: RaggedCache, b: RaggedCache, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+    """Both caches take the block; each valid position's logits agree (padding columns' logits are unused)."""
+    got = [c.append(tokens, valid, tokens.shape[1]) for c in (a, b)]
+    assert torch.allclose(got[0][valid], got[1][valid], atol=1e-5), (got[0][valid] - got[1][valid]).abs().max()
+    assert torch.equal(a.lengths, b.lengths)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_appends_rollbacks_and_leaving_rows_match_the_dynamic_cache(models, seed):
+    """A random schedule on 3 rows: ragged blocks of 1–6 columns (some rows without tokens), rollbacks of the
+    last columns of random rows (holes), a row leaving; a 40-column arena must compact and then move."""
+    gen = torch.Generator().manual_seed(seed)
+    model = models["target"]
+    dyn, sta = _pair(model, 3, capacity=40)
+    prompt = torch.randint(1, 64, (3, 7), generator=gen)
+    _same(dyn, sta, prompt, torch.arange(7)[None, :] >= torch.tensor([[0], [3], [5]]))  # left padding
+    arenas = {id(sta.store.arena)}
+    for step in range(30):
+        width = int(torch.randint(1, 7, (1,), generator=gen))
+        rows = dyn.batch
+        tokens = torch.randint(1, 64, (rows, width), generator=gen)
+        counts = torch.randint(0, width + 1, (rows,), generator=gen)
+        counts[0] = width  # some row has a token in the last column
+        _same(dyn, sta, tokens, torch.arange(width)[None, :] < counts[:, None])
+        keep = dyn.lengths - torch.randint(0, width + 1, (rows,), generator=gen).clamp_max(counts)
+        for c in (dyn, sta):
+            c.rollback(keep)
+        if step == 12 and rows > 1:  # the middle row leaves
+            for c in (dyn, sta):
+                c.select(torch.tensor([0, 2]))
+        arenas.add(id(sta.store.arena))
+    assert len(arenas) > 1  # it outgrew the 40-column arena
+    assert sta.store.arena.capacity > 40 and sta.mask.shape[1] <= sta.store.arena.capacity
+
+
+def test_compaction_moves_each_rows_tokens_to_the_left(models):
+    """Holes in every row, then a block that does not fit: the rows' tokens are gathered left, the mask says so,
+    and the next logits still match the dynamic cache's."""
+    model = models["target"]
+    dyn, sta = _pair(model, 2, capacity=15)
+    _same(dyn, sta, torch.randint(1, 64, (2, 6)), torch.ones(2, 6, dtype=torch.bool))
+    for dropped in ([1, 3], [3, 1]):  # 4 drafted columns, each row keeps 3 once and 1 once: holes in both
+        _same(dyn, sta, torch.randint(1, 64, (2, 4)), torch.ones(2, 4, dtype=torch.bool))
+        for c in (dyn, sta):
+            c.rollback(c.lengths - torch.tensor(dropped))
+    assert sta.mask.shape[1] == 12 and sta.lengths.tolist() == [10, 10]
+    _same(dyn, sta, torch.randint(1, 64, (2, 4)), torch.ones(2, 4, dtype=torch.bool))  # 12 + 4 > 15: compact
+    assert sta.store.arena.capacity == 15  # compaction was enough
+    assert sta.mask.tolist() == [[1] * 14, [1] * 14]
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "prompt_lookup"])
+def test_rows_stopping_at_different_times_match_the_dynamic_cache(models, drafter):
+    """EOS ends rows at different steps; their arena slots stay masked while the others go on."""
+    prompts = ([5, 6, 7, 8, 9, 10] * 4, [11, 12, 13], [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8])
+    draft = {"assistant_model": models["noisy_copy"]} if drafter == "draft_model" else {}
+    plain = models["target"].generate(**left_padded(prompts), max_new_tokens=30, do_sample=False)
+    eos = int(plain[1, -20])  # a token row 1 emits early
+    out = {kv: models["target"].generate(**left_padded(prompts), **draft, speculation="adaptive",
+                                         speculation_costs=COSTS, speculation_state=SpeculationState(),
+                                         max_new_tokens=30, do_sample=False, eos_token_id=eos, kv_cache=kv,
+                                         return_dict_in_generate=True) for kv in ("dynamic", "static")}
+    finish = out["static"].speculation.row_tokens
+    assert len(set(finish)) > 1  # rows left at different times
+    assert torch.equal(out["dynamic"].sequences, out["static"].sequences)
+
+
+def test_a_seeded_arena_starts_from_the_prefix_and_exports_it(models):
+    """The draft prefix store's copy seeds an arena row; what the arena exports holds the same keys."""
+    model, tokens = models["target"], torch.randint(1, 64, (1, 9))
+    fresh = RaggedCache(model, 1, store=StaticStore(model, 1, 32, "test", 4))
+    fresh.append(tokens, torch.ones(1, 9, dtype=torch.bool), 1)
+    exported = fresh.export_prefix()
+    store = DraftPrefixStore()
+    store.remember(model, tokens[0].tolist(), 9, 0, exported)
+    seed = store.seed(model, torch.cat([tokens[0, :6], torch.tensor([60, 61])]))
+    assert seed.length == 6
+    seeded = RaggedCache(model, 1, store=StaticStore(model, 1, 32, "test-seeded", 4, seed.cache))
+    dynamic = RaggedCache(model, 1)
+    dynamic.append(tokens[:, :6], torch.ones(1, 6, dtype=torch.bool), 1)
+    assert seeded.lengths.tolist() == [6] and seeded.mask.shape == (1, 6)
+    _same(dynamic, seeded, torch.tensor([[60, 61]]), torch.ones(1, 2, dtype=torch.bool))
+
+
+def test_each_width_is_recorded_once_and_replayed_across_requests(tiny_factory):
+    """Recordings are made at a width's first use and reused by later requests with the same arena sizes;
+    wider forwards (the prompt) run eagerly; a width's replays go through the recording."""
+    model = hf_adaspec.enable(tiny_factory(0))
+    replays = []
+
+    class Counting(Rerun):
+        def __call__(self, fn):
+            captured, out = super().__call__(fn)
+            original = captured.replay
+            captured.replay = lambda: replays.append(1) or original()
+            return captured, out
+
+    static_kv._ARENAS[model] = {}
+    arena = static_kv.Arena(model, 1, 256, Counting(), choose_by_time=False)
+    static_kv._ARENAS[model][("target", 1, 256)] = arena
+    for _ in range(2):
+        model.generate(torch.tensor([[5, 6, 7, 8, 9, 10] * 4]), speculation="fixed", num_speculative_tokens=3,
+                       speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=20,
+                       do_sample=False, kv_cache="static")
+    widths = sorted(r.width for r in arena.records)
+    assert widths == sorted(set(widths)) and set(widths) <= {1, 2, 3, 4}  # once each; the 24-token prompt eager
+    assert len(replays) > 2 * len(widths)  # both requests replayed (plus one timed replay per recording)
+    assert all(r.kept and r.capture_ms >= 0 and r.batch == 1 and r.capacity == 256 for r in arena.records)
+
+
+def test_a_slower_replay_is_dropped_for_the_eager_forward(tiny_factory):
+    """With ``choose_by_time``, a width whose replay measures no faster than its eager forward runs eagerly
+    (on a CPU the re-run stand-in always measures slower than one forward)."""
+    model = hf_adaspec.enable(tiny_factory(0))
+    static_kv._ARENAS[model] = {("target", 1, 256): static_kv.Arena(model, 1, 256, Rerun(), choose_by_time=True)}
+    out = model.generate(torch.tensor([[5, 6, 7, 8]]), speculation="fixed", num_speculative_tokens=2,
+                         speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=8,
+                         do_sample=False, kv_cache="static")
+    plain = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=8, do_sample=False)
+    arena = static_kv._ARENAS[model][("target", 1, 256)]
+    assert torch.equal(out, plain) and arena.records
+    assert all(arena.recordings[(r.width, r.layers)] is None for r in arena.records if not r.kept)
+
+
+def test_capacity_buckets_and_store_choice(models):
+    assert static_kv.capacity_for(10) == 512 and static_kv.capacity_for(0, 0) == 256
+    assert static_kv.capacity_for(300, 300) == 1024
+    with pytest.raises(ValueError, match="context and new tokens"):
+        static_kv.capacity_for(-1)
+    model = models["target"]
+    assert store_kind(model, "auto") == "dynamic"  # a CPU: the dynamic cache
+    assert store_kind(model, "static") == "static"
+    assert isinstance(open_store(model, 2, "auto", 256, "test", 4), DynamicStore)
+
+
+def test_sliding_window_architectures_are_refused_a_static_cache():
+    import transformers
+
+    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                           sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    assert store_kind(model, "auto") == "dynamic"
+    with pytest.raises(ValueError, match=r"kv_cache='static' cannot serve .*use kv_cache='dynamic'"):
+        store_kind(model, "static")
