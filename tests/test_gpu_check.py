@@ -34,7 +34,7 @@ def tiny_run(tmp_path_factory):
             seen.append(json.loads((folder / RESULTS).read_text()))  # valid JSON at every point
 
         mp.setattr(gpu_check, "write_results", write_and_read)
-        status = gpu_check.main(["--device", "cpu", "--tiny", "--out", str(out)])
+        status = gpu_check.main(["--device", "cpu", "--tiny", "--kv-cache", "static", "--out", str(out)])
     return status, out, seen
 
 
@@ -45,18 +45,26 @@ def test_tiny_check_runs_every_step_and_passes(tiny_run):
     assert status == 0 and doc["finished"] and list(steps) == [s.name for s in gpu_check.plan()]
     assert {n: e["status"] for n, e in steps.items()} == dict.fromkeys(steps, "ok")
     assert "bitsandbytes" in steps["environment"]["nf4"]  # loads here: NF4 ran (else a FALLBACK line)
-    for name in ("greedy-bf16", "greedy-nf4", "self-draft-bf16", "self-draft-nf4", "sampling"):
+    for name in ("graphs", "greedy-bf16", "greedy-nf4", "self-draft-bf16", "self-draft-nf4", "sampling"):
         assert steps[name]["passed"] is True, name
+    assert steps["environment"]["kv_cache"] == "static" and steps["graphs"]["records"]  # the arenas' path ran
+    assert all(r["kept"] and not r["error"] for r in steps["graphs"]["records"])
     cases = steps["greedy-nf4"]["cases"]
     assert len(cases) == 10 and {"draft_model", "prompt_lookup", "suffix"} <= {d for c in cases.values()
                                                                                for d in c["drafters"]}
-    assert all(c["acceptance"] >= 0.9 for c in steps["self-draft-nf4"]["cases"].values())
+    assert all(c["acceptance_clear"] >= 0.9 for c in steps["self-draft-nf4"]["cases"].values())
+    ties = steps["self-draft-bf16"]["ties"]
+    assert ties["drafted_clear"] + ties["drafted_tie"] == sum(c["drafted"] for c in steps["self-draft-bf16"]["cases"]
+                                                              .values())
     for name in ("profile-1.5b-bf16", "profile-1.5b-nf4", "profile-7b-nf4", "profile-7b-bf16"):
         profile = load_profile(steps[name]["path"])
         assert "--random-weights" in profile.meta["command"] and profile.draft_cells
     assert "generate takes the pair" in steps["profile-7b-nf4"]["summary"]  # the 7B head is wider: the draft is padded
-    assert steps["engine"]["runs"]["adaptive"]["steps"] > 0 and len(steps["engine"]["overheads_ms"]) == 2
-    assert steps["never-loses"]["passed"] is None  # tiny timings are not judged
+    assert steps["engine-bf16"]["runs"]["adaptive"]["steps"] > 0 and len(steps["engine-bf16"]["overheads_ms"]) == 2
+    for name in ("speed-bf16", "speed-nf4"):
+        assert steps[name]["passed"] is None  # tiny timings are not judged
+    assert {"hf-plain", "hf-compiled", "plain", "adaptive", "fixed-self"} <= set(steps["speed-bf16"]["tokens_per_s"])
+    assert "hf-compiled" not in steps["speed-nf4"]["tokens_per_s"]  # transformers compiles bf16 only here
     tables = steps["replay"]["tables"]
     assert len(tables) == 4 and all(set(t) == {"b1", "b2"} for t in tables.values())
     summary = (out / SUMMARY).read_text()
@@ -79,7 +87,7 @@ def test_replay_runs_later_and_merges_into_the_results(tiny_run):
     after = doc["steps"]
     assert list(after) == list(before) and after["greedy-nf4"] == before["greedy-nf4"]
     assert doc["device_label"] == "cpu" and doc["finished"] and after["replay"]["ran_on"] == "cpu"
-    assert after["replay"]["overheads_ms"] == before["engine"]["overheads_ms"]  # the engine's, from the file
+    assert after["replay"]["overheads_ms"] == before["engine-bf16"]["overheads_ms"]  # the engine's, from the file
 
 
 def test_a_spent_budget_skips_every_step_and_leaves_valid_results(tmp_path):
@@ -115,7 +123,7 @@ def test_without_bitsandbytes_the_nf4_steps_fall_back_to_bf16(tmp_path, monkeypa
 def test_command_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--steps", "nonsense"])
-    assert "choose from environment, sampling" in capsys.readouterr().err
+    assert "choose from environment, graphs, sampling" in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
             gpu_check.main(["--out", str(tmp_path)])

@@ -71,14 +71,15 @@ def compile_widths(model: torch.nn.Module, widths: frozenset[int]) -> None:
 
 @functools.cache
 def _compiled_block():
-    return torch.compile(block_forward, dynamic=False)
+    return torch.compile(block_forward)
 
 
 @dataclass(frozen=True)
 class CaptureRecord:
     """One recording: the arena's rows and columns, its width n and feature layers, whether it went through
     ``torch.compile``, what capturing took (ms; the warm-up runs and any compilation included) and the eager
-    forward's and the replay's ms measured then, and whether the replay was kept."""
+    forward's and the replay's ms measured then, and whether the replay was kept (``error``: why recording
+    failed, the width then runs eagerly)."""
 
     batch: int
     capacity: int
@@ -89,6 +90,7 @@ class CaptureRecord:
     eager_ms: float
     replay_ms: float
     kept: bool
+    error: str = ""
 
 
 @dataclass
@@ -178,9 +180,14 @@ class Arena:
 
         eager_ms = timed_ms(lambda: self._step(model, inputs, n, layers), self.device)
         made: list[tuple] = []
-        capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
-        captured, static_out = made[0]
-        replay_ms = timed_ms(captured.replay, self.device)
+        try:
+            capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
+            captured, static_out = made[0]
+            replay_ms = timed_ms(captured.replay, self.device)
+        except Exception as e:  # noqa: BLE001 - a forward that cannot be recorded runs eagerly, and says why
+            self.records.append(CaptureRecord(self.batch, self.capacity, n, layers, compiled, 0.0, round(eager_ms, 3),
+                                              0.0, False, f"{type(e).__name__}: {e}"))
+            return None
         kept = replay_ms < eager_ms or not self.choose_by_time
         self.records.append(CaptureRecord(self.batch, self.capacity, n, layers, compiled, round(capture_ms, 2),
                                           round(eager_ms, 3), round(replay_ms, 3), kept))
@@ -215,6 +222,11 @@ def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int) -> A
         arena = Arena(model, key[1], capacity, capture, choose_by_time=cuda)
     arenas[key] = arena  # most recently used last
     return arena
+
+
+def drop_arenas(model: torch.nn.Module) -> None:
+    """Forget ``model``'s arenas and their recordings (the next request records again)."""
+    _ARENAS.pop(model, None)
 
 
 def capture_records(model: torch.nn.Module) -> list[CaptureRecord]:

@@ -145,10 +145,11 @@ class StaticStore:
     def fill_random(self, batch: int, context: int) -> None:
         if batch != self.slots.shape[0]:
             raise ValueError(f"this store holds {self.slots.shape[0]} rows, not {batch}")
-        gen = torch.Generator().manual_seed(0)
+        first = self.arena.keys[0]
+        shape = (self.slots.shape[0], first.shape[1], context, first.shape[3])
+        block = torch.randn(shape, device=first.device, dtype=first.dtype)  # one block for every layer
         for tensor in (*self.arena.keys, *self.arena.values):
-            shape = (self.slots.shape[0], tensor.shape[1], context, tensor.shape[3])
-            tensor[self.slots, :, :context] = torch.randn(shape, generator=gen).to(tensor)
+            tensor[self.slots, :, :context] = block
         self.held = context
 
 

@@ -1,19 +1,24 @@
-"""``make gpu-check``: one prepared pass over what only a GPU can tell (issue 36), proven on the CPU first.
+"""``make gpu-check``: one prepared pass over what only a GPU can tell (issues 36, 43), proven on the CPU first.
 
 ``python -m hf_adaspec.tools.gpu_check --device cuda [--out DIR] [--budget-s 480]`` runs the steps of ``plan``
 in order, each in its own try/except, and rewrites ``gpu_check.json`` (atomically) and ``gpu_check.md`` after
 every step, so a run cut off by its time limit still leaves what finished; once the budget is spent the
 rest is recorded as "skipped: budget". Every model has a preset's architecture (``models/configs``, the 7B's
 too) and seeded random weights. ``--tiny``: shrunk configs and grids (tests/test_gpu_check.py, on the CPU).
+``--kv-cache``: where speculation keeps its caches (default auto: arenas whose narrow forwards replay CUDA
+graphs on a GPU; the CPU test passes static, whose recordings are re-run there).
 ``--steps a,b``: only those, merged into an existing results file (e.g. ``--steps replay`` on a CPU, from
 the profiles a GPU run left: the replay is CPU work, skipped on a GPU).
 
 Steps: environment (versions, the GPU; NF4 only if bitsandbytes' kernels load, else every NF4 step records
-the bf16 fallback); sampling (``gpu_check_steps``: chi-square test of lossless sampling); per quantization
-(bf16, NF4) greedy (speculative greedy = plain greedy), self-draft and the shipped pair's profile;
-never-loses (wall clock: ``adaptive`` with the random-weight draft within 3% of plain, with the self-draft
-within 3% of ``fixed`` or faster); engine (the engine's own ms per step, wall less the forwards); the
-profiles of the 7B target with the 0.5B draft; replay (projections on every profile, batch 1, 2, 4, 8).
+the bf16 fallback); graphs (``gpu_check_graphs``: replayed recordings against eager forwards, capture costs);
+sampling (``gpu_check_sampling``: chi-square test of lossless sampling); per quantization (bf16, NF4) greedy
+(speculative greedy = plain greedy or a near-tie), self-draft (acceptance away from near-ties), the shipped
+pair's profile, speed (wall clock, interleaved: transformers' eager and compiled plain, hf-adaspec's plain,
+fixed and adaptive; never-loses: ``adaptive`` with the random-weight draft within 3% of hf-adaspec's plain,
+with the self-draft within 3% of ``fixed``); compile-draft (the draft's step recorded after torch.compile, timed); the
+7B target's profiles with the 0.5B draft; engine (the engine's own ms per step, wall less the forwards);
+replay (projections on every profile, batch 1, 2, 4, 8).
 """
 
 from __future__ import annotations
@@ -32,20 +37,24 @@ from pathlib import Path
 
 import torch
 
+from ..config import KV_CACHES
 from ..costs.measure import ProfileGrid, measure_profile, pair_name, plot_profile
 from ..costs.profile import load_profile, save_profile
 from ..costs.table import processor_name
 from . import gpu_check_steps as cs
 from .gpu_check_report import REPLAY_METHODS, RESULTS, SUMMARY, write_results
+from .gpu_check_graphs import compile_draft, graphs
 from .gpu_check_sampling import sampling
 from .gpu_check_steps import BIG, DRAFT, QUANT_LABEL, TARGET, Check
 
 BUDGET_S = 480.0
 TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
 GPU_GRID = ProfileGrid(new_tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16), batch_sizes=(1, 2, 4, 8),
-                       contexts=(128, 512, 1024, 2048), repeats=2)
+                       contexts=(128, 512, 2048), repeats=2)
 TINY_GRID = ProfileGrid(new_tokens=(1, 2, 3), batch_sizes=(1, 2), contexts=(16, 32), repeats=1)
 WIN_MARGIN = 0.97  # "within 3%"
+COMPILED_MARGIN = 1 / 1.3  # adaptive (choosing plain steps) against transformers' static-compiled plain
+SPEED_PROMPT = 24  # tokens: one length, so transformers' compiled static cache is compiled once
 
 
 def environment(check: Check) -> dict:
@@ -55,6 +64,7 @@ def environment(check: Check) -> dict:
     gpu = torch.cuda.get_device_name(0) if check.device.startswith("cuda") else None
     info = {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
             "python": platform.python_version(), "device": check.device, "gpu": gpu, "cpu": processor_name(),
+            "kv_cache": check.kv_cache,
             "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if gpu else None}
     try:
         import bitsandbytes
@@ -85,9 +95,9 @@ def profile_pair(check: Check, target: str, quantization: str) -> dict:
     command = (f"hf-adaspec profile --target {target} --draft {DRAFT} --quantization {quantization} --dtype bfloat16 "
                f"--contexts {csv(grid.contexts)} --batch-sizes {csv(grid.batch_sizes)} --new-tokens "
                f"{csv(grid.new_tokens)} --repeats {grid.repeats} --max-tokens-per-forward "
-               f"{grid.max_tokens_per_forward} --device {check.device} --random-weights"
+               f"{grid.max_tokens_per_forward} --device {check.device} --random-weights --kv-cache {check.kv_cache}"
                f"  # by hf_adaspec.tools.gpu_check on {check.facts.get('gpu') or check.device}")
-    profile = measure_profile(tgt, drf, grid, pair, command)
+    profile = measure_profile(tgt, drf, grid, pair, command, kv_cache=check.kv_cache)
     path = save_profile(profile, check.out / f"{pair}-{QUANT_LABEL[quantization]}" / "profile.json")
     try:
         plot_profile(profile, path.with_name("cost_curves.png"))
@@ -97,6 +107,7 @@ def profile_pair(check: Check, target: str, quantization: str) -> dict:
     costs = {f"b{b}": {"verify_ms_n1": round(profile.verify_ms(b, c, 1), 2), "verify_ms_n5": round(
         profile.verify_ms(b, c, 5), 2), "draft_ms": round(profile.draft_ms(b, c), 2)} for b in grid.batch_sizes}
     ratio, b1 = profile.draft_ms(1, c) / profile.verify_ms(1, c, 1), costs["b1"]
+    check.facts[f"verify_ms_n1 {target} {quantization}"] = profile.verify_ms(1, c, 1)
     heads = (tgt.get_output_embeddings().out_features, drf.get_output_embeddings().out_features)
     vocab = "" if heads[0] == heads[1] else f"; output heads {heads[0]} vs {heads[1]}: " + _pair_refused(tgt, drf)
     return {"passed": None, "path": str(path), "context": c, "costs": costs, "draft_over_target_b1": round(ratio, 3),
@@ -108,58 +119,77 @@ def profile_pair(check: Check, target: str, quantization: str) -> dict:
 def _pair_refused(target, draft) -> str:
     """Whether ``generate`` takes (target, draft) as a pair, asked with one token."""
     try:
-        cs.generate(target, [1, 2, 3], 1, {"speculation": "adaptive", "assistant_model": draft})
+        cs.generate(target, [1, 2, 3], 1, {"speculation": "adaptive", "assistant_model": draft, "kv_cache": "dynamic"})
     except ValueError as e:
         return f"generate refuses the pair ({e}); the profile does not depend on it"
     return "generate takes the pair"
 
 
-def _pair(check: Check):
-    """The shipped pair in NF4 (bf16 without bitsandbytes), its quantization, and its profile's path if measured."""
-    q = "nf4" if "nf4" in check.quantizations else "none"
-    path = check.out / f"{pair_name(TARGET, DRAFT)}-{QUANT_LABEL[q]}" / "profile.json"
-    return check.model(TARGET, q), check.model(DRAFT, q, head=True), q, path if path.is_file() else None
+def speed(check: Check, quantization: str) -> dict:
+    """Wall clock, interleaved per prompt (batch 1, greedy, 64 tokens, 3 prompts of ``SPEED_PROMPT`` tokens):
+    transformers' eager plain and (bf16) static-compiled plain (``cache_implementation="static"``, its first
+    call, the compilation, timed apart), hf-adaspec's plain (``fixed`` k = 0), ``fixed`` k = 4 and ``adaptive``
+    with the random-weight draft (acceptance ≈ 0: adaptive chooses plain steps), ``adaptive`` without a draft,
+    and ``fixed`` k = 4 and ``adaptive`` with the target as its own draft. Bars (not with --tiny): adaptive with
+    the random draft ≥ 97% of hf-adaspec's plain (never loses) and ≥ 1/1.3 of the compiled plain; adaptive
+    with the self-draft ≥ 97% of fixed's."""
+    if quantization not in check.quantizations:
+        return {"passed": None, "fallback": True, "summary": check.fallback}
+    tgt, drf = check.model(TARGET, quantization), check.model(DRAFT, quantization, head=True)
+    path = check.out / f"{pair_name(TARGET, DRAFT)}-{QUANT_LABEL[quantization]}" / "profile.json"
+    given = {"speculation_profile": str(path)} if path.is_file() else {}
+    methods = {"hf-plain": {}, "plain": check.spec(speculation="fixed", num_speculative_tokens=0, **given),
+               "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf, **given),
+               "adaptive": check.spec(speculation="adaptive", assistant_model=drf, **given),
+               "adaptive-lookup": check.spec(speculation="adaptive", **given),
+               "fixed-self": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=tgt),
+               "adaptive-self": check.spec(speculation="adaptive", assistant_model=tgt)}
+    new, prompts = 12 if check.tiny else 64, cs.speed_prompts(tgt.config.vocab_size, SPEED_PROMPT)
+    out: dict = {"quantization": quantization, "cost_source": "profile" if given else "calibrated"}
+    if quantization == "none":
+        methods["hf-compiled"] = {"cache_implementation": "static"}
+        start = time.perf_counter()
+        cs.generate(tgt, prompts[0], new, methods["hf-compiled"])  # transformers compiles the decoding forward
+        out["hf_compiled_first_call_s"] = round(time.perf_counter() - start, 1)
+    tps = cs.timed_runs(tgt, methods, prompts, new, 1 if check.tiny else 2, warmup={"hf-compiled": new})
+    ratio = {f"{a}/{b}": round(tps[a] / tps[b], 3) for a, b in (
+        ("adaptive", "plain"), ("adaptive", "hf-plain"), ("adaptive", "hf-compiled"), ("plain", "hf-compiled"),
+        ("adaptive-self", "fixed-self"), ("adaptive-lookup", "plain"), ("fixed-k4", "plain")) if b in tps}
+    used = cs.drafter_use(tgt, prompts[0], new, methods["adaptive"])
+    bars = {"never_loses": ratio["adaptive/plain"] >= WIN_MARGIN,
+            "self_draft": ratio["adaptive-self/fixed-self"] >= WIN_MARGIN}
+    if "adaptive/hf-compiled" in ratio:
+        bars["vs_compiled"] = ratio["adaptive/hf-compiled"] >= COMPILED_MARGIN
+    line = (f"{QUANT_LABEL[quantization]} tokens/s: " + ", ".join(f"{m} {v}" for m, v in tps.items())
+            + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items()) + ("; not judged (--tiny)" if check.tiny else ""))
+    return {**out, "passed": None if check.tiny else all(bars.values()), "tokens_per_s": tps, "ratios": ratio,
+            "bars": bars, "adaptive_random_draft_steps": used, "summary": line}
 
 
-def never_loses(check: Check) -> dict:
-    """Wall clock: ``adaptive`` with the random-weight draft (acceptance ≈ 0) at ≥ 97% of plain's tokens/s,
-    with the self-draft (acceptance ≈ 1) at ≥ 97% of ``fixed``'s (k = 4). Judged on a GPU, not with --tiny."""
-    tgt, drf, q, profile = _pair(check)
-    given = {"speculation_profile": str(profile)} if profile else {}
-    methods = {"plain": {}, "adaptive": {"speculation": "adaptive", "assistant_model": drf, **given},
-               "fixed-self": {"speculation": "fixed", "num_speculative_tokens": 4, "assistant_model": tgt},
-               "adaptive-self": {"speculation": "adaptive", "assistant_model": tgt}}
-    prompts = cs.check_prompts(tgt.config.vocab_size, seed=5)[::2]
-    tps = cs.timed_runs(tgt, methods, prompts, 12 if check.tiny else 64, 1 if check.tiny else 2)
-    vs_plain, vs_fixed = tps["adaptive"] / tps["plain"], tps["adaptive-self"] / tps["fixed-self"]
-    random_ok, self_ok = vs_plain >= WIN_MARGIN, vs_fixed >= WIN_MARGIN
-    line = (f"{QUANT_LABEL[q]}: adaptive/plain {vs_plain:.3f} (random draft), adaptive/fixed {vs_fixed:.3f} (self-draft)"
-            + ("; not judged (--tiny)" if check.tiny else ""))
-    return {"passed": None if check.tiny else random_ok and self_ok, "tokens_per_s": tps, "quantization": q,
-            "cost_source": "profile" if given else "calibrated", "random_draft_ok": random_ok, "self_draft_ok": self_ok,
-            "summary": line}
-
-
-def engine_time(check: Check) -> dict:
+def engine_time(check: Check, q: str) -> dict:
     """The engine's own ms per step at batch 1 (wall less every forward, forwards timed with the device
     synchronised) against the target's mean forward, and transformers' own ms per token for plain; the median
-    over the speculative runs and plain's become the replay's overheads."""
-    tgt, drf, q, _ = _pair(check)
+    over the speculative runs and hf-adaspec's plain become the replay's overheads."""
+    if q not in check.quantizations:
+        return {"passed": None, "fallback": True, "summary": check.fallback}
+    tgt, drf = check.model(TARGET, q), check.model(DRAFT, q, head=True)
     prompt, new = cs.check_prompts(tgt.config.vocab_size, seed=6)[0], 12 if check.tiny else 128
-    runs = {"adaptive": {"speculation": "adaptive", "assistant_model": drf},
-            "adaptive-lookup": {"speculation": "adaptive"},
-            "fixed-k4": {"speculation": "fixed", "num_speculative_tokens": 4, "assistant_model": drf}, "plain": {}}
+    runs = {"adaptive": check.spec(speculation="adaptive", assistant_model=drf),
+            "adaptive-lookup": check.spec(speculation="adaptive"),
+            "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf),
+            "plain": check.spec(speculation="fixed", num_speculative_tokens=0), "hf-plain": {}}
     with cs.forward_timer((tgt, drf)) as timer:
         out = {name: cs.engine_overhead(tgt, timer, prompt, new, kwargs) for name, kwargs in runs.items()}
-    spec = statistics.median(v["engine_ms_per_step"] for k, v in out.items() if k != "plain")
+    spec = statistics.median(v["engine_ms_per_step"] for k, v in out.items() if "plain" not in k)
     check.facts["overheads"] = (spec, out["plain"]["engine_ms_per_step"])
     a = out["adaptive"]
     share = a["engine_ms_per_step"] / a["target_ms_per_forward"]
     return {"passed": None, "quantization": q, "runs": out, "over_10pct": share > 0.10,
             "overheads_ms": check.facts["overheads"],
             "summary": f"{QUANT_LABEL[q]} adaptive: engine {a['engine_ms_per_step']} ms/step = {share:.1%} of the "
-                       f"target's {a['target_ms_per_forward']} ms forward; plain: transformers "
-                       f"{out['plain']['engine_ms_per_step']} ms/token"}
+                       f"target's {a['target_ms_per_forward']} ms forward; plain: hf-adaspec "
+                       f"{out['plain']['engine_ms_per_step']} ms/step, transformers {out['hf-plain']['engine_ms_per_step']}"
+                       " ms/token"}
 
 
 def replay(check: Check) -> dict:
@@ -203,17 +233,22 @@ class Step:
 
 
 def plan() -> list[Step]:
-    """The steps in order: the cheap correctness checks first; each quantization's models loaded once for its
-    greedy, self-draft and profile steps; the 7B last but the replay."""
-    steps = [Step("environment", environment), Step("sampling", sampling, 20)]
-    for q, label in QUANT_LABEL.items():
-        steps += [Step(f"greedy-{label}", lambda c, q=q: cs.greedy_matrix(c, q), 45),
-                  Step(f"self-draft-{label}", lambda c, q=q: cs.self_draft(c, q), 20),
-                  Step(f"profile-1.5b-{label}", lambda c, q=q: profile_pair(c, TARGET, q), 45)]
-    steps += [Step("never-loses", never_loses, 45), Step("engine", engine_time, 15),
-              Step("profile-7b-nf4", lambda c: profile_pair(c, BIG, "nf4"), 120),
-              Step("profile-7b-bf16", lambda c: profile_pair(c, BIG, "none"), 80)]
-    return steps + [Step("replay", replay, on_gpu=False)]
+    """The steps in order: the cheap correctness checks first (recorded forwards against eager ones, sampling,
+    greedy and the self-draft in bf16); the 1.5B pair's bf16 profile, the side-by-side timing, the engine's own
+    time, the 7B's bf16 profile and the draft's compiled step; then NF4; the replay last (CPU work)."""
+    return [Step("environment", environment), Step("graphs", graphs, 15), Step("sampling", sampling, 20),
+            Step("greedy-bf16", lambda c: cs.greedy_matrix(c, "none"), 40),
+            Step("self-draft-bf16", lambda c: cs.self_draft(c, "none"), 15),
+            Step("profile-1.5b-bf16", lambda c: profile_pair(c, TARGET, "none"), 40),
+            Step("speed-bf16", lambda c: speed(c, "none"), 150), Step("engine-bf16", lambda c: engine_time(c, "none"), 15),
+            Step("profile-7b-bf16", lambda c: profile_pair(c, BIG, "none"), 60),
+            Step("compile-draft", compile_draft, 60),
+            Step("greedy-nf4", lambda c: cs.greedy_matrix(c, "nf4"), 40),
+            Step("self-draft-nf4", lambda c: cs.self_draft(c, "nf4"), 15),
+            Step("profile-1.5b-nf4", lambda c: profile_pair(c, TARGET, "nf4"), 45),
+            Step("speed-nf4", lambda c: speed(c, "nf4"), 45),
+            Step("profile-7b-nf4", lambda c: profile_pair(c, BIG, "nf4"), 60),
+            Step("replay", replay, on_gpu=False)]
 
 
 def _run_one(check: Check, step: Step) -> dict:
@@ -231,8 +266,8 @@ def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = Fa
     the existing results file (whose engine overheads then serve the replay)."""
     old = check.out / RESULTS
     doc = json.loads(old.read_text()) if merge and old.is_file() else {"steps": {}}
-    if "overheads_ms" in doc["steps"].get("engine", {}):
-        check.facts.setdefault("overheads", tuple(doc["steps"]["engine"]["overheads_ms"]))
+    if "overheads_ms" in doc["steps"].get("engine-bf16", {}):
+        check.facts.setdefault("overheads", tuple(doc["steps"]["engine-bf16"]["overheads_ms"]))
     label = check.facts.get("gpu") or check.device
     if "device" not in doc:  # a merged run keeps the labels of the run it adds to
         doc.update(check="hf-adaspec gpu-check (issue 36)", device=check.device, device_label=label, tiny=check.tiny,
@@ -266,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="shrunk configs and grids (the CPU test)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds after which the rest is skipped")
     parser.add_argument("--steps", default="", help="comma-separated step names, merged into the results file")
+    parser.add_argument("--kv-cache", default="auto", choices=KV_CACHES,
+                        help="where speculation keeps its caches (auto: recorded CUDA graphs on a GPU)")
     args = parser.parse_args(argv)
     wanted, names = [s for s in args.steps.split(",") if s], [s.name for s in plan()]
     if set(wanted) - set(names):
@@ -275,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                      "try --device cpu --tiny")
     gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
     out = args.out or Path("model_cards") / "gpu" / re.sub(r"[^a-z0-9]+", "-", (gpu or args.device).lower()).strip("-")
-    check, threads = Check(args.device, args.tiny, out, facts={"gpu": gpu}), torch.get_num_threads()
+    check, threads = Check(args.device, args.tiny, out, args.kv_cache, facts={"gpu": gpu}), torch.get_num_threads()
     if args.tiny and args.device == "cpu":
         torch.set_num_threads(1)  # tiny tensors: thread spin-up would dominate
     try:

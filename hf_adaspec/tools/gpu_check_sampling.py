@@ -47,7 +47,7 @@ def _sampler(device: str):
     noisy, gen = copy.deepcopy(model), torch.Generator().manual_seed(2)
     with torch.no_grad():
         for p in noisy.parameters():
-            p.add_((0.05 * p.std() * torch.randn(p.shape, generator=gen)).to(p.device))
+            p.add_((0.05 * p.std().item() * torch.randn(p.shape, generator=gen)).to(p.device))
     return enable(model), noisy
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..api.generate import enable
+from ..backend.ragged import RaggedCache
 from ..costs.table import CostTable
 from ..engine.run import SpeculationState
 from ..models.architecture import config_path, load_random, random_weights
@@ -47,13 +48,15 @@ QUANT_LABEL = {"none": "bf16", "nf4": "nf4"}
 
 @dataclass
 class Check:
-    """What the steps share: the device, --tiny, the output folder, the quantizations that load here (the
-    environment step drops nf4 without bitsandbytes, saying why in ``fallback``), random weights (in
-    memory) and loaded models, and ``facts`` later steps use (the GPU's name, measured overheads)."""
+    """What the steps share: the device, --tiny, the output folder, where speculation keeps its caches
+    (``kv_cache``: on a GPU by default an arena whose narrow forwards replay CUDA graphs), the quantizations
+    that load here (the environment step drops nf4 without bitsandbytes, saying why in ``fallback``), random
+    weights (in memory) and loaded models, and ``facts`` later steps use (the GPU's name, measured overheads)."""
 
     device: str
     tiny: bool
     out: Path
+    kv_cache: str = "auto"
     quantizations: tuple[str, ...] = ("none", "nf4")
     fallback: str = ""
     facts: dict = field(default_factory=dict)
@@ -84,6 +87,10 @@ class Check:
             self.models[key] = enable(model)
         return self.models[key]
 
+    def spec(self, **kwargs) -> dict:
+        """``generate`` keywords of a speculative run: ``kwargs`` and the check's ``kv_cache``."""
+        return {**kwargs, "kv_cache": self.kv_cache}
+
     def drop(self, keep=()) -> None:
         """Free every loaded model but ``keep`` (keys), and the GPU's cached blocks."""
         for key in [k for k in self.models if k not in keep]:
@@ -110,6 +117,23 @@ def check_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     return [a * 4, b, c + c + d]
 
 
+def speed_prompts(vocab: int, length: int, seed: int = 7) -> list[list[int]]:
+    """Three prompts of ``length`` tokens (ids ≥ 1): a 6-token phrase repeated, a 4-token one repeated, and
+    random ids."""
+    gen = torch.Generator().manual_seed(seed)
+    a, b, c = (torch.randint(1, vocab, (n,), generator=gen).tolist() for n in (6, 4, length))
+    return [(a * length)[:length], (b * length)[:length], c]
+
+
+def drafter_use(target, prompt: list[int], new: int, kwargs: dict) -> dict:
+    """One greedy request with ``kwargs``: its steps per drafter, and the draft model's drafted and accepted
+    tokens (what a never-loses shortfall would come from)."""
+    stats = generate(target, prompt, new, kwargs).speculation
+    paid = [s for s in stats.steps if s.drafter == "draft_model"]
+    return {"steps": dict(Counter(s.drafter for s in stats.steps)), "draft_drafted": sum(s.k for s in paid),
+            "draft_accepted": sum(s.accepted for s in paid)}
+
+
 def left_padded(prompts: list[list[int]]) -> dict[str, torch.Tensor]:
     """input_ids and attention_mask [B, T], rows right-aligned, padded with 0."""
     width = max(len(p) for p in prompts)
@@ -128,12 +152,18 @@ def generate(model, prompt: list[int], new: int, kwargs: dict, state: Speculatio
 
 
 @torch.no_grad()
+def teacher_forced(model, prompt: list[int], got: list[int]) -> torch.Tensor:
+    """float32 logits [len(got), V] predicting each token of ``got`` after ``prompt`` (one forward)."""
+    return model(torch.tensor([prompt + got], device=model.device)).logits[0, len(prompt) - 1: -1].float()
+
+
+@torch.no_grad()
 def row_check(model, prompt: list[int], got: list[int], plain: list[int]) -> dict:
     """One row against plain greedy: where it first differs and the top-2 gap there; the largest deficit of an
     emitted token's logit below the top one in a teacher-forced forward over the row's own output."""
     diverged = next((i for i, (a, b) in enumerate(zip(got, plain, strict=False)) if a != b), None)
     gap = divergence_gap(model, torch.tensor([prompt + plain]), torch.tensor([prompt + got]))
-    logits = model(torch.tensor([prompt + got], device=model.device)).logits[0, len(prompt) - 1: -1].float()
+    logits = teacher_forced(model, prompt, got)
     emitted = logits.gather(1, torch.tensor(got, device=logits.device)[:, None])[:, 0]
     deficit = float((logits.max(-1).values - emitted).max())
     ok = len(got) == len(plain) and (gap is None or gap <= NEAR_TIE) and deficit <= NEAR_TIE
@@ -141,17 +171,44 @@ def row_check(model, prompt: list[int], got: list[int], plain: list[int]) -> dic
             "logit_std": round(float(logits.std()), 3)}
 
 
-def greedy_case(target, draft, prompts, plain: dict, mode: str, new: int, state=None) -> dict:
-    """One speculative greedy ``generate`` of ``prompts`` (a batch), checked row by row (``row_check``)."""
+@torch.no_grad()
+def tie_split(model, prompt: list[int], got: list[int], steps) -> dict[str, int]:
+    """A row's drafted tokens split by the target's top-2 logit gap at their position (teacher-forced over its
+    own output): at a near-tie (gap ≤ ``NEAR_TIE``) a 1-token and a (k+1)-token forward may rank the top two
+    differently, elsewhere they agree. → drafted and accepted counts at near-ties and elsewhere. ``steps``: the
+    row's ``StepRecord``s in order (the prefill emitted token 0)."""
+    top2 = teacher_forced(model, prompt, got).topk(2, dim=-1).values
+    tie = ((top2[:, 0] - top2[:, 1]) <= NEAR_TIE).tolist()  # [len(got)]
+    out = dict.fromkeys(("drafted_tie", "accepted_tie", "drafted_clear", "accepted_clear"), 0)
+    at = 1
+    for s in steps:
+        for j in range(min(s.k, len(got) - at)):
+            kind = "tie" if tie[at + j] else "clear"
+            out[f"drafted_{kind}"] += 1
+            out[f"accepted_{kind}"] += int(j < s.accepted)
+            if j >= s.accepted:
+                break  # the positions after the first rejection were never judged
+        at += s.emitted
+    return out
+
+
+def greedy_case(check: Check, target, draft, prompts, plain: dict, mode: str, new: int, state=None,
+                ties: bool = False) -> dict:
+    """One speculative greedy ``generate`` of ``prompts`` (a batch), checked row by row (``row_check``);
+    ``ties``: each row's drafted tokens also split by near-ties (``tie_split``)."""
     extra = {"assistant_model": draft} if draft is not None else {}
-    out = target.generate(**left_padded(prompts), **extra, **MODES[mode], speculation_costs=COSTS,
+    out = target.generate(**left_padded(prompts), **extra, **check.spec(**MODES[mode]), speculation_costs=COSTS,
                           speculation_state=state or SpeculationState(), max_new_tokens=new, do_sample=False,
                           return_dict_in_generate=True)
     width, stats = max(len(p) for p in prompts), out.speculation
-    rows = [row_check(target, p, out.sequences[i, width: width + stats.row_tokens[i]].tolist(), plain[tuple(p)])
-            for i, p in enumerate(prompts)]
-    return {"passed": all(r["ok"] for r in rows), "rows": rows, "drafted": sum(s.k for s in stats.steps),
+    got = [out.sequences[i, width: width + stats.row_tokens[i]].tolist() for i in range(len(prompts))]
+    rows = [row_check(target, p, got[i], plain[tuple(p)]) for i, p in enumerate(prompts)]
+    case = {"passed": all(r["ok"] for r in rows), "rows": rows, "drafted": sum(s.k for s in stats.steps),
             "accepted": sum(s.accepted for s in stats.steps), "drafters": dict(Counter(s.drafter for s in stats.steps))}
+    if ties:
+        split = [tie_split(target, p, got[i], stats.row(i).steps) for i, p in enumerate(prompts)]
+        case["ties"] = {k: sum(r[k] for r in split) for k in split[0]}
+    return case
 
 
 def _summarize(cases: dict, needed: set[str], extra: str = "") -> dict:
@@ -186,27 +243,38 @@ def greedy_matrix(check: Check, quantization: str) -> dict:
     for batch in (1, 3):
         for mode in MODES:
             for drafter, model in (("draft_model", draft), ("lookup", None)):
-                cases[f"{mode} {drafter} b{batch}"] = greedy_case(target, model, prompts[:batch], plain, mode, new)
+                cases[f"{mode} {drafter} b{batch}"] = greedy_case(check, target, model, prompts[:batch], plain, mode,
+                                                                  new)
         state = SpeculationState()
-        greedy_case(target, None, prompts[:batch], plain, "adaptive", new, state)  # fills suffix drafting's memory
-        cases[f"adaptive suffix b{batch}"] = greedy_case(target, None, prompts[:batch], plain, "adaptive", new, state)
+        greedy_case(check, target, None, prompts[:batch], plain, "adaptive", new, state)  # fills suffix's memory
+        cases[f"adaptive suffix b{batch}"] = greedy_case(check, target, None, prompts[:batch], plain, "adaptive", new,
+                                                         state)
     floor = max(row_check(target, p, plain[tuple(p)], plain[tuple(p)])["max_deficit"] for p in prompts)
     return {**_summarize(cases, {"draft_model", "prompt_lookup", "suffix"}, f" (plain's own {floor:.3f})"),
             "plain_deficit": floor}
 
 
 def self_draft(check: Check, quantization: str) -> dict:
-    """The target drafts for itself: every draft token is its argmax (but for near-ties between a 1-token
-    and a (k+1)-token forward), so the accept path and bonus tokens run; at least 90% accepted."""
+    """The target drafts for itself: every draft token is its argmax but at near-ties between a 1-token and a
+    (k+1)-token forward, so the accept path and bonus tokens run. Each drafted token is classed by the target's
+    top-2 gap at its position (``tie_split``): the bar is 90% accepted away from near-ties; the acceptance at
+    near-ties and their share of the drafted tokens explain the overall acceptance."""
     if quantization not in check.quantizations:
         return {"passed": None, "fallback": True, "summary": check.fallback}
     target, prompts, new, plain = _setup(check, quantization)
-    cases = {f"{mode} b{batch}": greedy_case(target, target, prompts[:batch], plain, mode, new)
+    cases = {f"{mode} b{batch}": greedy_case(check, target, target, prompts[:batch], plain, mode, new, ties=True)
              for batch in (1, 3) for mode in MODES}
     for case in cases.values():
+        t = case["ties"]
         case["acceptance"] = case["accepted"] / max(case["drafted"], 1)
-        case["passed"] = case["passed"] and case["acceptance"] >= 0.9
-    return _summarize(cases, {"draft_model"}, f"; lowest acceptance {min(c['acceptance'] for c in cases.values()):.3f}")
+        case["acceptance_clear"] = t["accepted_clear"] / max(t["drafted_clear"], 1)
+        case["acceptance_tie"] = t["accepted_tie"] / max(t["drafted_tie"], 1)
+        case["passed"] = case["passed"] and case["acceptance_clear"] >= 0.9
+    t = {k: sum(c["ties"][k] for c in cases.values()) for k in next(iter(cases.values()))["ties"]}
+    line = (f"; acceptance {min(c['acceptance'] for c in cases.values()):.3f} lowest overall, away from near-ties "
+            f"{t['accepted_clear']}/{t['drafted_clear']}, at near-ties (gap <= {NEAR_TIE}) {t['accepted_tie']}/"
+            f"{t['drafted_tie']}")
+    return {**_summarize(cases, {"draft_model"}, line), "ties": t}
 
 
 def sync(model) -> None:
@@ -217,10 +285,23 @@ def sync(model) -> None:
 
 @contextlib.contextmanager
 def forward_timer(models) -> Iterator[dict[int, list[float]]]:
-    """``with forward_timer(models) as ms:`` ``ms[id(model)]`` lists the ms of each top-level forward of each
-    model, its device synchronised before and after."""
+    """``with forward_timer(models) as ms:`` ``ms[id(model)]`` lists the ms of each forward of each model, its
+    device synchronised before and after: the engine's (every ``RaggedCache`` append, a replayed CUDA graph
+    included, which no module hook sees) and transformers' own generate's (top-level module calls outside
+    the engine's appends)."""
     ms: dict[int, list[float]] = {id(m): [] for m in models}
-    start = [0.0]
+    start, inside = [0.0], [False]
+    append = RaggedCache.append_features
+
+    def timed_append(cache, *args, **kwargs):
+        sync(cache.model)
+        begin, inside[0] = time.perf_counter(), True
+        try:
+            return append(cache, *args, **kwargs)
+        finally:
+            sync(cache.model)
+            inside[0] = False
+            ms.setdefault(id(cache.model), []).append((time.perf_counter() - begin) * 1000.0)
 
     def before(module, args) -> None:
         sync(module)
@@ -228,13 +309,16 @@ def forward_timer(models) -> Iterator[dict[int, list[float]]]:
 
     def after(module, args, output) -> None:
         sync(module)
-        ms[id(module)].append((time.perf_counter() - start[0]) * 1000.0)
+        if not inside[0]:
+            ms[id(module)].append((time.perf_counter() - start[0]) * 1000.0)
 
     handles = [h for m in {id(m): m for m in models}.values()
                for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    RaggedCache.append_features = timed_append
     try:
         yield ms
     finally:
+        RaggedCache.append_features = append
         for h in handles:
             h.remove()
 
@@ -257,16 +341,18 @@ def engine_overhead(target, timer: dict[int, list[float]], prompt: list[int], ne
             "forward_ms": round(forwards, 1), "target_ms_per_forward": round(statistics.fmean(own), 3) if own else None}
 
 
-def timed_runs(target, methods: dict, prompts: list[list[int]], new: int, repeats: int) -> dict[str, float]:
+def timed_runs(target, methods: dict, prompts: list[list[int]], new: int, repeats: int,
+               warmup: dict[str, int] | None = None) -> dict[str, float]:
     """Geometric-mean tokens/s per method over ``prompts`` (batch 1, greedy; median of ``repeats`` rounds),
-    methods interleaved in each round and each learning into its own state, after an untimed warm-up round."""
+    methods interleaved in each round and each learning into its own state, after an untimed warm-up round of
+    4 tokens (``warmup[m]`` tokens for method m: a compiled static cache is sized by the request's length)."""
     states = {m: SpeculationState() for m in methods}
     seconds: dict = {(m, i): [] for m in methods for i in range(len(prompts))}
     for round_ in range(repeats + 1):
         for (m, i), times in seconds.items():
             sync(target)
             start = time.perf_counter()
-            generate(target, prompts[i], new if round_ else 4, methods[m], states[m])
+            generate(target, prompts[i], new if round_ else (warmup or {}).get(m, 4), methods[m], states[m])
             sync(target)
             times += [time.perf_counter() - start] if round_ else []
     return {m: round(math.exp(statistics.fmean(math.log(new / statistics.median(seconds[(m, i)]))

@@ -96,7 +96,7 @@ def label(target: torch.nn.Module, tokens: torch.Tensor, aux_layers: tuple[int, 
     log-probabilities at every position."""
     logits, features = hf_compat.forward(target, tokens, hf_compat.new_cache(target), tokens.shape[1],
                                          feature_layers=aux_layers)  # [N, T, V], [N, T, 3·H_t]
-    top, ids = torch.log_softmax(logits, dim=-1).topk(TOP_K, dim=-1)  # [N, T, K]
+    top, ids = torch.log_softmax(logits.cpu(), dim=-1).topk(TOP_K, dim=-1)  # [N, T, K]
     return Sequences(tokens, features.to(torch.bfloat16), ids, top, scored)
 
 
