@@ -18,7 +18,7 @@ run builder); ``api`` (``enable``, ``generate_batch``) and this package; ``tools
 playground).
 """
 
-from .api.generate import SpeculativeGenerateOutput, enable
+from .api.generate import SpeculativeGenerateOutput, compile_steps, enable
 from .api.generate_batch import BatchGeneration, generate_batch
 from .config import SPECULATION_MODES, SpeculationConfig
 from .costs.table import CostTable
@@ -46,6 +46,7 @@ __all__ = [
     "SpeculationStats",
     "SpeculativeGenerateOutput",
     "StepRecord",
+    "compile_steps",
     "enable",
     "expected_tokens",
     "generate_batch",

@@ -118,3 +118,17 @@ def test_validate_reports_errors_of_predicted_speedups(traces):
         1 - 1 / 1.1, abs=1e-9)
     with pytest.raises(ValueError, match="share no prompt"):
         validate(result.runs, measured[:1])
+
+
+def test_the_prefill_is_the_traces_or_priced_by_the_profile(traces):
+    """A projection onto another machine prices the prefill by that machine's profile (one forward over the
+    padded prompts), not by the trace's own machine's timing; the plain run and every method use the same."""
+    traced, priced = Clock(_profile()), Clock(_profile(), prefill="profile")
+    assert traced.prefill_ms(traces) == sum(t.prefill_ms for t in traces)
+    width = max(t.prompt_len for t in traces)
+    assert priced.prefill_ms(traces) == pytest.approx(_profile().verify_ms(len(traces), 1, width))
+    runs = {c.prefill: replay_request([traces[0]], "plain", SpeculationState(), c) for c in (traced, priced)}
+    gap = traces[0].prefill_ms - priced.prefill_ms([traces[0]])
+    assert runs["trace"].time_ms - runs["profile"].time_ms == pytest.approx(gap)
+    with pytest.raises(ValueError, match=r"prefill='gpu'; choose one of \('trace', 'profile'\)"):
+        Clock(_profile(), prefill="gpu")

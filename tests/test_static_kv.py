@@ -175,3 +175,30 @@ def test_sliding_window_architectures_are_refused_a_static_cache():
     assert store_kind(model, "auto") == "dynamic"
     with pytest.raises(ValueError, match=r"kv_cache='static' cannot serve .*use kv_cache='dynamic'"):
         store_kind(model, "static")
+
+
+def test_compile_steps_validates_its_widths_and_keys_the_costs(tiny_factory):
+    from hf_adaspec.costs.table import pair_identity
+
+    model = tiny_factory(0)
+    for bad in ((0,), (66,), (True,), (1.0,)):
+        with pytest.raises(ValueError, match="widths must be integers in 1..65"):
+            hf_adaspec.compile_steps(model, bad)
+    plain = pair_identity(model, None, "static")
+    assert hf_adaspec.compile_steps(model, (1,)) is model and static_kv.compiled_widths(model) == {1}
+    assert pair_identity(model, None, "static") == {**plain, "compiled": {"target": [1]}}
+    hf_adaspec.compile_steps(model, ())
+    assert pair_identity(model, None, "static") == plain
+
+
+@pytest.mark.slow
+def test_a_compiled_recording_gives_plain_greedy_tokens(tiny_factory):
+    """The width-1 forward recorded after torch.compile (inductor on the CPU: seconds) drafts as before."""
+    model, draft = hf_adaspec.enable(tiny_factory(0)), hf_adaspec.compile_steps(tiny_factory(0), (1,))
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])
+    out = model.generate(prompt, assistant_model=draft, speculation="fixed", num_speculative_tokens=3,
+                         speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=16,
+                         do_sample=False, kv_cache="static")
+    assert torch.equal(out, model.generate(prompt, max_new_tokens=16, do_sample=False))
+    records = static_kv.capture_records(draft)
+    assert any(r.compiled and r.width == 1 for r in records) and not any(r.compiled and r.width != 1 for r in records)

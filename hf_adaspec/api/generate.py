@@ -26,6 +26,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..backend import hf_compat
+from ..backend import static_kv
 from ..backend.static_kv import capacity_for
 from ..config import SpeculationConfig
 from ..costs.cache import CostCache
@@ -265,4 +266,21 @@ def enable(model) -> Any:
 
     model.generate = generate
     model._adaspec_enabled = True
+    return model
+
+
+def compile_steps(model, widths: tuple[int, ...] = (1,)) -> Any:
+    """On a GPU, record ``model``'s forwards over these widths (new tokens per row) after ``torch.compile``,
+    which fuses the element-wise kernels a decoding step is made of; for a draft model width 1 is its drafted
+    token. Only where its cache is an arena (``kv_cache="auto"`` on a GPU, or "static"). The first request
+    compiles each width (tens of seconds, once per process and arena size); cost tables and profiles key on
+    the compiled widths. ``widths=()`` undoes it. Returns the model.
+
+    Raises:
+        ValueError: a width that is not an integer in 1..65.
+    """
+    if any(isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 65 for w in widths):
+        raise ValueError(f"widths must be integers in 1..65 (new tokens of a forward), got {widths!r}")
+    static_kv.compile_widths(model, frozenset(widths))
+    static_kv.drop_arenas(model)  # recordings made without it are made again
     return model

@@ -69,6 +69,11 @@ def compile_widths(model: torch.nn.Module, widths: frozenset[int]) -> None:
     _COMPILED[model] = frozenset(widths)
 
 
+def compiled_widths(model: torch.nn.Module) -> frozenset[int]:
+    """The widths ``compile_widths`` set for ``model`` (empty: none)."""
+    return _COMPILED.get(model, frozenset())
+
+
 @functools.cache
 def _compiled_block():
     return torch.compile(block_forward)
@@ -78,8 +83,7 @@ def _compiled_block():
 class CaptureRecord:
     """One recording: the arena's rows and columns, its width n and feature layers, whether it went through
     ``torch.compile``, what capturing took (ms; the warm-up runs and any compilation included) and the eager
-    forward's and the replay's ms measured then, and whether the replay was kept (``error``: why recording
-    failed, the width then runs eagerly)."""
+    forward's and the replay's ms measured then, and whether the replay was kept."""
 
     batch: int
     capacity: int
@@ -90,7 +94,6 @@ class CaptureRecord:
     eager_ms: float
     replay_ms: float
     kept: bool
-    error: str = ""
 
 
 @dataclass
@@ -173,21 +176,16 @@ class Arena:
         same keys and values at the same columns), and keep the recording unless its replay measures no
         faster than the eager forward (``choose_by_time``)."""
         ref, (n, layers) = weakref.ref(model), key
-        compiled = n in _COMPILED.get(model, frozenset())
+        compiled = n in compiled_widths(model)
 
         def fn() -> tuple:
             return self._step(ref(), inputs, n, layers, compiled)
 
         eager_ms = timed_ms(lambda: self._step(model, inputs, n, layers), self.device)
         made: list[tuple] = []
-        try:
-            capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
-            captured, static_out = made[0]
-            replay_ms = timed_ms(captured.replay, self.device)
-        except Exception as e:  # noqa: BLE001 - a forward that cannot be recorded runs eagerly, and says why
-            self.records.append(CaptureRecord(self.batch, self.capacity, n, layers, compiled, 0.0, round(eager_ms, 3),
-                                              0.0, False, f"{type(e).__name__}: {e}"))
-            return None
+        capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
+        captured, static_out = made[0]
+        replay_ms = timed_ms(captured.replay, self.device)
         kept = replay_ms < eager_ms or not self.choose_by_time
         self.records.append(CaptureRecord(self.batch, self.capacity, n, layers, compiled, round(capture_ms, 2),
                                           round(eager_ms, 3), round(replay_ms, 3), kept))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..backend import hf_compat
+from ..backend import hf_compat, static_kv
 from ..backend.graphs import timed_ms
 from ..backend.ragged import RaggedCache
 from ..backend.static_kv import capacity_for
@@ -80,9 +80,12 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
     """What a measured cost depends on: both models (name, params, dtype, quantization, device), the
     torch and transformers versions, the machine, torch's intra-op thread count and, where ``kv_cache``
     (``config.KV_CACHES``) gives the target a preallocated arena (``backend.stores.store_kind``), that its
-    steps are recorded graphs ("kv": "static")."""
+    steps are recorded graphs ("kv": "static"), and the widths recorded after ``torch.compile``
+    (``api.compile_steps``) of either model ("compiled")."""
     import transformers
 
+    compiled = {role: sorted(static_kv.compiled_widths(m)) for role, m in (("target", target), ("draft", draft))
+                if isinstance(m, torch.nn.Module) and static_kv.compiled_widths(m)}
     return {
         "target": hf_compat.model_identity(target),
         "draft": hf_compat.model_identity(draft) if draft is not None else None,
@@ -91,6 +94,7 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
         **({"kv": "static"} if store_kind(target, kv_cache) == "static" else {}),
+        **({"compiled": compiled} if compiled else {}),
     }
 
 

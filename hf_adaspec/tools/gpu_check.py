@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from ..api.generate import compile_steps
 from ..config import KV_CACHES
 from ..costs.measure import ProfileGrid, measure_profile, pair_name, plot_profile
 from ..costs.profile import load_profile, save_profile
@@ -83,22 +84,31 @@ def environment(check: Check) -> dict:
     return {**info, "passed": None, "summary": line}
 
 
-def profile_pair(check: Check, target: str, quantization: str) -> dict:
+def profile_pair(check: Check, target: str, quantization: str, compiled_draft: bool = False) -> dict:
     """``hf-adaspec profile --random-weights`` of (target, the 0.5B draft) in one quantization, saved as
-    ``<out>/<pair>-<nf4|bf16>/profile.json`` (its command names the GPU); the costs that matter read back."""
+    ``<out>/<pair>-<nf4|bf16>/profile.json`` (its command names the GPU); the costs that matter read back.
+    ``compiled_draft``: the draft's 1-token forward recorded after torch.compile, batch 1 only, saved as
+    ``<pair>-<q>-compiled-draft``."""
     if quantization not in check.quantizations:
         return {"passed": None, "fallback": True, "summary": check.fallback}
     if target == BIG:
         check.drop(keep=[k for k in check.models if k[0] == DRAFT and k[1] == quantization])
     tgt, drf = check.model(target, quantization), check.model(DRAFT, quantization, head=True)
     grid, pair, csv = TINY_GRID if check.tiny else GPU_GRID, pair_name(target, DRAFT), lambda v: ",".join(map(str, v))
+    grid = dataclasses.replace(grid, batch_sizes=(1,)) if compiled_draft else grid
     command = (f"hf-adaspec profile --target {target} --draft {DRAFT} --quantization {quantization} --dtype bfloat16 "
                f"--contexts {csv(grid.contexts)} --batch-sizes {csv(grid.batch_sizes)} --new-tokens "
                f"{csv(grid.new_tokens)} --repeats {grid.repeats} --max-tokens-per-forward "
                f"{grid.max_tokens_per_forward} --device {check.device} --random-weights --kv-cache {check.kv_cache}"
-               f"  # by hf_adaspec.tools.gpu_check on {check.facts.get('gpu') or check.device}")
-    profile = measure_profile(tgt, drf, grid, pair, command, kv_cache=check.kv_cache)
-    path = save_profile(profile, check.out / f"{pair}-{QUANT_LABEL[quantization]}" / "profile.json")
+               + (" --compile-draft" if compiled_draft else "")
+               + f"  # by hf_adaspec.tools.gpu_check on {check.facts.get('gpu') or check.device}")
+    compile_steps(drf, (1,) if compiled_draft else ())
+    try:
+        profile = measure_profile(tgt, drf, grid, pair, command, kv_cache=check.kv_cache)
+    finally:
+        compile_steps(drf, ())
+    folder = f"{pair}-{QUANT_LABEL[quantization]}" + ("-compiled-draft" if compiled_draft else "")
+    path = save_profile(profile, check.out / folder / "profile.json")
     try:
         plot_profile(profile, path.with_name("cost_curves.png"))
     except ImportError:
@@ -205,7 +215,7 @@ def replay(check: Check) -> dict:
     traces = [t for t in load_traces(TRACES) if t.split == "held-out" and t.source in ("spec_bench", "code")]
     traces, overheads, tables = traces[:2] if check.tiny else traces, check.facts.get("overheads", (0.0, 0.0)), {}
     for path in sorted(check.out.glob("*/profile.json")):
-        clock = Clock(load_profile(path), *overheads)
+        clock = Clock(load_profile(path), *overheads, prefill="profile")
         for b in (1, 2) if check.tiny else (1, 2, 4, 8):
             result = replay_all(traces, REPLAY_METHODS, clock, b)
             overall = bm.summarize(result.runs, list(REPLAY_METHODS), result.oracles)["table"]["overall"]
@@ -243,6 +253,7 @@ def plan() -> list[Step]:
             Step("speed-bf16", lambda c: speed(c, "none"), 150), Step("engine-bf16", lambda c: engine_time(c, "none"), 15),
             Step("profile-7b-bf16", lambda c: profile_pair(c, BIG, "none"), 60),
             Step("compile-draft", compile_draft, 60),
+            Step("profile-7b-bf16-compiled-draft", lambda c: profile_pair(c, BIG, "none", compiled_draft=True), 90),
             Step("greedy-nf4", lambda c: cs.greedy_matrix(c, "nf4"), 40),
             Step("self-draft-nf4", lambda c: cs.self_draft(c, "nf4"), 15),
             Step("profile-1.5b-nf4", lambda c: profile_pair(c, TARGET, "nf4"), 45),

@@ -304,12 +304,13 @@ def forward_timer(models) -> Iterator[dict[int, list[float]]]:
             ms.setdefault(id(cache.model), []).append((time.perf_counter() - begin) * 1000.0)
 
     def before(module, args) -> None:
-        sync(module)
-        start[0] = time.perf_counter()
+        if not inside[0]:  # inside an append the forward may be under graph capture, where nothing may sync
+            sync(module)
+            start[0] = time.perf_counter()
 
     def after(module, args, output) -> None:
-        sync(module)
         if not inside[0]:
+            sync(module)
             ms[id(module)].append((time.perf_counter() - start[0]) * 1000.0)
 
     handles = [h for m in {id(m): m for m in models}.values()

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 import typer
 
+from ..api.generate import compile_steps
+from ..config import KV_CACHES
 from ..models.eagle3_format import load_head, random_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from .cli_checks import check_output, parse_sizes, usage_errors
@@ -38,6 +40,10 @@ def profile(
     head: str = typer.Option("", help="Profile an EAGLE-3 draft head as the drafter instead of --draft: a "
                              "speculators folder, or random[:V[:I]] (the target's width, random weights, a draft "
                              "vocabulary of V tokens, default 32000, and an MLP I wide, default the target's)."),
+    kv_cache: str = typer.Option("auto", help="auto | dynamic | static: where the timed forwards keep their "
+                                 "caches, as a request's would (auto: recorded CUDA graphs on a GPU)."),
+    compile_draft: bool = typer.Option(False, help="Record the draft's 1-token forward after torch.compile "
+                                       "(hf_adaspec.compile_steps; GPU), as the engine will."),
 ) -> None:
     """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
     vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
@@ -52,11 +58,14 @@ def profile(
         parse_random_head(head)  # a malformed random design fails before any model loads
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise typer.BadParameter(f"{device!r}; use cpu, cuda or cuda:N", param_hint="--device")
+    if kv_cache not in KV_CACHES:
+        raise typer.BadParameter(f"{kv_cache!r}; use one of {', '.join(KV_CACHES)}", param_hint="--kv-cache")
     command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
                f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
                f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
                f"--max-tokens-per-forward {grid.max_tokens_per_forward} --device {device}"
-               + (" --random-weights" if random_weights else "") + (f" --head {head}" if head else ""))
+               + (" --random-weights" if random_weights else "") + (f" --head {head}" if head else "")
+               + (f" --kv-cache {kv_cache}" if kv_cache != "auto" else "") + (" --compile-draft" if compile_draft else ""))
     start = time.perf_counter()
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise typer.BadParameter("--device cuda: torch sees no CUDA device (a CPU build of torch, or no GPU)")
@@ -64,7 +73,9 @@ def profile(
     if head:
         with usage_errors(ValueError, FileNotFoundError, hint="--head"):
             drf = _head(head, tgt)
-    result = profiling.measure_profile(tgt, drf, grid, pair, command, True)
+    if compile_draft and drf is not None:
+        compile_steps(drf, (1,))
+    result = profiling.measure_profile(tgt, drf, grid, pair, command, True, kv_cache)
     save_profile(result, output)
     cached = save_profile(result, default_profile_path(result.key))
     try:

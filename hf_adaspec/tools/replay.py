@@ -47,6 +47,7 @@ HEAD_METHODS = ("fixed-head", "adaptive-head")
 HEAD_FAMILY = {"fixed-head": "head", "adaptive-head": "head-hybrid"}  # the oracle family bounding each
 K_MAX = 8
 FIXED_K = 5  # "fixed-k" and "fixed-head"'s proposal length
+PREFILL_PRICES = ("trace", "profile")
 _CONTEXT_STEP = 8  # contexts are priced in buckets of 8 tokens (a cost barely moves within one), so prices cache well
 
 
@@ -56,16 +57,21 @@ class VirtualDraft:
 
 class Clock:
     """Prices forwards (ms): a cost ``profile`` (the target's and the draft's cells), the engine's fixed
-    ``step_overhead_ms`` per speculative step, ``plain_overhead_ms`` per token of plain decoding, and a draft
+    ``step_overhead_ms`` per speculative step, ``plain_overhead_ms`` per token of plain decoding, a draft
     head's forwards from ``head_profile`` (a profile measured with the head, of the same target; None: no
-    head costs).
+    head costs), and the prefill as the trace timed it (``prefill="trace"``) or by the profile
+    (``"profile"``: a projection onto another machine, whose prefill the trace's machine did not time).
 
     Raises:
-        ValueError: a ``head_profile`` not measured with a head, or measured for another target.
+        ValueError: a ``head_profile`` not measured with a head, or measured for another target; another
+            ``prefill``.
     """
 
     def __init__(self, profile: Profile, step_overhead_ms: float = 0.0, plain_overhead_ms: float = 0.0,
-                 head_profile: Profile | None = None) -> None:
+                 head_profile: Profile | None = None, prefill: str = "trace") -> None:
+        if prefill not in PREFILL_PRICES:
+            raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_PRICES}")
+        self.prefill = prefill
         if head_profile is not None and not head_profile.drafter_is_head:
             raise ValueError(f"head profile {head_profile.key} was measured with a draft model, not a head; "
                              "measure one with `hf-adaspec profile --head FOLDER`")
@@ -84,6 +90,13 @@ class Clock:
             self._cache[key] = (self.profile.verify_ms(b, c, n) if role == "target" else
                                 drafter.draft_ms(b, c) + (n - 1) * drafter.catchup_ms(b, c))
         return self._cache[key]
+
+    def prefill_ms(self, traces: Sequence[Trace]) -> float:
+        """The prefill of a batch of ``traces`` (ms): their traced prefills, or the profile's price of one
+        forward over the padded prompts (its table extrapolates the widest measured forward)."""
+        if self.prefill == "trace":
+            return sum(t.prefill_ms for t in traces)
+        return self.verify_ms(Forward(len(traces), max(t.prompt_len for t in traces), 0))
 
     def verify_ms(self, f: Forward) -> float:
         """A target forward over f.columns new tokens (ms)."""
@@ -137,7 +150,7 @@ def plain_run(traces: Sequence[Trace], clock: Clock) -> ReplayRun:
     the longest row ends (as transformers' ``generate`` keeps finished rows)."""
     b, width = len(traces), max(t.prompt_len for t in traces)
     steps = max(t.new_tokens for t in traces) - 1
-    ms = sum(t.prefill_ms for t in traces) + sum(
+    ms = clock.prefill_ms(traces) + sum(
         clock.verify_ms(Forward(b, 1, width + s)) + clock.plain_overhead_ms for s in range(1, steps + 1))
     return ReplayRun(tuple(t.question_id for t in traces), tuple(t.category for t in traces), "plain",
                      sum(t.new_tokens for t in traces), ms, steps, 1.0, None, 0.0, 1.0, {0: steps}, {"plain": steps})
@@ -226,10 +239,10 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
 
 def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward],
            drafter_logs: tuple[list[Forward], list[Forward]], stats: SpeculationStats) -> float:
-    """Virtual ms: the traced prefill, every later target, draft and head forward, and the per-step overhead."""
+    """Virtual ms: the prefill, every later target, draft and head forward, and the per-step overhead."""
     steps = len({s.step for s in stats.steps})
     draft_log, head_log = drafter_logs
-    return (sum(t.prefill_ms for t in traces) + sum(clock.verify_ms(f) for f in target_log[1:])
+    return (clock.prefill_ms(traces) + sum(clock.verify_ms(f) for f in target_log[1:])
             + sum(clock.draft_ms(f) for f in draft_log) + sum(clock.head_ms(f) for f in head_log)
             + steps * clock.step_overhead_ms)
 
@@ -278,4 +291,5 @@ def oracle_tokens_per_s(trace: Trace, clock: Clock, seed: int, k_max: int = K_MA
         families.update({"head": [head], "head-hybrid": [head, lookup]})
     if model is not None and head is not None:
         families["all"] = [model, head, lookup]
-    return {f: 1000.0 * n / (trace.prefill_ms + oracle_schedule(d, k_max, verify).time_ms) for f, d in families.items()}
+    prefill = clock.prefill_ms([trace])
+    return {f: 1000.0 * n / (prefill + oracle_schedule(d, k_max, verify).time_ms) for f, d in families.items()}

@@ -156,6 +156,8 @@ def replay(
     output: Path = typer.Option(Path("benchmarks/results/replay.json"), help="JSON out; a .md table beside it."),
     head_profile: Path | None = typer.Option(None, help="A draft head's cost profile (`hf-adaspec profile --head "
                                              "FOLDER`, same target): prices the head methods and the head oracle."),
+    prefill: str = typer.Option("trace", help="trace: the prefill as the traces timed it; profile: priced by the "
+                                "profile (a projection onto another machine, e.g. a GPU's profile)."),
 ) -> None:
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
@@ -176,14 +178,14 @@ def replay(
         step_overhead_ms, plain_overhead_ms = _fitted_overheads(chosen, method_list, (loaded, heads), costs_for,
                                                                 bench_runs)
     clock, result = _replayed(chosen, method_list, (loaded, heads), (step_overhead_ms, plain_overhead_ms), batch_size,
-                              costs_for)
+                              costs_for, prefill)
     summary = bm.summarize(result.runs, method_list, result.oracles)
     meta = {"kind": "replay prediction (virtual clock, not measured)", "profile": str(profile),
             "profile_machine": clock.profile.meta.get("cpu"), "traces": str(traces), "split": split,
             "workload": workload, "batch_size": batch_size, "methods": method_list, "prompts": len(chosen),
             "head_profile": str(head_profile) if head_profile else None,
             "controller_costs": str(controller_costs) if controller_costs else "profile",
-            "step_overhead_ms": step_overhead_ms, "plain_overhead_ms": plain_overhead_ms}
+            "step_overhead_ms": step_overhead_ms, "plain_overhead_ms": plain_overhead_ms, "prefill": prefill}
     extra = {"oracles": result.oracles, "replays": [r.summary() for r in result.replays]}
     line = {"output": str(output), "prompts": len(chosen), "all_match_traces": all(r.matches_plain for r in result.runs),
             "predicted_speedup": {m: round(summary["table"]["overall"][m]["speedup"], 3) for m in method_list}}
@@ -228,22 +230,22 @@ def _fitted_overheads(chosen: list, methods: list[str], profiles: tuple, costs_f
 
 
 def _replayed(chosen: list, methods: list[str], profiles: tuple, overheads: tuple[float, float], batch_size: int,
-              costs_for):
+              costs_for, prefill: str = "trace"):
     """(clock, ``replay_all``'s result); a usage error for methods the traces or profiles cannot replay."""
     from .replay_report import replay_all
 
-    clock = _clock(profiles, overheads)
+    clock = _clock(profiles, overheads, prefill)
     with usage_errors(ValueError):  # e.g. a draft method on traces taken without a draft model
         return clock, replay_all(chosen, methods, clock, batch_size, costs_for)
 
 
-def _clock(profiles: tuple, overheads: tuple[float, float]):
+def _clock(profiles: tuple, overheads: tuple[float, float], prefill: str = "trace"):
     """The replay's ``Clock`` from (profile, head profile or None); a usage error of ``--head-profile`` for a
-    head profile that is not one, or of another target."""
+    head profile that is not one, or of another target, or of ``--prefill``."""
     from .replay import Clock
 
-    with usage_errors(ValueError, hint="--head-profile"):
-        return Clock(profiles[0], *overheads, head_profile=profiles[1])
+    with usage_errors(ValueError, hint="--head-profile, --prefill"):
+        return Clock(profiles[0], *overheads, head_profile=profiles[1], prefill=prefill)
 
 
 def _load_profile(path: Path, hint: str = "--profile"):
