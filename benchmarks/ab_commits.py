@@ -30,6 +30,9 @@ target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET)
 draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantize_lm_head=True)
 hf_adaspec.enable(target.model)
 states = {}
+warm = target.tokenizer("def f(x):", return_tensors="pt")
+target.model.generate(**warm, max_new_tokens=4, do_sample=False, speculation="adaptive", assistant_model=draft.model,
+                      speculation_state=hf_adaspec.SpeculationState())  # costs found or calibrated before timing
 print(json.dumps({"ready": hf_adaspec.__file__}), flush=True)
 for line in sys.stdin:
     job = json.loads(line)

@@ -117,7 +117,7 @@ class Arena:
     """Preallocated keys/values [B_cap, H_kv, L_cap, D] per layer of one model, its row mask, and its
     recordings per (width, feature layers)."""
 
-    def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture | None,
+    def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture,
                  choose_by_time: bool) -> None:
         layers, heads, dim, dtype = hf_compat.kv_shape(model)
         self.device, self.batch, self.capacity = model.device, batch, capacity
@@ -150,8 +150,10 @@ class Arena:
         start … start + n − 1 of arena rows ``slots`` [b] (on the device) → logits [b, keep, V] and features
         [b, n, F] (None without ``layers``) in the model's dtype, on the device."""
         n, key = tokens.shape[1], (tokens.shape[1], layers)
-        recorded = self.capture is not None and n <= graph_width
-        inputs = self.inputs.setdefault(key, self._new_inputs(n)) if recorded else self._new_inputs(n)
+        recorded = n <= graph_width
+        if recorded and key not in self.inputs:
+            self.inputs[key] = self._new_inputs(n)
+        inputs = self.inputs[key] if recorded else self._new_inputs(n)
         for static, given in ((inputs.ids, tokens), (inputs.positions, positions)):
             static.zero_()
             static.index_copy_(0, slots, given.to(self.device))
