@@ -127,5 +127,6 @@ def record_run(state: SpeculationState, run: PreparedRun, prompts: Sequence[Sequ
             state.suffixes.remember(prompt, output)
     if run.seed is not None and run.draft_cache is not None:
         held = int(run.draft_cache.lengths[0])
-        state.draft_prefixes.remember(run.draft_key, [*prompts[0], *outputs[0]], held, run.seed.length,
-                                      run.draft_cache.export_prefix())
+        if held > run.seed.length:  # the store keeps only caches that grew (an arena's export is a copy)
+            state.draft_prefixes.remember(run.draft_key, [*prompts[0], *outputs[0]], held, run.seed.length,
+                                          run.draft_cache.export_prefix())
