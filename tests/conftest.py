@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -51,13 +52,24 @@ def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
+@contextlib.contextmanager
+def single_thread():
+    """One intra-op thread inside the block, torch's count restored after. For module and session fixtures:
+    they are set up before the function-scoped ``one_thread``, and on a loaded 2-core machine two threads
+    make each tiny forward ~10x slower (thread spin-up and barriers dominate)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def one_thread():
     """Run tiny-tensor tests on one intra-op thread (thread spin-up dominates otherwise); restore after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with single_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +86,13 @@ def private_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def models(tiny_factory):
-    """target (enabled) and drafts: another seed (α≈0), a perturbed copy (0<α<1), the target itself (α=1)."""
-    target = hf_adaspec.enable(tiny_factory(0))
+    """target (enabled) and drafts: another seed (α≈0), a perturbed copy (0<α<1), the target itself (α=1).
+
+    Enabled under ``single_thread``: the model's own ``SpeculationState`` takes its thread chooser from torch's
+    count at ``enable``, and module fixtures are set up before ``one_thread``; else the tests' generate calls
+    would switch to two threads per step (~10x slower tiny forwards on a loaded 2-core machine)."""
+    with single_thread():
+        target = hf_adaspec.enable(tiny_factory(0))
     noisy = copy.deepcopy(target)
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -127,7 +144,8 @@ def train_tiny_head(target, steps: int = 150, draft_vocab: int = 48):
 @pytest.fixture(scope="session")
 def tiny_head_weights():
     """(state dict, config) of ``train_tiny_head`` on the seed-0 tiny target, trained once per session."""
-    head = train_tiny_head(build_tiny_llama(0))
+    with single_thread():  # session fixtures run before one_thread: 8 s here instead of ~60 s on two threads
+        head = train_tiny_head(build_tiny_llama(0))
     return {k: v.detach().clone() for k, v in head.state_dict().items()}, head.config
 
 

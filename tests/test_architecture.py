@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_adaspec"
-LAYERS = (("files", "config"), ("backend", "models"), ("costs", "proposers"), ("policy",), ("engine",),
+LAYERS = (("files", "config", "machine"), ("backend", "models"), ("costs", "proposers"), ("policy",), ("engine",),
           ("api",), ("__init__",), ("tools",))
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 

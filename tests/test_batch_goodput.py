@@ -122,7 +122,7 @@ def _alone(model, tokens: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def test_ragged_cache_rows_compute_what_they_would_alone(tiny_factory):
+def test_ragged_cache_rows_compute_what_they_would_alone(tiny_factory, one_thread):
     model = tiny_factory(0)
     rows = [list(range(5, 15)), [20, 21, 22, 23]]
     cache = RaggedCache(model, 2)

@@ -196,7 +196,7 @@ def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
     assert out.with_suffix(".md").exists() and out.with_suffix(".png").stat().st_size > 0
 
 
-def test_bench_oracle_agreement_lookup_runs_and_rates(models):
+def test_bench_oracle_agreement_lookup_runs_and_rates(models, one_thread):
     from hf_adaspec.costs.table import CostTable
     from hf_adaspec.tools.bench_oracle import (
         draft_agreement,
@@ -217,7 +217,7 @@ def test_bench_oracle_agreement_lookup_runs_and_rates(models):
     assert set(oracle.tokens_per_s) == {"draft", "lookup", "hybrid"}
 
 
-def test_bench_oracle_charges_the_draft_only_for_prompt_tokens_it_did_not_reuse(models):
+def test_bench_oracle_charges_the_draft_only_for_prompt_tokens_it_did_not_reuse(models, one_thread):
     from hf_adaspec.costs.table import CostTable
     from hf_adaspec.tools.bench_oracle import prompt_oracle
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import single_thread
 from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
@@ -23,7 +24,8 @@ BATCH = {"input_ids": torch.tensor([[0, 0, 3, 4, 5, 6], [3, 4, 5, 3, 4, 5]]),  #
 
 @pytest.fixture(scope="module")
 def target(tiny_factory):
-    return hf_adaspec.enable(tiny_factory(0))
+    with single_thread():  # the model's own thread chooser follows torch's count at enable; one_thread comes later
+        return hf_adaspec.enable(tiny_factory(0))
 
 
 def _generate(model, input_ids=PROMPT, **kwargs):

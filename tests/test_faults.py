@@ -300,6 +300,7 @@ _WRITER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # three subprocesses, each importing torch and transformers: ~12 s on 2 cores
 def test_writers_killed_mid_write_leave_nothing_behind(tmp_path, tiny_factory, monkeypatch, fake_gguf):
     """Assembly, dense conversion and a profile save each killed (SIGKILL) mid-write: no final entry
     exists, the temporary is findable by name, and the next run builds the entry and removes it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from conftest import single_thread
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import hf_adaspec
@@ -35,7 +36,8 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def target(tiny_factory):
-    return hf_adaspec.enable(tiny_factory(0))
+    with single_thread():  # the model's own thread chooser follows torch's count at enable; one_thread comes later
+        return hf_adaspec.enable(tiny_factory(0))
 
 
 def _draft(tiny_factory, seed):

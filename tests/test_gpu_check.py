@@ -38,6 +38,7 @@ def tiny_run(tmp_path_factory):
     return status, out, seen
 
 
+@pytest.mark.slow  # the whole check through its CLI entry point (17 steps, ~40 s on 2 cores; make test runs it)
 def test_tiny_check_runs_every_step_and_passes(tiny_run):
     status, out, _ = tiny_run
     doc = json.loads((out / RESULTS).read_text())
@@ -71,6 +72,7 @@ def test_tiny_check_runs_every_step_and_passes(tiny_run):
     assert all(f"| {name} | ok |" in summary for name in steps) and "Projections" in summary
 
 
+@pytest.mark.slow  # the whole check through its CLI entry point (17 steps, ~40 s on 2 cores; make test runs it)
 def test_results_are_valid_after_every_step(tiny_run):
     _, _, seen = tiny_run
     done = [len(doc["steps"]) for doc in seen]
@@ -79,6 +81,7 @@ def test_results_are_valid_after_every_step(tiny_run):
     assert not seen[-2]["finished"] and seen[-1]["finished"]
 
 
+@pytest.mark.slow  # on top of the whole check (tiny_run), the replay step again: ~13 s on 2 cores
 def test_replay_runs_later_and_merges_into_the_results(tiny_run):
     _, out, _ = tiny_run
     before = json.loads((out / RESULTS).read_text())["steps"]

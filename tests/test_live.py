@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+from conftest import single_thread
 
 import hf_adaspec
 from hf_adaspec import CostTable
@@ -38,7 +39,8 @@ class ByteTokenizer:
 
 @pytest.fixture(scope="module")
 def pair(tiny_factory):
-    target = hf_adaspec.enable(tiny_factory(0))
+    with single_thread():  # the model's own thread chooser follows torch's count at enable; one_thread comes later
+        target = hf_adaspec.enable(tiny_factory(0))
     draft = tiny_factory(0)
     with torch.no_grad():  # a slightly perturbed copy: accepts most tokens, not all
         gen = torch.Generator().manual_seed(2)

@@ -47,7 +47,7 @@ def test_presets_ship_their_architectures():
         architecture.load_architecture("/nonexistent-folder")
 
 
-def test_cli_profiles_random_weights_from_a_config_folder(trained_folder, tmp_path, private_cache):
+def test_cli_profiles_random_weights_from_a_config_folder(trained_folder, tmp_path, private_cache, one_thread):
     config_only = tmp_path / "arch"
     config_only.mkdir()
     (config_only / "config.json").write_text((trained_folder / "config.json").read_text())

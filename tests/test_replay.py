@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import single_thread
 
 from hf_adaspec import SpeculationState
 from hf_adaspec.costs.predictors import ProfileCell
@@ -33,8 +34,9 @@ def _profile():
 @pytest.fixture(scope="module")
 def traces(models):
     target, draft = models["target"], models["noisy_copy"]
-    return [trace_ids(target, draft, torch.tensor([p]), 24, (100 + i, "cat-a" if i < 2 else "cat-b"), ("t", "d"), "test")
-            for i, p in enumerate(PROMPTS)]
+    with single_thread():  # module fixtures are set up before one_thread
+        return [trace_ids(target, draft, torch.tensor([p]), 24, (100 + i, "cat-a" if i < 2 else "cat-b"), ("t", "d"),
+                          "test") for i, p in enumerate(PROMPTS)]
 
 
 def _real(models, prompt, method_kwargs):

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from conftest import HEAD_PROMPTS
+from conftest import HEAD_PROMPTS, single_thread
 from typer.testing import CliRunner
 
 from hf_adaspec import SpeculationState
@@ -44,9 +44,10 @@ def _profile(draft_ms: float, head: bool):
 @pytest.fixture(scope="module")
 def traces(models, tiny_head):
     target = models["target"]
-    return [with_head(trace_ids(target, models["noisy_copy"], torch.tensor([p]), NEW, (200 + i, "cat"), ("t", "d"),
-                                "test"), target, tiny_head, "tiny-head")
-            for i, p in enumerate(PROMPTS)]
+    with single_thread():  # module fixtures are set up before one_thread
+        return [with_head(trace_ids(target, models["noisy_copy"], torch.tensor([p]), NEW, (200 + i, "cat"), ("t", "d"),
+                                    "test"), target, tiny_head, "tiny-head")
+                for i, p in enumerate(PROMPTS)]
 
 
 def _clock(**kwargs) -> Clock:

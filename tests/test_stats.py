@@ -121,7 +121,7 @@ def test_summary_numbers_from_hand_built_records():
     assert math.isnan(SpeculationStats(steps=[_record(0, 0, 1)], row_tokens=(2,)).acceptance_rate)
 
 
-def test_every_step_records_its_predicted_time(models):
+def test_every_step_records_its_predicted_time(models, one_thread):
     """With a cost table, each step's ``predicted_ms`` is the table's price of the step as it ran."""
     table = CostTable(verify_ms=tuple(10.0 + n for n in range(9)), draft_ms=3.0)
     out = models["target"].generate(torch.tensor([[5, 9, 13, 2, 7, 5, 9, 13]]), assistant_model=models["noisy_copy"],

@@ -61,9 +61,10 @@ def test_thread_counts_must_be_positive_integers(counts):
         ThreadChooser(counts)
 
 
-def test_generate_picks_threads_per_step_and_hands_torchs_count_back(models):
+def test_generate_picks_threads_per_step_and_hands_torchs_count_back(models, one_thread):
     """With a chooser between 2 threads and 1 the run tries both; torch's count is restored afterwards, and
-    ``adapt_threads=False`` leaves it untouched."""
+    ``adapt_threads=False`` leaves it untouched. Started on one thread (one_thread): the run's 2-thread steps
+    are then the chooser's doing, and handing back means returning to 1."""
     table = CostTable(verify_ms=tuple(10.0 + n for n in range(9)), draft_ms=3.0)
     before = torch.get_num_threads()
     target = hf_adaspec.enable(models["target"])

@@ -183,9 +183,13 @@ def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
     cache.batch_select_indices(rows)
 
 
+_PLAIN_WEIGHTS = {"Parameter", "Tensor", "Params4bit", "Int8Params"}  # dense, or bitsandbytes (named by its config)
+
+
 def model_identity(model: torch.nn.Module) -> dict:
     """What a model's costs depend on, read from its config: name (``_name_or_path``), parameter count, dtype,
-    quantization method (``quantization_config.quant_method``, "None" when dense) and device."""
+    quantization method (``quantization_config.quant_method``, "None" when dense) and device; where weights
+    were converted after loading (torchao's tensor subclasses, ``models.formats``), "weights": their types."""
     config = model.config
     quant = getattr(config, "quantization_config", None)
     quant_method = getattr(quant, "quant_method", None) if quant is not None else None
@@ -197,6 +201,8 @@ def model_identity(model: torch.nn.Module) -> dict:
         "dtype": str(model.dtype),
         "quantization": str(quant_method),
         "device": str(model.device),
+        **({"weights": converted} if (converted := sorted({type(p).__name__ for p in model.parameters()}
+                                                          - _PLAIN_WEIGHTS)) else {}),
     }
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .. import machine
 from ..files import read_json_verified, sweep, write_json_verified
 from ..models.assets import cache_dir
 from ..models.eagle3 import Eagle3Head
@@ -170,16 +171,7 @@ def default_profile_path(key: str) -> Path:
 
 def library_versions() -> dict[str, str | None]:
     """Installed torch, transformers and bitsandbytes versions (None when not installed)."""
-    import importlib.metadata
-
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    return {"torch": torch.__version__, "transformers": version("transformers"),
-            "bitsandbytes": version("bitsandbytes")}
+    return {**machine.versions("transformers", "bitsandbytes"), "torch": torch.__version__}
 
 
 _META_FIELDS = ("versions", "machine", "cpu", "threads", "created", "command", "grid")

@@ -11,14 +11,12 @@ takes precedence: ``CostCache`` looks for one first and calibrates only without 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
 import platform
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -27,6 +25,7 @@ from ..backend.graphs import timed_ms
 from ..backend.ragged import RaggedCache
 from ..backend.static_kv import capacity_for
 from ..backend.stores import open_store, store_kind
+from ..machine import processor_name
 from ..models.eagle3 import Eagle3Head, HeadCache
 
 MAX_FORWARD_MS = 600_000.0  # a forward measured at over 10 minutes is no cost model: a corrupted or edited file
@@ -96,18 +95,6 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
         **({"kv": "static"} if store_kind(target, kv_cache) == "static" else {}),
         **({"compiled": compiled} if compiled else {}),
     }
-
-
-@functools.cache
-def processor_name() -> str:
-    """This machine's CPU model (``/proc/cpuinfo``'s model name, else ``platform.processor()``), read once."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def identity_key(ident: dict) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .loading import model_kwargs
+from .formats import convert, model_kwargs
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -55,6 +55,14 @@ class RandomWeights:
     state_dict: dict
 
 
+def _config_source(name_or_path: str) -> Path:
+    """The config.json of a shipped architecture or a model folder. Raises FileNotFoundError: none there."""
+    source = config_path(name_or_path) if _shipped(name_or_path) else Path(name_or_path) / "config.json"
+    if not source.is_file():
+        raise FileNotFoundError(f"no config.json at {source}; give a preset or a model folder")
+    return source
+
+
 def random_weights(name_or_path: str, dtype: str = "bfloat16", seed: int = 0,
                    build_device: str = "cpu") -> RandomWeights:
     """Random weights (``seed``) with the architecture of ``name_or_path`` (a shipped config's name, or a
@@ -66,10 +74,7 @@ def random_weights(name_or_path: str, dtype: str = "bfloat16", seed: int = 0,
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    source = config_path(name_or_path) if _shipped(name_or_path) else Path(name_or_path) / "config.json"
-    if not source.is_file():
-        raise FileNotFoundError(f"no config.json at {source}; give a preset or a model folder")
-    config = AutoConfig.from_pretrained(source)
+    config = AutoConfig.from_pretrained(_config_source(name_or_path))
     torch.manual_seed(seed)
     with torch.device(build_device):
         model = AutoModelForCausalLM.from_config(config, dtype=model_kwargs("none", dtype, "cpu", False)["dtype"])
@@ -84,6 +89,7 @@ def load_random(weights: RandomWeights, quantization: str = "nf4", dtype: str = 
     kwargs = model_kwargs(quantization, dtype, device, quantize_lm_head)
     model = weights.model_class.from_pretrained(None, config=weights.config, state_dict=dict(weights.state_dict),
                                                 **kwargs)
+    convert(model, quantization, quantize_lm_head)
     model.config._name_or_path = weights.name
     return model.eval()
 
@@ -95,8 +101,13 @@ def load_architecture(name_or_path: str, quantization: str = "nf4", dtype: str =
     keywords); eval mode. For timing only: it generates noise.
 
     Raises:
-        ValueError: unknown preset, quantization or dtype; FileNotFoundError: a folder without config.json.
+        ValueError: unknown preset, quantization ("auto" included) or dtype; FileNotFoundError: a folder without
+            config.json.
     """
-    model_kwargs(quantization, dtype, device, quantize_lm_head)  # unknown options fail before anything is built
+    _config_source(name_or_path)  # unknown names and options fail before anything is built
+    if quantization == "auto":
+        raise ValueError("quantization='auto' times the model's own weights; with random weights give a format: "
+                         "nf4, int8, int4 or none")
+    model_kwargs(quantization, dtype, device, quantize_lm_head)
     return load_random(random_weights(name_or_path, dtype, seed, build_device), quantization, dtype, device,
                        quantize_lm_head)

@@ -4,14 +4,16 @@ Path for presets: assembled GGUF (``assets``) → transformers' GGUF loader with
 ``GgufConfig(dequantize=True)`` → dense weights, cached once as safetensors (written to a temporary
 directory, renamed into place, stamped with each file's size and SHA-256 and checked against the stamp
 at every load: by size and mtime, or every byte with ``verify=True``; the assembled GGUF is then discarded, so a preset keeps one copy on disk beside its
-installed parts) → optionally bitsandbytes NF4/int8 at load. NF4 (bf16 compute) is the CPU default,
-chosen by timing the Qwen2.5-Coder pair's paths (docs/experiments.md, row "A cheaper target step").
+installed parts) → the weight format (``formats``: bitsandbytes NF4/int8, torchao int4, dense) applied at load.
+``quantization="auto"`` (the default) loads the format that measured fastest on this machine within a quality
+tolerance (``format_choice``; measured at the first load, then cached).
 """
 
 from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -19,28 +21,23 @@ from urllib.parse import urlparse
 import torch
 
 from ..files import FileStamp, atomic_dir, check_files, sweep, write_stamp
+from . import format_choice
 from .assets import assemble, cache_dir, discard
+from .formats import DTYPES, check_options, load_weights
 from .presets import PRESETS
 
-QUANTIZATIONS = ("nf4", "int8", "none")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _DONE = "ADASPEC_COMPLETE"
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model in eval mode, its tokenizer and the name it was loaded from."""
+    """A model in eval mode, its tokenizer, the name it was loaded from and its weight format (``formats.FORMATS``:
+    the one ``quantization="auto"`` chose, or the one asked for)."""
 
     model: torch.nn.Module
     tokenizer: object
     name: str
-
-
-def _check_options(quantization: str, dtype: str) -> None:
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization={quantization!r}; choose one of {QUANTIZATIONS}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}; choose one of {tuple(DTYPES)}")
+    weight_format: str = "none"
 
 
 def _dense_from_gguf(gguf: Path, dest: Path, dtype: str) -> Path:
@@ -142,47 +139,45 @@ def resolve(name_or_path: str, dtype: str = "bfloat16", verify: bool = False) ->
 
 def load(
     name_or_path: str,
-    quantization: str = "nf4",
+    quantization: str = "auto",
     dtype: str = "bfloat16",
     device: str = "cpu",
     quantize_lm_head: bool = False,
     verify: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> LoadedModel:
-    """Load a causal LM and tokenizer; ``quantization`` nf4|int8|none (bitsandbytes), ``dtype`` the
-    weight/compute dtype. ``quantize_lm_head`` also quantizes the output head (bitsandbytes skips it by
-    default): worth it for a draft model, whose output head over the whole vocabulary is a large share of
-    its 1-token forward (docs/experiments.md, row "NF4 output head for the draft"). ``verify``: hash
-    every file of the cache entries used (dense copy, assembled GGUF) against its stamp instead of
-    trusting an unchanged size and mtime (``hf-adaspec verify`` checks the whole cache); an entry that
-    fails is rebuilt.
+    """Load a causal LM and tokenizer. ``quantization``: "auto" (the fastest weight format on this machine
+    within the quality tolerance, ``format_choice``: measured at the first load, which takes seconds to
+    minutes, then cached; ``log`` gets its one-line report, default stderr) or a format of ``formats.FORMATS``
+    (nf4 | int8 | int4 | none). ``dtype``: the weight/compute dtype. ``quantize_lm_head`` also quantizes the
+    output head (kept dense by default): worth it for a draft model, whose output head over the whole
+    vocabulary is a large share of its 1-token forward (docs/experiments.md, row "NF4 output head for the
+    draft"). ``verify``: hash every file of the cache entries used (dense copy, assembled GGUF) against its
+    stamp instead of trusting an unchanged size and mtime (``hf-adaspec verify`` checks the whole cache); an
+    entry that fails is rebuilt.
 
     Raises:
-        ValueError: unknown quantization or dtype; an unknown model id while the hub is unreachable.
+        ValueError: unknown quantization or dtype, a format not for ``device``; an unknown model id while the
+            hub is unreachable; "auto" when no format loads (each one's error named).
+        ImportError: an explicit format whose library is not installed.
         FileNotFoundError: a path that does not exist.
         AssetError: a preset's model part is missing or fails its hash (names the pip command).
     """
-    _check_options(quantization, dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    check_options(quantization, dtype)
+    from transformers import AutoTokenizer
 
     source = resolve(name_or_path, "float32" if dtype == "float32" else "bfloat16", verify)
-    model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs(quantization, dtype, device, quantize_lm_head))
-    model.config._name_or_path = name_or_path  # a cost profile's identity names the model as asked, not a cache path
     tokenizer = AutoTokenizer.from_pretrained(source)
-    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name_or_path)
+    if quantization == "auto":
+        choice, model = format_choice.choose(source, name_or_path, tokenizer, dtype, device, quantize_lm_head)
+        (log or _stderr)(choice.line(name_or_path))
+        quantization = choice.chosen
+    else:
+        model = None
+    if model is None:
+        model = load_weights(source, name_or_path, quantization, dtype, device, quantize_lm_head)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, weight_format=quantization)
 
 
-def model_kwargs(quantization: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
-    """``from_pretrained`` keywords for a quantization (bitsandbytes nf4|int8, or none), dtype and device.
-    Raises ValueError for an unknown quantization or dtype."""
-    from transformers import BitsAndBytesConfig
-
-    _check_options(quantization, dtype)
-    kwargs: dict = {"dtype": DTYPES[dtype], "device_map": device}
-    skip = [] if quantize_lm_head else None  # None: bitsandbytes keeps the output head dense
-    if quantization == "nf4":
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=DTYPES[dtype], llm_int8_skip_modules=skip
-        )
-    elif quantization == "int8":
-        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
-    return kwargs
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)

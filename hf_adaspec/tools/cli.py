@@ -50,7 +50,7 @@ def generate(
     speculation: str = typer.Option("adaptive", help=" | ".join(SPECULATION_MODES) + " | off (plain decoding)."),
     k: int = typer.Option(5, min=0, max=64, help="Proposal length for --speculation fixed (0..64)."),
     max_new_tokens: int = typer.Option(256, min=1),
-    quantization: str = typer.Option("nf4", help="nf4 | int8 | none."),
+    quantization: str = typer.Option("auto", help="auto (the fastest format on this machine, measured at the first load) | nf4 | int8 | int4 | none."),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
     do_sample: bool = typer.Option(False, help="Sample (lossless speculative sampling) instead of greedy."),
     temperature: float = typer.Option(0.7),
@@ -103,7 +103,7 @@ def bench(
     repeats: int = typer.Option(1, min=1, help="Timed runs per method and prompt (median)."),
     target: str = typer.Option(DEFAULT_TARGET),
     draft: str = typer.Option(DEFAULT_DRAFT),
-    quantization: str = typer.Option("nf4"),
+    quantization: str = typer.Option("auto", help="auto (the fastest format on this machine, measured at the first load) | nf4 | int8 | int4 | none."),
     dtype: str = typer.Option("bfloat16"),
     output: Path = typer.Option(Path("benchmarks/results/bench.json"), help="JSON out; a .md table beside it."),
     batch_size: str = typer.Option("", help="e.g. 1,2,4,8,16: the batch benchmark (plain batched generate, "
@@ -136,7 +136,7 @@ def bench(
         runs += result.runs
         oracles += [result.oracle] if result.oracle is not None else []
     summary = bm.summarize(runs, method_list, oracles)
-    meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": method_list,
+    meta = {"target": target, "draft": draft, "quantization": tgt.weight_format, "dtype": dtype, "methods": method_list,
             "max_new_tokens": max_new_tokens, "per_category": per_category, "split": split, "fixed_k": fixed_k, "repeats": repeats,
             "learned_state": "per method",
             "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
@@ -196,7 +196,7 @@ def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, 
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
     runs = bb.run_sizes(tgt.model, tgt.tokenizer, drf.model if drf is not None else None, selected, sizes, methods, cfg)
     summary = bb.summarize(runs, methods)
-    meta = {"target": target, "draft": draft, "quantization": quantization, "dtype": dtype, "methods": methods,
+    meta = {"target": target, "draft": draft, "quantization": tgt.weight_format, "dtype": dtype, "methods": methods,
             "batch_sizes": sizes, "prompts": len(selected), "max_new_tokens": max_new_tokens, "fixed_k": fixed_k,
             "machine": platform.machine(), "prompts_file": str(prompts)}
     bb.write_results(output, runs, summary, meta)

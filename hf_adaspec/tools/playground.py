@@ -49,16 +49,17 @@ class PairSpec:
     label: str
     target: str
     draft: str | None
-    quantization: str = "nf4"
+    quantization: str = "auto"
     dtype: str = "bfloat16"
-    draft_quantization: str = "nf4"
+    draft_quantization: str = "auto"
     quantize_draft_head: bool = True
 
 
 PAIRS = {
-    "qwen": PairSpec("Qwen2.5-Coder-1.5B ← 0.5B draft (NF4)", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"),
+    "qwen": PairSpec("Qwen2.5-Coder-1.5B ← 0.5B draft", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"),
     "smollm2": PairSpec("SmolLM2-135M fp32 ← its NF4 copy (small, fast to load)", "smollm2-135m", "smollm2-135m",
-                        quantization="none", dtype="float32", quantize_draft_head=False),
+                        quantization="none", dtype="float32", draft_quantization="nf4",
+                        quantize_draft_head=False),
 }
 
 

@@ -1,0 +1,76 @@
+"""hf-adaspec beside llama.cpp on this machine: the demo prompt, greedy, 256 new tokens (issue 44).
+
+Loads the default pair as ``hf-adaspec generate`` does (``--quantization``, default "auto": the formats it chose
+are printed), then times plain, plain again (the A/A spread) and ``adaptive``, interleaved, ``--repeats``
+rounds; every ``adaptive`` run starts from a fresh ``SpeculationState`` (nothing learned from this prompt).
+Tokens/s over wall time, prefill included; medians. The llama.cpp figures are read from the JSON that
+``../shared/tools/llama_cpp_anchor.sh`` wrote on the same machine (same ISA): plain and speculative tokens/s
+on the same prompt and length (its own timing). Usage, from the project root:
+
+    ISA=native ../shared/tools/llama_cpp_anchor.sh benchmarks/results/llama_cpp_anchor_native.json
+    python benchmarks/side_by_side.py --anchor benchmarks/results/llama_cpp_anchor_native.json
+    # the AVX2 path reproduced on an AVX512 CPU (benchmarks/avx2/sitecustomize.py):
+    ISA=avx2 ../shared/tools/llama_cpp_anchor.sh benchmarks/results/llama_cpp_anchor_avx2.json
+    PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 python benchmarks/side_by_side.py \\
+        --anchor benchmarks/results/llama_cpp_anchor_avx2.json
+
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hf_adaspec import SpeculationState
+from hf_adaspec.machine import processor_name
+from hf_adaspec.tools.cli import DEFAULT_PROMPT
+from hf_adaspec.tools.pair import load_pair
+
+
+def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int) -> dict[str, list[float]]:
+    inputs = tgt.tokenizer.apply_chat_template([{"role": "user", "content": DEFAULT_PROMPT}],
+                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    methods = {"plain": {}, "plain-again": {}, "adaptive": {"assistant_model": drf.model, "speculation": "adaptive"}}
+    names = list(methods)
+    rates: dict[str, list[float]] = {m: [] for m in methods}
+    for rnd in range(repeats):
+        for name in names[rnd % 3:] + names[:rnd % 3]:  # rotated: drift hits every method alike
+            kwargs = dict(methods[name])
+            if "speculation" in kwargs:
+                kwargs["speculation_state"] = SpeculationState()
+            start = time.perf_counter()
+            out = tgt.model.generate(**inputs, **kwargs, max_new_tokens=max_new_tokens, do_sample=False)
+            rates[name].append(round((out.shape[1] - inputs["input_ids"].shape[1]) / (time.perf_counter() - start), 3))
+            print(f"{name}: {rates[name][-1]:.2f} tokens/s", flush=True)
+    return rates
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--anchor", required=True, type=Path, help="llama_cpp_anchor.sh's JSON from this machine")
+    ap.add_argument("--quantization", default="auto")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    args = ap.parse_args()
+    anchor = json.loads(args.anchor.read_text())
+    tgt, drf = load_pair("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", args.quantization, "bfloat16")
+    rates = _timed_rates(tgt, drf, args.repeats, args.max_new_tokens)
+    med = {m: round(statistics.median(v), 2) for m, v in rates.items()}
+    llama = anchor["plain_tokens_per_s"]
+    print(json.dumps({
+        "processor": processor_name(), "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(), "formats": {"target": tgt.weight_format, "draft": drf.weight_format},
+        "tokens_per_s": med, "aa": round(med["plain-again"] / med["plain"], 3),
+        "llama_cpp": {"isa": anchor["isa"], "plain": llama, "speculative": anchor["speculative_tokens_per_s"]},
+        "adaptive_over_llama_cpp_plain": round(med["adaptive"] / llama, 3),
+        "plain_ms_per_token_over_llama_cpp": round(llama / med["plain"], 2), "runs": rates}))
+
+
+if __name__ == "__main__":
+    main()

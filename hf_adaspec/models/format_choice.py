@@ -1,0 +1,253 @@
+"""``quantization="auto"``: load the weight format that runs fastest on this machine, within a quality tolerance.
+
+Design (issue 44): which format is fastest depends on the processor (``formats``), so it is measured, never
+read from CPU flags. At the first load of a model on a machine every format in ``formats.FORMATS`` that loads
+is timed: the median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a
+``PROBE_CONTEXT``-token cache (a plain step and a verification). Its quality is measured beside it: the dense
+model's greedy continuations of ``QUALITY_PROMPTS`` (``quality_tokens`` new tokens each) are fed to the format
+teacher-forced, giving its top-1 agreement (share of those tokens that are its own argmax) and its first
+divergence (mean position of the first token it would not have chosen: exactly where its free-running greedy
+output would leave the dense one). A format is eligible when its top-1 agreement is at most
+``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not load); the eligible
+format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen. The choice and every measurement are cached
+under ``<cache>/formats/<key>.json`` (atomic, with a digest) per model, dtype, device, processor, torch's
+thread count and kernel level and library versions; a later load reads it and loads the chosen format only.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .. import machine
+from ..files import read_json_verified, write_json_verified
+from .assets import cache_dir
+from .formats import FORMATS, load_weights
+
+PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
+PROBE_K = 5  # the verification timed covers PROBE_K + 1 tokens
+PROBE_REPS = 5  # timed forwards per width (medians); a format already twice the best's time stops after 1
+QUALITY_TOLERANCE = 0.02  # eligible: top-1 agreement ≥ NF4's − this
+QUALITY_TOKENS = 64  # dense greedy tokens per prompt in the quality check of ``auto``
+QUALITY_PROMPTS = (
+    "The history of the printing press begins",
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
+    "Three tips for keeping a small vegetable garden healthy through a dry summer are",
+)
+SCHEMA = 2  # 2: the score of a plain step plus a verification per token
+
+Timer = Callable[[torch.nn.Module, str, int], float]  # (model, format, new tokens) → one forward's ms
+
+
+@dataclass(frozen=True)
+class FormatMeasure:
+    """One format on this machine: median ms of a forward over 1 and over k + 1 tokens at ``PROBE_CONTEXT``,
+    top-1 agreement with the dense model's greedy tokens (0–1), mean first divergence (tokens), load time (s);
+    quality None where its first timing was twice the best's (it cannot be chosen; NF4's is always measured);
+    or the ``error`` that kept it from loading or running (all else None)."""
+
+    format: str
+    ms_1: float | None = None
+    ms_k: float | None = None
+    top1: float | None = None
+    first_divergence: float | None = None
+    load_s: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    """The format ``auto`` chose, every format's measure, the cache file and whether it was read from it."""
+
+    chosen: str
+    measures: tuple[FormatMeasure, ...]
+    path: Path
+    cached: bool
+    probe_s: float
+
+    def line(self, name: str) -> str:
+        """One line: the choice, then each format's ms over 1 / k + 1 tokens and top-1 agreement, or its error."""
+        parts = []
+        for m in self.measures:
+            if m.error is not None:
+                parts.append(f"{m.format} skipped ({m.error})")
+            else:
+                quality = f"top-1 {m.top1:.3f}" if m.top1 is not None else "over twice the best: quality not measured"
+                parts.append(f"{m.format} {m.ms_1:.0f}/{m.ms_k:.0f} ms {quality}")
+        how = f"cached in {self.path}" if self.cached else f"probe {self.probe_s:.0f} s, cached in {self.path}"
+        return (f"hf-adaspec: {name}: weights {self.chosen} (quantization='auto'; 1/{PROBE_K + 1}-token forwards at "
+                f"context {PROBE_CONTEXT}: {'; '.join(parts)}; {how})")
+
+
+def eligible(measures: tuple[FormatMeasure, ...]) -> list[FormatMeasure]:
+    """Loaded formats whose top-1 agreement is within ``QUALITY_TOLERANCE`` of NF4's (where NF4 did not load,
+    of the best quantized format's; dense weights are always within)."""
+    loaded = [m for m in measures if m.error is None and m.top1 is not None]  # top1 None: too slow to be chosen
+    nf4 = [m.top1 for m in loaded if m.format == "nf4"]
+    quantized = [m.top1 for m in loaded if m.format != "none"]
+    bar = (nf4 or [max(quantized, default=1.0)])[0] - QUALITY_TOLERANCE
+    return [m for m in loaded if m.top1 >= bar]
+
+
+def score(ms_1: float, ms_k: float) -> float:
+    """ms of a plain step plus ms per token of a (k + 1)-token verification: the cost of ``adaptive``'s floor (a
+    plain step, which is also a draft model's step) and of its speculative path, per token."""
+    return ms_1 + ms_k / (PROBE_K + 1)
+
+
+def pick(measures: tuple[FormatMeasure, ...]) -> str:
+    """The eligible format with the least ``score``.
+    Raises ValueError when no format loaded (the message lists each one's error)."""
+    ok = eligible(measures)
+    if not ok:
+        raise ValueError("no weight format loaded: " + "; ".join(f"{m.format}: {m.error}" for m in measures))
+    return min(ok, key=lambda m: score(m.ms_1, m.ms_k)).format
+
+
+def probe_key(name: str, source: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
+    """What a format's speed depends on: the model (as asked and where it loads from), dtype, device, whether the
+    output head is quantized, the processor, torch's thread count and CPU kernel level, and library versions."""
+    return {"schema": SCHEMA, "model": name, "source": source, "dtype": dtype, "device": device,
+            "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT,
+            "processor": machine.processor_name(), "threads": torch.get_num_threads(),
+            "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+            "versions": {**machine.versions("transformers", "bitsandbytes", "torchao"), "torch": torch.__version__}}
+
+
+def cache_path(key: dict) -> Path:
+    """Where the choice for ``key`` is cached: ``<cache>/formats/<16 hex digits of its SHA-256>.json``."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "formats" / f"{digest}.json"
+
+
+def read_choice(path: Path, key: dict) -> FormatChoice | None:
+    """The cached choice at ``path`` when it exists, passes its digest and was made for ``key``; else None."""
+    try:
+        doc = read_json_verified(path)
+        if doc["key"] != key or doc["chosen"] not in FORMATS:
+            return None
+        measures = tuple(FormatMeasure(**m) for m in doc["measures"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return FormatChoice(doc["chosen"], measures, path, True, doc["probe_s"])
+
+
+def forward_ms(model: torch.nn.Module, fmt: str, n: int) -> float:
+    """One forward over ``n`` random tokens on a ``PROBE_CONTEXT``-token cache, in ms (the cache is trimmed back)."""
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(vocab, (1, PROBE_CONTEXT + n), generator=torch.Generator().manual_seed(n))
+    ids = ids.to(model.device)
+    with torch.inference_mode():
+        cache = model(ids[:, :PROBE_CONTEXT], use_cache=True).past_key_values
+        model(ids[:, PROBE_CONTEXT:], past_key_values=cache)  # first call: kernel set-up, not timed
+        cache.crop(-n)
+        start = time.perf_counter()
+        model(ids[:, PROBE_CONTEXT:], past_key_values=cache)
+        return (time.perf_counter() - start) * 1e3
+
+
+def time_format(model: torch.nn.Module, fmt: str, timer: Timer, best_ms: float | None) -> tuple[float, float, bool]:
+    """Median ms over 1 and k + 1 tokens, interleaved, ``PROBE_REPS`` each, and True; one each and False when the
+    first pair's ``score`` is already twice ``best_ms`` (the best format's score: this one cannot be chosen)."""
+    one, wide = [], []
+    for rep in range(PROBE_REPS):
+        one.append(timer(model, fmt, 1))
+        wide.append(timer(model, fmt, PROBE_K + 1))
+        if rep == 0 and best_ms is not None and score(one[0], wide[0]) > 2 * best_ms:
+            return one[0], wide[0], False
+    return statistics.median(one), statistics.median(wide), True
+
+
+def dense_reference(model: torch.nn.Module, tokenizer, new_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The dense model's greedy continuation of each of ``QUALITY_PROMPTS``, generated as one left-padded batch:
+    (prompt ids [T_i], new ids [new_tokens]) per prompt."""
+    prompts = [tokenizer(p, return_tensors="pt")["input_ids"][0] for p in QUALITY_PROMPTS]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, T]
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
+    with torch.inference_mode():
+        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # [B, T + new]
+    return [(p, out[row, width:].cpu()) for row, p in enumerate(prompts)]
+
+
+def agreement(model: torch.nn.Module, refs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+    """(top-1 agreement, mean first divergence in tokens) of ``model`` on the dense greedy continuations
+    ``refs``, teacher-forced: one forward over each prompt and its continuation."""
+    hits, firsts = [], []
+    with torch.inference_mode():
+        for prompt, new in refs:
+            seq = torch.cat([prompt, new[:-1]])[None].to(model.device)  # [1, T + G - 1]
+            logits = model(seq).logits[0, len(prompt) - 1:]  # [G, V]: the prediction of each new token
+            same = logits.argmax(-1).cpu() == new  # [G]
+            hits.append(same.float())
+            firsts.append(len(same) if bool(same.all()) else int(same.logical_not().nonzero()[0]))
+    return float(torch.cat(hits).mean()), statistics.mean(firsts)
+
+
+def _measure(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs,
+             best_ms: float | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
+    """Load ``fmt`` with ``load`` and measure it (an exception while loading or running it becomes its ``error``)."""
+    start = time.perf_counter()
+    try:
+        model = load()
+        load_s = time.perf_counter() - start
+        ms_1, ms_k, contender = time_format(model, fmt, timer, best_ms)
+        top1, first = agreement(model, refs) if contender or fmt == "nf4" else (None, None)  # NF4 sets the bar
+    except Exception as e:  # noqa: BLE001 - any failure of an optional format is reported, not raised
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        return FormatMeasure(fmt, error=f"{type(e).__name__}: {reason}"), None
+    quality = (round(top1, 4), round(first, 2)) if top1 is not None else (None, None)
+    return FormatMeasure(fmt, round(ms_1, 2), round(ms_k, 2), *quality, round(load_s, 1)), model
+
+
+def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: str = "cpu",
+           quantize_lm_head: bool = False, timer: Timer | None = None, quality_tokens: int | None = None,
+           formats: tuple[str, ...] = tuple(FORMATS)) -> tuple[FormatChoice, torch.nn.Module | None]:
+    """The format ``auto`` loads for ``name`` (from ``source``) and, when it was measured now, that model
+    already loaded (None when read from the cache: load it with ``formats.load_weights``). Dense weights are
+    loaded first (the quality reference), then each other format; only the best so far stays in memory.
+    ``timer``: one forward's ms (default ``forward_ms``); ``quality_tokens``: dense greedy tokens per prompt (default ``QUALITY_TOKENS``).
+
+    Raises:
+        ValueError: no format loaded (each one's error named).
+    """
+    key = probe_key(name, source, dtype, device, quantize_lm_head)
+    path = cache_path(key)
+    cached = read_choice(path, key)
+    if cached is not None:
+        return cached, None
+    start = time.perf_counter()
+    dense = load_weights(source, name, "none", dtype, device, quantize_lm_head)  # the quality reference
+    refs = dense_reference(dense, tokenizer, quality_tokens or QUALITY_TOKENS)
+    measures: list[FormatMeasure] = []
+    best_fmt, best_model = None, None
+    for fmt in ("none", *sorted((f for f in formats if f != "none"), key=lambda f: f != "nf4")):  # NF4 sets the bar
+        bound = next((score(m.ms_1, m.ms_k) for m in measures if m.format == best_fmt), None)
+        load = (lambda: dense) if fmt == "none" else (lambda f=fmt: load_weights(source, name, f, dtype, device,
+                                                                                   quantize_lm_head))
+        with warnings.catch_warnings():  # bnb int8 notes its fp16 cast at every call
+            warnings.filterwarnings("ignore", message="MatMul8bitLt")
+            measure, model = _measure(fmt, load, timer or forward_ms, refs, bound)
+        dense = None
+        measures.append(measure)
+        if model is not None and pick(tuple(measures)) == fmt:
+            best_fmt, best_model = fmt, model  # the previous best is released here
+        model = None
+        gc.collect()
+    choice = FormatChoice(pick(tuple(measures)), tuple(measures), path, False, round(time.perf_counter() - start, 1))
+    write_json_verified(path, {"key": key, "chosen": choice.chosen, "probe_s": choice.probe_s,
+                               "measures": [asdict(m) for m in measures]})
+    return choice, best_model if best_fmt == choice.chosen else None

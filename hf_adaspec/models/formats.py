@@ -1,0 +1,165 @@
+"""Weight formats a model can be loaded in: a registry of how each is made.
+
+Design: the fastest format depends on the processor, not on the model (issue 44): bitsandbytes' NF4 runs its
+fused 4-bit kernel only where the CPU has AVX512-BF16 and dequantizes every weight before multiplying
+elsewhere, while torch's own int4 weight-only kernel (``_weight_int4pack_mm_for_cpu``) and dense bf16 matmuls
+run on any x86 CPU. So a format is only a recipe; which one loads is decided by timing on the running machine
+(``format_choice``). Each ``WeightFormat`` gives the ``quantization_config`` handed to ``from_pretrained``
+(bitsandbytes) and/or a conversion applied after a dense load (torchao's ``quantize_``).
+
+- ``nf4``: bitsandbytes 4-bit NormalFloat, blocks of 64, compute in the model's dtype.
+- ``int8``: bitsandbytes LLM.int8().
+- ``int4``: torchao's int4 weight-only tensor for the CPU (``PrototypeInt4WeightOnlyConfig``: groups of 32,
+  min–max scales and zero points), whose linear calls torch's ``_weight_int4pack_mm_for_cpu``. CPU only.
+- ``none``: dense weights in the requested dtype.
+
+The output head stays dense unless ``quantize_lm_head`` (a draft's head is a large share of its step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_IMPORT_NOTES = ("torchao", "torch.utils._pytree")  # torchao's import-time notes on kernels for other devices
+INT4_GROUP = 32  # torchao's CPU int4 tensor takes groups of 32, 64 or 128 input features
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a format is made: ``config(dtype, quantize_lm_head)`` → the ``quantization_config`` for
+    ``from_pretrained`` (None: a dense load), ``convert(model, quantize_lm_head)`` applied after loading
+    (None: nothing), the devices it runs on (None: any)."""
+
+    name: str
+    summary: str
+    config: Callable[[torch.dtype, bool], object | None]
+    convert: Callable[[torch.nn.Module, bool], None] | None = None
+    devices: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.summary:
+            raise ValueError("a weight format needs a name and a summary")
+
+
+def _bnb_nf4(dtype: torch.dtype, quantize_lm_head: bool):
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+                              llm_int8_skip_modules=[] if quantize_lm_head else None)  # None: head stays dense
+
+
+def _bnb_int8(dtype: torch.dtype, quantize_lm_head: bool):
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=[] if quantize_lm_head else None)
+
+
+def _dense(dtype: torch.dtype, quantize_lm_head: bool) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """Only errors from ``loggers`` inside the block."""
+    saved = [(log, log.level) for log in map(logging.getLogger, loggers)]
+    for log, _ in saved:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log, level in saved:
+            log.setLevel(level)
+
+
+def _torchao_int4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
+    """Every linear layer (the output head only with ``quantize_lm_head``) to torchao's CPU int4 tensor. A
+    tied output head is untied first: the input embedding keeps its dense table.
+    Raises ImportError when torchao is not installed (``pip install torchao``)."""
+    with _quiet(*_IMPORT_NOTES):
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+        from torchao.quantization import quantize_
+
+    head = model.get_output_embeddings()
+
+    def wanted(module: torch.nn.Module, name: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and module.in_features % INT4_GROUP == 0
+                and (quantize_lm_head or module is not head))
+
+    if quantize_lm_head and head.weight is model.get_input_embeddings().weight:
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+    config = PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP, int4_choose_qparams_algorithm="tinygemm",
+                                           set_inductor_config=False)
+    quantize_(model, config, filter_fn=wanted)
+
+
+FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
+    WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
+    WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8),
+    WeightFormat("int4", "torchao int4 weight-only (torch's CPU int4 kernel, groups of 32)", _dense,
+                 _torchao_int4, devices=("cpu",)),
+    WeightFormat("none", "dense", _dense),
+)}
+QUANTIZATIONS = ("auto", *FORMATS)  # "auto": the fastest format on this machine within the quality tolerance
+
+
+def check_options(quantization: str, dtype: str) -> None:
+    """Raises ValueError for a quantization outside ``QUANTIZATIONS`` or a dtype outside ``DTYPES``."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r}; choose one of {QUANTIZATIONS}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}; choose one of {tuple(DTYPES)}")
+
+
+def format_of(name: str, device: str) -> WeightFormat:
+    """The registered format ``name`` for ``device``.
+    Raises ValueError: "auto" or an unknown name; a format that does not run on ``device``."""
+    if name not in FORMATS:
+        raise ValueError(f"quantization={name!r} names no weight format; choose one of {tuple(FORMATS)}")
+    fmt = FORMATS[name]
+    kind = torch.device(device).type
+    if fmt.devices is not None and kind not in fmt.devices:
+        raise ValueError(f"quantization={name!r} runs on {', '.join(fmt.devices)} only, not {kind}; "
+                         f"choose one of {tuple(n for n, f in FORMATS.items() if f.devices is None)}")
+    return fmt
+
+
+def model_kwargs(quantization: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
+    """``from_pretrained`` keywords for a weight format (``FORMATS``), dtype and device; a format with a
+    ``convert`` step loads dense and is converted by ``convert``.
+    Raises ValueError for "auto" (not a format), an unknown format or dtype, or a format not for ``device``."""
+    check_options(quantization, dtype)
+    fmt = format_of(quantization, device)
+    kwargs: dict = {"dtype": DTYPES[dtype], "device_map": device}
+    config = fmt.config(DTYPES[dtype], quantize_lm_head)
+    if config is not None:
+        kwargs["quantization_config"] = config
+    return kwargs
+
+
+def convert(model: torch.nn.Module, quantization: str, quantize_lm_head: bool) -> torch.nn.Module:
+    """``model`` (loaded with ``model_kwargs``) after its format's conversion, if it has one."""
+    fmt = FORMATS[quantization]
+    if fmt.convert is not None:
+        fmt.convert(model, quantize_lm_head)
+    return model
+
+
+def load_weights(source: str, name: str, quantization: str, dtype: str, device: str,
+                 quantize_lm_head: bool) -> torch.nn.Module:
+    """The causal LM at ``source`` (a folder or HF id ``from_pretrained`` reads) in weight format
+    ``quantization`` (not "auto"), named ``name`` (a cost profile's identity names the model as asked, not a
+    cache path); eval mode. Raises ValueError as ``model_kwargs``; ImportError for a format's missing library."""
+    kwargs = model_kwargs(quantization, dtype, device, quantize_lm_head)
+    with _quiet(*_IMPORT_NOTES):  # transformers imports torchao with the model's module, where it is installed
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    convert(model, quantization, quantize_lm_head)
+    model.config._name_or_path = name
+    return model.eval()
