@@ -9,9 +9,10 @@ teacher-forced, giving its top-1 agreement (share of those tokens that are its o
 divergence (mean position of the first token it would not have chosen: exactly where its free-running greedy
 output would leave the dense one). A format is eligible when its top-1 agreement is at most
 ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not load); the eligible
-format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen. The choice and every measurement are cached
-under ``<cache>/formats/<key>.json`` (atomic, with a digest) per model, dtype, device, processor, torch's
-thread count and kernel level and library versions; a later load reads it and loads the chosen format only.
+format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen.
+The choice and every measurement are cached under ``<cache>/formats/<key>.json`` (atomic, with a digest) per
+model, dtype, device, processor, torch's thread count and kernel level and library versions; a later load reads
+it and loads the chosen format only.
 """
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: s
     """The format ``auto`` loads for ``name`` (from ``source``) and, when it was measured now, that model
     already loaded (None when read from the cache: load it with ``formats.load_weights``). Dense weights are
     loaded first (the quality reference), then each other format; only the best so far stays in memory.
-    ``timer``: one forward's ms (default ``forward_ms``); ``quality_tokens``: dense greedy tokens per prompt (default ``QUALITY_TOKENS``).
+    ``timer``: one forward's ms (default ``forward_ms``); ``quality_tokens``: dense greedy tokens per prompt
+    (default ``QUALITY_TOKENS``); ``formats``: the formats tried besides dense.
 
     Raises:
         ValueError: no format loaded (each one's error named).
