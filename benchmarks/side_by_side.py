@@ -2,7 +2,9 @@
 
 Loads the default pair as ``hf-adaspec generate`` does (``--quantization``, default "auto": the formats it chose
 are printed), then times plain, plain again (the A/A spread) and ``adaptive``, interleaved, ``--repeats``
-rounds; every ``adaptive`` run starts from a fresh ``SpeculationState`` (nothing learned from this prompt).
+rounds; every ``adaptive`` run starts from a fresh ``SpeculationState`` (nothing learned from this prompt); each
+method's last output is checked against plain's (``greedy_gap_vs_plain``: null when equal, else the target's top-2
+logit gap where it first differs: a near-tie when small).
 Tokens/s over wall time, prefill included; medians. The llama.cpp figures are read from the JSON that
 ``../shared/tools/llama_cpp_anchor.sh`` wrote on the same machine (same ISA): plain and speculative tokens/s
 on the same prompt and length (its own timing). Usage, from the project root:
@@ -29,16 +31,20 @@ import torch
 
 from hf_adaspec import SpeculationState
 from hf_adaspec.machine import processor_name
+from hf_adaspec.tools.bench import divergence_gap
 from hf_adaspec.tools.cli import DEFAULT_PROMPT
 from hf_adaspec.tools.pair import load_pair
 
 
-def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int) -> dict[str, list[float]]:
+def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int) -> tuple[dict[str, list[float]], dict[str, float | None]]:
+    """Tokens/s per method and round, and each method's greedy check against plain (``divergence_gap`` of its last
+    output: None when equal, else the target's top-2 logit gap where it first differs)."""
     inputs = tgt.tokenizer.apply_chat_template([{"role": "user", "content": DEFAULT_PROMPT}],
                                                add_generation_prompt=True, return_tensors="pt", return_dict=True)
     methods = {"plain": {}, "plain-again": {}, "adaptive": {"assistant_model": drf.model, "speculation": "adaptive"}}
     names = list(methods)
     rates: dict[str, list[float]] = {m: [] for m in methods}
+    outputs: dict[str, torch.Tensor] = {}
     for rnd in range(repeats):
         for name in names[rnd % 3:] + names[:rnd % 3]:  # rotated: drift hits every method alike
             kwargs = dict(methods[name])
@@ -47,8 +53,9 @@ def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int) -> dict[str, list[
             start = time.perf_counter()
             out = tgt.model.generate(**inputs, **kwargs, max_new_tokens=max_new_tokens, do_sample=False)
             rates[name].append(round((out.shape[1] - inputs["input_ids"].shape[1]) / (time.perf_counter() - start), 3))
+            outputs[name] = out
             print(f"{name}: {rates[name][-1]:.2f} tokens/s", flush=True)
-    return rates
+    return rates, {m: divergence_gap(tgt.model, outputs["plain"], outputs[m]) for m in names if m != "plain"}
 
 
 def main() -> None:
@@ -60,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     anchor = json.loads(args.anchor.read_text())
     tgt, drf = load_pair("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", args.quantization, "bfloat16")
-    rates = _timed_rates(tgt, drf, args.repeats, args.max_new_tokens)
+    rates, gaps = _timed_rates(tgt, drf, args.repeats, args.max_new_tokens)
     med = {m: round(statistics.median(v), 2) for m, v in rates.items()}
     llama = anchor["plain_tokens_per_s"]
     print(json.dumps({
@@ -69,7 +76,8 @@ def main() -> None:
         "tokens_per_s": med, "aa": round(med["plain-again"] / med["plain"], 3),
         "llama_cpp": {"isa": anchor["isa"], "plain": llama, "speculative": anchor["speculative_tokens_per_s"]},
         "adaptive_over_llama_cpp_plain": round(med["adaptive"] / llama, 3),
-        "plain_ms_per_token_over_llama_cpp": round(llama / med["plain"], 2), "runs": rates}))
+        "plain_ms_per_token_over_llama_cpp": round(llama / med["plain"], 2),
+        "greedy_gap_vs_plain": gaps, "runs": rates}))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The package's layers stack: no module imports a layer above its own, and no imports form a cycle.
 
 Read from the source's AST (every import, also those inside functions), so nothing is imported to check.
-From the bottom: ``files``/``config`` → ``backend`` (transformers internals, the ragged KV cache, the draft
-prefix store) and ``models`` (assets and loading) → ``costs`` and ``proposers`` → ``policy`` → ``engine``
+From the bottom: ``files``/``config``/``machine``/``kernels`` (our C kernels) → ``backend`` (transformers
+internals, the ragged KV cache, the draft prefix store) and ``models`` (assets and loading) → ``costs`` and ``proposers`` → ``policy`` → ``engine``
 → the public entry (``api``, then the package's ``__init__`` that re-exports it) → ``tools``. Folders of
 one layer do not import each other either.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_adaspec"
-LAYERS = (("files", "config", "machine"), ("backend", "models"), ("costs", "proposers"), ("policy",), ("engine",),
+LAYERS = (("files", "config", "machine", "kernels"), ("backend", "models"), ("costs", "proposers"), ("policy",), ("engine",),
           ("api",), ("__init__",), ("tools",))
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 

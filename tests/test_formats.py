@@ -25,19 +25,26 @@ def _m(fmt, ms, top1=1.0):
 
 
 def test_pick_takes_the_fastest_eligible_format():
-    measures = (_m("none", 30), _m("nf4", 20, 0.95), _m("int8", 15, 0.97), _m("int4", 5, 0.94))
-    assert fc.pick(measures) == "int4"  # 0.94 ≥ 0.95 − 0.02
+    measures = (_m("none", 30), _m("nf4", 20, 0.95), _m("int8", 15, 0.97), _m("q4", 5, 0.94))
+    assert fc.pick(measures) == "q4"  # 0.94 ≥ 0.95 − 0.02
+
+
+def test_nf4_stays_unless_another_format_is_faster_beyond_the_margin():
+    near = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 20 * (1 - fc.SWITCH_MARGIN) + 0.1, 0.95))
+    assert fc.pick(near) == "nf4"
+    clear = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 20 * (1 - fc.SWITCH_MARGIN) - 0.1, 0.95))
+    assert fc.pick(clear) == "q4"
 
 
 def test_a_format_below_the_quality_tolerance_is_not_chosen_however_fast():
-    measures = (_m("none", 30), _m("nf4", 20, 0.95), _m("int4", 5, 0.90))
+    measures = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 5, 0.90))
     assert [m.format for m in fc.eligible(measures)] == ["none", "nf4"]
     assert fc.pick(measures) == "nf4"
 
 
 def test_without_nf4_the_bar_is_the_best_quantized_format():
     measures = (_m("none", 30), FormatMeasure("nf4", error="ImportError: no bitsandbytes"), _m("int8", 25, 0.99),
-                _m("int4", 5, 0.90))
+                _m("q4", 5, 0.90))
     assert fc.pick(measures) == "int8"
 
 
@@ -49,8 +56,9 @@ def test_a_format_too_slow_to_be_measured_for_quality_is_not_eligible():
 
 
 def test_pick_names_every_error_when_nothing_loaded():
-    measures = (FormatMeasure("none", error="OSError: disk"), FormatMeasure("int4", error="ImportError: torchao"))
-    with pytest.raises(ValueError, match="none: OSError: disk; int4: ImportError: torchao"):
+    measures = (FormatMeasure("none", error="OSError: disk"),
+                FormatMeasure("q4", error="KernelUnavailable: no compiler"))
+    with pytest.raises(ValueError, match="none: OSError: disk; q4: KernelUnavailable: no compiler"):
         fc.pick(measures)
 
 
@@ -70,7 +78,7 @@ def test_a_format_twice_the_best_is_timed_once():
 
 @pytest.fixture
 def tiny_dir(tmp_path, private_cache):
-    """A tiny Llama (64 wide: every linear fits int4's groups of 32 and NF4's blocks) and its tokenizer, saved."""
+    """A tiny Llama (64 wide: every linear fits q4's groups of 32 and NF4's blocks) and its tokenizer, saved."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -81,7 +89,7 @@ def tiny_dir(tmp_path, private_cache):
     return str(path)
 
 
-INJECTED = {"none": 40.0, "nf4": 30.0, "int8": 20.0, "int4": 10.0}
+INJECTED = {"none": 40.0, "nf4": 30.0, "int8": 20.0, "q4": 10.0}
 
 
 def _timer(model, fmt, n):
@@ -93,24 +101,24 @@ def test_auto_loads_the_fastest_format_reports_it_in_one_line_and_caches_it(tiny
     monkeypatch.setattr(fc, "QUALITY_TOKENS", 8)
     lines = []
     lm = hf_adaspec.load(tiny_dir, dtype="float32", log=lines.append)
-    assert lm.weight_format == "int4"
-    assert any(type(p).__name__ == "Int4OpaqueTensor" for p in lm.model.parameters())
-    assert len(lines) == 1 and "weights int4" in lines[0] and "none 40/240 ms" in lines[0]
+    assert lm.weight_format == "q4"
+    assert any(type(m).__name__ == "Q4Linear" for m in lm.model.modules())
+    assert len(lines) == 1 and "weights q4" in lines[0] and "none 40/240 ms" in lines[0]
     monkeypatch.setattr(fc, "forward_ms", None)  # a second load reads the cache: nothing is timed
     again = hf_adaspec.load(tiny_dir, dtype="float32", log=lines.append)
-    assert again.weight_format == "int4" and "cached in" in lines[1] and "probe" not in lines[1]
+    assert again.weight_format == "q4" and "cached in" in lines[1] and "probe" not in lines[1]
 
 
 def test_a_format_that_fails_is_skipped_with_its_reason(tiny_dir):
     def timer(model, fmt, n):
-        if fmt == "int4":
+        if fmt == "q4":
             raise RuntimeError("no kernel for this tensor\nsecond line")
         return INJECTED[fmt] * n
 
     choice, model = fc.choose(tiny_dir, "tiny", build_tiny_tokenizer(), "float32", timer=timer, quality_tokens=8,
-                              formats=("int4", "int8", "none"))
+                              formats=("q4", "int8", "none"))
     assert choice.chosen == "int8" and model is not None
-    assert "int4 skipped (RuntimeError: no kernel for this tensor)" in choice.line("tiny")
+    assert "q4 skipped (RuntimeError: no kernel for this tensor)" in choice.line("tiny")
 
 
 def test_the_cache_key_holds_the_machine_and_a_bad_cache_file_is_measured_again(tiny_dir):
@@ -124,24 +132,25 @@ def test_the_cache_key_holds_the_machine_and_a_bad_cache_file_is_measured_again(
     assert {"processor", "threads", "aten_cpu", "versions"} <= set(key)
     assert fc.cache_path(fc.probe_key("m", "src", "bfloat16", "cpu", True)) != fc.cache_path(key)
     choice, _ = fc.choose(tiny_dir, "tiny", build_tiny_tokenizer(), "float32", timer=_timer, quality_tokens=8,
-                          formats=("int4", "none"))
-    choice.path.write_text(choice.path.read_text().replace('"int4"', '"none"', 1))  # edited: the digest fails
+                          formats=("q4", "none"))
+    choice.path.write_text(choice.path.read_text().replace('"q4"', '"none"', 1))  # edited: the digest fails
     again, model = fc.choose(tiny_dir, "tiny", build_tiny_tokenizer(), "float32", timer=_timer, quality_tokens=8,
-                             formats=("int4", "none"))
-    assert not again.cached and again.chosen == "int4" and model is not None
+                             formats=("q4", "none"))
+    assert not again.cached and again.chosen == "q4" and model is not None
 
 
 def test_explicit_formats_are_honoured_without_a_probe(tiny_dir, monkeypatch):
     monkeypatch.setattr(fc, "choose", None)  # any call would fail
-    for fmt, kind in (("int8", "Int8Params"), ("int4", "Int4OpaqueTensor"), ("none", "Parameter")):
+    for fmt, kind in (("int8", "Int8Params"), ("q4", "Q4Linear"), ("none", "Parameter")):
         lm = hf_adaspec.load(tiny_dir, quantization=fmt, dtype="float32")
         assert lm.weight_format == fmt
-        assert kind in {type(p).__name__ for p in lm.model.parameters()}
+        kinds = {type(p).__name__ for p in lm.model.parameters()} | {type(m).__name__ for m in lm.model.modules()}
+        assert kind in kinds
 
 
 def test_formats_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="runs on cpu only"):
-        format_of("int4", "cuda")
+        format_of("q4", "cuda")
     with pytest.raises(ValueError, match="choose one of"):
         hf_adaspec.load("x", quantization="int3")
     with pytest.raises(ValueError, match="with random weights give a format"):
@@ -162,3 +171,14 @@ def test_each_format_speculative_greedy_equals_its_own_plain_or_diverges_at_a_ne
                                    speculation_costs=COSTS, **kwargs)
             gap = divergence_gap(target, plain, spec)
             assert gap is None or gap < NEAR_TIE, (fmt, kwargs, gap)
+
+
+def test_the_probe_prefills_once_per_model_and_crops_back_after_each_timed_forward(tiny_dir):
+    model = load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
+    widths = []
+    model.register_forward_pre_hook(lambda mod, args, kwargs: widths.append((args or [kwargs.get("input_ids")])[0]
+                                                                             .shape[1]), with_kwargs=True)
+    times = [fc.forward_ms(model, "none", n) for n in (1, fc.PROBE_K + 1, 1, fc.PROBE_K + 1)]
+    assert all(t > 0 for t in times)
+    assert widths == [fc.PROBE_CONTEXT, 1, 1, fc.PROBE_K + 1, fc.PROBE_K + 1, 1, fc.PROBE_K + 1]
+    assert fc._PREFILLED[model][1].get_seq_length() == fc.PROBE_CONTEXT

@@ -189,7 +189,8 @@ _PLAIN_WEIGHTS = {"Parameter", "Tensor", "Params4bit", "Int8Params"}  # dense, o
 def model_identity(model: torch.nn.Module) -> dict:
     """What a model's costs depend on, read from its config: name (``_name_or_path``), parameter count, dtype,
     quantization method (``quantization_config.quant_method``, "None" when dense) and device; where weights
-    were converted after loading (torchao's tensor subclasses, ``models.formats``), "weights": their types."""
+    were converted after loading (``models.formats``: tensor subclasses, this package's layers),
+    "weights": their types."""
     config = model.config
     quant = getattr(config, "quantization_config", None)
     quant_method = getattr(quant, "quant_method", None) if quant is not None else None
@@ -201,9 +202,15 @@ def model_identity(model: torch.nn.Module) -> dict:
         "dtype": str(model.dtype),
         "quantization": str(quant_method),
         "device": str(model.device),
-        **({"weights": converted} if (converted := sorted({type(p).__name__ for p in model.parameters()}
-                                                          - _PLAIN_WEIGHTS)) else {}),
+        **({"weights": converted} if (converted := _converted(model)) else {}),
     }
+
+
+def _converted(model: torch.nn.Module) -> list[str]:
+    """Types of a model's converted weights: parameter tensor subclasses and layers defined in this package."""
+    tensors = {type(p).__name__ for p in model.parameters()} - _PLAIN_WEIGHTS
+    layers = {type(m).__name__ for m in model.modules() if type(m).__module__.startswith("hf_adaspec.")}
+    return sorted(tensors | layers)
 
 
 def vocab_size(model: torch.nn.Module) -> int:

@@ -9,7 +9,8 @@ teacher-forced, giving its top-1 agreement (share of those tokens that are its o
 divergence (mean position of the first token it would not have chosen: exactly where its free-running greedy
 output would leave the dense one). A format is eligible when its top-1 agreement is at most
 ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not load); the eligible
-format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen.
+format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen, except
+that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's.
 The choice and every measurement are cached under ``<cache>/formats/<key>.json`` (atomic, with a digest) per
 model, dtype, device, processor, torch's thread count and kernel level and library versions; a later load reads
 it and loads the chosen format only.
@@ -17,12 +18,14 @@ it and loads the chosen format only.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import logging
 import statistics
 import time
-import warnings
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,13 +40,14 @@ PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
 PROBE_K = 5  # the verification timed covers PROBE_K + 1 tokens
 PROBE_REPS = 5  # timed forwards per width (medians); a format already twice the best's time stops after 1
 QUALITY_TOLERANCE = 0.02  # eligible: top-1 agreement ≥ NF4's − this
+SWITCH_MARGIN = 0.05  # another format replaces an eligible NF4 only when its score is this share below NF4's
 QUALITY_TOKENS = 64  # dense greedy tokens per prompt in the quality check of ``auto``
 QUALITY_PROMPTS = (
     "The history of the printing press begins",
     "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
     "Three tips for keeping a small vegetable garden healthy through a dry summer are",
 )
-SCHEMA = 2  # 2: the score of a plain step plus a verification per token
+SCHEMA = 3  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN
 
 Timer = Callable[[torch.nn.Module, str, int], float]  # (model, format, new tokens) → one forward's ms
 
@@ -105,22 +109,28 @@ def score(ms_1: float, ms_k: float) -> float:
 
 
 def pick(measures: tuple[FormatMeasure, ...]) -> str:
-    """The eligible format with the least ``score``.
+    """The eligible format with the least ``score``; NF4 (the default before ``auto``) where it is eligible and no
+    format's score is ``SWITCH_MARGIN`` below its own (a near-tie is within the probe's run-to-run spread).
     Raises ValueError when no format loaded (the message lists each one's error)."""
     ok = eligible(measures)
     if not ok:
         raise ValueError("no weight format loaded: " + "; ".join(f"{m.format}: {m.error}" for m in measures))
-    return min(ok, key=lambda m: score(m.ms_1, m.ms_k)).format
+    best = min(ok, key=lambda m: score(m.ms_1, m.ms_k))
+    nf4 = next((m for m in ok if m.format == "nf4"), None)
+    if nf4 is not None and score(best.ms_1, best.ms_k) > (1 - SWITCH_MARGIN) * score(nf4.ms_1, nf4.ms_k):
+        return "nf4"
+    return best.format
 
 
 def probe_key(name: str, source: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
     """What a format's speed depends on: the model (as asked and where it loads from), dtype, device, whether the
-    output head is quantized, the processor, torch's thread count and CPU kernel level, and library versions."""
+    output head is quantized, the formats there are to choose from, the processor, torch's thread count and CPU
+    kernel level, and library versions."""
     return {"schema": SCHEMA, "model": name, "source": source, "dtype": dtype, "device": device,
-            "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT,
+            "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT, "formats": list(FORMATS),
             "processor": machine.processor_name(), "threads": torch.get_num_threads(),
             "aten_cpu": torch.backends.cpu.get_cpu_capability(),
-            "versions": {**machine.versions("transformers", "bitsandbytes", "torchao"), "torch": torch.__version__}}
+            "versions": {**machine.versions("transformers", "bitsandbytes"), "torch": torch.__version__}}
 
 
 def cache_path(key: dict) -> Path:
@@ -143,18 +153,30 @@ def read_choice(path: Path, key: dict) -> FormatChoice | None:
     return FormatChoice(doc["chosen"], measures, path, True, doc["probe_s"])
 
 
+_PREFILLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (ids, cache, widths run once)
+
+
 def forward_ms(model: torch.nn.Module, fmt: str, n: int) -> float:
-    """One forward over ``n`` random tokens on a ``PROBE_CONTEXT``-token cache, in ms (the cache is trimmed back)."""
+    """One forward over ``n`` random tokens on a ``PROBE_CONTEXT``-token cache, in ms. The cache is prefilled at a
+    model's first call and cropped back to ``PROBE_CONTEXT`` after every forward; a forward of each width
+    runs once untimed first (kernel set-up)."""
     vocab = model.get_input_embeddings().num_embeddings
-    ids = torch.randint(vocab, (1, PROBE_CONTEXT + n), generator=torch.Generator().manual_seed(n))
-    ids = ids.to(model.device)
     with torch.inference_mode():
-        cache = model(ids[:, :PROBE_CONTEXT], use_cache=True).past_key_values
-        model(ids[:, PROBE_CONTEXT:], past_key_values=cache)  # first call: kernel set-up, not timed
-        cache.crop(-n)
+        if model not in _PREFILLED:
+            ids = torch.randint(vocab, (1, PROBE_CONTEXT + PROBE_K + 1), generator=torch.Generator().manual_seed(0))
+            ids = ids.to(model.device)
+            _PREFILLED[model] = (ids, model(ids[:, :PROBE_CONTEXT], use_cache=True).past_key_values, set())
+        ids, cache, warm = _PREFILLED[model]
+        step = ids[:, PROBE_CONTEXT:PROBE_CONTEXT + n]  # [1, n]
+        if n not in warm:
+            model(step, past_key_values=cache)
+            cache.crop(-n)
+            warm.add(n)
         start = time.perf_counter()
-        model(ids[:, PROBE_CONTEXT:], past_key_values=cache)
-        return (time.perf_counter() - start) * 1e3
+        model(step, past_key_values=cache)
+        elapsed = (time.perf_counter() - start) * 1e3
+        cache.crop(-n)  # back to PROBE_CONTEXT
+        return elapsed
 
 
 def time_format(model: torch.nn.Module, fmt: str, timer: Timer, best_ms: float | None) -> tuple[float, float, bool]:
@@ -196,6 +218,18 @@ def agreement(model: torch.nn.Module, refs: list[tuple[torch.Tensor, torch.Tenso
             hits.append(same.float())
             firsts.append(len(same) if bool(same.all()) else int(same.logical_not().nonzero()[0]))
     return float(torch.cat(hits).mean()), statistics.mean(firsts)
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Only errors from logger ``name`` (and its children) inside the block."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _measure(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs,
@@ -240,8 +274,7 @@ def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: s
         bound = next((score(m.ms_1, m.ms_k) for m in measures if m.format == best_fmt), None)
         load = (lambda: dense) if fmt == "none" else (lambda f=fmt: load_weights(source, name, f, dtype, device,
                                                                                    quantize_lm_head))
-        with warnings.catch_warnings():  # bnb int8 notes its fp16 cast at every call
-            warnings.filterwarnings("ignore", message="MatMul8bitLt")
+        with _quiet("bitsandbytes"):  # bnb int8 logs its fp16 cast at every call
             measure, model = _measure(fmt, load, timer or forward_ms, refs, bound)
         dense = None
         measures.append(measure)

@@ -2,15 +2,15 @@
 
 Design: the fastest format depends on the processor, not on the model (issue 44): bitsandbytes' NF4 runs its
 fused 4-bit kernel only where the CPU has AVX512-BF16 and dequantizes every weight before multiplying
-elsewhere, while torch's own int4 weight-only kernel (``_weight_int4pack_mm_for_cpu``) and dense bf16 matmuls
-run on any x86 CPU. So a format is only a recipe; which one loads is decided by timing on the running machine
+elsewhere, while our q4 kernel (integer dot products on AVX2) and dense bf16 matmuls run on any x86-64 CPU
+with AVX2. So a format is only a recipe; which one loads is decided by timing on the running machine
 (``format_choice``). Each ``WeightFormat`` gives the ``quantization_config`` handed to ``from_pretrained``
-(bitsandbytes) and/or a conversion applied after a dense load (torchao's ``quantize_``).
+(bitsandbytes) and/or a conversion applied after a dense load (``q4``: its layers replace ``nn.Linear``).
 
 - ``nf4``: bitsandbytes 4-bit NormalFloat, blocks of 64, compute in the model's dtype.
 - ``int8``: bitsandbytes LLM.int8().
-- ``int4``: torchao's int4 weight-only tensor for the CPU (``PrototypeInt4WeightOnlyConfig``: groups of 32,
-  min–max scales and zero points), whose linear calls torch's ``_weight_int4pack_mm_for_cpu``. CPU only.
+- ``q4``: our kernel (``kernels/q4``): min–max 4-bit weights per group of 32 times activations quantized to
+  8 bits per group of 32 (llama.cpp's Q4_1 x Q8_1), integer dot products on AVX2. CPU only.
 - ``none``: dense weights in the requested dtype.
 
 The output head stays dense unless ``quantize_lm_head`` (a draft's head is a large share of its step).
@@ -18,16 +18,12 @@ The output head stays dense unless ``quantize_lm_head`` (a draft's head is a lar
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_IMPORT_NOTES = ("torchao", "torch.utils._pytree")  # torchao's import-time notes on kernels for other devices
-INT4_GROUP = 32  # torchao's CPU int4 tensor takes groups of 32, 64 or 128 input features
 
 
 @dataclass(frozen=True)
@@ -64,45 +60,29 @@ def _dense(dtype: torch.dtype, quantize_lm_head: bool) -> None:
     return None
 
 
-@contextlib.contextmanager
-def _quiet(*loggers: str) -> Iterator[None]:
-    """Only errors from ``loggers`` inside the block."""
-    saved = [(log, log.level) for log in map(logging.getLogger, loggers)]
-    for log, _ in saved:
-        log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for log, level in saved:
-            log.setLevel(level)
+def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
+    """Every linear layer whose input features are a multiple of 32 (the output head only with
+    ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear``, whose kernel
+    is built on first use under ``<cache>/kernels``. Raises KernelUnavailable (a RuntimeError) naming the fix where the
+    kernel cannot be built or run here."""
+    from ..kernels import q4
+    from .assets import cache_dir
 
-
-def _torchao_int4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
-    """Every linear layer (the output head only with ``quantize_lm_head``) to torchao's CPU int4 tensor. A
-    tied output head is untied first: the input embedding keeps its dense table.
-    Raises ImportError when torchao is not installed (``pip install torchao``)."""
-    with _quiet(*_IMPORT_NOTES):
-        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
-        from torchao.quantization import quantize_
-
+    directory = cache_dir() / "kernels"
+    q4.library(directory)  # fails here, before any layer is replaced, where the kernel cannot run
     head = model.get_output_embeddings()
-
-    def wanted(module: torch.nn.Module, name: str) -> bool:
-        return (isinstance(module, torch.nn.Linear) and module.in_features % INT4_GROUP == 0
-                and (quantize_lm_head or module is not head))
-
-    if quantize_lm_head and head.weight is model.get_input_embeddings().weight:
-        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
-    config = PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP, int4_choose_qparams_algorithm="tinygemm",
-                                           set_inductor_config=False)
-    quantize_(model, config, filter_fn=wanted)
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if (isinstance(child, torch.nn.Linear) and child.in_features % q4.GROUP == 0
+                    and (quantize_lm_head or child is not head)):
+                setattr(module, child_name, q4.Q4Linear(child, directory))
 
 
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
     WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8),
-    WeightFormat("int4", "torchao int4 weight-only (torch's CPU int4 kernel, groups of 32)", _dense,
-                 _torchao_int4, devices=("cpu",)),
+    WeightFormat("q4", "4-bit weights x 8-bit activations on AVX2 (our kernel, groups of 32)", _dense, _q4,
+                 devices=("cpu",)),
     WeightFormat("none", "dense", _dense),
 )}
 QUANTIZATIONS = ("auto", *FORMATS)  # "auto": the fastest format on this machine within the quality tolerance
@@ -156,10 +136,9 @@ def load_weights(source: str, name: str, quantization: str, dtype: str, device: 
     ``quantization`` (not "auto"), named ``name`` (a cost profile's identity names the model as asked, not a
     cache path); eval mode. Raises ValueError as ``model_kwargs``; ImportError for a format's missing library."""
     kwargs = model_kwargs(quantization, dtype, device, quantize_lm_head)
-    with _quiet(*_IMPORT_NOTES):  # transformers imports torchao with the model's module, where it is installed
-        from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     convert(model, quantization, quantize_lm_head)
     model.config._name_or_path = name
     return model.eval()

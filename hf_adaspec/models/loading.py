@@ -4,7 +4,7 @@ Path for presets: assembled GGUF (``assets``) → transformers' GGUF loader with
 ``GgufConfig(dequantize=True)`` → dense weights, cached once as safetensors (written to a temporary
 directory, renamed into place, stamped with each file's size and SHA-256 and checked against the stamp
 at every load: by size and mtime, or every byte with ``verify=True``; the assembled GGUF is then discarded, so a preset keeps one copy on disk beside its
-installed parts) → the weight format (``formats``: bitsandbytes NF4/int8, torchao int4, dense) applied at load.
+installed parts) → the weight format (``formats``: bitsandbytes NF4/int8, our q4 kernel, dense) applied at load.
 ``quantization="auto"`` (the default) loads the format that measured fastest on this machine within a quality
 tolerance (``format_choice``; measured at the first load, then cached).
 """
@@ -149,7 +149,7 @@ def load(
     """Load a causal LM and tokenizer. ``quantization``: "auto" (the fastest weight format on this machine
     within the quality tolerance, ``format_choice``: measured at the first load, which takes seconds to
     minutes, then cached; ``log`` gets its one-line report, default stderr) or a format of ``formats.FORMATS``
-    (nf4 | int8 | int4 | none). ``dtype``: the weight/compute dtype. ``quantize_lm_head`` also quantizes the
+    (nf4 | int8 | q4 | none). ``dtype``: the weight/compute dtype. ``quantize_lm_head`` also quantizes the
     output head (kept dense by default): worth it for a draft model, whose output head over the whole
     vocabulary is a large share of its 1-token forward (docs/experiments.md, row "NF4 output head for the
     draft"). ``verify``: hash every file of the cache entries used (dense copy, assembled GGUF) against its

@@ -53,7 +53,7 @@ def trace(
     output: Path = typer.Option(Path("benchmarks/traces"), help="Directory: one <question_id>.json per prompt."),
     target: str = typer.Option(DEFAULT_TARGET),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' (traces for prompt lookup only)."),
-    quantization: str = typer.Option("auto", help="auto (the fastest format on this machine, measured at the first load) | nf4 | int8 | int4 | none."),
+    quantization: str = typer.Option("auto", help="auto (the fastest format on this machine, measured at the first load) | nf4 | int8 | q4 | none."),
     dtype: str = typer.Option("bfloat16"),
     workload: str = typer.Option("", help="Workload name stored in each trace (default: the prompts file's stem)."),
     head: str = typer.Option("", help="Also record an EAGLE-3 head's chains (a speculators folder) along each "

@@ -1,0 +1,159 @@
+"""4-bit weights, 8-bit activations: a linear layer whose matmul is our AVX2 kernel (``q4.c``).
+
+Design (issue 44): on a CPU without AVX512-BF16 bitsandbytes' NF4 dequantizes every weight before multiplying
+and torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) unpacks in float, so a 1-token forward of a 1.5B
+model is bound by arithmetic, not by memory. llama.cpp's answer is integer dot products of 4-bit weights with
+activations quantized to 8 bits per group of 32 (Q4_1 x Q8_1), which keeps a matrix-vector product near the
+memory's speed. ``q4.c`` does the same for torch tensors: ``pack`` quantizes a weight [N, K] to min–max 4 bits
+per group of 32 (fp16 scale and minimum; K padded with zero groups to a multiple of 256); ``matmul`` quantizes
+the activations [M, K] per group of 32 to int8 (round to nearest, scale max|x| / 127) and multiplies, 4
+activation rows per pass over a weight row, weight rows split over torch's threads.
+
+The C source is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) into
+``<directory>/q4-<hash>.so`` (written atomically) and loaded with ``ctypes``; it shares torch's OpenMP runtime.
+Nothing is built or loaded at import. ``KernelUnavailable`` says why the kernel cannot run here (no compiler, a
+CPU without AVX2/FMA/F16C, not x86-64), naming the fix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+GROUP = 32  # input features per scale/minimum
+BLOCK = 256  # input features per block (8 groups); K is padded to a multiple
+_SOURCE = Path(__file__).with_name("q4.c")
+_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11")
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+class KernelUnavailable(RuntimeError):
+    """The q4 kernel cannot be built or run on this machine; the message names the fix."""
+
+
+def _compiler() -> str:
+    """``$CC`` if set, else ``cc`` or ``gcc``: its path. Raises KernelUnavailable when there is none."""
+    wanted = os.environ.get("CC")
+    cc = shutil.which(wanted) if wanted else (shutil.which("cc") or shutil.which("gcc"))
+    if not cc:
+        what = f"$CC={wanted}" if wanted else "no C compiler"
+        raise KernelUnavailable(f"the q4 kernel is compiled on first use and {what} was not found: install one "
+                                "(Debian/Ubuntu: apt install gcc) or set $CC to it")
+    return cc
+
+
+def build(directory: Path) -> Path:
+    """The kernel's shared library in ``directory``, compiled now unless a build of this source and these flags is
+    there. Raises KernelUnavailable: not an x86-64 CPU, no C compiler, or the compiler failed (its message)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise KernelUnavailable(f"the q4 kernel is written for x86-64 (AVX2), not {platform.machine()}; "
+                                "choose another quantization")
+    cc = _compiler()
+    tag = hashlib.sha256(_SOURCE.read_bytes() + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
+    path = Path(directory) / f"q4-{tag}.so"
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    done = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise KernelUnavailable(f"{cc} could not build the q4 kernel: {done.stderr.strip()[-400:]}")
+    os.replace(tmp, path)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def library(directory: Path) -> ctypes.CDLL:
+    """The loaded kernel (built in ``directory`` if needed). Raises KernelUnavailable as ``build``, or when this CPU
+    lacks AVX2, FMA or F16C."""
+    torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
+    lib = ctypes.CDLL(str(build(directory)))
+    if not lib.q4_supported():
+        raise KernelUnavailable("the q4 kernel needs a CPU with AVX2, FMA and F16C; choose another quantization")
+    lib.q8_blocks.argtypes = [_P, _I, _I, _P, ctypes.c_int]
+    lib.q4_matmul.argtypes = [_P, _P, _I, _I, _I, _P, ctypes.c_int]
+    if (lib.q4_wblock_bytes(), lib.q4_xblock_bytes()) != (160, 320):
+        raise KernelUnavailable("the q4 kernel was built with an unexpected struct layout; report this")
+    return lib
+
+
+def padded(k: int) -> int:
+    """``k`` input features rounded up to a whole block (``BLOCK``)."""
+    return -(-k // BLOCK) * BLOCK
+
+
+_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # a block's group order in the kernel's scale vectors
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """Weight [N, K] (K a multiple of ``GROUP``; any float dtype) → blocks uint8 [N, padded(K) / 256, 160]:
+    min–max 4-bit codes per group of 32 with fp16 scale and minimum (``q4.c``'s ``wblock``).
+    Raises ValueError when K is not a multiple of ``GROUP``."""
+    n, k = weight.shape
+    if k % GROUP:
+        raise ValueError(f"q4 packs weights whose input features are a multiple of {GROUP}, not {k}")
+    w = torch.nn.functional.pad(weight.detach().float(), (0, padded(k) - k)).view(n, -1, 8, GROUP)  # [N, B, 8, 32]
+    lo, hi = w.amin(-1), w.amax(-1)  # [N, B, 8]
+    scale = ((hi - lo) / 15).half()
+    minimum = lo.half()
+    inv = torch.where(scale.float() > 0, 1 / scale.float(), torch.zeros_like(lo))
+    q = ((w - minimum.float()[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8)
+    q = q.view(n, -1, 4, 2, 2, GROUP // 2)  # [N, B, pair, group in pair, half, 16]
+    codes = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(n, -1, 128)  # [N, B, 128]
+    return torch.cat([codes, scale[..., _ORDER].contiguous().view(torch.uint8),
+                      minimum[..., _ORDER].contiguous().view(torch.uint8)], -1).contiguous()  # [N, B, 160]
+
+
+def unpack(blocks: torch.Tensor, k: int) -> torch.Tensor:
+    """The float32 weight [N, k] that ``blocks`` (``pack``'s output) encode."""
+    n, nb, _ = blocks.shape
+    codes = blocks[..., :128].reshape(n, nb, 4, 2, GROUP // 2)
+    q = torch.stack([codes & 15, codes >> 4], dim=-2).reshape(n, nb, 8, GROUP).float()  # [N, B, 8, 32]
+    back = torch.argsort(torch.tensor(_ORDER))
+    scale = blocks[..., 128:144].contiguous().view(torch.float16).float()[..., back]  # [N, B, 8]
+    minimum = blocks[..., 144:160].contiguous().view(torch.float16).float()[..., back]
+    return (q * scale[..., None] + minimum[..., None]).reshape(n, -1)[:, :k]
+
+
+def matmul(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path) -> torch.Tensor:
+    """x [M, K'] (any float dtype; K' ≤ the blocks' padded K, zero-padded) @ W.T → float32 [M, N], with W packed as
+    ``blocks`` [N, K/256, 160]. Raises KernelUnavailable as ``library``."""
+    lib = library(Path(directory))
+    m, k = x.shape[0], blocks.shape[1] * BLOCK
+    x = torch.nn.functional.pad(x.float(), (0, k - x.shape[1])).contiguous()  # [M, K]
+    threads = torch.get_num_threads()
+    xq = torch.empty(m, k // BLOCK, 320, dtype=torch.uint8)  # [M, K/256, 320]: int8 codes, scales, sums
+    lib.q8_blocks(x.data_ptr(), m, k, xq.data_ptr(), threads)
+    y = torch.empty(m, n)  # [M, N]
+    lib.q4_matmul(blocks.data_ptr(), xq.data_ptr(), m, n, k, y.data_ptr(), threads)
+    return y
+
+
+class Q4Linear(torch.nn.Module):
+    """``nn.Linear`` for inference with 4-bit weights (``pack``) and 8-bit activations: y = x W^T + b computed by
+    ``matmul``, returned in x's dtype. Input [..., in_features], output [..., out_features]. CPU only."""
+
+    def __init__(self, linear: torch.nn.Linear, directory: Path):
+        super().__init__()
+        self.in_features, self.out_features, self.directory = linear.in_features, linear.out_features, Path(directory)
+        self.register_buffer("blocks", pack(linear.weight))  # [N, K/256, 160]
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)  # [M, K]
+        y = matmul(flat, self.blocks, self.out_features, self.directory)  # [M, N]
+        if self.bias is not None:
+            y += self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
