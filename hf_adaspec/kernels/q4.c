@@ -71,8 +71,8 @@ AVX2 static inline __m256i pair_dot(__m256i lo, __m256i hi, const int8_t *x) {
 /* y[r * N] = row r of x (R <= 4 rows, [R, B] blocks) . one weight row ([B] blocks). */
 AVX2 static inline void rows(const wblock *w, const xblock *x, int64_t B, int64_t N, float *y, const int R) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256 acc[4], mac[4];
-    for (int r = 0; r < R; r++) acc[r] = mac[r] = _mm256_setzero_ps();
+    __m256 acc[4];  /* with lo[4], hi[4]: 16 vector registers at R = 4, all AVX2 has */
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < B; b++) {
         const wblock *wb = w + b;
         __m256i lo[4], hi[4];
@@ -89,10 +89,10 @@ AVX2 static inline void rows(const wblock *w, const xblock *x, int64_t B, int64_
             __m256i v2 = pair_dot(lo[2], hi[2], xb->qs + 128), v3 = pair_dot(lo[3], hi[3], xb->qs + 192);
             __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xb->d)), _mm256_cvtepi32_ps(h), acc[r]);
-            mac[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xb->s), mac[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xb->s), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) y[r * N] = hsum(_mm256_add_ps(acc[r], mac[r]));
+    for (int r = 0; r < R; r++) y[r * N] = hsum(acc[r]);
 }
 
 /* y [M, N] float32 = x @ W.T: w [N, K/256] blocks, x [M, K/256] blocks (q8_blocks); rows of W split over
