@@ -1,7 +1,7 @@
 """``quantization="auto"``: load the weight format that runs fastest on this machine, within a quality tolerance.
 
 Design (issue 44): which format is fastest depends on the processor (``formats``), so it is measured, never
-read from CPU flags. At the first load of a model on a machine every format in ``formats.FORMATS`` that loads
+read from CPU flags. At the first load of a model on a machine every format in ``formats.PROBED`` that loads
 is timed: the median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a
 ``PROBE_CONTEXT``-token cache (a plain step and a verification). Its quality is measured beside it: the dense
 model's greedy continuations of ``QUALITY_PROMPTS`` (``quality_tokens`` new tokens each) are fed to the format
@@ -34,7 +34,7 @@ import torch
 from .. import machine
 from ..files import read_json_verified, write_json_verified
 from .assets import cache_dir
-from .formats import FORMATS, load_weights
+from .formats import FORMATS, PROBED, load_weights
 
 PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
 PROBE_K = 5  # the verification timed covers PROBE_K + 1 tokens
@@ -127,7 +127,7 @@ def probe_key(name: str, source: str, dtype: str, device: str, quantize_lm_head:
     output head is quantized, the formats there are to choose from, the processor, torch's thread count and CPU
     kernel level, and library versions."""
     return {"schema": SCHEMA, "model": name, "source": source, "dtype": dtype, "device": device,
-            "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT, "formats": list(FORMATS),
+            "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT, "formats": list(PROBED),
             "processor": machine.processor_name(), "threads": torch.get_num_threads(),
             "aten_cpu": torch.backends.cpu.get_cpu_capability(),
             "versions": {**machine.versions("transformers", "bitsandbytes"), "torch": torch.__version__}}
@@ -250,7 +250,7 @@ def _measure(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs,
 
 def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: str = "cpu",
            quantize_lm_head: bool = False, timer: Timer | None = None, quality_tokens: int | None = None,
-           formats: tuple[str, ...] = tuple(FORMATS)) -> tuple[FormatChoice, torch.nn.Module | None]:
+           formats: tuple[str, ...] = PROBED) -> tuple[FormatChoice, torch.nn.Module | None]:
     """The format ``auto`` loads for ``name`` (from ``source``) and, when it was measured now, that model
     already loaded (None when read from the cache: load it with ``formats.load_weights``). Dense weights are
     loaded first (the quality reference), then each other format; only the best so far stays in memory.

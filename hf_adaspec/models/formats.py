@@ -30,13 +30,14 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 class WeightFormat:
     """How a format is made: ``config(dtype, quantize_lm_head)`` → the ``quantization_config`` for
     ``from_pretrained`` (None: a dense load), ``convert(model, quantize_lm_head)`` applied after loading
-    (None: nothing), the devices it runs on (None: any)."""
+    (None: nothing), the devices it runs on (None: any), and whether ``auto`` tries it (``probed``)."""
 
     name: str
     summary: str
     config: Callable[[torch.dtype, bool], object | None]
     convert: Callable[[torch.nn.Module, bool], None] | None = None
     devices: tuple[str, ...] | None = None
+    probed: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or not self.summary:
@@ -80,12 +81,14 @@ def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
 
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
-    WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8),
+    # int8: 2.5–7x the best format's step on both CPU paths measured (docs/experiments.md); loaded when asked for
+    WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8, probed=False),
     WeightFormat("q4", "4-bit weights x 8-bit activations on AVX2 (our kernel, groups of 32)", _dense, _q4,
                  devices=("cpu",)),
     WeightFormat("none", "dense", _dense),
 )}
 QUANTIZATIONS = ("auto", *FORMATS)  # "auto": the fastest format on this machine within the quality tolerance
+PROBED = tuple(name for name, f in FORMATS.items() if f.probed)  # the formats "auto" tries
 
 
 def check_options(quantization: str, dtype: str) -> None:

@@ -11,9 +11,10 @@ tolerance (``format_choice``; measured at the first load, then cached).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -40,12 +41,34 @@ class LoadedModel:
     weight_format: str = "none"
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Inside the block, ``gguf.GGUFReader`` parses each file once: transformers opens the GGUF file for the
+    tokenizer, the config and the weights alike, and parsing its metadata (a 151k-token vocabulary, string by
+    string) takes longer than dequantizing the weights. The readers are read-only memory maps."""
+    import gguf
+
+    parse, readers = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = parse(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = parse
+
+
 def _dense_from_gguf(gguf: Path, dest: Path, dtype: str) -> Path:
     """Dequantize a GGUF file into a safetensors directory ``dest`` (``files.atomic_dir``: a temporary
     folder renamed into place), stamped with every file's size and SHA-256 (``_DONE``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    with atomic_dir(dest) as tmp:
+    with atomic_dir(dest) as tmp, _gguf_parsed_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=DTYPES[dtype], quantization_config=GgufConfig(dequantize=True)
