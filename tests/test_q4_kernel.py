@@ -30,15 +30,28 @@ def _emulated(x: torch.Tensor, blocks: torch.Tensor, k: int) -> torch.Tensor:
     return torch.einsum("mgj,ngj->mn", xdeq, w).float()
 
 
+@pytest.mark.parametrize("portable", [False, True], ids=["this-cpu", "portable"])
 @pytest.mark.parametrize("n,k", [(48, 256), (40, 96), (24, 544)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
-def test_matmul_equals_its_emulation(kdir, n, k, m):
+def test_matmul_equals_its_emulation(kdir, n, k, m, portable):
     torch.manual_seed(m * 1000 + k)
     w, x = torch.randn(n, k), torch.randn(m, k)
     blocks = q4.pack(w)
-    y = q4.matmul(x, blocks, n, kdir)  # [M, N]
+    y = q4.matmul(x, blocks, n, kdir, portable=portable)  # [M, N]
     assert y.shape == (m, n) and y.dtype == torch.float32
     torch.testing.assert_close(y, _emulated(x, blocks, k), rtol=1e-4, atol=1e-4)
+
+
+def test_fp16_scales_of_every_kind_convert_in_the_portable_path(kdir):
+    """Subnormal, zero and negative fp16 minima and scales: the portable path's own fp16 conversion."""
+    w = torch.zeros(4, 256)
+    w[0] = torch.linspace(-1e-6, 1e-6, 256)  # subnormal fp16 scales
+    w[1] = -3.0  # zero scale, negative minimum
+    w[2] = torch.linspace(-2.0, 5.0, 256)
+    blocks, x = q4.pack(w), torch.randn(3, 256)
+    fast, portable = q4.matmul(x, blocks, 4, kdir), q4.matmul(x, blocks, 4, kdir, portable=True)
+    torch.testing.assert_close(portable, fast, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(portable, _emulated(x, blocks, 256), rtol=1e-4, atol=1e-5)
 
 
 def test_pack_rounds_each_weight_to_its_groups_nearest_level():

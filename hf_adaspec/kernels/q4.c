@@ -6,13 +6,15 @@ dx (x = qx * dx) and sx = dx * sum(qx). A group's dot product is then d * dx * s
 integer sum on _mm256_maddubs_epi16. Layouts (see wblock / xblock) put the 8 groups' sums of a block in one
 vector, in the group order 0 2 4 6 1 3 5 7 that two rounds of _mm256_hadd_epi32 leave them in.
 
-The kernels are compiled for AVX2, FMA and F16C by function attribute; q4_supported() (baseline x86-64) says
-whether this CPU runs them, so that a caller never executes an instruction the CPU lacks. */
-#include <immintrin.h>
+The AVX2 kernel is compiled for AVX2, FMA and F16C by function attribute and runs only where the CPU has them
+(q4_avx2(), checked once), so no caller executes an instruction its CPU lacks; elsewhere (other CPUs, other
+architectures) q4_matmul runs q4_matmul_portable: the same integer arithmetic in plain C, slowly. */
 #include <math.h>
 #include <stdint.h>
-
+#if defined(__x86_64__)
+#include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
 
 /* 256 weights: pair p (groups 2p, 2p+1) is qs[32p:32p+32]; its byte j holds element j%16 of group 2p + j/16
    in the low nibble and element 16 + j%16 in the high nibble. d, m in group order 0 2 4 6 1 3 5 7. */
@@ -20,9 +22,18 @@ typedef struct { uint8_t qs[128]; uint16_t d[8]; uint16_t m[8]; } wblock;
 /* 256 activations: pair p is qs[64p:64p+64] = g0[0:16] g1[0:16] g0[16:32] g1[16:32]; d, s in 0 2 4 6 1 3 5 7. */
 typedef struct { int8_t qs[256]; float d[8]; float s[8]; } xblock;
 
-int q4_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+/* 1 where the AVX2 kernel runs on this CPU, else 0. */
+int q4_avx2(void) {
+#if defined(__x86_64__)
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    }
+    return known;
+#else
+    return 0;
+#endif
 }
 
 int q4_wblock_bytes(void) { return (int)sizeof(wblock); }
@@ -54,6 +65,7 @@ void q8_blocks(const float *x, int64_t M, int64_t K, xblock *out, int threads) {
     }
 }
 
+#if defined(__x86_64__)
 AVX2 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -97,7 +109,8 @@ AVX2 static inline void rows(const wblock *w, const xblock *x, int64_t B, int64_
 
 /* y [M, N] float32 = x @ W.T: w [N, K/256] blocks, x [M, K/256] blocks (q8_blocks); rows of W split over
    threads, 4 activation rows at a time per weight row. */
-AVX2 void q4_matmul(const wblock *w, const xblock *x, int64_t M, int64_t N, int64_t K, float *y, int threads) {
+AVX2 static void q4_matmul_avx2(const wblock *w, const xblock *x, int64_t M, int64_t N, int64_t K, float *y,
+                                int threads) {
     int64_t B = K / 256;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
@@ -110,4 +123,48 @@ AVX2 void q4_matmul(const wblock *w, const xblock *x, int64_t M, int64_t N, int6
         case 1: rows(wn, x + r * B, B, N, y + r * N + n, 1); break;
         }
     }
+}
+#endif
+
+static float half_to_float(uint16_t h) {
+    int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float f = exp == 0 ? ldexpf((float)man, -24)
+              : exp == 31 ? (man ? NAN : INFINITY) : ldexpf((float)(man | 0x400), exp - 25);
+    return (h >> 15) ? -f : f;
+}
+
+/* What q4_matmul computes, one group at a time in plain C (any CPU). */
+void q4_matmul_portable(const wblock *w, const xblock *x, int64_t M, int64_t N, int64_t K, float *y, int threads) {
+    int64_t B = K / 256;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t r = 0; r < M; r++) {
+            float acc = 0.f;
+            for (int64_t b = 0; b < B; b++) {
+                const wblock *wb = w + n * B + b;
+                const xblock *xb = x + r * B + b;
+                for (int g = 0; g < 8; g++) {
+                    int p = g / 2, odd = g % 2, slot = odd * 4 + p, sum = 0;
+                    for (int j = 0; j < 32; j++) {
+                        uint8_t byte = wb->qs[32 * p + 16 * odd + j % 16];
+                        sum += (j < 16 ? byte & 15 : byte >> 4) * xb->qs[64 * p + (j / 16) * 32 + 16 * odd + j % 16];
+                    }
+                    acc += half_to_float(wb->d[slot]) * xb->d[slot] * (float)sum
+                           + half_to_float(wb->m[slot]) * xb->s[slot];
+                }
+            }
+            y[r * N + n] = acc;
+        }
+    }
+}
+
+/* y [M, N] float32 = x @ W.T: the AVX2 kernel where the CPU has it, else the portable one. */
+void q4_matmul(const wblock *w, const xblock *x, int64_t M, int64_t N, int64_t K, float *y, int threads) {
+#if defined(__x86_64__)
+    if (q4_avx2()) {
+        q4_matmul_avx2(w, x, M, N, K, y, threads);
+        return;
+    }
+#endif
+    q4_matmul_portable(w, x, M, N, K, y, threads);
 }

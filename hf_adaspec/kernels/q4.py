@@ -11,8 +11,9 @@ activation rows per pass over a weight row, weight rows split over torch's threa
 
 The C source is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``<directory>/q4-<hash>.so`` (written atomically) and loaded with ``ctypes``; it shares torch's OpenMP runtime.
-Nothing is built or loaded at import. ``KernelUnavailable`` says why the kernel cannot run here (no compiler, a
-CPU without AVX2/FMA/F16C, not x86-64), naming the fix.
+On a CPU without AVX2, FMA and F16C (or not x86-64) the same arithmetic runs in plain C, slowly: ``auto`` then
+times it out of the choice. Nothing is built or loaded at import. ``KernelUnavailable`` says why the kernel
+cannot be built here (no compiler, a failed build), naming the fix.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -52,10 +52,7 @@ def _compiler() -> str:
 
 def build(directory: Path) -> Path:
     """The kernel's shared library in ``directory``, compiled now unless a build of this source and these flags is
-    there. Raises KernelUnavailable: not an x86-64 CPU, no C compiler, or the compiler failed (its message)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise KernelUnavailable(f"the q4 kernel is written for x86-64 (AVX2), not {platform.machine()}; "
-                                "choose another quantization")
+    there. Raises KernelUnavailable: no C compiler, or the compiler failed (its message)."""
     cc = _compiler()
     tag = hashlib.sha256(_SOURCE.read_bytes() + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
     path = Path(directory) / f"q4-{tag}.so"
@@ -73,14 +70,13 @@ def build(directory: Path) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def library(directory: Path) -> ctypes.CDLL:
-    """The loaded kernel (built in ``directory`` if needed). Raises KernelUnavailable as ``build``, or when this CPU
-    lacks AVX2, FMA or F16C."""
+    """The loaded kernel (built in ``directory`` if needed); ``q4_avx2()`` says which path ``q4_matmul`` takes on
+    this CPU. Raises KernelUnavailable as ``build``."""
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
     lib = ctypes.CDLL(str(build(directory)))
-    if not lib.q4_supported():
-        raise KernelUnavailable("the q4 kernel needs a CPU with AVX2, FMA and F16C; choose another quantization")
     lib.q8_blocks.argtypes = [_P, _I, _I, _P, ctypes.c_int]
-    lib.q4_matmul.argtypes = [_P, _P, _I, _I, _I, _P, ctypes.c_int]
+    for fn in (lib.q4_matmul, lib.q4_matmul_portable):
+        fn.argtypes = [_P, _P, _I, _I, _I, _P, ctypes.c_int]
     if (lib.q4_wblock_bytes(), lib.q4_xblock_bytes()) != (160, 320):
         raise KernelUnavailable("the q4 kernel was built with an unexpected struct layout; report this")
     return lib
@@ -124,9 +120,10 @@ def unpack(blocks: torch.Tensor, k: int) -> torch.Tensor:
     return (q * scale[..., None] + minimum[..., None]).reshape(n, -1)[:, :k]
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path) -> torch.Tensor:
+def matmul(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, portable: bool = False) -> torch.Tensor:
     """x [M, K'] (any float dtype; K' ≤ the blocks' padded K, zero-padded) @ W.T → float32 [M, N], with W packed as
-    ``blocks`` [N, K/256, 160]. Raises KernelUnavailable as ``library``."""
+    ``blocks`` [N, K/256, 160]; ``portable`` runs the plain-C path whatever the CPU. Raises KernelUnavailable as
+    ``library``."""
     lib = library(Path(directory))
     m, k = x.shape[0], blocks.shape[1] * BLOCK
     x = torch.nn.functional.pad(x.float(), (0, k - x.shape[1])).contiguous()  # [M, K]
@@ -134,7 +131,8 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path) -> to
     xq = torch.empty(m, k // BLOCK, 320, dtype=torch.uint8)  # [M, K/256, 320]: int8 codes, scales, sums
     lib.q8_blocks(x.data_ptr(), m, k, xq.data_ptr(), threads)
     y = torch.empty(m, n)  # [M, N]
-    lib.q4_matmul(blocks.data_ptr(), xq.data_ptr(), m, n, k, y.data_ptr(), threads)
+    kernel = lib.q4_matmul_portable if portable else lib.q4_matmul
+    kernel(blocks.data_ptr(), xq.data_ptr(), m, n, k, y.data_ptr(), threads)
     return y
 
 

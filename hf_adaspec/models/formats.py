@@ -10,7 +10,7 @@ with AVX2. So a format is only a recipe; which one loads is decided by timing on
 - ``nf4``: bitsandbytes 4-bit NormalFloat, blocks of 64, compute in the model's dtype.
 - ``int8``: bitsandbytes LLM.int8().
 - ``q4``: our kernel (``kernels/q4``): min–max 4-bit weights per group of 32 times activations quantized to
-  8 bits per group of 32 (llama.cpp's Q4_1 x Q8_1), integer dot products on AVX2. CPU only.
+  8 bits per group of 32 (llama.cpp's Q4_1 x Q8_1), integer dot products on AVX2 (plain C elsewhere). CPU only.
 - ``none``: dense weights in the requested dtype.
 
 The output head stays dense unless ``quantize_lm_head`` (a draft's head is a large share of its step).
@@ -65,12 +65,12 @@ def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
     """Every linear layer whose input features are a multiple of 32 (the output head only with
     ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear``, whose kernel
     is built on first use under ``<cache>/kernels``. Raises KernelUnavailable (a RuntimeError) naming the fix where the
-    kernel cannot be built or run here."""
+    kernel cannot be built here."""
     from ..kernels import q4
     from .assets import cache_dir
 
     directory = cache_dir() / "kernels"
-    q4.library(directory)  # fails here, before any layer is replaced, where the kernel cannot run
+    q4.library(directory)  # fails here, before any layer is replaced, where the kernel cannot be built
     head = model.get_output_embeddings()
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
