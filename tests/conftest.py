@@ -78,10 +78,17 @@ def tiny_factory():
     return build_tiny_llama
 
 
+@pytest.fixture(scope="session")
+def kernel_dir(tmp_path_factory):
+    """Where the q4 kernel is built, once per session (``kernels.q4.build``), for every private cache."""
+    return tmp_path_factory.mktemp("kernels")
+
+
 @pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    """Any calibration writes under tmp_path, never the user's cache."""
+def private_cache(tmp_path, monkeypatch, kernel_dir):
+    """Any calibration writes under tmp_path, never the user's cache; the q4 kernel's build is shared."""
     monkeypatch.setenv("HF_ADASPEC_CACHE", str(tmp_path))
+    (tmp_path / "kernels").symlink_to(kernel_dir, target_is_directory=True)
 
 
 @pytest.fixture(scope="module")

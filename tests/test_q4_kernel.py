@@ -1,5 +1,5 @@
 """The q4 kernel (``kernels/q4``): packing, the integer matmul against its exact emulation in torch, the layer,
-and the errors that name a fix. Built once per session into a temporary directory."""
+and the errors that name a fix. Built once per session into a temporary directory (conftest's ``kernel_dir``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from hf_adaspec.kernels import q4
 
 
-@pytest.fixture(scope="module")
-def kdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("kernels")
+@pytest.fixture
+def kdir(kernel_dir):
+    return kernel_dir
 
 
 def _emulated(x: torch.Tensor, blocks: torch.Tensor, k: int) -> torch.Tensor:
