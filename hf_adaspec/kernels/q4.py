@@ -124,7 +124,7 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, porta
     """x [M, K'] (any float dtype; K' ≤ the blocks' padded K, zero-padded) @ W.T → float32 [M, N], with W packed as
     ``blocks`` [N, K/256, 160]; ``portable`` runs the plain-C path whatever the CPU. Raises KernelUnavailable as
     ``library``."""
-    lib = library(Path(directory))
+    lib = library(directory)  # a Path: its hash is cached, so this lookup is cheap on every call
     m, k = x.shape[0], blocks.shape[1] * BLOCK
     x = torch.nn.functional.pad(x.float(), (0, k - x.shape[1])).contiguous()  # [M, K]
     threads = torch.get_num_threads()
