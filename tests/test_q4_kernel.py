@@ -102,3 +102,9 @@ def test_a_failing_compiler_reports_its_message_and_leaves_nothing(tmp_path, mon
 def test_a_build_is_reused(kdir):
     first = q4.build(kdir)
     assert q4.build(kdir) == first and first.stat().st_size > 0
+
+
+def test_tensors_off_the_cpu_are_refused_before_the_kernel_reads_them(kdir):
+    blocks = q4.pack(torch.randn(8, 256))
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        q4.matmul(torch.randn(1, 256, device="meta"), blocks, 8, kdir)

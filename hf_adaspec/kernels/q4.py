@@ -22,6 +22,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,7 +60,7 @@ def build(directory: Path) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")  # files.sweep's pattern
     done = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -123,7 +124,10 @@ def unpack(blocks: torch.Tensor, k: int) -> torch.Tensor:
 def matmul(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, portable: bool = False) -> torch.Tensor:
     """x [M, K'] (any float dtype; K' ≤ the blocks' padded K, zero-padded) @ W.T → float32 [M, N], with W packed as
     ``blocks`` [N, K/256, 160]; ``portable`` runs the plain-C path whatever the CPU. Raises KernelUnavailable as
-    ``library``."""
+    ``library``; ValueError for tensors off the CPU (the kernel reads host memory)."""
+    if x.device.type != "cpu" or blocks.device.type != "cpu":
+        raise ValueError(f"the q4 kernel runs on the CPU; got x on {x.device} and weights on {blocks.device}: "
+                         "keep a q4 model on the CPU, or load another quantization for this device")
     lib = library(directory)  # a Path: its hash is cached, so this lookup is cheap on every call
     m, k = x.shape[0], blocks.shape[1] * BLOCK
     x = torch.nn.functional.pad(x.float(), (0, k - x.shape[1])).contiguous()  # [M, K]
