@@ -2,8 +2,8 @@
 
 Read from the source's AST (every import, also those inside functions), so nothing is imported to check.
 From the bottom: ``files``/``config``/``machine``/``kernels`` (our C kernels) → ``backend`` (transformers
-internals, the ragged KV cache, the draft prefix store) and ``models`` (assets and loading) → ``costs`` and ``proposers`` → ``policy`` → ``engine``
-→ the public entry (``api``, then the package's ``__init__`` that re-exports it) → ``tools``. Folders of
+internals, the ragged KV cache, the draft prefix store) and ``models`` (assets and loading) → ``costs`` and
+``proposers`` → ``policy`` → ``engine`` → the public entry (``api``, then the package's ``__init__`` that re-exports it) → ``tools``. Folders of
 one layer do not import each other either.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_adaspec"
-LAYERS = (("files", "config", "machine", "kernels"), ("backend", "models"), ("costs", "proposers"), ("policy",), ("engine",),
-          ("api",), ("__init__",), ("tools",))
+LAYERS = (("files", "config", "machine", "kernels"), ("backend", "models"), ("costs", "proposers"), ("policy",),
+          ("engine",), ("api",), ("__init__",), ("tools",))
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
 

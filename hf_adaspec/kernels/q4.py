@@ -130,7 +130,9 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, porta
                          "keep a q4 model on the CPU, or load another quantization for this device")
     lib = library(directory)  # a Path: its hash is cached, so this lookup is cheap on every call
     m, k = x.shape[0], blocks.shape[1] * BLOCK
-    x = torch.nn.functional.pad(x.float(), (0, k - x.shape[1])).contiguous()  # [M, K]
+    x = x.float().contiguous()  # [M, K']
+    if x.shape[1] != k:
+        x = torch.nn.functional.pad(x, (0, k - x.shape[1]))  # [M, K]: zero groups up to a whole block
     threads = torch.get_num_threads()
     xq = torch.empty(m, k // BLOCK, 320, dtype=torch.uint8)  # [M, K/256, 320]: int8 codes, scales, sums
     lib.q8_blocks(x.data_ptr(), m, k, xq.data_ptr(), threads)

@@ -64,8 +64,8 @@ def _dense(dtype: torch.dtype, quantize_lm_head: bool) -> None:
 def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
     """Every linear layer whose input features are a multiple of 32 (the output head only with
     ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear``, whose kernel
-    is built on first use under ``<cache>/kernels``. Raises KernelUnavailable (a RuntimeError) naming the fix where the
-    kernel cannot be built here."""
+    is built on first use under ``<cache>/kernels``. Raises KernelUnavailable (a RuntimeError) naming the fix
+    where the kernel cannot be built here."""
     from ..kernels import q4
     from .assets import cache_dir
 
