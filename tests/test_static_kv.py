@@ -136,8 +136,9 @@ def test_each_width_is_recorded_once_and_replayed_across_requests(tiny_factory):
                        do_sample=False, kv_cache="static")
     widths = sorted(r.width for r in arena.records)
     assert widths == sorted(set(widths)) and set(widths) <= {1, 2, 3, 4}  # once each; the 24-token prompt eager
-    assert len(replays) > 2 * len(widths)  # both requests replayed (plus one timed replay per recording)
+    assert len(replays) > 2 * len(widths)  # both requests replayed
     assert all(r.kept and r.capture_ms >= 0 and r.batch == 1 and r.capacity == 256 for r in arena.records)
+    assert all(r.eager_ms is None and r.replay_ms is None for r in arena.records)  # no timing forwards ran
 
 
 def test_a_slower_replay_is_dropped_for_the_eager_forward(tiny_factory):

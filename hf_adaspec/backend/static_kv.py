@@ -83,7 +83,8 @@ def _compiled_block():
 class CaptureRecord:
     """One recording: the arena's rows and columns, its width n and feature layers, whether it went through
     ``torch.compile``, what capturing took (ms; the warm-up runs and any compilation included) and the eager
-    forward's and the replay's ms measured then, and whether the replay was kept."""
+    forward's and the replay's ms measured then (None where the arena does not choose by time: neither is
+    run), and whether the replay was kept."""
 
     batch: int
     capacity: int
@@ -91,8 +92,8 @@ class CaptureRecord:
     layers: tuple[int, ...]
     compiled: bool
     capture_ms: float
-    eager_ms: float
-    replay_ms: float
+    eager_ms: float | None
+    replay_ms: float | None
     kept: bool
 
 
@@ -175,22 +176,24 @@ class Arena:
 
     def _record(self, model: torch.nn.Module, inputs: _Inputs, key: tuple[int, tuple[int, ...]]) -> _Recording | None:
         """Record width ``key``'s step on the inputs it is about to run (the warm-up and the capture write the
-        same keys and values at the same columns), and keep the recording unless its replay measures no
-        faster than the eager forward (``choose_by_time``)."""
+        same keys and values at the same columns). With ``choose_by_time`` the eager forward and one replay
+        are timed too, and the recording is dropped unless its replay measures faster; without it (a CPU's
+        re-run stand-in) neither extra forward runs and the recording is kept."""
         ref, (n, layers) = weakref.ref(model), key
         compiled = n in compiled_widths(model)
 
         def fn() -> tuple:
             return self._step(ref(), inputs, n, layers, compiled)
 
-        eager_ms = timed_ms(lambda: self._step(model, inputs, n, layers), self.device)
+        eager_ms = timed_ms(lambda: self._step(model, inputs, n, layers), self.device) if self.choose_by_time else None
         made: list[tuple] = []
         capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
         captured, static_out = made[0]
-        replay_ms = timed_ms(captured.replay, self.device)
-        kept = replay_ms < eager_ms or not self.choose_by_time
+        replay_ms = timed_ms(captured.replay, self.device) if self.choose_by_time else None
+        kept = eager_ms is None or replay_ms < eager_ms
         self.records.append(CaptureRecord(self.batch, self.capacity, n, layers, compiled, round(capture_ms, 2),
-                                          round(eager_ms, 3), round(replay_ms, 3), kept))
+                                          None if eager_ms is None else round(eager_ms, 3),
+                                          None if replay_ms is None else round(replay_ms, 3), kept))
         return _Recording(captured, static_out) if kept else None
 
     @torch.no_grad()

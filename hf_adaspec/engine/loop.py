@@ -91,16 +91,17 @@ def select_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generat
     return scores.argmax(dim=-1, keepdim=True)
 
 
-def verify_proposal(proposal: Proposal, scores: torch.Tensor, settings: DecodeSettings) -> Verification:
-    """Greedy or speculative-sampling verification of one row's ``proposal`` against scores [1, k+1, V]
-    (greedy on the scores' device; sampling on the CPU, where its generator is)."""
+def verify_group(proposals: Sequence[Proposal], scores: torch.Tensor, settings: DecodeSettings) -> Verification:
+    """Greedy or speculative-sampling verification of g rows' ``proposals`` of one length k against their
+    scores [g, k+1, V], in one call (greedy on the scores' device; sampling on the CPU, where its generator
+    is; a deterministic drafter's q is one-hot on its tokens)."""
+    draft = torch.cat([proposal.tokens for proposal in proposals])  # [g, k]
     if not settings.do_sample:
-        return greedy_verify(proposal.tokens.to(scores.device), scores)
-    p = torch.softmax(scores.cpu(), dim=-1)  # [1, k+1, V]
-    q = proposal.q
-    if q is None:  # deterministic drafter: q is one-hot on its tokens
-        q = torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype)  # [1, k, V]
-    return speculative_sample(proposal.tokens, q.cpu(), p, settings.generator)
+        return greedy_verify(draft.to(scores.device), scores)
+    p = torch.softmax(scores.cpu(), dim=-1)  # [g, k+1, V]
+    q = torch.cat([torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype) if proposal.q is None
+                   else proposal.q.cpu() for proposal in proposals])  # [g, k, V]
+    return speculative_sample(draft, q, p, settings.generator)
 
 
 @dataclass
@@ -172,16 +173,20 @@ def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decis
 
 def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: _Rows, settings: DecodeSettings
             ) -> tuple[list[int], list[torch.Tensor]]:
-    """Per row verify its proposal against its logits [1, k_i+1, V] (on the target's device) → accepted n_i,
-    new tokens [1, n_i+1] on the CPU."""
-    accepted, new = [], []
-    for slot, (i, proposal) in enumerate(zip(rows.active, proposals, strict=True)):
-        row_logits = logits[slot : slot + 1, : proposal.k + 1]  # [1, k_i+1, V]
-        scores = process_scores(settings.logits_processor, rows.views[i][None], proposal.tokens, row_logits)
-        result = verify_proposal(proposal, scores, settings)
-        n, token = torch.cat([result.num_accepted, result.next_token]).tolist()  # one transfer
-        accepted.append(n)
-        new.append(torch.cat([proposal.tokens[:, :n], torch.tensor([[token]])], dim=1))
+    """Verify each row's proposal against its logits [1, k_i+1, V] (on the target's device), the rows of
+    one k_i in one call (``verify_group``) → accepted n_i, new tokens [1, n_i+1] on the CPU."""
+    scores = [process_scores(settings.logits_processor, rows.views[i][None], proposal.tokens,
+                             logits[slot : slot + 1, : proposal.k + 1])  # [1, k_i+1, V]
+              for slot, (i, proposal) in enumerate(zip(rows.active, proposals, strict=True))]
+    accepted, tokens = [0] * len(proposals), [0] * len(proposals)
+    for k in sorted({proposal.k for proposal in proposals}):
+        group = [slot for slot, proposal in enumerate(proposals) if proposal.k == k]
+        result = verify_group([proposals[s] for s in group], torch.cat([scores[s] for s in group]), settings)
+        both = torch.cat([result.num_accepted, result.next_token]).tolist()  # one transfer per group
+        for j, slot in enumerate(group):
+            accepted[slot], tokens[slot] = both[j], both[len(group) + j]
+    new = [torch.cat([proposal.tokens[:, :n], torch.tensor([[token]])], dim=1)
+           for proposal, n, token in zip(proposals, accepted, tokens, strict=True)]
     return accepted, new
 
 
