@@ -72,7 +72,7 @@ def main() -> None:
     llama = anchor["plain_tokens_per_s"]
     print(json.dumps({
         "processor": processor_name(), "aten_cpu": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(), "formats": {"target": tgt.weight_format, "draft": drf.weight_format},
+        "threads": torch.get_num_threads(), "formats": {"target": tgt.format_label, "draft": drf.format_label},
         "tokens_per_s": med, "aa": round(med["plain-again"] / med["plain"], 3),
         "llama_cpp": {"isa": anchor["isa"], "plain": llama, "speculative": anchor["speculative_tokens_per_s"]},
         "adaptive_over_llama_cpp_plain": round(med["adaptive"] / llama, 3),

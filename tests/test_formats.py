@@ -62,6 +62,22 @@ def test_pick_names_every_error_when_nothing_loaded():
         fc.pick(measures)
 
 
+def _head(fmt, ms, top1=1.0):
+    return FormatMeasure(fmt, ms, 2 * ms, top1, 10.0, 0.1, head=True)
+
+
+def test_the_quantized_head_is_kept_only_when_eligible_and_faster_beyond_the_margin():
+    base = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 10, 0.95))
+    assert fc.pick((*base, _head("q4", 1, 0.99))) == "q4"  # a head variant is never pick's candidate
+    assert fc.keep_head((*base, _head("q4", 10 * (1 - fc.SWITCH_MARGIN) - 0.1, 0.94)), "q4")
+    assert not fc.keep_head((*base, _head("q4", 10 * (1 - fc.SWITCH_MARGIN) + 0.1, 0.95)), "q4")  # within the margin
+    assert not fc.keep_head((*base, _head("q4", 5, 0.92)), "q4")  # below NF4's agreement − tolerance
+    assert not fc.keep_head((*base, FormatMeasure("q4", error="RuntimeError: x", head=True)), "q4")
+    assert not fc.keep_head(base, "q4")  # not measured
+    with_nf4_head = (_m("none", 30), _head("nf4", 5, 0.99), _m("nf4", 20, 0.90), _m("q4", 10, 0.89))
+    assert [m.format for m in fc.eligible(with_nf4_head) if not m.head] == ["none", "nf4", "q4"]  # bar: 0.90 − 0.02
+
+
 def test_a_format_twice_the_best_is_timed_once():
     calls = []
 
@@ -107,6 +123,36 @@ def test_auto_loads_the_fastest_format_reports_it_in_one_line_and_caches_it(tiny
     monkeypatch.setattr(fc, "forward_ms", None)  # a second load reads the cache: nothing is timed
     again = hf_adaspec.load(tiny_dir, dtype="float32", log=lines.append)
     assert again.weight_format == "q4" and "cached in" in lines[1] and "probe" not in lines[1]
+
+
+def _head_quantized(model) -> bool:
+    return type(model.get_output_embeddings()).__name__ == "Q4Linear"
+
+
+def test_auto_quantizes_the_chosen_formats_head_where_that_is_faster(tiny_dir, monkeypatch):
+    """The chosen format is measured again with its output head quantized; that variant is loaded (and cached)
+    when its score is beyond the margin, and never measured when the caller quantizes the head itself."""
+    timed = []
+
+    def timer(model, fmt, n):
+        timed.append((fmt, _head_quantized(model)))
+        return INJECTED[fmt] * n * (0.5 if _head_quantized(model) else 1.0)
+
+    monkeypatch.setattr(fc, "forward_ms", timer)
+    monkeypatch.setattr(fc, "QUALITY_TOKENS", 8)
+    lines = []
+    lm = hf_adaspec.load(tiny_dir, dtype="float32", log=lines.append)
+    assert lm.weight_format == "q4" and lm.quantized_head and _head_quantized(lm.model)
+    assert lm.format_label == "q4 + head"
+    assert "weights q4 + quantized head" in lines[0] and "; q4 + quantized head 5/30 ms top-1" in lines[0]
+    assert {f for f, head in timed if head} == {"q4"}  # only the chosen format's variant
+    monkeypatch.setattr(fc, "forward_ms", None)  # from the cache: nothing timed, the head quantized again
+    again = hf_adaspec.load(tiny_dir, dtype="float32", log=lines.append)
+    assert again.quantized_head and _head_quantized(again.model) and "cached in" in lines[1]
+    timed.clear()
+    choice, model = fc.choose(tiny_dir, "tiny", build_tiny_tokenizer(), "float32", quantize_lm_head=True, timer=timer,
+                              quality_tokens=8, formats=("q4", "none"))
+    assert not choice.head and not any(m.head for m in choice.measures) and _head_quantized(model)
 
 
 def test_a_format_that_fails_is_skipped_with_its_reason(tiny_dir):

@@ -10,7 +10,10 @@ divergence (mean position of the first token it would not have chosen: exactly w
 output would leave the dense one). A format is eligible when its top-1 agreement is at most
 ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not load); the eligible
 format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen, except
-that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's.
+that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's. Unless the caller quantizes the output head
+itself, the chosen format is then measured once more with its output head quantized too (the head over the whole
+vocabulary is a large share of a small model's step), and that variant is loaded when it is eligible and its
+score is ``SWITCH_MARGIN`` below the dense head's (``keep_head``).
 The choice and every measurement are cached under ``<cache>/formats/<key>.json`` (atomic, with a digest) per
 model, dtype, device, processor, torch's thread count and kernel level and library versions; a later load reads
 it and loads the chosen format only.
@@ -26,7 +29,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -47,7 +50,8 @@ QUALITY_PROMPTS = (
     "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
     "Three tips for keeping a small vegetable garden healthy through a dry summer are",
 )
-SCHEMA = 3  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN
+SCHEMA = 4  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
+# 4: the chosen format's quantized-head variant measured too
 
 Timer = Callable[[torch.nn.Module, str, int], float]  # (model, format, new tokens) → one forward's ms
 
@@ -57,7 +61,8 @@ class FormatMeasure:
     """One format on this machine: median ms of a forward over 1 and over k + 1 tokens at ``PROBE_CONTEXT``,
     top-1 agreement with the dense model's greedy tokens (0–1), mean first divergence (tokens), load time (s);
     quality None where its first timing was twice the best's (it cannot be chosen; NF4's is always measured);
-    or the ``error`` that kept it from loading or running (all else None)."""
+    or the ``error`` that kept it from loading or running (all else None). ``head``: measured with the output
+    head quantized too (``keep_head``'s candidate)."""
 
     format: str
     ms_1: float | None = None
@@ -66,38 +71,44 @@ class FormatMeasure:
     first_divergence: float | None = None
     load_s: float | None = None
     error: str | None = None
+    head: bool = False
 
 
 @dataclass(frozen=True)
 class FormatChoice:
-    """The format ``auto`` chose, every format's measure, the cache file and whether it was read from it."""
+    """The format ``auto`` chose, every format's measure, the cache file, whether it was read from it, the probe's
+    seconds and whether the chosen format's output head is quantized too (``keep_head``)."""
 
     chosen: str
     measures: tuple[FormatMeasure, ...]
     path: Path
     cached: bool
     probe_s: float
+    head: bool = False
 
     def line(self, name: str) -> str:
         """One line: the choice, then each format's ms over 1 / k + 1 tokens and top-1 agreement, or its error."""
         parts = []
         for m in self.measures:
+            label = f"{m.format} + quantized head" if m.head else m.format
             if m.error is not None:
-                parts.append(f"{m.format} skipped ({m.error})")
+                parts.append(f"{label} skipped ({m.error})")
             else:
                 quality = f"top-1 {m.top1:.3f}" if m.top1 is not None else "over twice the best: quality not measured"
-                parts.append(f"{m.format} {m.ms_1:.0f}/{m.ms_k:.0f} ms {quality}")
+                parts.append(f"{label} {m.ms_1:.0f}/{m.ms_k:.0f} ms {quality}")
         how = f"cached in {self.path}" if self.cached else f"probe {self.probe_s:.0f} s, cached in {self.path}"
-        return (f"hf-adaspec: {name}: weights {self.chosen} (quantization='auto'; 1/{PROBE_K + 1}-token forwards at "
+        chosen = f"{self.chosen} + quantized head" if self.head else self.chosen
+        return (f"hf-adaspec: {name}: weights {chosen} (quantization='auto'; 1/{PROBE_K + 1}-token forwards at "
                 f"context {PROBE_CONTEXT}: {'; '.join(parts)}; {how})")
 
 
 def eligible(measures: tuple[FormatMeasure, ...]) -> list[FormatMeasure]:
     """Loaded formats whose top-1 agreement is within ``QUALITY_TOLERANCE`` of NF4's (where NF4 did not load,
-    of the best quantized format's; dense weights are always within)."""
+    of the best quantized format's; dense weights are always within). The bar comes from the formats with a dense
+    output head; a quantized-head variant (``head``) is held to it too."""
     loaded = [m for m in measures if m.error is None and m.top1 is not None]  # top1 None: too slow to be chosen
-    nf4 = [m.top1 for m in loaded if m.format == "nf4"]
-    quantized = [m.top1 for m in loaded if m.format != "none"]
+    nf4 = [m.top1 for m in loaded if m.format == "nf4" and not m.head]
+    quantized = [m.top1 for m in loaded if m.format != "none" and not m.head]
     bar = (nf4 or [max(quantized, default=1.0)])[0] - QUALITY_TOLERANCE
     return [m for m in loaded if m.top1 >= bar]
 
@@ -111,8 +122,9 @@ def score(ms_1: float, ms_k: float) -> float:
 def pick(measures: tuple[FormatMeasure, ...]) -> str:
     """The eligible format with the least ``score``; NF4 (the default before ``auto``) where it is eligible and no
     format's score is ``SWITCH_MARGIN`` below its own (a near-tie is within the probe's run-to-run spread).
-    Raises ValueError when no format loaded (the message lists each one's error)."""
-    ok = eligible(measures)
+    Quantized-head variants are not candidates here (``keep_head``). Raises ValueError when no format loaded (the
+    message lists each one's error)."""
+    ok = [m for m in eligible(measures) if not m.head]
     if not ok:
         raise ValueError("no weight format loaded: " + "; ".join(f"{m.format}: {m.error}" for m in measures))
     best = min(ok, key=lambda m: score(m.ms_1, m.ms_k))
@@ -120,6 +132,17 @@ def pick(measures: tuple[FormatMeasure, ...]) -> str:
     if nf4 is not None and score(best.ms_1, best.ms_k) > (1 - SWITCH_MARGIN) * score(nf4.ms_1, nf4.ms_k):
         return "nf4"
     return best.format
+
+
+def keep_head(measures: tuple[FormatMeasure, ...], chosen: str) -> bool:
+    """Whether ``chosen`` (``pick``'s format) is loaded with its output head quantized too: its ``head`` variant was
+    measured, is eligible (``eligible``: the same quality bar) and its score is ``SWITCH_MARGIN`` below the
+    dense head's."""
+    body = next(m for m in measures if m.format == chosen and not m.head)
+    variant = next((m for m in eligible(measures) if m.format == chosen and m.head), None)
+    if variant is None:
+        return False
+    return score(variant.ms_1, variant.ms_k) <= (1 - SWITCH_MARGIN) * score(body.ms_1, body.ms_k)
 
 
 def probe_key(name: str, source: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
@@ -150,7 +173,7 @@ def read_choice(path: Path, key: dict) -> FormatChoice | None:
         measures = tuple(FormatMeasure(**m) for m in doc["measures"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return FormatChoice(doc["chosen"], measures, path, True, doc["probe_s"])
+    return FormatChoice(doc["chosen"], measures, path, True, doc["probe_s"], bool(doc["head"]))
 
 
 _PREFILLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (ids, cache, widths run once)
@@ -252,10 +275,12 @@ def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: s
            quantize_lm_head: bool = False, timer: Timer | None = None, quality_tokens: int | None = None,
            formats: tuple[str, ...] = PROBED) -> tuple[FormatChoice, torch.nn.Module | None]:
     """The format ``auto`` loads for ``name`` (from ``source``) and, when it was measured now, that model
-    already loaded (None when read from the cache: load it with ``formats.load_weights``). Dense weights are
-    loaded first (the quality reference), then each other format; only the best so far stays in memory.
-    ``timer``: one forward's ms (default ``forward_ms``); ``quality_tokens``: dense greedy tokens per prompt
-    (default ``QUALITY_TOKENS``); ``formats``: the formats tried besides dense.
+    already loaded (None when read from the cache: load it with ``formats.load_weights``, its output head quantized
+    where ``FormatChoice.head``). Dense weights are loaded first (the quality reference), then each other format;
+    only the best so far stays in memory; then, unless ``quantize_lm_head`` (the head already quantized), the
+    chosen format with its head quantized (``keep_head``). ``timer``: one forward's ms (default ``forward_ms``);
+    ``quality_tokens``: dense greedy tokens per prompt (default ``QUALITY_TOKENS``); ``formats``: the formats tried
+    besides dense.
 
     Raises:
         ValueError: no format loaded (each one's error named).
@@ -265,7 +290,7 @@ def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: s
     cached = read_choice(path, key)
     if cached is not None:
         return cached, None
-    start = time.perf_counter()
+    start, timer = time.perf_counter(), timer or forward_ms
     dense = load_weights(source, name, "none", dtype, device, quantize_lm_head)  # the quality reference
     refs = dense_reference(dense, tokenizer, quality_tokens or QUALITY_TOKENS)
     measures: list[FormatMeasure] = []
@@ -275,14 +300,32 @@ def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: s
         load = (lambda: dense) if fmt == "none" else (lambda f=fmt: load_weights(source, name, f, dtype, device,
                                                                                    quantize_lm_head))
         with _quiet("bitsandbytes"):  # bnb int8 logs its fp16 cast at every call
-            measure, model = _measure(fmt, load, timer or forward_ms, refs, bound)
+            measure, model = _measure(fmt, load, timer, refs, bound)
         dense = None
         measures.append(measure)
         if model is not None and pick(tuple(measures)) == fmt:
             best_fmt, best_model = fmt, model  # the previous best is released here
         model = None
         gc.collect()
-    choice = FormatChoice(pick(tuple(measures)), tuple(measures), path, False, round(time.perf_counter() - start, 1))
-    write_json_verified(path, {"key": key, "chosen": choice.chosen, "probe_s": choice.probe_s,
+    chosen, head = pick(tuple(measures)), False
+    if not quantize_lm_head and chosen != "none":
+        variant, model = _head_variant(source, name, chosen, dtype, device, timer, refs, measures)
+        measures.append(variant)
+        head = keep_head(tuple(measures), chosen)
+        best_model = model if head else best_model
+        model = None
+        gc.collect()
+    choice = FormatChoice(chosen, tuple(measures), path, False, round(time.perf_counter() - start, 1), head)
+    write_json_verified(path, {"key": key, "chosen": choice.chosen, "head": head, "probe_s": choice.probe_s,
                                "measures": [asdict(m) for m in measures]})
     return choice, best_model if best_fmt == choice.chosen else None
+
+
+def _head_variant(source: str, name: str, fmt: str, dtype: str, device: str, timer: Timer, refs,
+                  measures: list[FormatMeasure]) -> tuple[FormatMeasure, torch.nn.Module | None]:
+    """``fmt`` loaded and measured with its output head quantized too (``FormatMeasure.head``), and that model."""
+    body = next(m for m in measures if m.format == fmt and not m.head)
+    with _quiet("bitsandbytes"):
+        measure, model = _measure(fmt, lambda: load_weights(source, name, fmt, dtype, device, True), timer, refs,
+                                  score(body.ms_1, body.ms_k))
+    return replace(measure, head=True), model

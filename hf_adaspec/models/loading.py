@@ -32,13 +32,20 @@ _DONE = "ADASPEC_COMPLETE"
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model in eval mode, its tokenizer, the name it was loaded from and its weight format (``formats.FORMATS``:
-    the one ``quantization="auto"`` chose, or the one asked for)."""
+    """A model in eval mode, its tokenizer, the name it was loaded from, its weight format (``formats.FORMATS``:
+    the one ``quantization="auto"`` chose, or the one asked for) and whether its output head is quantized too."""
 
     model: torch.nn.Module
     tokenizer: object
     name: str
     weight_format: str = "none"
+    quantized_head: bool = False
+
+    @property
+    def format_label(self) -> str:
+        """The weight format, "+ head" where the output head is quantized too (for reports)."""
+        head = self.quantized_head and self.weight_format != "none"
+        return f"{self.weight_format} + head" if head else self.weight_format
 
 
 @contextlib.contextmanager
@@ -175,9 +182,10 @@ def load(
     (nf4 | int8 | q4 | none). ``dtype``: the weight/compute dtype. ``quantize_lm_head`` also quantizes the
     output head (kept dense by default): worth it for a draft model, whose output head over the whole
     vocabulary is a large share of its 1-token forward (docs/experiments.md, row "NF4 output head for the
-    draft"). ``verify``: hash every file of the cache entries used (dense copy, assembled GGUF) against its
-    stamp instead of trusting an unchanged size and mtime (``hf-adaspec verify`` checks the whole cache); an
-    entry that fails is rebuilt.
+    draft"); without it, "auto" measures the chosen format with its head quantized too and loads that where it
+    is faster within the quality tolerance (``format_choice.keep_head``). ``verify``: hash every file of the
+    cache entries used (dense copy, assembled GGUF) against its stamp instead of trusting an unchanged size
+    and mtime (``hf-adaspec verify`` checks the whole cache); an entry that fails is rebuilt.
 
     Raises:
         ValueError: unknown quantization or dtype, a format not for ``device``; an unknown model id while the
@@ -194,12 +202,13 @@ def load(
     if quantization == "auto":
         choice, model = format_choice.choose(source, name_or_path, tokenizer, dtype, device, quantize_lm_head)
         (log or _stderr)(choice.line(name_or_path))
-        quantization = choice.chosen
+        quantization, quantize_lm_head = choice.chosen, quantize_lm_head or choice.head
     else:
         model = None
     if model is None:
         model = load_weights(source, name_or_path, quantization, dtype, device, quantize_lm_head)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, weight_format=quantization)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, weight_format=quantization,
+                       quantized_head=quantize_lm_head)
 
 
 def _stderr(line: str) -> None:

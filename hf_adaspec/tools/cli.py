@@ -136,7 +136,7 @@ def bench(
         runs += result.runs
         oracles += [result.oracle] if result.oracle is not None else []
     summary = bm.summarize(runs, method_list, oracles)
-    meta = {"target": target, "draft": draft, "quantization": tgt.weight_format, "dtype": dtype, "methods": method_list,
+    meta = {"target": target, "draft": draft, "quantization": tgt.format_label, "dtype": dtype, "methods": method_list,
             "max_new_tokens": max_new_tokens, "per_category": per_category, "split": split, "fixed_k": fixed_k, "repeats": repeats,
             "learned_state": "per method",
             "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
@@ -196,7 +196,7 @@ def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, 
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
     runs = bb.run_sizes(tgt.model, tgt.tokenizer, drf.model if drf is not None else None, selected, sizes, methods, cfg)
     summary = bb.summarize(runs, methods)
-    meta = {"target": target, "draft": draft, "quantization": tgt.weight_format, "dtype": dtype, "methods": methods,
+    meta = {"target": target, "draft": draft, "quantization": tgt.format_label, "dtype": dtype, "methods": methods,
             "batch_sizes": sizes, "prompts": len(selected), "max_new_tokens": max_new_tokens, "fixed_k": fixed_k,
             "machine": platform.machine(), "prompts_file": str(prompts)}
     bb.write_results(output, runs, summary, meta)
