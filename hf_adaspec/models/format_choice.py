@@ -3,11 +3,9 @@
 Design (issue 44): which format is fastest depends on the processor (``formats``), so it is measured, never
 read from CPU flags. At the first load of a model on a machine every format in ``formats.PROBED`` that loads
 is timed: the median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a
-``PROBE_CONTEXT``-token cache (a plain step and a verification). Its quality is measured beside it: the dense
-model's greedy continuations of ``QUALITY_PROMPTS`` (``quality_tokens`` new tokens each) are fed to the format
-teacher-forced, giving its top-1 agreement (share of those tokens that are its own argmax) and its first
-divergence (mean position of the first token it would not have chosen: exactly where its free-running greedy
-output would leave the dense one). A format is eligible when its top-1 agreement is at most
+``PROBE_CONTEXT``-token cache (a plain step and a verification). Its quality is measured beside it
+(``format_quality``: top-1 agreement with the dense model's greedy tokens, teacher-forced, and the first
+divergence). A format is eligible when its top-1 agreement is at most
 ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not load); the eligible
 format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen, except
 that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's. Unless the caller quantizes the output head
@@ -37,6 +35,7 @@ import torch
 from .. import machine
 from ..files import read_json_verified, write_json_verified
 from .assets import cache_dir
+from .format_quality import agreement, dense_reference
 from .formats import FORMATS, PROBED, load_weights
 
 PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
@@ -45,11 +44,6 @@ PROBE_REPS = 5  # timed forwards per width (medians); a format already twice the
 QUALITY_TOLERANCE = 0.02  # eligible: top-1 agreement ≥ NF4's − this
 SWITCH_MARGIN = 0.05  # another format replaces an eligible NF4 only when its score is this share below NF4's
 QUALITY_TOKENS = 64  # dense greedy tokens per prompt in the quality check of ``auto``
-QUALITY_PROMPTS = (
-    "The history of the printing press begins",
-    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
-    "Three tips for keeping a small vegetable garden healthy through a dry summer are",
-)
 SCHEMA = 4  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
 # 4: the chosen format's quantized-head variant measured too
 
@@ -212,35 +206,6 @@ def time_format(model: torch.nn.Module, fmt: str, timer: Timer, best_ms: float |
         if rep == 0 and best_ms is not None and score(one[0], wide[0]) > 2 * best_ms:
             return one[0], wide[0], False
     return statistics.median(one), statistics.median(wide), True
-
-
-def dense_reference(model: torch.nn.Module, tokenizer, new_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The dense model's greedy continuation of each of ``QUALITY_PROMPTS``, generated as one left-padded batch:
-    (prompt ids [T_i], new ids [new_tokens]) per prompt."""
-    prompts = [tokenizer(p, return_tensors="pt")["input_ids"][0] for p in QUALITY_PROMPTS]
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, T]
-    mask = torch.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
-    with torch.inference_mode():
-        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # [B, T + new]
-    return [(p, out[row, width:].cpu()) for row, p in enumerate(prompts)]
-
-
-def agreement(model: torch.nn.Module, refs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
-    """(top-1 agreement, mean first divergence in tokens) of ``model`` on the dense greedy continuations
-    ``refs``, teacher-forced: one forward over each prompt and its continuation."""
-    hits, firsts = [], []
-    with torch.inference_mode():
-        for prompt, new in refs:
-            seq = torch.cat([prompt, new[:-1]])[None].to(model.device)  # [1, T + G - 1]
-            logits = model(seq).logits[0, len(prompt) - 1:]  # [G, V]: the prediction of each new token
-            same = logits.argmax(-1).cpu() == new  # [G]
-            hits.append(same.float())
-            firsts.append(len(same) if bool(same.all()) else int(same.logical_not().nonzero()[0]))
-    return float(torch.cat(hits).mean()), statistics.mean(firsts)
 
 
 @contextlib.contextmanager
