@@ -161,6 +161,32 @@ def test_a_catchup_one_token_cannot_pay_is_paid_by_the_whole_run():
     assert six.tpot_ms == pytest.approx(1000.0 / steady)  # TPOT is the steady state, catch-up excluded
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_best_plan_skips_only_plans_that_cannot_beat_plain(seed):
+    """Without an SLO best_plan leaves out plans whose whole paths accepted would not beat a plain step;
+    an SLO nothing breaks (inf) assembles every plan: the same plan either way, on random batches, paths,
+    margins and verification tables that are not monotone."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(300):
+        rows, drafters = rng.randint(1, 4), rng.randint(1, 3)
+        offers = []
+        for d in range(drafters):
+            paid = d == 0 and rng.random() < 0.7
+            paths = []
+            for _ in range(rows):
+                c, path = rng.random(), []
+                for _ in range(rng.randint(0, 8)):
+                    path.append((path[-1] if path else 1.0) * c * rng.uniform(0.7, 1.0))
+                paths.append(tuple(path))
+            offers.append(Offer(tuple(paths), rng.uniform(0.1, 8.0) if paid else 0.0,
+                                rng.choice([0.0, rng.uniform(0.0, 80.0)]) if paid else 0.0))
+        verify = [rng.uniform(5.0, 15.0) for _ in range(9)]
+        args = (lambda n: verify[min(n, 9) - 1], rng.randint(1, 200), rng.choice([0.0, 0.03, 0.2]))
+        assert best_plan(offers, *args) == best_plan(offers, *args, tpot_slo_ms=math.inf)
+
+
 # --- the measured cost table ------------------------------------------------------------------
 
 def test_cost_table_t_verify_indexing_and_extrapolation():

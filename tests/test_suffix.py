@@ -15,7 +15,7 @@ from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.policy.controller import FixedController
 from hf_adaspec.proposers.base import Rows
-from hf_adaspec.proposers.suffix import SuffixMemory, SuffixProposer, speculate
+from hf_adaspec.proposers.suffix import SuffixMemory, SuffixProposer, best_draft, speculate
 from hf_adaspec.tools.replay import Clock, replay_request
 from hf_adaspec.tools.trace import Trace
 from hf_adaspec.tools.virtual import TraceCache, target_answers
@@ -58,6 +58,61 @@ def test_low_probability_tokens_are_cut():
 def test_no_match_and_separators():
     assert speculate(_a(1, 2, 3), _a(4, 5), 8).tokens == ()
     assert speculate(_a(1, 2, -1, 3), _a(9, 2), 8).tokens == ()  # nothing continues across a separator
+
+
+def _every_length(buf: np.ndarray, context: np.ndarray, k: int, depth: int) -> tuple[tuple[int, ...], float, int]:
+    """The reference search: every match length L = 1 … from the shortest, each node's children counted
+    with ``np.unique`` (ties as arctic's), the best score kept, ties to the longer match."""
+    context, best, n = context[-depth:], ((), 0.0, 0), buf.shape[0]
+    for length in range(1, context.shape[0]):
+        ends = np.array([e for e in range(length - 1, n)
+                         if buf[e - length + 1 : e + 1].tolist() == context[-length:].tolist()], dtype=np.int64)
+        if not ends.size:
+            break
+        tokens, probs, prob = [], [], 1.0
+        while len(tokens) < min(k, length, depth - length) and ends.size:
+            nxt = ends[ends + 1 < n] + 1
+            nxt = nxt[buf[nxt] != -1]
+            if not nxt.size:
+                break
+            values, counts = np.unique(buf[nxt], return_counts=True)
+            tied = values[counts == counts.max()]
+            reached = [int(np.flatnonzero(buf[nxt] == v)[counts.max() - 1]) for v in tied]
+            token = int(tied[int(np.argmin(reached) if counts.max() == 1 else np.argmax(reached))])
+            prob *= counts.max() / ends.size
+            if prob < 0.1:
+                break
+            tokens, probs, ends = tokens + [token], probs + [prob], nxt[buf[nxt] == token]
+        if sum(probs) >= best[1]:
+            best = (tuple(tokens), sum(probs), length)
+    return best if best[0] else ((), 0.0, 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_longest_first_search_finds_what_every_length_finds(seed):
+    """Longest match first, skipping matches whose cap cannot beat the best and nodes met one token
+    longer, and paths cut once they cannot win: the same draft as trying every length."""
+    gen = np.random.default_rng(seed)
+    for _ in range(150):
+        alphabet = int(gen.integers(2, 6))  # few distinct tokens: deep matches, ties and branching nodes
+        buf = gen.integers(1, alphabet + 1, size=int(gen.integers(1, 70)))
+        buf[gen.random(buf.shape[0]) < 0.04] = -1  # separators
+        context = np.concatenate([gen.integers(1, alphabet + 1, size=int(gen.integers(1, 30))), buf[-5:]])
+        context = context[context != -1]
+        k, depth = int(gen.integers(1, 9)), int(gen.integers(2, 25))
+        draft = speculate(buf, context, k, max_depth=depth)
+        tokens, score, length = _every_length(buf, context, k, depth)
+        assert draft.tokens == tokens and (draft.match_len if draft.tokens else 0) == length
+        assert draft.score == pytest.approx(score)
+
+
+def test_the_global_tree_drafts_only_where_it_scores_above_the_local_one():
+    memory = SuffixMemory()
+    memory.remember([1], [5, 7])  # globally 5 → 7 in one of two occurrences (score 0.5)
+    row = torch.tensor([5, 9, 5, 9, 5])  # prompt 5 9 5 9, output 5: locally (5 9 5) → 9 5 (score 1.0)
+    assert best_draft(memory, row, 4, 8).tokens == (9, 5)
+    memory.remember([1], [9, 5, 4, 9, 5, 4])  # now (9 5) → 4 every time in the global tree (4 9: score 1.5)
+    assert best_draft(memory, row, 4, 8).tokens == (4, 9)
 
 
 def test_memory_is_bounded_first_in_first_out():

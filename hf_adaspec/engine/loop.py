@@ -148,6 +148,8 @@ def hindsight(proposal: torch.Tensor, emitted: torch.Tensor) -> tuple[int, int]:
     """(compared, accepted): how many of a costless drafter's tokens [1, u] can be checked against the
     tokens a step emitted [1, m] (min(u, m)), and how many leading ones equal them."""
     compared = min(proposal.shape[1], emitted.shape[1])
+    if not compared:
+        return 0, 0
     same = (proposal[0, :compared] == emitted[0, :compared]).int()
     return compared, int(same.cumprod(0).sum())
 

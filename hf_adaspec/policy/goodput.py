@@ -116,11 +116,18 @@ def select(plain: Plan, others: Sequence[Plan], min_gain: float = 0.0, tpot_slo_
     return best
 
 
-def _row_picks(offers: Sequence[Offer], enabled: Sequence[int], k: int) -> tuple[float, tuple[int, ...]]:
-    """Σ_i max over enabled drafters d of E_i = 1 + Σ_{j ≤ min(k, u_di)} P_dij, and each row's best d."""
+def _expected(path: Sequence[float]) -> tuple[float, ...]:
+    """(E(0), …, E(u)) of one row's path (P_1..P_u): E(j) = 1 + Σ_{i ≤ j} P_i (Leviathan et al. 2023, Eq. 1)."""
+    return tuple(1.0 + sum(path[:j]) for j in range(len(path) + 1))
+
+
+def _row_picks(expected: Sequence[Sequence[tuple[float, ...]]], enabled: Sequence[int], k: int
+               ) -> tuple[float, tuple[int, ...]]:
+    """Σ_i max over enabled drafters d of E_i = 1 + Σ_{j ≤ min(k, u_di)} P_dij, and each row's best d
+    (``expected[d][i]``: row i's ``_expected`` under drafter d)."""
     total, picks = 0.0, []
-    for i in range(len(offers[0].paths)):
-        e, d = max((1.0 + sum(offers[d].paths[i][:k]), -d) for d in enabled)
+    for i in range(len(expected[0])):
+        e, d = max((expected[d][i][min(k, len(expected[d][i]) - 1)], -d) for d in enabled)
         total, picks = total + e, picks + [-d]
     return total, tuple(picks)
 
@@ -133,6 +140,8 @@ def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, m
     a paid drafter's ``setup_ms`` is amortised over ``horizon`` tokens per row (``horizon_goodput``); free
     drafters are always enabled; each row takes its best enabled drafter. A plan must beat a plain step
     by ``min_gain`` and meet ``tpot_slo_ms`` (``select``). Ties keep the smaller k and drafter index.
+    Without an SLO, a plan that could not beat a plain step even with every row's whole path accepted is
+    not assembled (the same choice, for less work on the steps that end plain).
     """
     rows = len(offers[0].paths)
     tv1 = t_verify_ms(1)
@@ -140,17 +149,22 @@ def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, m
     paid = [d for d, o in enumerate(offers) if o.paid]
     free = [d for d, o in enumerate(offers) if not o.paid]
     k_top = max((len(p) for o in offers for p in o.paths), default=0)
+    expected = [[_expected(path) for path in o.paths] for o in offers]  # [D][b] → (E(0)..E(u))
+    bar = None if tpot_slo_ms is not None else plain.goodput * (1.0 + min_gain) * (1.0 - 1e-9)  # what select needs
     others = []
     for n_paid in range(len(paid) + 1):
         for chosen in itertools.combinations(paid, n_paid):
             enabled = sorted(free + list(chosen))
             if not enabled:
                 continue
+            draft_ms, setup_ms = sum(offers[d].draft_ms for d in chosen), sum(offers[d].setup_ms for d in chosen)
+            most = sum(max(expected[d][i][-1] for d in enabled) for i in range(rows))  # tokens at any k, at most
             for k in range(1, k_top + 1):
-                tokens, picks = _row_picks(offers, enabled, k)
-                time_ms = k * sum(offers[d].draft_ms for d in chosen) + t_verify_ms(k + 1)
-                rate = horizon_goodput(1000.0 * tokens / time_ms, sum(offers[d].setup_ms for d in chosen),
-                                       horizon * rows)
+                time_ms = k * draft_ms + t_verify_ms(k + 1)
+                if bar is not None and horizon_goodput(1000.0 * most / time_ms, setup_ms, horizon * rows) < bar:
+                    continue  # even every row's whole path accepted would not beat a plain step by min_gain
+                tokens, picks = _row_picks(expected, enabled, k)
+                rate = horizon_goodput(1000.0 * tokens / time_ms, setup_ms, horizon * rows)
                 others.append(Plan(k, picks, rate, time_ms * rows / tokens))
     return select(plain, others, min_gain, tpot_slo_ms)
 

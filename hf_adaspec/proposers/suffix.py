@@ -16,7 +16,8 @@ its count the number of occurrences of w, so the same quantities come from scann
 Arctic's counts include the context's own occurrence (the current output is in both trees), and so do
 these; ties between children of equal count follow arctic's sibling order (``_top_child``). Checked
 against arctic-inference 0.3.0's compiled tree on the Spec-Bench traces (the decision's replay script,
-``benchmarks/suffix_replay.py`` at commit 6a91d7e).
+``benchmarks/suffix_replay.py`` at commit 6a91d7e). The search runs from the longest match down and skips
+what cannot win (``speculate``): the same draft as trying every L, for a fraction of the work on every step.
 
 The offer carries its match length L as ``evidence``, so the controller prices it with the same
 ``policy.match.MatchTable`` as prompt lookup (a table of its own, learned by hindsight every step).
@@ -52,22 +53,36 @@ class SuffixDraft:
     match_len: int = 0
 
 
+SMALL_NODE = 48  # a node with at most this many occurrences counts its children in Python (no sort)
+
+
 def _top_child(follow: np.ndarray) -> tuple[int, int]:
     """The most frequent token of ``follow`` (in insertion order) and its count. Ties as arctic's sibling
     order has them: at count 1 the child inserted first, at count c > 1 the child that reached c last."""
-    values, counts = np.unique(follow, return_counts=True)
-    top = int(counts.max())
-    tied = values[counts == top]
-    if tied.size == 1:
-        return int(tied[0]), top
-    reached = [int(np.flatnonzero(follow == v)[top - 1]) for v in tied]  # when each reached the top count
-    pick = int(np.argmin(reached)) if top == 1 else int(np.argmax(reached))
-    return int(tied[pick]), top
+    if follow.size > SMALL_NODE:
+        values, counts = np.unique(follow, return_counts=True)
+        top = int(counts.max())
+        tied = values[counts == top]
+        if tied.size == 1:
+            return int(tied[0]), top
+        reached = [int(np.flatnonzero(follow == v)[top - 1]) for v in tied]  # when each reached the top count
+        pick = int(np.argmin(reached)) if top == 1 else int(np.argmax(reached))
+        return int(tied[pick]), top
+    counts: dict[int, int] = {}
+    last: dict[int, int] = {}  # where each token reached its count
+    for i, token in enumerate(follow.tolist()):
+        counts[token] = counts.get(token, 0) + 1
+        last[token] = i
+    top = max(counts.values())
+    tied = [token for token, count in counts.items() if count == top]  # in insertion order
+    return (tied[0] if top == 1 else max(tied, key=last.__getitem__)), top
 
 
-def _path(buf: np.ndarray, ends: np.ndarray, max_tokens: int, min_prob: float) -> SuffixDraft:
-    """Most-frequent-child path from the node whose occurrences end at positions ``ends`` of ``buf``."""
-    tokens, probs, prob = [], [], 1.0
+def _path(buf: np.ndarray, ends: np.ndarray, max_tokens: int, min_prob: float, floor: float = 0.0) -> SuffixDraft:
+    """Most-frequent-child path from the node whose occurrences end at positions ``ends`` of ``buf``; empty
+    as soon as its score cannot exceed ``floor`` (a token's probability never exceeds its predecessor's, so
+    the score is at most the sum so far plus the last probability per token still allowed)."""
+    tokens, probs, prob, score = [], [], 1.0, 0.0
     n = buf.shape[0]
     while len(tokens) < max_tokens and ends.size:
         nxt = ends + 1
@@ -81,31 +96,54 @@ def _path(buf: np.ndarray, ends: np.ndarray, max_tokens: int, min_prob: float) -
         prob *= count / ends.size
         if prob < min_prob:
             break
+        score += prob
+        if score + prob * (max_tokens - len(tokens) - 1) + 1e-9 <= floor:
+            return SuffixDraft()
         tokens.append(token)
         probs.append(prob)
         ends = nxt[follow == token]
     return SuffixDraft(tuple(tokens), tuple(probs), float(sum(probs)))
 
 
-def speculate(buf: np.ndarray, context: np.ndarray, max_tokens: int, max_depth: int = SUFFIX_MAX_DEPTH,
-              spec_factor: float = SUFFIX_SPEC_FACTOR, spec_offset: float = SUFFIX_SPEC_OFFSET,
-              min_token_prob: float = SUFFIX_MIN_TOKEN_PROB) -> SuffixDraft:
-    """The best-scoring draft continuing ``context`` from the depth-``max_depth`` suffix trie of ``buf``
-    (sequences separated by ``SEPARATOR``). buf, context: [N], [C] int64 → ``SuffixDraft`` (empty: no match)."""
-    context = context[-max_depth:]
-    best = SuffixDraft()
+def _occurrences(buf: np.ndarray, context: np.ndarray) -> list[np.ndarray]:
+    """[L-1] → the positions of ``buf`` where the context's last L tokens end, for L = 1 … until none is
+    left but (at most) buf's last position, which nothing continues (or L = C − 1). buf, context: [N], [C]
+    int64."""
+    out: list[np.ndarray] = []
     ends = np.flatnonzero(buf == context[-1]) if context.size else np.empty(0, dtype=np.int64)
     for length in range(1, context.shape[0]):
         if length > 1:
             ends = ends[ends >= length - 1]
             ends = ends[buf[ends - (length - 1)] == context[-length]]
-        if not ends.size:
+        if not ends.size or (ends.size == 1 and ends[0] == buf.shape[0] - 1):
             break
+        out.append(ends)
+    return out
+
+
+def speculate(buf: np.ndarray, context: np.ndarray, max_tokens: int, max_depth: int = SUFFIX_MAX_DEPTH,
+              spec_factor: float = SUFFIX_SPEC_FACTOR, spec_offset: float = SUFFIX_SPEC_OFFSET,
+              min_token_prob: float = SUFFIX_MIN_TOKEN_PROB, floor: float = 0.0) -> SuffixDraft:
+    """The best-scoring draft continuing ``context`` from the depth-``max_depth`` suffix trie of ``buf``
+    (sequences separated by ``SEPARATOR``), ties to the longer match; only a draft scoring above ``floor``
+    counts. buf, context: [N], [C] int64 → ``SuffixDraft`` (empty: no match, or none above ``floor``).
+
+    Longest match first: a draft is at most as long as its cap, and each probability is at most 1, so a
+    match whose cap does not exceed the best score so far cannot win and is not followed; nor is a match
+    with the same occurrences as the one a token longer (the same node's path, cut shorter) unless its cap
+    is larger."""
+    best, longer = SuffixDraft(score=floor), (0, 0)  # (occurrences, cap) of the match one token longer
+    occurrences = _occurrences(buf, context[-max_depth:])
+    for length in range(len(occurrences), 0, -1):
         cap = min(max_tokens, int(length * spec_factor + spec_offset + 1e-6), max_depth - length)
-        draft = _path(buf, ends, max(cap, 0), min_token_prob)
-        if draft.score >= best.score:
+        ends, same = occurrences[length - 1], longer[0] == occurrences[length - 1].size and cap <= longer[1]
+        longer = (ends.size, cap)
+        if cap <= best.score or same:  # same: the longer match's node, so a prefix of its path
+            continue
+        draft = _path(buf, ends, cap, min_token_prob, best.score)
+        if draft.score > best.score:
             best = SuffixDraft(draft.tokens, draft.probs, draft.score, length)
-    return best
+    return best if best.tokens else SuffixDraft()
 
 
 class SuffixMemory:
@@ -167,8 +205,8 @@ def best_draft(memory: SuffixMemory, tokens: torch.Tensor, prompt_length: int, k
     context = row[-max_depth:]
     args = (k_max, max_depth, spec_factor, spec_offset, min_token_prob)
     local = speculate(row, context, *args)
-    glob = speculate(np.concatenate([memory.buffer(), row[prompt_length:]]), context, *args)
-    return local if local.score >= glob.score else glob
+    glob = speculate(np.concatenate([memory.buffer(), row[prompt_length:]]), context, *args, floor=local.score)
+    return glob if glob.tokens else local  # the global draft only where it scores above the local one
 
 
 class SuffixProposer(CostlessDrafter):
