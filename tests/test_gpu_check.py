@@ -38,7 +38,7 @@ def tiny_run(tmp_path_factory):
     return status, out, seen
 
 
-@pytest.mark.slow  # the whole check through its CLI entry point (17 steps, ~40 s on 2 cores; make test runs it)
+@pytest.mark.slow  # the whole check through its CLI entry point (18 steps, ~40 s on 2 cores; make test runs it)
 def test_tiny_check_runs_every_step_and_passes(tiny_run):
     status, out, _ = tiny_run
     doc = json.loads((out / RESULTS).read_text())
@@ -46,10 +46,11 @@ def test_tiny_check_runs_every_step_and_passes(tiny_run):
     assert status == 0 and doc["finished"] and list(steps) == [s.name for s in gpu_check.plan()]
     assert {n: e["status"] for n, e in steps.items()} == dict.fromkeys(steps, "ok")
     assert "bitsandbytes" in steps["environment"]["nf4"]  # loads here: NF4 ran (else a FALLBACK line)
-    for name in ("graphs", "greedy-bf16", "greedy-nf4", "self-draft-bf16", "self-draft-nf4", "sampling"):
+    for name in ("graphs", "head-graphs", "greedy-bf16", "greedy-nf4", "self-draft-bf16", "self-draft-nf4", "sampling"):
         assert steps[name]["passed"] is True, name
     assert steps["environment"]["kv_cache"] == "static" and steps["graphs"]["records"]  # the arenas' path ran
     assert all(r["kept"] for r in steps["graphs"]["records"])
+    assert len(steps["head-graphs"]["capture_ms"]) == 1  # the head's column recorded once, then replayed
     cases = steps["greedy-nf4"]["cases"]
     assert len(cases) == 10 and {"draft_model", "prompt_lookup", "suffix"} <= {d for c in cases.values()
                                                                                for d in c["drafters"]}
@@ -72,7 +73,7 @@ def test_tiny_check_runs_every_step_and_passes(tiny_run):
     assert all(f"| {name} | ok |" in summary for name in steps) and "Projections" in summary
 
 
-@pytest.mark.slow  # the whole check through its CLI entry point (17 steps, ~40 s on 2 cores; make test runs it)
+@pytest.mark.slow  # the whole check through its CLI entry point (18 steps, ~40 s on 2 cores; make test runs it)
 def test_results_are_valid_after_every_step(tiny_run):
     _, _, seen = tiny_run
     done = [len(doc["steps"]) for doc in seen]
@@ -126,7 +127,7 @@ def test_without_bitsandbytes_the_nf4_steps_fall_back_to_bf16(tmp_path, monkeypa
 def test_command_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--steps", "nonsense"])
-    assert "choose from environment, graphs, sampling" in capsys.readouterr().err
+    assert "choose from environment, graphs, head-graphs, sampling" in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
             gpu_check.main(["--out", str(tmp_path)])

@@ -21,6 +21,7 @@ import hf_adaspec.engine.loop as loop
 import hf_adaspec.engine.verification as verification
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import static_kv
+from hf_adaspec.models import eagle3_arena
 from hf_adaspec.engine.verification import Verification, speculative_sample
 from hf_adaspec.tools.gpu_check_sampling import chi2_ratio  # the same test the GPU check runs on the device
 
@@ -236,15 +237,16 @@ STEEP = CostTable(verify_ms=tuple(10.0 + 4.0 * n for n in range(9)), draft_ms=2.
 @pytest.mark.parametrize(("mode", "drafter", "kv_cache"), [
     ("fixed-k2", "noisy_copy", "dynamic"), ("fixed-k2", "prompt_lookup", "dynamic"), ("fixed-k2", "draft_head", "dynamic"),
     ("adaptive-stopped", "noisy_copy", "dynamic"), ("fixed-k2", "noisy_copy", "static"),
-    ("adaptive-stopped", "noisy_copy", "static")])
+    ("adaptive-stopped", "noisy_copy", "static"), ("fixed-k2", "draft_head", "static")])
 def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode, drafter, kv_cache, monkeypatch):
     """Each row's sampled tokens follow the target's exact distribution: the 2nd and 3rd tokens go through
     acceptance, residual resampling and the bonus token ("fixed": k = 2 from the perturbed copy, or from prompt
     lookup, a deterministic drafter: q one-hot; or from the tiny EAGLE-3 head, whose q is zero off its draft
     vocabulary; "adaptive" under steep costs: the draft model offered 2 tokens and stopped by its confidence
     stop rule after 1). The arenas get the columns the request needs (64), not the 256-column floor: attention
-    reads every column, and 2,048 rows × 256 would spend the test on empty ones."""
+    reads every column, and 2,048 rows × 256 would spend the test on empty ones (the head's arena too)."""
     monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)
+    monkeypatch.setattr(eagle3_arena, "CAPACITY_FLOOR", 16)
     if mode == "fixed-k2":
         new, stats = _sampled(assistants, drafter, speculation="fixed", num_speculative_tokens=2, kv_cache=kv_cache)
     else:

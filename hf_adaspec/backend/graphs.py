@@ -74,6 +74,11 @@ class Rerun:
         return _Rerun(fn, out), out
 
 
+def capture_for(device: torch.device) -> Capture:
+    """How steps are recorded on ``device``: CUDA graphs (a new memory pool) on a GPU, ``Rerun`` elsewhere."""
+    return CudaGraphs(torch.cuda.graph_pool_handle()) if device.type == "cuda" else Rerun()
+
+
 def timed_ms(fn: Callable[[], object], device: torch.device) -> float:
     """Wall ms of one call of ``fn``, the device synchronised before and after (a GPU's queued work
     must not count, and its own work must)."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from . import hf_compat
-from .graphs import Capture, CudaGraphs, Rerun, timed_ms
+from .graphs import Capture, capture_for, timed_ms
 
 CAPACITY_FLOOR = 256  # the smallest arena, in columns
 STANDARD_NEW_TOKENS = 256  # a request's length when only its context is known (the profile's cells)
@@ -220,9 +220,7 @@ def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int) -> A
         mine = [k for k in arenas if k[0] == role]
         for old in mine[: max(0, len(mine) - ARENAS_PER_ROLE + 1)]:
             del arenas[old]
-        cuda = model.device.type == "cuda"
-        capture = CudaGraphs(torch.cuda.graph_pool_handle()) if cuda else Rerun()
-        arena = Arena(model, key[1], capacity, capture, choose_by_time=cuda)
+        arena = Arena(model, key[1], capacity, capture_for(model.device), choose_by_time=model.device.type == "cuda")
     arenas[key] = arena  # most recently used last
     return arena
 

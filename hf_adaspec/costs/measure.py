@@ -124,7 +124,7 @@ def _probe(model, batch: int, context: int, longest: int, kv_cache: str) -> Forw
     logits, on a synthetic ``context``-token cache of ``batch`` rows kept where ``kv_cache`` puts a request's
     (a draft head: its own probe)."""
     if isinstance(model, Eagle3Head):
-        return HeadProbe(model, context, batch)
+        return HeadProbe(model, context, batch, kv_cache)
     return ForwardProbe(model, context, longest, batch, kv_cache, prefill=False)
 
 

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat, static_kv
-from ..backend.graphs import timed_ms
+from ..backend.graphs import capture_for, timed_ms
 from ..backend.ragged import RaggedCache
 from ..backend.static_kv import capacity_for
 from ..backend.stores import open_store, store_kind
 from ..machine import processor_name
-from ..models.eagle3 import Eagle3Head, HeadCache
+from ..models.eagle3 import Eagle3Head
+from ..models.eagle3_arena import head_cache
 
 MAX_FORWARD_MS = 600_000.0  # a forward measured at over 10 minutes is no cost model: a corrupted or edited file
 
@@ -147,14 +148,15 @@ class ForwardProbe:
 
 
 class HeadProbe:
-    """Times a draft head's forwards over n new entries (n = 1: one drafted token with its logits) on top of
-    a ``context``-entry cache of random features (filled in chunks of 256 entries); the cache is rolled back
-    after each."""
+    """Times a draft head's forwards over n new entries (n = 1: one drafted column, the token just drafted
+    with the head's own output, and its logits) on top of a ``context``-entry cache of random features (filled
+    in chunks of 256 entries), kept where ``kv_cache`` keeps a request's (``eagle3_arena.head_cache``: on an
+    arena a drafted column replays its recording); the cache is rolled back after each."""
 
-    def __init__(self, head: Eagle3Head, context: int, batch: int = 1) -> None:
+    def __init__(self, head: Eagle3Head, context: int, batch: int = 1, kv_cache: str = "auto") -> None:
         gen = torch.Generator().manual_seed(0)
         self.head, self.batch, self.width = head, batch, 3 * head.config.target_hidden_size
-        self.cache = HeadCache(batch)
+        self.cache = head_cache(head, batch, kv_cache, lambda: capture_for(head.device))
         with torch.no_grad():
             for start in range(0, context, 256):
                 n = min(256, context - start)
@@ -168,10 +170,14 @@ class HeadProbe:
         """Wall ms of one forward over ``n_new`` entries and the last one's logits (a head keeps only the last
         position's: ``keep`` is accepted for ``ForwardProbe``'s signature)."""
         tokens = torch.zeros(self.batch, n_new, dtype=torch.long)
-        features = torch.zeros(self.batch, n_new, self.width)
-        valid = torch.ones(self.batch, n_new, dtype=torch.bool)
-        elapsed = timed_ms(lambda: self.head.logits(self.head.step(tokens, self.head.fuse(features), valid,
-                                                                   self.cache)[:, -1]), self.head.device)
+        if n_new == 1:
+            hidden = torch.zeros(self.batch, 1, self.head.config.hidden_size, device=self.head.device)
+            elapsed = timed_ms(lambda: self.cache.draft_column(self.head, tokens, hidden), self.head.device)
+        else:
+            features = torch.zeros(self.batch, n_new, self.width)
+            valid = torch.ones(self.batch, n_new, dtype=torch.bool)
+            elapsed = timed_ms(lambda: self.head.logits(self.head.step(tokens, self.head.fuse(features), valid,
+                                                                       self.cache)[:, -1]), self.head.device)
         self.cache.rollback(self.held)
         return elapsed
 
@@ -221,7 +227,7 @@ def measure(
     target_probe = ForwardProbe(target, context, ns[-1], batch, kv_cache, graph_width=n_max)
     draft_probe: ForwardProbe | HeadProbe | None = None
     if isinstance(draft, Eagle3Head):
-        draft_probe = HeadProbe(draft, context, batch)
+        draft_probe = HeadProbe(draft, context, batch, kv_cache)
     elif draft is not None:
         draft_probe = ForwardProbe(draft, context, _CATCHUP_CHUNK, batch, kv_cache, graph_width=n_max)
     verify: list[list[float]] = [[] for _ in ns]

@@ -15,6 +15,7 @@ draft id j being target id j + d2t[j] (``t2d`` marks the target ids that have on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -91,6 +92,29 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return (x.float() * cos + half.float() * sin).to(x.dtype)
 
 
+class HeadKV(Protocol):
+    """Where a head keeps its entries' keys and values for a ragged batch: ``HeadCache`` (grown by
+    concatenation) or ``eagle3_arena.HeadArena`` (preallocated, its drafted column a recorded step).
+    ``lengths`` [B] long: entries per row; ``k``, ``v`` [B, kv_heads, L, d]: what attention reads."""
+
+    lengths: torch.Tensor
+
+    @property
+    def k(self) -> torch.Tensor: ...
+
+    @property
+    def v(self) -> torch.Tensor: ...
+
+    def add(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor: ...
+
+    def rollback(self, lengths: torch.Tensor) -> None: ...
+
+    def select(self, rows: torch.Tensor) -> None: ...
+
+    def draft_column(self, head: Eagle3Head, tokens: torch.Tensor, hidden: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class HeadCache:
     """The head's keys and values for a batch whose rows hold different numbers of entries: k, v
     [B, kv_heads, L, d] and mask [B, L] (True = an entry of that row); lengths [B] long, entries per row
@@ -102,12 +126,24 @@ class HeadCache:
         self.mask = torch.zeros(batch, 0, dtype=torch.bool)
         self.lengths = torch.zeros(batch, dtype=torch.long)
 
-    def add(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> None:
-        """Append a block's keys and values [B, kv_heads, M, d] with ``valid`` [B, M] (CPU bool)."""
+    def add(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Append a block's keys and values [B, kv_heads, M, d] with ``valid`` [B, M] (CPU bool) → which keys
+        each block column attends to, [B, M, L] bool (CPU): the row's entries up to its own column; a padded
+        column, which has none, attends to every column (its output is discarded)."""
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         self.mask = torch.cat([self.mask, valid], dim=1)
         self.lengths = self.lengths + valid.long().sum(dim=1)
+        m, width = valid.shape[1], self.mask.shape[1]
+        allowed = torch.ones(m, width, dtype=torch.bool).tril(width - m)[None] & self.mask[:, None, :]  # [B, M, L]
+        return allowed | ~allowed.any(dim=-1, keepdim=True)
+
+    def draft_column(self, head: Eagle3Head, tokens: torch.Tensor, hidden: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One drafted column for every row: tokens [B, 1] (target ids) with hidden [B, 1, H] → the head's
+        pre-norm outputs [B, 1, H] and float32 logits [B, V] on the CPU (``Eagle3Head.logits``)."""
+        out = head.step(tokens, hidden, torch.ones(tokens.shape, dtype=torch.bool), self)
+        return out, head.logits(out[:, -1])
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep each row's first ``lengths`` [B] entries; crop columns no row uses."""
@@ -174,7 +210,7 @@ class Eagle3Head(nn.Module):
         """The hidden input of true entries: fc(g), features [B, M, 3·H_t] → [B, M, H]."""
         return self.fc(features.to(device=self.device, dtype=self.dtype))
 
-    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, valid: torch.Tensor, cache: HeadCache) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, valid: torch.Tensor, cache: HeadKV) -> torch.Tensor:
         """Append entries (tokens [B, M] target ids, hidden [B, M, H], ``valid`` [B, M] bool marking real
         columns, left-padded) to ``cache`` at each row's next positions; → pre-norm outputs [B, M, H]."""
         offsets = valid.long().cumsum(dim=1) - 1
@@ -183,12 +219,19 @@ class Eagle3Head(nn.Module):
         embeds = self.embed_tokens(tokens.to(table.device)).to(device=self.device, dtype=self.dtype)
         return self.layers[0](embeds, hidden.to(self.dtype), positions, valid, cache)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits over the target vocabulary, −inf off the draft vocabulary: [B, H] → [B, V] (CPU)."""
-        draft = self.lm_head(self.norm(hidden)).float().cpu()  # [B, V_d]
-        out = torch.full((hidden.shape[0], self.config.target_vocab_size), float("-inf"))
-        out[:, self.target_ids()] = draft
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary, in the head's dtype on its device: [B, H] → [B, V_d]."""
+        return self.lm_head(self.norm(hidden))
+
+    def widen(self, draft: torch.Tensor) -> torch.Tensor:
+        """Float32 logits over the target vocabulary, −inf off the draft vocabulary: [B, V_d] → [B, V] (CPU)."""
+        out = torch.full((draft.shape[0], self.config.target_vocab_size), float("-inf"))
+        out[:, self.target_ids()] = draft.float().cpu()
         return out
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``widen(draft_logits(hidden))``: [B, H] → [B, V] float32 on the CPU."""
+        return self.widen(self.draft_logits(hidden))
 
 
 class _Layer(nn.Module):
@@ -238,11 +281,7 @@ class _Layer(nn.Module):
         return x + self.mlp.down_proj(nn.functional.silu(self.mlp.gate_proj(y)) * self.mlp.up_proj(y))
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                cache: HeadCache) -> torch.Tensor:
+                cache: HeadKV) -> torch.Tensor:
         residual, q, k, v = self.project(embeds, hidden, positions)
-        cache.add(k, v, valid)
-        m, width = q.shape[2], cache.mask.shape[1]
-        causal = torch.ones(m, width, dtype=torch.bool).tril(width - m)  # column j of the block sees keys ≤ its own
-        allowed = (causal[None] & cache.mask[:, None, :]).to(q.device)  # [B, M, L]
-        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)  # padded columns attend somewhere (discarded)
+        allowed = cache.add(k, v, valid).to(q.device)  # [B, M, L]
         return self.finish(residual, q, cache.k, cache.v, allowed)

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat
+from ..backend.graphs import capture_for
 from ..backend.ragged import KVCache
 from ..config import ADAPTIVE, FIXED, SpeculationConfig
 from ..costs.table import CostTable
 from ..models.eagle3 import Eagle3Head
+from ..models.eagle3_arena import head_cache
 from ..proposers import Drafter, DraftModelProposer, PromptLookupProposer, SuffixMemory, SuffixProposer
 from ..proposers.draft_head import DraftHeadProposer
 from .acceptance import AcceptanceModel, ConfidenceAcceptance
@@ -106,8 +108,9 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
 def _draft_head(ctx: DrafterContext) -> Drafter:
     if not isinstance(ctx.assistant, Eagle3Head):
         raise ValueError("the draft head drafter needs a head (assistant_model=hf_adaspec.load_head(path, target))")
+    cache = head_cache(ctx.assistant, ctx.batch, ctx.config.kv_cache, lambda: capture_for(ctx.assistant.device))
     return DraftHeadProposer(ctx.assistant, ctx.batch, ctx.logits_processor, ctx.do_sample, ctx.pad_token_id,
-                             ctx.eos_token_ids, ctx.generator)
+                             ctx.eos_token_ids, ctx.generator, cache)
 
 
 def _head_features(assistant: object | None) -> tuple[int, ...]:

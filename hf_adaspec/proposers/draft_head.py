@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from ..backend.ragged import left_pad
-from ..models.eagle3 import Eagle3Head, HeadCache
+from ..models.eagle3 import Eagle3Head, HeadCache, HeadKV
 from .base import DraftOffer, Proposal, Rows, StopRule
 from .chain import Sampler, draft_chain
 
@@ -29,8 +29,11 @@ class DraftHeadProposer:
     name = "draft_head"
 
     def __init__(self, head: Eagle3Head, batch: int, logits_processor, do_sample: bool, pad_token_id: int,
-                 eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None) -> None:
-        self.head, self.pad, self.cache = head, pad_token_id, HeadCache(batch)
+                 eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
+                 cache: HeadKV | None = None) -> None:
+        """``cache``: where the head's entries live (None: a new ``HeadCache``; ``models.eagle3_arena``'s
+        ``head_cache`` gives a preallocated arena whose drafted columns replay a recording)."""
+        self.head, self.pad, self.cache = head, pad_token_id, cache if cache is not None else HeadCache(batch)
         self.sampler = Sampler(logits_processor, do_sample, torch.tensor(eos_token_ids, dtype=torch.long), generator)
         width = 3 * head.config.target_hidden_size
         self.pending = [torch.zeros(0, width) for _ in range(batch)]  # per row [m_i, 3·H_t]: features not ingested
@@ -61,11 +64,11 @@ class DraftHeadProposer:
         def column(j: int, previous: torch.Tensor | None) -> torch.Tensor:
             if previous is None:
                 out = self.head.step(tokens, self.head.fuse(features), valid, self.cache)  # [b, m, H]
+                logits = self.head.logits(out[:, -1])  # [b, V]
             else:
-                out = self.head.step(previous[:, None], last[-1][:, None], torch.ones(b, 1, dtype=torch.bool),
-                                     self.cache)
+                out, logits = self.cache.draft_column(self.head, previous[:, None], last[-1][:, None])  # [b, 1, H]
             last.append(out[:, -1])
-            return self.head.logits(out[:, -1])  # [b, V]
+            return logits
 
         return draft_chain(column, rows.views, ks, self.sampler, stop)
 

@@ -44,7 +44,7 @@ from ..costs.profile import load_profile, save_profile
 from ..costs.table import processor_name
 from . import gpu_check_steps as cs
 from .gpu_check_report import REPLAY_METHODS, RESULTS, SUMMARY, write_results
-from .gpu_check_graphs import compile_draft, graphs
+from .gpu_check_graphs import compile_draft, graphs, head_graphs
 from .gpu_check_sampling import sampling
 from .gpu_check_steps import BIG, DRAFT, QUANT_LABEL, TARGET, Check
 
@@ -246,7 +246,8 @@ def plan() -> list[Step]:
     """The steps in order: the cheap correctness checks first (recorded forwards against eager ones, sampling,
     greedy and the self-draft in bf16); the 1.5B pair's bf16 profile, the side-by-side timing, the engine's own
     time, the 7B's bf16 profile and the draft's compiled step; then NF4; the replay last (CPU work)."""
-    return [Step("environment", environment), Step("graphs", graphs, 15), Step("sampling", sampling, 20),
+    return [Step("environment", environment), Step("graphs", graphs, 15), Step("head-graphs", head_graphs, 15),
+            Step("sampling", sampling, 20),
             Step("greedy-bf16", lambda c: cs.greedy_matrix(c, "none"), 40),
             Step("self-draft-bf16", lambda c: cs.self_draft(c, "none"), 15),
             Step("profile-1.5b-bf16", lambda c: profile_pair(c, TARGET, "none"), 40),

@@ -1,7 +1,7 @@
-"""The GPU check's steps about recorded forwards (``backend.static_kv``): a replayed CUDA graph against the
-eager forward of the dynamic cache on the same tokens, with what each width's recording cost; and whether the
-draft's 1-token step recorded after ``torch.compile`` beats the plain recording (the faster is kept for the
-rest of the check)."""
+"""The GPU check's steps about recorded forwards (``backend.static_kv``, ``models.eagle3_arena``): a replayed
+CUDA graph against the eager forward of the dynamic cache on the same tokens, with what each width's recording
+cost; an EAGLE-3 head's drafted column replayed against its eager step; and whether the draft's 1-token step
+recorded after ``torch.compile`` beats the plain recording (the faster is kept for the rest of the check)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ import time
 import torch
 
 from ..backend import static_kv
+from ..backend.graphs import capture_for
 from ..backend.ragged import RaggedCache
 from ..backend.stores import open_store
-from ..costs.table import ForwardProbe
+from ..costs.table import ForwardProbe, HeadProbe
+from ..models.eagle3 import HeadCache
+from ..models.eagle3_arena import arena_records, head_cache
+from ..models.eagle3_format import random_head
 from .gpu_check_steps import BIG, DRAFT, NEAR_TIE, TARGET, Check
 
 PROMPT, WIDTHS = 24, (1, 5, 9)
@@ -53,6 +57,38 @@ def graphs(check: Check) -> dict:
             + ", ".join(f"n{r['width']} {r['replay_ms']} ms (eager {r['eager_ms']}, capture {r['capture_ms']})"
                         for r in records))
     return {"passed": passed, "widths": rows, "records": records, "summary": line}
+
+
+@torch.no_grad()
+def head_graphs(check: Check, repeats: int = 20, columns: int = 8) -> dict:
+    """A random-weight EAGLE-3 head for the bf16 target (``random_head``): its drafted column at batch 1 and
+    context 512 (``HeadProbe``, median of ``repeats`` after one untimed call, which records) with its entries
+    in a ``HeadCache`` (eager) and in its arena (replayed), and what recording took; then ``columns`` drafted
+    columns from the same 32 entries in both, greedily: the arena's argmax must not differ from the eager
+    one away from a near-tie (top-2 gap > ``NEAR_TIE``)."""
+    head = random_head(check.model(TARGET, "none"), seed=5)
+    ms = {}
+    for kind in ("dynamic", "static"):
+        probe = HeadProbe(head, 512, 1, kind)
+        probe.time_ms(1)
+        ms[kind] = round(statistics.median(probe.time_ms(1) for _ in range(repeats)), 3)
+    gen, width = torch.Generator().manual_seed(6), 3 * head.config.target_hidden_size
+    tokens = torch.randint(1, head.config.target_vocab_size, (1, 32), generator=gen)
+    features = head.fuse(torch.randn(1, 32, width, generator=gen))
+    caches = (HeadCache(1), head_cache(head, 1, "static", lambda: capture_for(head.device)))
+    hidden = [head.step(tokens, features, torch.ones(1, 32, dtype=torch.bool), c)[:, -1:] for c in caches]
+    token, differs = tokens[:, -1:], 0
+    for _ in range(columns):
+        (eager, want), (replayed, got) = (c.draft_column(head, token, h) for c, h in zip(caches, hidden))
+        top2 = want.topk(2, dim=-1).values
+        differs += int(((want.argmax(-1) != got.argmax(-1)) & ((top2[:, 0] - top2[:, 1]) > NEAR_TIE)).sum())
+        token, hidden = want.argmax(-1, keepdim=True), [eager, replayed]
+    capture = arena_records(head)
+    return {"passed": differs == 0, "eager_ms": ms["dynamic"], "replayed_ms": ms["static"],
+            "capture_ms": capture, "argmax_differs_clear": differs,
+            "summary": f"EAGLE-3 head's drafted column at context 512: eager {ms['dynamic']} ms, replayed "
+                       f"{ms['static']} ms (recording {capture} ms); {differs} of {columns} greedy columns differ "
+                       "away from a near-tie"}
 
 
 def compile_draft(check: Check, repeats: int = 20) -> dict:

@@ -1,0 +1,103 @@
+"""A draft head's preallocated arena (``models.eagle3_arena``): the same entries, outputs and logits as the
+growing ``HeadCache`` through blocks, drafted columns, rollbacks, rows leaving and growth; its drafted
+column recorded once and replayed across requests; and where ``kv_cache`` gives a head an arena. On a CPU
+the recording is ``graphs.Rerun`` (the same static-buffer discipline as a CUDA graph). Greedy equality and
+lossless sampling with the arena are in test_invariants.py's matrices (``kv_cache="static"``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_adaspec.backend.graphs import Rerun
+from hf_adaspec.models import eagle3_arena
+from hf_adaspec.models.eagle3 import HeadCache
+from hf_adaspec.models.eagle3_arena import HeadArena, arena_records, head_cache
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class CountingCapture:
+    """``Rerun``, counting recordings and replays."""
+
+    def __init__(self) -> None:
+        self.recorded, self.replayed = 0, 0
+
+    def __call__(self, fn):
+        captured, out = Rerun()(fn)
+        self.recorded += 1
+        replay = captured.replay
+
+        def counted() -> None:
+            self.replayed += 1
+            replay()
+
+        captured.replay = counted
+        return captured, out
+
+
+def _block(head, gen, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A left-padded block: row i's last lengths[i] columns valid → tokens [B, M], hidden [B, M, H], valid."""
+    width = max(lengths)
+    valid = torch.tensor([[j >= width - n for j in range(width)] for n in lengths])
+    tokens = torch.randint(0, head.config.target_vocab_size, (len(lengths), width), generator=gen)
+    features = torch.randn(len(lengths), width, 3 * head.config.target_hidden_size, generator=gen)
+    return tokens, head.fuse(features), valid
+
+
+@torch.no_grad()
+def test_the_arena_holds_what_the_growing_cache_holds(tiny_head):
+    head, gen = tiny_head, torch.Generator().manual_seed(0)
+    ref, capture = HeadCache(3), CountingCapture()
+    arena = HeadArena(head, 3, capture, capacity=8)
+
+    def both_step(lengths: list[int]) -> None:
+        tokens, hidden, valid = _block(head, gen, lengths)
+        a, b = head.step(tokens, hidden, valid, ref), head.step(tokens, hidden, valid, arena)
+        torch.testing.assert_close(a[valid], b[valid], rtol=1e-4, atol=1e-4)  # valid entries; float32 summed in another order
+
+    def both_draft(columns: int) -> None:
+        hidden = torch.randn(ref.lengths.shape[0], 1, head.config.hidden_size, generator=gen)
+        for _ in range(columns):
+            tokens = torch.randint(0, head.config.target_vocab_size, (ref.lengths.shape[0], 1), generator=gen)
+            (a, la), (b, lb) = ref.draft_column(head, tokens, hidden), arena.draft_column(head, tokens, hidden)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(la, lb, rtol=1e-4, atol=1e-4)
+            hidden = a
+        assert torch.equal(ref.lengths, arena.lengths)
+
+    both_step([5, 3, 1])
+    both_draft(2)  # 7 columns
+    kept = ref.lengths - torch.tensor([2, 0, 1])  # rejected drafted entries
+    for arena_or_ref in (ref, arena):
+        arena_or_ref.rollback(kept)
+    both_step([2, 1, 2])
+    both_draft(3)  # past 8 columns: the arena grows to 16 and records its column again
+    assert arena.capacity == 16 and capture.recorded == 2
+    for arena_or_ref in (ref, arena):
+        arena_or_ref.select(torch.tensor([0, 2]))
+    both_draft(2)
+    both_step([1, 4])
+    both_draft(1)
+    assert torch.equal(ref.lengths, arena.lengths) and capture.replayed == 8
+
+
+def test_the_recording_is_made_once_and_replayed_across_requests(tiny_head):
+    counting = CountingCapture()
+    eagle3_arena._ARENAS.pop(tiny_head, None)
+    gen = torch.Generator().manual_seed(1)
+    for request in range(2):
+        cache = head_cache(tiny_head, 1, "static", lambda: counting)
+        assert isinstance(cache, HeadArena) and cache.lengths.tolist() == [0]  # a request starts empty
+        with torch.no_grad():
+            tiny_head.step(*_block(tiny_head, gen, [4]), cache)
+            cache.draft_column(tiny_head, torch.tensor([[3]]), torch.zeros(1, 1, tiny_head.config.hidden_size))
+    assert (counting.recorded, counting.replayed) == (1, 2) and len(arena_records(tiny_head)) == 1
+    with pytest.raises(ValueError, match="another head"):
+        cache.draft_column(object(), torch.tensor([[3]]), torch.zeros(1, 1, tiny_head.config.hidden_size))
+
+
+@pytest.mark.parametrize(("kv_cache", "arena"), [("static", True), ("dynamic", False), ("auto", False)])
+def test_kv_cache_gives_a_head_on_a_cpu_an_arena_only_when_static(tiny_head, kv_cache, arena):
+    cache = head_cache(tiny_head, 2, kv_cache, Rerun)
+    assert isinstance(cache, HeadArena) is arena and isinstance(cache, HeadCache) is not arena
