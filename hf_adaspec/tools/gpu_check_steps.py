@@ -327,13 +327,12 @@ def forward_timer(models) -> Iterator[dict[int, list[float]]]:
 def engine_overhead(target, timer: dict[int, list[float]], prompt: list[int], new: int, kwargs: dict) -> dict:
     """One greedy request at batch 1 after a short warm-up: (wall ms − all forwards' ms) per step, the wall
     from the engine's own clock (``stats.wall_ms``); for plain, per token over transformers' whole generate."""
-    state = SpeculationState()
-    generate(target, prompt, 4, kwargs, state)
+    generate(target, prompt, 4, kwargs)  # records the steps' graphs; its learned state is dropped
     for v in timer.values():
         v.clear()
     sync(target)
     start = time.perf_counter()
-    stats = getattr(generate(target, prompt, new, kwargs, state), "speculation", None)
+    stats = getattr(generate(target, prompt, new, kwargs, SpeculationState()), "speculation", None)
     sync(target)
     wall = stats.wall_ms if stats is not None else (time.perf_counter() - start) * 1000.0
     steps = len({s.step for s in stats.steps}) if stats is not None else new
@@ -345,11 +344,13 @@ def engine_overhead(target, timer: dict[int, list[float]], prompt: list[int], ne
 def timed_runs(target, methods: dict, prompts: list[list[int]], new: int, repeats: int,
                warmup: dict[str, int] | None = None) -> dict[str, float]:
     """Geometric-mean tokens/s per method over ``prompts`` (batch 1, greedy; median of ``repeats`` rounds),
-    methods interleaved in each round and each learning into its own state, after an untimed warm-up round of
-    4 tokens (``warmup[m]`` tokens for method m: a compiled static cache is sized by the request's length)."""
-    states = {m: SpeculationState() for m in methods}
+    methods interleaved in each round, after an untimed warm-up round of 4 tokens (``warmup[m]`` tokens for
+    method m: a compiled static cache is sized by the request's length). Each method learns across the
+    prompts of a round into a state of its own, new every round: no timed request starts from a state that
+    has seen its prompt."""
     seconds: dict = {(m, i): [] for m in methods for i in range(len(prompts))}
     for round_ in range(repeats + 1):
+        states = {m: SpeculationState() for m in methods}
         for (m, i), times in seconds.items():
             sync(target)
             start = time.perf_counter()
