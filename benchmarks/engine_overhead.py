@@ -40,7 +40,8 @@ torch.set_num_threads(1)
 check = cs.Check("cpu", True, Path(tempfile.mkdtemp()), kv_cache="dynamic")
 target, draft = check.model(cs.TARGET, "none"), check.model(cs.DRAFT, "none", head=True)
 kwargs = {"hf": {}, "plain": {"speculation": "fixed", "num_speculative_tokens": 0},
-          "adaptive": {"speculation": "adaptive", "assistant_model": draft}, "adaptive-lookup": {"speculation": "adaptive"}}
+          "adaptive": {"speculation": "adaptive", "assistant_model": draft},
+          "adaptive-lookup": {"speculation": "adaptive"}}
 job = json.loads(sys.argv[1])
 gen = torch.Generator().manual_seed(job["seed"])
 prompts = [torch.randint(3, target.config.vocab_size, (24,), generator=gen).tolist() for _ in range(job["prompts"])]

@@ -54,7 +54,7 @@ def test_the_arena_holds_what_the_growing_cache_holds(tiny_head):
     def both_step(lengths: list[int]) -> None:
         tokens, hidden, valid = _block(head, gen, lengths)
         a, b = head.step(tokens, hidden, valid, ref), head.step(tokens, hidden, valid, arena)
-        torch.testing.assert_close(a[valid], b[valid], rtol=1e-4, atol=1e-4)  # valid entries; float32 summed in another order
+        torch.testing.assert_close(a[valid], b[valid], rtol=1e-4, atol=1e-4)  # valid entries; another summing order
 
     def both_draft(columns: int) -> None:
         hidden = torch.randn(ref.lengths.shape[0], 1, head.config.hidden_size, generator=gen)

@@ -60,7 +60,8 @@ def test_no_match_and_separators():
     assert speculate(_a(1, 2, -1, 3), _a(9, 2), 8).tokens == ()  # nothing continues across a separator
 
 
-def _every_length(buf: np.ndarray, context: np.ndarray, k: int, depth: int) -> tuple[tuple[int, ...], float, int]:
+def _every_length(buf: np.ndarray, context: np.ndarray, k: int, depth: int, min_prob: float
+                  ) -> tuple[tuple[int, ...], float, int]:
     """The reference search: every match length L = 1 … from the shortest, each node's children counted
     with ``np.unique`` (ties as arctic's), the best score kept, ties to the longer match."""
     context, best, n = context[-depth:], ((), 0.0, 0), buf.shape[0]
@@ -80,7 +81,7 @@ def _every_length(buf: np.ndarray, context: np.ndarray, k: int, depth: int) -> t
             reached = [int(np.flatnonzero(buf[nxt] == v)[counts.max() - 1]) for v in tied]
             token = int(tied[int(np.argmin(reached) if counts.max() == 1 else np.argmax(reached))])
             prob *= counts.max() / ends.size
-            if prob < 0.1:
+            if prob < min_prob:
                 break
             tokens, probs, ends = tokens + [token], probs + [prob], nxt[buf[nxt] == token]
         if sum(probs) >= best[1]:
@@ -99,9 +100,9 @@ def test_longest_first_search_finds_what_every_length_finds(seed):
         buf[gen.random(buf.shape[0]) < 0.04] = -1  # separators
         context = np.concatenate([gen.integers(1, alphabet + 1, size=int(gen.integers(1, 30))), buf[-5:]])
         context = context[context != -1]
-        k, depth = int(gen.integers(1, 9)), int(gen.integers(2, 25))
-        draft = speculate(buf, context, k, max_depth=depth)
-        tokens, score, length = _every_length(buf, context, k, depth)
+        k, depth, min_prob = int(gen.integers(1, 9)), int(gen.integers(2, 25)), float(gen.choice([0.05, 0.1, 0.3, 1.5]))
+        draft = speculate(buf, context, k, max_depth=depth, min_token_prob=min_prob)
+        tokens, score, length = _every_length(buf, context, k, depth, min_prob)
         assert draft.tokens == tokens and (draft.match_len if draft.tokens else 0) == length
         assert draft.score == pytest.approx(score)
 

@@ -39,8 +39,9 @@ class DraftModelProposer:
     def offer(self, rows: Rows, k_max: int) -> DraftOffer:
         """k_max tokens for every row, no evidence before drafting (the confidences come with the tokens),
         and the columns of unseen tokens beyond the 1–2 every step feeds (prompts, runs of plain steps)."""
-        b = len(rows.views)
-        return DraftOffer((k_max,) * b, (0,) * b, max(0, int((rows.lengths - self.cache.lengths).max()) - 2))
+        b, seen = len(rows.views), self.cache.lengths.tolist()
+        unseen = max(v.shape[0] - start - c for v, start, c in zip(rows.views, rows.starts, seen, strict=True))
+        return DraftOffer((k_max,) * b, (0,) * b, max(0, unseen - 2))
 
     @torch.no_grad()
     def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None

@@ -85,6 +85,16 @@ def _path(buf: np.ndarray, ends: np.ndarray, max_tokens: int, min_prob: float, f
     tokens, probs, prob, score = [], [], 1.0, 0.0
     n = buf.shape[0]
     while len(tokens) < max_tokens and ends.size:
+        if ends.size == 1:  # one occurrence: what follows it, every token at the same probability (count 1 of 1)
+            run = buf[int(ends[0]) + 1 : int(ends[0]) + 1 + max_tokens - len(tokens)]
+            cut = np.flatnonzero(run == SEPARATOR)
+            run = run[: cut[0]] if cut.size else run
+            if prob < min_prob or not run.size:
+                break
+            if score + prob * (max_tokens - len(tokens)) + 1e-9 <= floor:
+                return SuffixDraft()
+            tokens, probs = tokens + run.tolist(), probs + [prob] * run.size
+            break
         nxt = ends + 1
         nxt = nxt[nxt < n]
         follow = buf[nxt]
