@@ -274,7 +274,9 @@ class _Layer(nn.Module):
         c, a = self.c, self.self_attn
         bsz, m = residual.shape[:2]
         group = c.num_heads // c.num_kv_heads
-        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        b, kv, length, d = keys.shape  # each key/value head serves ``group`` query heads (expand: graph-safe)
+        keys, values = (t[:, :, None].expand(b, kv, group, length, d).reshape(b, kv * group, length, d)
+                        for t in (keys, values))
         out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None])
         x = residual + a.o_proj(out.transpose(1, 2).reshape(bsz, m, c.num_heads * c.dim))
         y = self.post_attention_layernorm(x)
