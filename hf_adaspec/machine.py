@@ -23,11 +23,14 @@ def processor_name() -> str:
 
 
 def versions(*dists: str) -> dict[str, str | None]:
-    """Installed version of each distribution in ``dists`` (None when not installed)."""
-    found: dict[str, str | None] = {}
-    for dist in dists:
-        try:
-            found[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[dist] = None
-    return found
+    """Installed version of each distribution in ``dists`` (None when not installed), read once per process (a
+    request's cost key asks every time; the process keeps the modules it imported)."""
+    return {dist: _version(dist) for dist in dists}
+
+
+@functools.cache
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
