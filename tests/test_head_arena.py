@@ -6,11 +6,12 @@ lossless sampling with the arena are in test_invariants.py's matrices (``kv_cach
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from hf_adaspec.backend.graphs import Rerun
-from hf_adaspec.models import eagle3_arena
 from hf_adaspec.models.eagle3 import HeadCache
 from hf_adaspec.models.eagle3_arena import HeadArena, arena_records, head_cache
 
@@ -83,18 +84,17 @@ def test_the_arena_holds_what_the_growing_cache_holds(tiny_head):
 
 
 def test_the_recording_is_made_once_and_replayed_across_requests(tiny_head):
-    counting = CountingCapture()
-    eagle3_arena._ARENAS.pop(tiny_head, None)
+    head, counting = copy.deepcopy(tiny_head), CountingCapture()  # a head no other test has given an arena
     gen = torch.Generator().manual_seed(1)
-    for request in range(2):
-        cache = head_cache(tiny_head, 1, "static", lambda: counting)
+    for _ in range(2):
+        cache = head_cache(head, 1, "static", lambda: counting)
         assert isinstance(cache, HeadArena) and cache.lengths.tolist() == [0]  # a request starts empty
         with torch.no_grad():
-            tiny_head.step(*_block(tiny_head, gen, [4]), cache)
-            cache.draft_column(tiny_head, torch.tensor([[3]]), torch.zeros(1, 1, tiny_head.config.hidden_size))
-    assert (counting.recorded, counting.replayed) == (1, 2) and len(arena_records(tiny_head)) == 1
+            head.step(*_block(head, gen, [4]), cache)
+            cache.draft_column(head, torch.tensor([[3]]), torch.zeros(1, 1, head.config.hidden_size))
+    assert (counting.recorded, counting.replayed) == (1, 2) and len(arena_records(head)) == 1
     with pytest.raises(ValueError, match="another head"):
-        cache.draft_column(object(), torch.tensor([[3]]), torch.zeros(1, 1, tiny_head.config.hidden_size))
+        cache.draft_column(tiny_head, torch.tensor([[3]]), torch.zeros(1, 1, head.config.hidden_size))
 
 
 @pytest.mark.parametrize(("kv_cache", "arena"), [("static", True), ("dynamic", False), ("auto", False)])
