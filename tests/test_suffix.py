@@ -96,7 +96,8 @@ def test_longest_first_search_finds_what_every_length_finds(seed):
     gen = np.random.default_rng(seed)
     for _ in range(150):
         alphabet = int(gen.integers(2, 6))  # few distinct tokens: deep matches, ties and branching nodes
-        buf = gen.integers(1, alphabet + 1, size=int(gen.integers(1, 70)))
+        longest = 70 if gen.random() < 0.7 else 260  # long buffers: nodes above SMALL_NODE, counted by np.unique
+        buf = gen.integers(1, alphabet + 1, size=int(gen.integers(1, longest)))
         buf[gen.random(buf.shape[0]) < 0.04] = -1  # separators
         context = np.concatenate([gen.integers(1, alphabet + 1, size=int(gen.integers(1, 30))), buf[-5:]])
         context = context[context != -1]
