@@ -29,12 +29,17 @@ CAPACITY_FLOOR = 256  # columns of a new arena
 Capture = Callable[[Callable[[], tuple]], tuple[object, tuple]]  # ``backend.graphs.Capture``
 
 
+def _rows_for(batch: int) -> int:
+    """B_cap: the next power of two ≥ ``batch``."""
+    return max(1, 1 << max(0, batch - 1).bit_length())
+
+
 class HeadArena:
     """One head's preallocated keys and values for up to B_cap rows, and its recorded drafted column."""
 
     def __init__(self, head: Eagle3Head, batch: int, capture: Capture, capacity: int = CAPACITY_FLOOR) -> None:
         c, self.device = head.config, head.device
-        self.head, self.capture, self.rows = weakref.ref(head), capture, max(1, 1 << max(0, batch - 1).bit_length())
+        self.head, self.capture, self.rows = weakref.ref(head), capture, _rows_for(batch)
         self.tokens = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
         self.hidden = torch.zeros(self.rows, 1, c.hidden_size, dtype=head.dtype, device=self.device)
         self.positions = torch.zeros_like(self.tokens)
@@ -156,7 +161,7 @@ def head_cache(head: Eagle3Head, batch: int, kv_cache: str, capture: Callable[[]
     if not shared or (kv_cache != "static" and not (kv_cache == "auto" and head.device.type == "cuda")):
         return HeadCache(batch)
     arenas = _ARENAS.setdefault(head, {})
-    rows = max(1, 1 << max(0, batch - 1).bit_length())
+    rows = _rows_for(batch)
     if rows not in arenas:
         arenas[rows] = HeadArena(head, batch, capture(), CAPACITY_FLOOR)
     arenas[rows].start(batch)
