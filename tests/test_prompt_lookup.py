@@ -7,7 +7,7 @@ import torch
 
 from hf_adaspec.proposers import DraftOffer, PromptLookupProposer, Proposal
 from hf_adaspec.proposers.base import Rows
-from hf_adaspec.proposers.prompt_lookup import find_continuation
+from hf_adaspec.proposers.prompt_lookup import find_continuation, find_match
 
 
 def _t(*tokens: int) -> torch.Tensor:
@@ -47,6 +47,35 @@ def test_no_match_returns_empty(tokens):
 def test_continuation_never_includes_the_query_itself():
     tokens = _t(4, 4, 4)  # last 2-gram (4,4) first occurs at 0 → continuation from 2
     assert find_continuation(tokens, 2, 1, 5).tolist() == [4]
+
+
+def _every_ngram(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_max: int) -> tuple[list[int], int]:
+    """The reference search: for n = max_ngram … min_ngram, every earlier n-gram with a successor compared
+    with the last n tokens; the most recent hit of the first n with one, and its match length (≤ 32)."""
+    ids = tokens.tolist()
+    for n in range(min(max_ngram, len(ids) - 1), min_ngram - 1, -1):
+        hits = [e for e in range(n - 1, len(ids) - 1) if ids[e - n + 1 : e + 1] == ids[-n:]]
+        if hits:
+            m = 0
+            while m < min(32, hits[-1] + 1) and ids[hits[-1] - m] == ids[-1 - m]:
+                m += 1
+            return ids[hits[-1] + 1 : hits[-1] + 1 + k_max], m
+    return [], 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_pass_search_finds_what_every_ngram_finds(seed):
+    """The search by reach (every earlier end of the last token at once) against trying every n: the same
+    continuation and match length, on random sequences of few distinct tokens (long and repeated matches)."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(200):
+        length, alphabet = int(torch.randint(1, 90, (1,), generator=gen)), int(torch.randint(1, 5, (1,), generator=gen))
+        tokens = torch.randint(0, alphabet, (length,), generator=gen)
+        max_ngram = int(torch.randint(1, 40, (1,), generator=gen))
+        min_ngram = int(torch.randint(1, max_ngram + 1, (1,), generator=gen))
+        k_max = int(torch.randint(0, 9, (1,), generator=gen))
+        continuation, m = find_match(tokens, max_ngram, min_ngram, k_max)
+        assert (continuation.tolist(), m) == _every_ngram(tokens, max_ngram, min_ngram, k_max)
 
 
 def _rows(*rows: tuple[int, ...], pad: int = 0) -> Rows:

@@ -97,6 +97,8 @@ class RaggedCache:
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths`` [B] tokens of each row; crop columns no row uses any more."""
+        if bool((lengths >= self.lengths).all()) and (not self.mask.shape[1] or bool(self.mask[:, -1].any())):
+            return  # every row keeps all it holds and the last column is in use: nothing changes (a plain step)
         kept = (self.mask.cumsum(dim=1) <= lengths[:, None]) & self.mask.bool()  # [B, L]
         self.mask = kept.long()
         self.lengths = torch.minimum(self.lengths, lengths)
@@ -138,6 +140,8 @@ def left_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch
 def right_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack 1-D token rows left-aligned: → tokens [B, M] long and valid [B, M] bool (M = longest)."""
     width = max(int(r.shape[0]) for r in rows)
+    if all(r.shape[0] == width for r in rows):  # nothing to pad (every plain step)
+        return torch.stack(rows), torch.ones(len(rows), width, dtype=torch.bool)
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
     valid = torch.zeros(len(rows), width, dtype=torch.bool)
     for i, r in enumerate(rows):

@@ -144,21 +144,22 @@ def _decide(rows: _Rows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOff
     return offers, view, parts.controller.decide(view)
 
 
-def hindsight(proposal: torch.Tensor, emitted: torch.Tensor) -> tuple[int, int]:
-    """(compared, accepted): how many of a costless drafter's tokens [1, u] can be checked against the
-    tokens a step emitted [1, m] (min(u, m)), and how many leading ones equal them."""
-    compared = min(proposal.shape[1], emitted.shape[1])
-    if not compared:
-        return 0, 0
-    same = (proposal[0, :compared] == emitted[0, :compared]).int()
-    return compared, int(same.cumprod(0).sum())
+def hindsight(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int]:
+    """(compared, accepted): how many of a costless drafter's u tokens can be checked against the m tokens a
+    step emitted (min(u, m)), and how many leading ones equal them."""
+    compared = min(len(proposal), len(emitted))
+    accepted = 0
+    while accepted < compared and proposal[accepted] == emitted[accepted]:
+        accepted += 1
+    return compared, accepted
 
 
 def _hindsight(offers: Sequence[DraftOffer], view: StepView, new: list[torch.Tensor]
                ) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
     """Per drafter: None (paid), or for a costless one per row what its whole offer (as the controller saw
-    it, capped by the row's budget) would have got accepted."""
-    return tuple(tuple(hindsight(p.tokens, n) for p, n in zip(o.take(view.offers[d]), new, strict=True))
+    it, capped by the row's budget) would have got accepted (``new``: per row the emitted tokens [1, m])."""
+    emitted = [n[0].tolist() for n in new]
+    return tuple(tuple(hindsight(t.tolist()[:u], e) for t, u, e in zip(o.tokens, view.offers[d], emitted, strict=True))
                  if o.costless else None for d, o in enumerate(offers))
 
 
@@ -183,12 +184,16 @@ def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: _Rows, settin
     accepted, tokens = [0] * len(proposals), [0] * len(proposals)
     for k in sorted({proposal.k for proposal in proposals}):
         group = [slot for slot, proposal in enumerate(proposals) if proposal.k == k]
-        result = verify_group([proposals[s] for s in group], torch.cat([scores[s] for s in group]), settings)
-        both = torch.cat([result.num_accepted, result.next_token]).tolist()  # one transfer per group
+        joined = scores[group[0]] if len(group) == 1 else torch.cat([scores[s] for s in group])  # [g, k+1, V]
+        if k or settings.do_sample:
+            result = verify_group([proposals[s] for s in group], joined, settings)
+            both = torch.cat([result.num_accepted, result.next_token]).tolist()  # one transfer per group
+        else:  # greedy plain rows: nothing to verify, the target's argmax (greedy_verify's bonus token at k = 0)
+            both = [0] * len(group) + joined[:, 0].argmax(dim=-1).tolist()
         for j, slot in enumerate(group):
             accepted[slot], tokens[slot] = both[j], both[len(group) + j]
-    new = [torch.cat([proposal.tokens[:, :n], torch.tensor([[token]])], dim=1)
-           for proposal, n, token in zip(proposals, accepted, tokens, strict=True)]
+    new = [torch.cat([proposal.tokens[:, :n], torch.tensor([[token]])], dim=1) if n else torch.tensor([[token]])
+           for proposal, n, token in zip(proposals, accepted, tokens, strict=True)]  # [1, n_i + 1] each
     return accepted, new
 
 

@@ -7,6 +7,7 @@ Saxena 2023, "Prompt Lookup Decoding".
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .base import CostlessDrafter, DraftOffer, Rows
@@ -19,18 +20,25 @@ def find_match(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_max: int)
     length m: how many tokens before that continuation equal the sequence's last tokens (≥ n, ≤ MATCH_CAP).
 
     Tries n = max_ngram down to min_ngram and takes the first hit, at most k_max tokens. tokens: [T] long
-    → ([k'] long with 0 ≤ k' ≤ k_max, m; m = 0 when nothing matched).
+    → ([k'] long with 0 ≤ k' ≤ k_max, m; m = 0 when nothing matched). One pass: every earlier position of
+    the last token is a candidate n-gram end, and how far each one's match reaches back says for which n
+    it is a hit (the largest n with a hit wins, then the most recent end).
     """
-    length = tokens.shape[0]
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = tokens[: length - 1].unfold(0, n, 1)  # [T-n, n]: every n-gram that has a successor
-        hits = (windows == tokens[length - n :]).all(dim=-1).nonzero().flatten()
-        if hits.numel():
-            start = int(hits[-1]) + n
-            span = min(MATCH_CAP, start)
-            same = (tokens[start - span : start].flip(0) == tokens[length - span :].flip(0)).int()  # [span]
-            return tokens[start : min(start + k_max, length)], int(same.cumprod(0).sum())
-    return tokens[:0], 0
+    ids = tokens.numpy()  # [T], the same memory
+    length = ids.shape[0]
+    ends = (ids[: length - 1] == ids[length - 1]).nonzero()[0] if length > 1 else np.empty(0, dtype=np.int64)
+    if not ends.size:
+        return tokens[:0], 0
+    back = np.arange(max(MATCH_CAP, max_ngram))  # [W]: how far back of each end (and of the last token) a pair lies
+    at = ends[:, None] - back[None, :]  # [E, W] positions before and at each candidate end
+    same = (at >= 0) & (ids[np.maximum(at, 0)] == ids[np.maximum(length - 1 - back, 0)][None, :])  # [E, W]
+    reach = np.logical_and.accumulate(same, axis=1).sum(axis=1)  # [E]: the match length ending at each
+    n = min(max_ngram, int(reach.max()))
+    if n < min_ngram:
+        return tokens[:0], 0
+    hit = int((reach >= n).nonzero()[0][-1])  # the most recent end whose match reaches n tokens back
+    start = int(ends[hit]) + 1
+    return tokens[start : min(start + k_max, length)], min(MATCH_CAP, int(reach[hit]))
 
 
 def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k_max: int) -> torch.Tensor:

@@ -87,7 +87,7 @@ def _path(buf: np.ndarray, ends: np.ndarray, max_tokens: int, min_prob: float, f
     while len(tokens) < max_tokens and ends.size:
         if ends.size == 1:  # one occurrence: what follows it, every token at the same probability (count 1 of 1)
             run = buf[int(ends[0]) + 1 : int(ends[0]) + 1 + max_tokens - len(tokens)]
-            cut = np.flatnonzero(run == SEPARATOR)
+            cut = (run == SEPARATOR).nonzero()[0]
             run = run[: cut[0]] if cut.size else run
             if prob < min_prob or not run.size:
                 break
@@ -120,7 +120,7 @@ def _occurrences(buf: np.ndarray, context: np.ndarray) -> list[np.ndarray]:
     left but (at most) buf's last position, which nothing continues (or L = C − 1). buf, context: [N], [C]
     int64."""
     out: list[np.ndarray] = []
-    ends = np.flatnonzero(buf == context[-1]) if context.size else np.empty(0, dtype=np.int64)
+    ends = (buf == context[-1]).nonzero()[0] if context.size else np.empty(0, dtype=np.int64)  # [n] ascending
     for length in range(1, context.shape[0]):
         if length > 1:
             ends = ends[ends >= length - 1]
@@ -240,4 +240,5 @@ class SuffixProposer(CostlessDrafter):
         drafts = [best_draft(self.memory, rows.tokens(i), rows.prompt_length(i), k_max, self.max_depth,
                              self.spec_factor, self.spec_offset, self.min_token_prob) for i in range(len(rows.views))]
         return DraftOffer(tuple(len(d.tokens) for d in drafts), tuple(d.match_len if d.tokens else 0 for d in drafts),
-                          tokens=tuple(torch.tensor(d.tokens, dtype=torch.long) for d in drafts))
+                          tokens=tuple(torch.tensor(d.tokens, dtype=torch.long) if d.tokens else rows.views[i][:0]
+                                       for i, d in enumerate(drafts)))
