@@ -27,7 +27,7 @@ from ..policy.horizon import lindy_horizon
 from ..proposers.base import Drafter, DraftOffer, Proposal, Rows
 from .stats import SpeculationStats, StepRecord
 from .threads import ThreadChooser
-from .verification import Verification, greedy_verify, speculative_sample
+from .verification import Verification, greedy_verify, process_scores, select_token, speculative_sample
 
 
 @dataclass
@@ -72,23 +72,6 @@ class DecodeResult:
 
     sequences: torch.Tensor
     stats: SpeculationStats
-
-
-def process_scores(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Apply logits processors position by position: scores_i sees ids + d_<i (moved to the logits' device).
-    logits: [1, k+1, V]."""
-    if not processor:
-        return logits
-    seen = torch.cat([ids, draft.to(ids.device)], dim=1).to(logits.device)  # [1, T + k]
-    rows = [processor(seen[:, : ids.shape[1] + i], logits[:, i]) for i in range(logits.shape[1])]
-    return torch.stack(rows, dim=1)  # [1, k+1, V]
-
-
-def select_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from processed scores [B, V] → [B, 1] (on the scores' device)."""
-    if do_sample:
-        return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
-    return scores.argmax(dim=-1, keepdim=True)
 
 
 def verify_group(proposals: Sequence[Proposal], scores: torch.Tensor, settings: DecodeSettings) -> Verification:
@@ -148,10 +131,7 @@ def hindsight(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int
     """(compared, accepted): how many of a costless drafter's u tokens can be checked against the m tokens a
     step emitted (min(u, m)), and how many leading ones equal them."""
     compared = min(len(proposal), len(emitted))
-    accepted = 0
-    while accepted < compared and proposal[accepted] == emitted[accepted]:
-        accepted += 1
-    return compared, accepted
+    return compared, next((j for j in range(compared) if proposal[j] != emitted[j]), compared)
 
 
 def _hindsight(offers: Sequence[DraftOffer], view: StepView, new: list[torch.Tensor]
@@ -212,6 +192,13 @@ def _commit(parts: RunParts, finished: list[bool], confirmed: torch.Tensor, own:
         drafter.commit(lengths, keep, features)
 
 
+def _own(drafter: int, chosen: Sequence[int], confirmed: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """What drafter ``drafter`` keeps per row ([b] long): the ``confirmed`` tokens where it drafted this step
+    (``chosen``: each row's drafter), else what the row ``held`` before it."""
+    mine = [d == drafter for d in chosen]
+    return confirmed if all(mine) else held if not any(mine) else torch.where(torch.tensor(mine), confirmed, held)
+
+
 def _leave(parts: RunParts, rows: _Rows, finished: list[bool]) -> None:
     """The controller forgets finished rows, and they leave the active rows."""
     left = [s for s, f in enumerate(finished) if not f]
@@ -254,11 +241,11 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         logits, features = parts.cache.append_features(block, valid, block.shape[1], parts.feature_layers)
         accepted, new = _verify(logits, proposals, rows, settings)  # verify
         seen = _hindsight(offers, view, new)
-        confirmed = current.lengths + torch.tensor(accepted)  # tokens each row holds, minus its new last token
+        held = current.lengths  # [b] tokens each row held before the step
+        confirmed = held + torch.tensor(accepted)  # tokens each row holds, minus its new last token
         lengths = [rows.views[i].shape[0] for i in rows.active]
         finished = [rows.emit(s, n, settings, now()) for s, n in enumerate(new)]
-        own = [torch.where(torch.tensor([c == d for c in decision.drafters]), confirmed, current.lengths)
-               for d in range(len(parts.drafters))]
+        own = [_own(d, decision.drafters, confirmed, held) for d in range(len(parts.drafters))]
         kept = None if features is None else [features[s, : n + 1] for s, n in enumerate(accepted)]  # [n_i+1, F]
         _commit(parts, finished, confirmed, own, kept)  # commit
         ks = tuple(p.k for p in proposals)

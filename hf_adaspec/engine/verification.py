@@ -1,7 +1,9 @@
 """Verification of a k-token proposal against the target: greedy and lossless speculative sampling.
 
 Notation: p = target distribution, q = draft distribution (Leviathan et al. 2023; Chen et al. 2023).
-Pure functions over tensors, batch-shaped: B rows ([B, ...]) verified at once, each row independently.
+Pure functions over tensors, batch-shaped: B rows ([B, ...]) verified at once, each row independently;
+also the scores they verify against (logits processors applied position by position) and one token
+chosen from scores.
 """
 
 from __future__ import annotations
@@ -37,6 +39,23 @@ def greedy_verify(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> Ve
     n = _first_rejection(draft_tokens == target_tokens[:, :-1])  # [B]
     next_token = target_tokens.gather(1, n[:, None]).squeeze(1)  # [B]
     return Verification(num_accepted=n, next_token=next_token)
+
+
+def process_scores(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Apply logits processors position by position: scores_i sees ids + d_<i (moved to the logits' device).
+    logits: [1, k+1, V]."""
+    if not processor:
+        return logits
+    seen = torch.cat([ids, draft.to(ids.device)], dim=1).to(logits.device)  # [1, T + k]
+    rows = [processor(seen[:, : ids.shape[1] + i], logits[:, i]) for i in range(logits.shape[1])]
+    return torch.stack(rows, dim=1)  # [1, k+1, V]
+
+
+def select_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from processed scores [B, V] → [B, 1] (on the scores' device)."""
+    if do_sample:
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
+    return scores.argmax(dim=-1, keepdim=True)
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
