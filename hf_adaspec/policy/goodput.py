@@ -146,9 +146,11 @@ def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, m
     rows = len(offers[0].paths)
     tv1 = t_verify_ms(1)
     plain = Plan(0, (0,) * rows, 1000.0 * rows / tv1, tv1)
+    k_top = max((len(p) for o in offers for p in o.paths), default=0)
+    if not k_top:
+        return plain  # nothing offered: no plan but the plain step (which ``select`` would return)
     paid = [d for d, o in enumerate(offers) if o.paid]
     free = [d for d, o in enumerate(offers) if not o.paid]
-    k_top = max((len(p) for o in offers for p in o.paths), default=0)
     expected = [[_expected(path) for path in o.paths] for o in offers]  # [D][b] → (E(0)..E(u))
     bar = None if tpot_slo_ms is not None else plain.goodput * (1.0 + min_gain) * (1.0 - 1e-9)  # what select needs
     others = []
