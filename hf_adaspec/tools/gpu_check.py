@@ -171,7 +171,9 @@ def speed(check: Check, quantization: str) -> dict:
     if "adaptive/hf-compiled" in ratio:
         bars["vs_compiled"] = ratio["adaptive/hf-compiled"] >= COMPILED_MARGIN
     line = (f"{QUANT_LABEL[quantization]} tokens/s: " + ", ".join(f"{m} {v}" for m, v in tps.items())
-            + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items()) + ("; not judged (--tiny)" if check.tiny else ""))
+            + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items()) + "; adaptive's steps (accepted/drafted): "
+            + ", ".join(f"{d} {n} ({used['accepted'][d]}/{used['drafted'][d]})" for d, n in used["steps"].items())
+            + ("; not judged (--tiny)" if check.tiny else ""))
     return {**out, "passed": None if check.tiny else all(bars.values()), "tokens_per_s": tps, "ratios": ratio,
             "bars": bars, "adaptive_random_draft_steps": used, "summary": line}
 

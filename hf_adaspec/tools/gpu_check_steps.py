@@ -126,12 +126,14 @@ def speed_prompts(vocab: int, length: int, seed: int = 7) -> list[list[int]]:
 
 
 def drafter_use(target, prompt: list[int], new: int, kwargs: dict) -> dict:
-    """One greedy request with ``kwargs``: its steps per drafter, and the draft model's drafted and accepted
-    tokens (what a never-loses shortfall would come from)."""
+    """One greedy request with ``kwargs``: per drafter ("plain" for k = 0) its steps and the tokens it
+    drafted and had accepted (what a never-loses shortfall would come from: plain steps cost the engine's
+    time, rejected drafts a wider verification)."""
     stats = generate(target, prompt, new, kwargs).speculation
-    paid = [s for s in stats.steps if s.drafter == "draft_model"]
-    return {"steps": dict(Counter(s.drafter for s in stats.steps)), "draft_drafted": sum(s.k for s in paid),
-            "draft_accepted": sum(s.accepted for s in paid)}
+    drafters = sorted({s.drafter for s in stats.steps})
+    return {"steps": dict(Counter(s.drafter for s in stats.steps)),
+            "drafted": {d: sum(s.k for s in stats.steps if s.drafter == d) for d in drafters},
+            "accepted": {d: sum(s.accepted for s in stats.steps if s.drafter == d) for d in drafters}}
 
 
 def left_padded(prompts: list[list[int]]) -> dict[str, torch.Tensor]:
