@@ -65,7 +65,10 @@ def _tiny_pair():
 
 
 def decisions(draft_ms: float, catchup_ms: float, batch: int) -> list[list[tuple[int, int, str, int]]]:
-    """Every request's steps as (k, accepted, drafter, row), with whatever hf_adaspec is on the path."""
+    """Every request's steps as (k, accepted, drafter, row), with whatever hf_adaspec is on the path (rest=False
+    where it has that keyword: decisions from the costs alone, not from the engine's timing)."""
+    import dataclasses
+
     import torch
 
     import hf_adaspec
@@ -74,6 +77,7 @@ def decisions(draft_ms: float, catchup_ms: float, batch: int) -> list[list[tuple
     costs = hf_adaspec.CostTable(verify_ms=tuple(10.0 + 1.5 * i for i in range(9)), draft_ms=draft_ms,
                                  draft_catchup_ms=catchup_ms)
     state, prompts, out = hf_adaspec.SpeculationState(), torch.Generator().manual_seed(0), []
+    pinned = {"rest": False} if "rest" in {f.name for f in dataclasses.fields(hf_adaspec.SpeculationConfig)} else {}
     for r in range(12):
         rows = []
         for b in range(batch):
@@ -86,7 +90,7 @@ def decisions(draft_ms: float, catchup_ms: float, batch: int) -> list[list[tuple
             input_ids[i, width - len(x):], mask[i, width - len(x):] = x, 1
         res = target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=48, do_sample=False,
                               speculation="adaptive", assistant_model=draft, speculation_costs=costs,
-                              speculation_state=state, return_dict_in_generate=True)
+                              speculation_state=state, return_dict_in_generate=True, **pinned)
         out.append([(s.k, s.accepted, s.drafter, s.row) for s in res.speculation.steps])
     return out
 

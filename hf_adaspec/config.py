@@ -26,6 +26,9 @@ class SpeculationConfig:
     llama.cpp ``--draft-p-min`` baseline); None: always k.
     adapt_threads: on a CPU, let the engine pick torch's thread count per step (torch's count or 1) from
     realized step times (``engine.threads``); False: torch's count as set.
+    rest: "adaptive" only: in a run of plain decisions skip deciding for a few steps where a decision's
+    measured time is over 1% of the plain steps' (``policy.rest``); False: decide every step, so decisions
+    (and seeded sampled outputs) depend on the costs and the learned state alone, not on the engine's timing.
     kv_cache: "auto" (a preallocated cache whose narrow forwards replay captured CUDA graphs on a GPU, a
     transformers ``DynamicCache`` elsewhere), "dynamic" or "static" (on a CPU, the static path's bookkeeping
     with each recording re-run instead of replayed: a check, not a speed-up).
@@ -42,6 +45,7 @@ class SpeculationConfig:
     tpot_slo_ms: float | None = None
     draft_p_min: float | None = None
     adapt_threads: bool = True
+    rest: bool = True
     kv_cache: str = "auto"
 
     def __post_init__(self) -> None:
@@ -67,8 +71,9 @@ class SpeculationConfig:
             raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
         if self.kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache={self.kv_cache!r}; choose one of {KV_CACHES}")
-        if not isinstance(self.adapt_threads, bool):
-            raise ValueError(f"adapt_threads must be True or False, got {self.adapt_threads!r}")
+        for name in ("adapt_threads", "rest"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:
             raise ValueError(f"tpot_slo_ms must be > 0 ms per token (or None for no SLO), got {self.tpot_slo_ms}")
 

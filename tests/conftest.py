@@ -11,6 +11,7 @@ import torch
 import transformers
 
 import hf_adaspec
+from hf_adaspec.policy.controller import Decision
 
 
 def pytest_collection_finish(session):
@@ -58,6 +59,33 @@ def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
     return {"input_ids": ids, "attention_mask": mask}
+
+
+class PlainController:
+    """Always a plain step, resting where ``rest_on(n)`` says for the n-th step (from 1); keeps every outcome
+    it observes."""
+
+    def __init__(self, rest_on=lambda n: False) -> None:
+        self.rest_on, self.asked, self.outcomes = rest_on, 0, []
+
+    def rests(self) -> bool:
+        self.asked += 1
+        return self.rest_on(self.asked)
+
+    def decide(self, view):
+        return Decision.plain(view.batch)
+
+    def stop_rule(self, drafter):
+        return None
+
+    def observe(self, outcome) -> None:
+        self.outcomes.append(outcome)
+
+    def price(self, outcome):
+        return float("nan")
+
+    def select(self, rows):
+        pass
 
 
 @contextlib.contextmanager

@@ -70,6 +70,9 @@ class _AlternatingController:
     def __init__(self) -> None:
         self.step = 0
 
+    def rests(self) -> bool:
+        return False
+
     def decide(self, view: StepView) -> Decision:
         drafters = tuple((i + self.step) % 2 for i in range(view.batch))
         self.step += 1

@@ -99,7 +99,8 @@ def test_a_head_round_trips_through_the_speculators_format(models, tiny_head, tm
         assert torch.equal(loaded.state_dict()[key], value), key
     out = [models["target"].generate(torch.tensor([HEAD_PROMPTS[1]]), assistant_model=head, speculation="adaptive",
                                      speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=12,
-                                     do_sample=False, return_dict_in_generate=True) for head in (tiny_head, loaded)]
+                                     do_sample=False, return_dict_in_generate=True, rest=False)
+           for head in (tiny_head, loaded)]
     assert torch.equal(out[0].sequences, out[1].sequences)
     assert [(s.k, s.accepted, s.drafter) for s in out[0].speculation.steps] == \
            [(s.k, s.accepted, s.drafter) for s in out[1].speculation.steps]

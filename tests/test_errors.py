@@ -87,6 +87,7 @@ def test_every_config_field_is_a_generate_keyword(target):
                "tpot_slo_ms": {"speculation": "adaptive", "tpot_slo_ms": 0.0},
                "draft_p_min": {"speculation": "fixed", "num_speculative_tokens": 2, "draft_p_min": -0.5},
                "adapt_threads": {"speculation": "adaptive", "adapt_threads": "yes"},
+               "rest": {"speculation": "adaptive", "rest": 1},
                "kv_cache": {"speculation": "adaptive", "kv_cache": "paged"}}
     assert set(invalid) == {f.name for f in dataclasses.fields(SpeculationConfig)} - {"speculation"}
     for name, kwargs in invalid.items():

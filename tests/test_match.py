@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.engine.loop import hindsight
+from hf_adaspec.engine.hindsight import hindsight
 from hf_adaspec.policy.acceptance import ConfidenceAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
 from hf_adaspec.policy.controller import AdaptiveController, StepOutcome, StepView

@@ -5,10 +5,10 @@ identified by their specs, the interface has three calls, and none of them depen
 from __future__ import annotations
 
 import inspect
-import math
 
 import pytest
 import torch
+from conftest import PlainController
 from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
 
 from hf_adaspec import SpeculationConfig, SpeculationState
@@ -16,7 +16,6 @@ from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.config import SPECULATION_MODES
 from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.engine.run import build_run
-from hf_adaspec.policy.controller import Decision, StepOutcome, StepView
 from hf_adaspec.policy.modes import (
     DRAFT_HEAD,
     DRAFT_MODEL,
@@ -88,28 +87,6 @@ def test_the_draft_model_spec_needs_a_draft_model():
         DRAFT_MODEL.build(_context())
 
 
-class _PlainOnly:
-    """Always a plain step; keeps every outcome."""
-
-    def __init__(self) -> None:
-        self.outcomes: list[StepOutcome] = []
-
-    def decide(self, view: StepView) -> Decision:
-        return Decision((0,) * view.batch, (0,) * view.batch, (math.nan,) * view.batch, math.nan)
-
-    def stop_rule(self, drafter):
-        return None
-
-    def observe(self, outcome: StepOutcome) -> None:
-        self.outcomes.append(outcome)
-
-    def price(self, outcome):
-        return math.nan
-
-    def select(self, rows):
-        pass
-
-
 class _CountingLookup(PromptLookupProposer):
     proposed = 0
 
@@ -119,7 +96,7 @@ class _CountingLookup(PromptLookupProposer):
 
 
 def test_hindsight_scores_the_steps_offer_without_proposing_again(models, one_thread):
-    lookup, controller = _CountingLookup(), _PlainOnly()
+    lookup, controller = _CountingLookup(), PlainController()
     settings = DecodeSettings(LogitsProcessorList(), StoppingCriteriaList([MaxLengthCriteria(24 + 10)]), 24 + 10, False)
     speculative_decode(RunParts(RaggedCache(models["target"], 1), (lookup,), controller, settings, 8), PROMPT,
                        torch.ones_like(PROMPT))

@@ -4,6 +4,7 @@ tokens, and its virtual models answer what the trace says."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from hf_adaspec import SpeculationState
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.tools.replay import Clock, replay_request
+from hf_adaspec.engine.stats import SpeculationStats, StepRecord
+from hf_adaspec.tools.replay import Clock, _price, replay_request
 from hf_adaspec.tools.replay_report import replay_all, validate
 from hf_adaspec.tools.trace import load_trace, load_traces, save_trace, trace_ids
 from hf_adaspec.tools.virtual import TraceCache, Vocab, draft_answers, target_answers
@@ -42,7 +44,7 @@ def traces(models):
 def _real(models, prompt, method_kwargs):
     out = models["target"].generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                                     return_dict_in_generate=True, speculation_costs=TABLE,
-                                    speculation_state=SpeculationState(), **method_kwargs)
+                                    speculation_state=SpeculationState(), rest=False, **method_kwargs)
     return [(s.drafter, s.k, s.accepted) for s in out.speculation.steps], out.sequences[0].tolist()
 
 
@@ -134,3 +136,16 @@ def test_the_prefill_is_the_traces_or_priced_by_the_profile(traces):
     assert runs["trace"].time_ms - runs["profile"].time_ms == pytest.approx(gap)
     with pytest.raises(ValueError, match=r"prefill='gpu'; choose one of \('trace', 'profile'\)"):
         Clock(_profile(), prefill="gpu")
+
+
+def test_a_replay_rests_where_its_clock_prices_decisions_and_prices_a_rest_as_a_plain_step(traces):
+    """Overheads of 2 ms a decided step and 1 ms a plain one: the controller hears a decision costs 1 ms, a
+    tenth of the profile's 10 ms step, so it rests in runs of plain decisions; a rested step costs 1 ms."""
+    deciding = replay_request(traces[2:], "adaptive-lookup", SpeculationState(), Clock(_profile(), 1.0, 1.0))
+    clock = Clock(_profile(), 2.0, 1.0)
+    resting = replay_request(traces[2:], "adaptive-lookup", SpeculationState(), clock)
+    assert deciding.matches_trace and resting.matches_trace
+    assert all(s.decided for s in deciding.stats.steps) and not all(s.decided for s in resting.stats.steps)
+    steps = SpeculationStats(steps=[StepRecord(0, 0, 1, "plain", 0.0, 10.0, 0.5, 1.0, step=0),
+                                    StepRecord(0, 0, 1, "plain", 0.0, 10.0, math.nan, math.nan, step=1, decided=False)])
+    assert _price(clock, traces[2:], [], ([], []), steps) == pytest.approx(clock.prefill_ms(traces[2:]) + 2.0 + 1.0)

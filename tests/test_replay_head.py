@@ -82,7 +82,7 @@ def test_the_traced_chain_is_what_the_head_drafts_on_the_targets_path(models, ti
 def _real(models, head, prompt, kwargs):
     out = models["target"].generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
                                     return_dict_in_generate=True, speculation_costs=TABLE,
-                                    speculation_state=SpeculationState(), assistant_model=head, **kwargs)
+                                    speculation_state=SpeculationState(), assistant_model=head, rest=False, **kwargs)
     return [(s.drafter, s.k, s.accepted) for s in out.speculation.steps], out.sequences[0].tolist()
 
 

@@ -148,7 +148,8 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
                               generation_config.do_sample, hf_compat.pad_token_id(generation_config),
                               hf_compat.eos_token_ids(generation_config), hf_compat.vocab_size(model),
                               request.streamer, on_step=request.on_step,
-                              threads=request.state.threads if request.config.adapt_threads and on_cpu else None)
+                              threads=request.state.threads if request.config.adapt_threads and on_cpu else None,
+                              decision_ms=None if request.config.rest else 0.0)
     run = build_run(request.config, request.state, input_ids, mask, request.draft_model,
                     _model_caches(model, request, input_ids.shape[1], generation_config.max_length),
                     _costs_for(model, request, input_ids.shape[0], input_ids.shape[1]), settings)

@@ -8,7 +8,8 @@ lossless speculative sampling keeps n_i ≤ k_i tokens plus a bonus/correction t
 cache and every drafter commit the confirmed tokens per row (``RaggedCache``: rejected positions become
 masked holes, cropped when no row needs them), and rows that stop (EOS, max_new_tokens, a stopping
 criterion) leave the batch; the controller learns from the outcome, a costless drafter's whole offer
-scored in hindsight against the emitted tokens. k_i = 0 is a plain step.
+scored in hindsight against the emitted tokens. k_i = 0 is a plain step; a step the controller rests is one
+with no offers, decision, hindsight or observation.
 Invariant: the target cache holds every token of a row but its last. Greedy rows equal their plain
 greedy output where the forward is shape-stable; sampling is lossless per row.
 """
@@ -25,6 +26,7 @@ from ..backend.ragged import KVCache, right_pad
 from ..policy.controller import Controller, Decision, StepOutcome, StepView
 from ..policy.horizon import lindy_horizon
 from ..proposers.base import Drafter, DraftOffer, Proposal, Rows
+from .hindsight import scored
 from .stats import SpeculationStats, StepRecord
 from .threads import ThreadChooser
 from .verification import Verification, greedy_verify, process_scores, select_token, speculative_sample
@@ -36,7 +38,8 @@ class DecodeSettings:
     sampling, pad and EOS ids, the target's logits width V (a draft model with a narrower output head
     has its logits padded to it; 0: not given), and at batch size 1 the streamer and the step callback
     ``on_step(record, tokens [m])``; ``threads``: the chooser of torch's thread count per step (None: left
-    as set; the caller restores it)."""
+    as set; the caller restores it); ``decision_ms``: what the controller hears a decision cost (ms; None:
+    the offers, decision and hindsight as timed)."""
 
     logits_processor: object
     stopping_criteria: object
@@ -50,6 +53,7 @@ class DecodeSettings:
     on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
     horizon: Callable[[int, int], int] = lindy_horizon  # (generated, tokens left) → tokens still to come
     threads: ThreadChooser | None = None  # picks torch's thread count per step; None: left as set
+    decision_ms: float | None = None  # a decision's engine time as priced (a replay); None: measured
 
 
 @dataclass(frozen=True)
@@ -125,22 +129,6 @@ def _decide(rows: _Rows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOff
     horizon = settings.horizon(generated, min(budget) + 1)
     view = StepView(bounds, tuple(o.catchup for o in offers), horizon, tuple(o.evidence for o in offers))
     return offers, view, parts.controller.decide(view)
-
-
-def hindsight(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int]:
-    """(compared, accepted): how many of a costless drafter's u tokens can be checked against the m tokens a
-    step emitted (min(u, m)), and how many leading ones equal them."""
-    compared = min(len(proposal), len(emitted))
-    return compared, next((j for j in range(compared) if proposal[j] != emitted[j]), compared)
-
-
-def _hindsight(offers: Sequence[DraftOffer], view: StepView, new: list[torch.Tensor]
-               ) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
-    """Per drafter: None (paid), or for a costless one per row what its whole offer (as the controller saw
-    it, capped by the row's budget) would have got accepted (``new``: per row the emitted tokens [1, m])."""
-    emitted = [n[0].tolist() for n in new]
-    return tuple(tuple(hindsight(t.tolist()[:u], e) for t, u, e in zip(o.tokens, view.offers[d], emitted, strict=True))
-                 if o.costless else None for d, o in enumerate(offers))
 
 
 def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decision: Decision) -> list[Proposal]:
@@ -230,8 +218,9 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     _leave(parts, rows, finished)
     step = 0
     while rows.active:
-        current = rows.current()
-        offers, view, decision = _decide(rows, current, parts)  # decide
+        current, rest, mark = rows.current(), parts.controller.rests(), time.perf_counter()
+        offers, view, decision = ((), None, Decision.plain(len(rows.active))) if rest else _decide(rows, current, parts)
+        decision_s = time.perf_counter() - mark  # decide
         threads = _set_threads(settings.threads)
         t0 = time.perf_counter()
         proposals = _propose(parts, current, offers, decision)  # propose
@@ -240,7 +229,10 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
                                   for i, p in zip(rows.active, proposals)], settings.pad_token_id)
         logits, features = parts.cache.append_features(block, valid, block.shape[1], parts.feature_layers)
         accepted, new = _verify(logits, proposals, rows, settings)  # verify
-        seen = _hindsight(offers, view, new)
+        mark = time.perf_counter()
+        seen = () if view is None else scored(offers, view, new)
+        decision_ms = (decision_s + time.perf_counter() - mark) * 1000.0 if settings.decision_ms is None \
+            else settings.decision_ms
         held = current.lengths  # [b] tokens each row held before the step
         confirmed = held + torch.tensor(accepted)  # tokens each row holds, minus its new last token
         lengths = [rows.views[i].shape[0] for i in rows.active]
@@ -250,16 +242,18 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         _commit(parts, finished, confirmed, own, kept)  # commit
         ks = tuple(p.k for p in proposals)
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
-        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals), seen)
+        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals), seen,
+                              decision_ms)
         predicted_ms = parts.controller.price(outcome)
         if threads is not None:
             settings.threads.observe(threads, draft_ms + verify_ms, predicted_ms)
-        parts.controller.observe(outcome)  # observe
+        if not rest:
+            parts.controller.observe(outcome)  # observe
         for s, i in enumerate(rows.active):
             record = StepRecord(ks[s], accepted[s], rows.views[i].shape[0] - lengths[s],
                                 parts.drafters[decision.drafters[s]].name if ks[s] else "plain", draft_ms, verify_ms,
                                 decision.alphas[s], decision.predicted_goodput, row=i, step=step,
-                                predicted_ms=predicted_ms)
+                                predicted_ms=predicted_ms, decided=not rest)
             stats.steps.append(record)
             _stream(settings, rows.views[i][lengths[s]:], record)
         _leave(parts, rows, finished)

@@ -17,7 +17,8 @@ class StepRecord:
     drafter's name ("plain" for k = 0), the step's draft and verify times (ms, shared by its rows), the
     predicted acceptance α and goodput (tokens/s; NaN when not predicted), the row and step index, and
     ``predicted_ms``: the step's draft + verify time as the controller's costs price the step it ran
-    (its realized widths; ms, NaN when not predicted), to compare with ``draft_ms + verify_ms``."""
+    (its realized widths; ms, NaN when not predicted), to compare with ``draft_ms + verify_ms``; ``decided``:
+    False for a plain step the controller rested (no offers, no decision)."""
 
     k: int
     accepted: int
@@ -30,6 +31,7 @@ class StepRecord:
     row: int = 0
     step: int = 0
     predicted_ms: float = float("nan")
+    decided: bool = True
 
     def token_sources(self) -> tuple[str, ...]:
         """How each of the ``emitted`` tokens was made: the drafter's name for an accepted draft token,

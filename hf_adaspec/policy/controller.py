@@ -1,7 +1,8 @@
 """Controllers: each step, which drafter proposes for each row and how many tokens k_i.
 
 The contract the engine drives (``Controller``), at any batch size B (a single request is B = 1):
-``decide`` (a ``StepView`` of what each drafter offers each row → a ``Decision``), ``stop_rule`` (an
+``rests`` (asked once before each step: True makes it a plain step with no offers, no decision and nothing
+observed), ``decide`` (a ``StepView`` of what each drafter offers each row → a ``Decision``), ``stop_rule`` (an
 optional callable the draft model asks after each drafted column), ``observe`` (one ``StepOutcome``) and
 ``select`` (finished rows leave). Nothing else is probed.
 
@@ -9,7 +10,8 @@ optional callable the draft model asks after each drafted column), ``observe`` (
 prices each row's proposal by its acceptance model (``acceptance``: the match-length table for prompt lookup
 and suffix drafting, the calibrated confidence path ĉ_j = c̄^j for the draft model) and ``goodput.best_plan``
 picks the batch-wide k and each row's drafter, down to a plain step; a draft-model row then drafts up to its
-offer and the confidence stop rule (``goodput.draft_next_column``) ends it token by token.
+offer and the confidence stop rule (``goodput.draft_next_column``) ends it token by token. In a run of plain
+decisions it rests (``rest.RestSchedule``) where deciding would cost more than a small share of the steps.
 ``FixedController``: always k from the first drafter, optionally stopped llama.cpp-style once a drafted
 token's q(x) < p_min (a baseline).
 """
@@ -28,6 +30,7 @@ from ..costs.table import CostTable
 from ..proposers.base import StopRule
 from .acceptance import AcceptanceModel, ConfidenceAcceptance, IIDAcceptance
 from .goodput import Offer, best_plan, draft_next_column, expected_tokens, step_time_ms
+from .rest import RestSchedule
 
 MIN_GAIN = 0.03  # a k > 0 must predict 3% more goodput than a plain step: α and the costs are estimates
 
@@ -59,19 +62,26 @@ class Decision:
     alphas: tuple[float, ...]
     predicted_goodput: float
 
+    @classmethod
+    def plain(cls, batch: int) -> Decision:
+        """A plain step for ``batch`` rows, not predicted (what a rest decides)."""
+        return cls((0,) * batch, (0,) * batch, (math.nan,) * batch, math.nan)
+
 
 @dataclass(frozen=True)
 class StepOutcome:
     """What a step did per row: drafter index, tokens drafted (k_i), accepted (n_i ≤ k_i) and the draft's
     q(x_u) of each drafted token (empty for deterministic drafters); ``hindsight[d]``: for a costless drafter
     d, per row (compared, accepted) of its whole offer against the emitted tokens (None: not costless;
-    empty: not given)."""
+    empty: not given); ``decision_ms``: the engine's time for the step's offers, decision and hindsight
+    (ms; NaN: not measured)."""
 
     drafters: tuple[int, ...]
     ks: tuple[int, ...]
     accepted: tuple[int, ...]
     confidences: tuple[tuple[float, ...], ...]
     hindsight: tuple[tuple[tuple[int, int], ...] | None, ...] = ()
+    decision_ms: float = math.nan
 
 
 def step_ms(costs: CostTable, paid: Sequence[bool], catchup: Sequence[int], outcome: StepOutcome
@@ -88,6 +98,10 @@ def step_ms(costs: CostTable, paid: Sequence[bool], catchup: Sequence[int], outc
 
 class Controller(Protocol):
     """Chooses (drafter, k_i) per row each step and learns from the outcome."""
+
+    def rests(self) -> bool:
+        """True: the coming step is a plain step the controller neither decides nor observes."""
+        ...
 
     def decide(self, view: StepView) -> Decision: ...
 
@@ -112,15 +126,22 @@ class AdaptiveController:
 
     ``costs_for(b)``: the ``CostTable`` at b rows; ``models[d]``: drafter d's acceptance model;
     ``paid[d]``: whether drafter d costs a draft forward (the draft model) or nothing (prompt lookup);
-    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can.
+    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can;
+    ``rest``: when a run of plain decisions rests (None: the default ``RestSchedule``).
     """
 
     def __init__(self, costs_for: Callable[[int], CostTable], models: Sequence[AcceptanceModel],
-                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None) -> None:
+                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None,
+                 rest: RestSchedule | None = None) -> None:
         self.costs_for, self.models, self.paid = costs_for, list(models), list(paid)
         self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
+        self.rest = rest if rest is not None else RestSchedule()
         self._costs: CostTable | None = None
         self._catchup: tuple[int, ...] = ()
+
+    def rests(self) -> bool:
+        """The ``RestSchedule``'s answer: a rest after a run of plain decisions."""
+        return self.rest.rests()
 
     def decide(self, view: StepView) -> Decision:
         """``best_plan`` over every drafter's paths; a confidence-stopped row is offered its whole upper
@@ -155,7 +176,10 @@ class AdaptiveController:
 
     def observe(self, outcome: StepOutcome) -> None:
         """A costless drafter learns on every row from its hindsight; a paid one from the rows that drafted
-        with it (their confidences); without hindsight a plain row relaxes every i.i.d. model of that row."""
+        with it (their confidences); without hindsight a plain row relaxes every i.i.d. model of that row.
+        Then the rest schedule hears whether the step was plain and what deciding it cost."""
+        step_ms = self._costs.t_verify(1) if self._costs is not None else math.nan
+        self.rest.decided(not any(outcome.ks), outcome.decision_ms, step_ms)
         seen = outcome.hindsight or (None,) * len(self.models)
         for d, rows in enumerate(seen):
             for i, (compared, accepted) in enumerate(rows or ()):
@@ -198,6 +222,10 @@ class FixedController:
         self.k, self.p_min, self.costs_for, self.paid = k, p_min, costs_for, paid
         self.acceptance = IIDAcceptance(batch)
         self._costs: CostTable | None = None
+
+    def rests(self) -> bool:
+        """Never: a fixed k is decided every step."""
+        return False
 
     def decide(self, view: StepView) -> Decision:
         ks = tuple(min(self.k, u) for u in view.offers[0])

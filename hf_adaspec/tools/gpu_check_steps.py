@@ -126,14 +126,15 @@ def speed_prompts(vocab: int, length: int, seed: int = 7) -> list[list[int]]:
 
 
 def drafter_use(target, prompt: list[int], new: int, kwargs: dict) -> dict:
-    """One greedy request with ``kwargs``: per drafter ("plain" for k = 0) its steps and the tokens it
-    drafted and had accepted (what a never-loses shortfall would come from: plain steps cost the engine's
-    time, rejected drafts a wider verification)."""
-    stats = generate(target, prompt, new, kwargs).speculation
-    drafters = sorted({s.drafter for s in stats.steps})
-    return {"steps": dict(Counter(s.drafter for s in stats.steps)),
-            "drafted": {d: sum(s.k for s in stats.steps if s.drafter == d) for d in drafters},
-            "accepted": {d: sum(s.accepted for s in stats.steps if s.drafter == d) for d in drafters}}
+    """One greedy request with ``kwargs``: per drafter ("plain" for k = 0; "rested" for a plain step the
+    controller did not decide) its steps and the tokens it drafted and had accepted (what a never-loses
+    shortfall would come from: decided plain steps cost the engine's time, rejected drafts a wider
+    verification)."""
+    steps = [(s.drafter if s.decided else "rested", s) for s in generate(target, prompt, new, kwargs).speculation.steps]
+    drafters = sorted({d for d, _ in steps})
+    return {"steps": dict(Counter(d for d, _ in steps)),
+            "drafted": {d: sum(s.k for e, s in steps if e == d) for d in drafters},
+            "accepted": {d: sum(s.accepted for e, s in steps if e == d) for d in drafters}}
 
 
 def left_padded(prompts: list[list[int]]) -> dict[str, torch.Tensor]:

@@ -57,7 +57,8 @@ class VirtualDraft:
 
 class Clock:
     """Prices forwards (ms): a cost ``profile`` (the target's and the draft's cells), the engine's fixed
-    ``step_overhead_ms`` per speculative step, ``plain_overhead_ms`` per token of plain decoding, a draft
+    ``step_overhead_ms`` per step it decides, ``plain_overhead_ms`` per token of plain decoding (and per step
+    the engine rests), a draft
     head's forwards from ``head_profile`` (a profile measured with the head, of the same target; None: no
     head costs), and the prefill as the trace timed it (``prefill="trace"``) or by the profile
     (``"profile"``: a projection onto another machine, whose prefill the trace's machine did not time).
@@ -81,6 +82,12 @@ class Clock:
         self.profile, self.step_overhead_ms, self.plain_overhead_ms = profile, step_overhead_ms, plain_overhead_ms
         self.head_profile = head_profile
         self._cache: dict[tuple[str, int, int, int], float] = {}
+
+    @property
+    def decision_ms(self) -> float:
+        """What a decision costs the engine beyond a plain step (ms): the step overheads' difference, which
+        the controller hears as its decisions' time (0: it never rests)."""
+        return max(0.0, self.step_overhead_ms - self.plain_overhead_ms)
 
     def _priced(self, role: str, f: Forward) -> float:
         key = (role, f.batch, max(1, f.context // _CONTEXT_STEP * _CONTEXT_STEP), f.columns)
@@ -220,7 +227,7 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
             len(t.head_next), -1), t.head_q) for t in traces], vocab.size)
     max_length = width + max(t.max_new_tokens for t in traces)
     settings = DecodeSettings(LogitsProcessorList(), _stopping(eos, max_length), max_length, False, pad,
-                              tuple(eos.tolist()))
+                              tuple(eos.tolist()), decision_ms=clock.decision_ms)
     priced_by = clock.head_profile if draft_key is head else clock.profile
     table = costs_for or (lambda b, c: priced_by.cost_table(b, c, config.max_speculative_tokens + 1))
     compact = dataclasses.replace(state, suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
@@ -239,12 +246,13 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
 
 def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward],
            drafter_logs: tuple[list[Forward], list[Forward]], stats: SpeculationStats) -> float:
-    """Virtual ms: the prefill, every later target, draft and head forward, and the per-step overhead."""
-    steps = len({s.step for s in stats.steps})
+    """Virtual ms: the prefill, every later target, draft and head forward, and the per-step overhead (a
+    rested step's: the plain one's)."""
+    steps, decided = len({s.step for s in stats.steps}), len({s.step for s in stats.steps if s.decided})
     draft_log, head_log = drafter_logs
     return (clock.prefill_ms(traces) + sum(clock.verify_ms(f) for f in target_log[1:])
             + sum(clock.draft_ms(f) for f in draft_log) + sum(clock.head_ms(f) for f in head_log)
-            + steps * clock.step_overhead_ms)
+            + decided * clock.step_overhead_ms + (steps - decided) * clock.plain_overhead_ms)
 
 
 def _matches(sequences: torch.Tensor, width: int, traces: Sequence[Trace], vocab: Vocab) -> bool:
