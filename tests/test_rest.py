@@ -47,7 +47,7 @@ def _rests_after(schedule: RestSchedule) -> int:
 
 
 def test_rests_back_off_exponentially_up_to_the_budget_and_a_speculative_decision_ends_them():
-    schedule = RestSchedule(share=0.01, after=2, most=16)
+    schedule = RestSchedule(share=0.01, after=2, most=16, window=3)
     schedule.decided(True, 0.5, 5.0)  # one plain decision: no rest yet
     assert _rests_after(schedule) == 0
     rests = []
@@ -58,6 +58,14 @@ def test_rests_back_off_exponentially_up_to_the_budget_and_a_speculative_decisio
     schedule.decided(False, 0.5, 5.0)  # a speculative step ends the run
     schedule.decided(True, 0.5, 5.0)
     assert _rests_after(schedule) == 0
+
+
+def test_no_rest_before_most_of_the_window_is_measured():
+    schedule, rests = RestSchedule(window=9), []
+    for ms in (5.0, 0.5, 0.5, 0.5, 0.5, 0.5):  # a cold first decision, then warm ones
+        schedule.decided(True, ms, 5.0)
+        rests.append(_rests_after(schedule))
+    assert rests == [0, 0, 0, 0, 8, 9]  # from the 5th of 9 on: min(2^(r − 2), 9)
 
 
 def test_no_rest_without_a_measured_decision_or_a_cost_model():

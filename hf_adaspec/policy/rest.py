@@ -11,8 +11,9 @@ which the decision's time c_d stays within ``share`` of the plain steps' time (`
 shorter: 1, 2, 4, … steps as the run of plain decisions grows (exponential back-off), so a pause between two
 of a drafter's chances costs little and a stretch where nothing pays costs at most ``share``. A decision that
 gives any row k > 0 ends the run. The price of a rest: a drafter's chance that opens during it waits up to
-n steps. c_d is the median of the last decisions' times as the engine measured them (or as a replay
-prices them), t_1 the cost table's 1-token forward: where c_d ≪ share · t_1 the controller never rests.
+n steps. c_d is the median of the last ``window`` decisions' times as the engine measured them (or as a replay
+prices them), once most of the window is in (a request's first decisions run cold); t_1 is the cost table's
+1-token forward. Where c_d ≪ share · t_1 the controller never rests.
 The rule is ours (amortising a fixed per-decision cost), not a paper's.
 """
 
@@ -73,6 +74,6 @@ class RestSchedule:
         if math.isfinite(decision_ms):
             self._times.append(decision_ms)
         self._plain_run = self._plain_run + 1 if plain else 0
-        if self._plain_run >= self.after and self._times:
+        if self._plain_run >= self.after and len(self._times) > self._times.maxlen // 2:
             budget = rest_steps(statistics.median(self._times), step_ms, self.share, self.most)
             self._left = min(budget, 2 ** (self._plain_run - self.after))
