@@ -50,7 +50,7 @@ class RestSchedule:
     ``rests`` once before each step."""
 
     def __init__(self, share: float = REST_SHARE, after: int = REST_AFTER, most: int = REST_MOST,
-                 window: int = 9) -> None:
+                 window: int = 5) -> None:
         """Raises ValueError for ``after`` or ``window`` < 1 (and as ``rest_steps`` for share and most)."""
         if after < 1 or window < 1:
             raise ValueError(f"after and window must be >= 1, got {after} and {window}")
