@@ -181,13 +181,14 @@ def speed(check: Check, quantization: str) -> dict:
 def engine_time(check: Check, q: str) -> dict:
     """The engine's own ms per step at batch 1 (wall less every forward, forwards timed with the device
     synchronised) against the target's mean forward, and transformers' own ms per token for plain; the median
-    over the speculative runs and hf-adaspec's plain become the replay's overheads."""
+    over the speculative runs and hf-adaspec's plain become the replay's overheads (a decided step's and a plain
+    one's: ``adaptive`` runs with rest=False here, deciding every step)."""
     if q not in check.quantizations:
         return {"passed": None, "fallback": True, "summary": check.fallback}
     tgt, drf = check.model(TARGET, q), check.model(DRAFT, q, head=True)
     prompt, new = cs.check_prompts(tgt.config.vocab_size, seed=6)[0], 12 if check.tiny else 128
-    runs = {"adaptive": check.spec(speculation="adaptive", assistant_model=drf),
-            "adaptive-lookup": check.spec(speculation="adaptive"),
+    runs = {"adaptive": check.spec(speculation="adaptive", assistant_model=drf, rest=False),
+            "adaptive-lookup": check.spec(speculation="adaptive", rest=False),
             "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf),
             "plain": check.spec(speculation="fixed", num_speculative_tokens=0), "hf-plain": {}}
     with cs.forward_timer((tgt, drf)) as timer:
