@@ -126,16 +126,14 @@ class AdaptiveController:
 
     ``costs_for(b)``: the ``CostTable`` at b rows; ``models[d]``: drafter d's acceptance model;
     ``paid[d]``: whether drafter d costs a draft forward (the draft model) or nothing (prompt lookup);
-    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can;
-    ``rest``: when a run of plain decisions rests (None: the default ``RestSchedule``).
+    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can.
     """
 
     def __init__(self, costs_for: Callable[[int], CostTable], models: Sequence[AcceptanceModel],
-                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None,
-                 rest: RestSchedule | None = None) -> None:
+                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None) -> None:
         self.costs_for, self.models, self.paid = costs_for, list(models), list(paid)
         self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
-        self.rest = rest if rest is not None else RestSchedule()
+        self.rest = RestSchedule()
         self._costs: CostTable | None = None
         self._catchup: tuple[int, ...] = ()
 
