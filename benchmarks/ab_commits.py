@@ -3,8 +3,9 @@
 One worker process per checkout (``--base``: a commit, checked out into a temporary worktree; the other is
 this tree) loads the default pair the same way, then for each prompt every method runs in both workers, the
 order alternating between prompts; a worker waits idle while the other runs, so the two never share the
-cores. ``plain`` is transformers' own generate, the same code in both: its new/base ratio is the A/A control,
-the noise the other ratios must exceed. Each method learns into its own state, fresh per worker; no prompt is
+cores. ``plain`` is transformers' own generate, the same code in both unless the change is in the forward itself
+(the q4 kernel): its new/base ratio is then the change's effect, and the A/A control is each worker's ``plain``
+timed twice (``plain-again`` over ``plain``), the noise the other ratios must exceed. Each method learns into its own state, fresh per worker; no prompt is
 seen twice. Speed = geometric mean over prompts of tokens/s; last line one JSON object.
 
     python benchmarks/ab_commits.py --base d35ceba --prompts 4 --max-new-tokens 256
@@ -51,7 +52,8 @@ for line in sys.stdin:
 
 
 def _worker(tree: Path) -> subprocess.Popen:
-    env = {**__import__("os").environ, "PYTHONPATH": str(tree)}
+    os = __import__("os")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen([sys.executable, "-c", WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     ready = json.loads(proc.stdout.readline())
@@ -90,11 +92,12 @@ def main() -> None:
                        capture_output=True)
         try:
             workers = {"base": _worker(base), "new": _worker(ROOT)}
-            tps = {(v, m): [] for v in workers for m in ("plain", "adaptive")}
+            methods = ("plain", "plain-again", "adaptive")
+            tps = {(v, m): [] for v in workers for m in methods}
             same_text = []
             for i, prompt in enumerate(prompts):
-                for method in ("plain", "adaptive"):
-                    order = ["base", "new"] if (i + (method == "adaptive")) % 2 == 0 else ["new", "base"]
+                for k, method in enumerate(methods):
+                    order = ["base", "new"] if (i + k) % 2 == 0 else ["new", "base"]
                     got = {v: _ask(workers[v], {"prompt": prompt, "method": method, "new": args.max_new_tokens})
                            for v in order}
                     for v, r in got.items():
@@ -109,9 +112,10 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True)
     geo = {f"{v} {m}": round(math.exp(statistics.fmean(math.log(x) for x in xs)), 3) for (v, m), xs in tps.items()}
     ratio = {m: round(geo[f"new {m}"] / geo[f"base {m}"], 3) for m in ("plain", "adaptive")}
+    within = {v: round(geo[f"{v} plain-again"] / geo[f"{v} plain"], 3) for v in ("base", "new")}
     print(json.dumps({"base": args.base, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                       "tokens_per_s": geo, "new_over_base": ratio, "aa_control": ratio["plain"],
-                      "same_tokens": all(same_text)}))
+                      "aa_within": within, "same_tokens": all(same_text)}))
 
 
 if __name__ == "__main__":

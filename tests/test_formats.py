@@ -185,6 +185,23 @@ def test_the_cache_key_holds_the_machine_and_a_bad_cache_file_is_measured_again(
     assert not again.cached and again.chosen == "q4" and model is not None
 
 
+def test_a_changed_q4_kernel_measures_its_choice_and_its_costs_again(tiny_dir, monkeypatch):
+    """The kernel's source is in the probe's key and in the cost identity of a pair with q4 layers (only there:
+    profiles of other formats stay valid), so a new kernel is never priced with the old one's times."""
+    from hf_adaspec.costs.table import pair_identity
+    from hf_adaspec.kernels import q4
+
+    q4_model = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)
+    dense = load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
+    key, with_q4, without = (fc.probe_key("m", "src", "bfloat16", "cpu", False), pair_identity(dense, q4_model),
+                             pair_identity(dense, None))
+    assert with_q4["q4_kernel"] == key["q4_kernel"] == q4.source_tag() and "q4_kernel" not in without
+    monkeypatch.setattr(q4, "source_tag", lambda: "another kernel")
+    assert fc.cache_path(fc.probe_key("m", "src", "bfloat16", "cpu", False)) != fc.cache_path(key)
+    assert pair_identity(dense, q4_model) == {**with_q4, "q4_kernel": "another kernel"}
+    assert pair_identity(dense, None) == without
+
+
 def test_explicit_formats_are_honoured_without_a_probe(tiny_dir, monkeypatch):
     monkeypatch.setattr(fc, "choose", None)  # any call would fail
     for fmt, kind in (("int8", "Int8Params"), ("q4", "Q4Linear"), ("none", "Parameter")):

@@ -37,7 +37,7 @@ def test_matmul_equals_its_emulation(kdir, n, k, m, portable):
     torch.manual_seed(m * 1000 + k)
     w, x = torch.randn(n, k), torch.randn(m, k)
     blocks = q4.pack(w)
-    y = q4.matmul(x, blocks, n, kdir, portable=portable)  # [M, N]
+    y = q4.linear(x, blocks, n, kdir, portable=portable)  # [M, N]
     assert y.shape == (m, n) and y.dtype == torch.float32
     torch.testing.assert_close(y, _emulated(x, blocks, k), rtol=1e-4, atol=1e-4)
 
@@ -49,9 +49,41 @@ def test_fp16_scales_of_every_kind_convert_in_the_portable_path(kdir):
     w[1] = -3.0  # zero scale, negative minimum
     w[2] = torch.linspace(-2.0, 5.0, 256)
     blocks, x = q4.pack(w), torch.randn(3, 256)
-    fast, portable = q4.matmul(x, blocks, 4, kdir), q4.matmul(x, blocks, 4, kdir, portable=True)
+    fast, portable = q4.linear(x, blocks, 4, kdir), q4.linear(x, blocks, 4, kdir, portable=True)
     torch.testing.assert_close(portable, fast, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(portable, _emulated(x, blocks, 256), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["this-cpu", "portable"])
+def test_bfloat16_in_and_out_with_bias_is_the_float_result_rounded_once(kdir, portable):
+    """bf16 activations are read in place and the bias is added before the one rounding to bf16: bit for bit what
+    the float32 path plus the bias, then torch's rounding, gives."""
+    torch.manual_seed(3)
+    w, bias = torch.randn(40, 544), torch.randn(40)
+    x = torch.randn(5, 544).to(torch.bfloat16)
+    blocks = q4.pack(w)
+    y = q4.linear(x, blocks, 40, kdir, bias=bias, portable=portable)  # [5, 40]
+    ref = q4.linear(x.float(), blocks, 40, kdir, portable=portable) + bias
+    assert y.dtype == torch.bfloat16 and y.shape == (5, 40)
+    assert torch.equal(y, ref.to(torch.bfloat16))
+    assert not torch.equal(y, q4.linear(x, blocks, 40, kdir, portable=portable))  # the bias was added
+
+
+def test_other_dtypes_go_through_float32_and_too_wide_inputs_are_refused(kdir):
+    blocks = q4.pack(torch.randn(8, 256))
+    x = torch.randn(2, 200)
+    half = q4.linear(x.half(), blocks, 8, kdir)
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, q4.linear(x.half().float(), blocks, 8, kdir), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="300 input features but the packed weight holds 256"):
+        q4.linear(torch.randn(1, 300), blocks, 8, kdir)
+
+
+def test_q4_linear_reads_strided_inputs_as_their_values(kdir):
+    torch.manual_seed(4)
+    layer = q4.Q4Linear(torch.nn.Linear(64, 16).to(torch.bfloat16), kdir)
+    x = torch.randn(3, 128, dtype=torch.bfloat16)[:, ::2]  # [3, 64], not contiguous
+    assert torch.equal(layer(x), layer(x.contiguous()))
 
 
 def test_pack_rounds_each_weight_to_its_groups_nearest_level():
@@ -107,4 +139,4 @@ def test_a_build_is_reused(kdir):
 def test_tensors_off_the_cpu_are_refused_before_the_kernel_reads_them(kdir):
     blocks = q4.pack(torch.randn(8, 256))
     with pytest.raises(ValueError, match="runs on the CPU"):
-        q4.matmul(torch.randn(1, 256, device="meta"), blocks, 8, kdir)
+        q4.linear(torch.randn(1, 256, device="meta"), blocks, 8, kdir)

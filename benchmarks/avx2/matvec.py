@@ -40,7 +40,7 @@ def main() -> None:
     wb = w.to(torch.bfloat16)
     kernels = {
         "nf4": lambda x: lin(x),
-        "q4": lambda x: q4.matmul(x, blocks, 1536, kernels_dir),
+        "q4": lambda x: q4.linear(x, blocks, 1536, kernels_dir),
         "int4": lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4, 32, int4_sz),
         "int8": lambda x: torch._weight_int8pack_mm(x, int8, scale.to(torch.bfloat16)),
         "bf16": lambda x: x @ wb.t(),

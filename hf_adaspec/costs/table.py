@@ -25,6 +25,7 @@ from ..backend.graphs import capture_for, timed_ms
 from ..backend.ragged import RaggedCache
 from ..backend.static_kv import capacity_for
 from ..backend.stores import open_store, store_kind
+from ..kernels import q4
 from ..machine import processor_name
 from ..models.eagle3 import Eagle3Head
 from ..models.eagle3_arena import head_cache
@@ -80,21 +81,25 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
     """What a measured cost depends on: both models (name, params, dtype, quantization, device), the
     torch and transformers versions, the machine, torch's intra-op thread count and, where ``kv_cache``
     (``config.KV_CACHES``) gives the target a preallocated arena (``backend.stores.store_kind``), that its
-    steps are recorded graphs ("kv": "static"), and the widths recorded after ``torch.compile``
-    (``api.compile_steps``) of either model ("compiled")."""
+    steps are recorded graphs ("kv": "static"), the widths recorded after ``torch.compile``
+    (``api.compile_steps``) of either model ("compiled"), and where either model has q4 layers, the q4 kernel's
+    source (``kernels.q4.source_tag``)."""
     import transformers
 
     compiled = {role: sorted(static_kv.compiled_widths(m)) for role, m in (("target", target), ("draft", draft))
                 if isinstance(m, torch.nn.Module) and static_kv.compiled_widths(m)}
+    models = {"target": hf_compat.model_identity(target),
+              "draft": hf_compat.model_identity(draft) if draft is not None else None}
+    q4_layers = any(q4.Q4Linear.__name__ in ident.get("weights", ()) for ident in models.values() if ident)
     return {
-        "target": hf_compat.model_identity(target),
-        "draft": hf_compat.model_identity(draft) if draft is not None else None,
+        **models,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
         **({"kv": "static"} if store_kind(target, kv_cache) == "static" else {}),
         **({"compiled": compiled} if compiled else {}),
+        **({"q4_kernel": q4.source_tag()} if q4_layers else {}),
     }
 
 

@@ -5,9 +5,10 @@ and torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) unpacks in float, so a
 model is bound by arithmetic, not by memory. llama.cpp's answer is integer dot products of 4-bit weights with
 activations quantized to 8 bits per group of 32 (Q4_1 x Q8_1), which keeps a matrix-vector product near the
 memory's speed. ``q4.c`` does the same for torch tensors: ``pack`` quantizes a weight [N, K] to min–max 4 bits
-per group of 32 (fp16 scale and minimum; K padded with zero groups to a multiple of 256); ``matmul`` quantizes
-the activations [M, K] per group of 32 to int8 (round to nearest, scale max|x| / 127) and multiplies, 4
-activation rows per pass over a weight row, weight rows split over torch's threads.
+per group of 32 (fp16 scale and minimum; K padded with zero groups to a multiple of 256); ``linear`` quantizes
+the activations [M, K] (float32 or bfloat16, read in place) per group of 32 to int8 (round to nearest, scale
+max|x| / 127), multiplies, 4 activation rows per pass over a weight row, weight rows split over torch's threads,
+adds the bias and writes the activations' dtype — one foreign call per layer, no tensor operations around it.
 
 The C source is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``<directory>/q4-<hash>.so`` (written atomically) and loaded with ``ctypes``; it shares torch's OpenMP runtime.
@@ -51,6 +52,12 @@ def _compiler() -> str:
     return cc
 
 
+@functools.cache
+def source_tag() -> str:
+    """16 hex digits of the SHA-256 of ``q4.c``: which kernel a cached q4 cost or format choice was measured with."""
+    return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+
+
 def build(directory: Path) -> Path:
     """The kernel's shared library in ``directory``, compiled now unless a build of this source and these flags is
     there. Raises KernelUnavailable: no C compiler, or the compiler failed (its message)."""
@@ -71,13 +78,12 @@ def build(directory: Path) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def library(directory: Path) -> ctypes.CDLL:
-    """The loaded kernel (built in ``directory`` if needed); ``q4_avx2()`` says which path ``q4_matmul`` takes on
-    this CPU. Raises KernelUnavailable as ``build``."""
+    """The loaded kernel (built in ``directory`` if needed); ``q4_avx2()`` says whether ``q4_linear`` takes the
+    AVX2 path on this CPU. Raises KernelUnavailable as ``build``."""
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
     lib = ctypes.CDLL(str(build(directory)))
-    lib.q8_blocks.argtypes = [_P, _I, _I, _P, ctypes.c_int]
-    for fn in (lib.q4_matmul, lib.q4_matmul_portable):
-        fn.argtypes = [_P, _P, _I, _I, _I, _P, ctypes.c_int]
+    _C = ctypes.c_int
+    lib.q4_linear.argtypes = [_P, _P, _C, _I, _I, _I, _I, _P, _P, _C, _C, _C]
     if (lib.q4_wblock_bytes(), lib.q4_xblock_bytes()) != (160, 320):
         raise KernelUnavailable("the q4 kernel was built with an unexpected struct layout; report this")
     return lib
@@ -86,9 +92,6 @@ def library(directory: Path) -> ctypes.CDLL:
 def padded(k: int) -> int:
     """``k`` input features rounded up to a whole block (``BLOCK``)."""
     return -(-k // BLOCK) * BLOCK
-
-
-_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # a block's group order in the kernel's scale vectors
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -104,47 +107,53 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     minimum = lo.half()
     inv = torch.where(scale.float() > 0, 1 / scale.float(), torch.zeros_like(lo))
     q = ((w - minimum.float()[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8)
-    q = q.view(n, -1, 4, 2, 2, GROUP // 2)  # [N, B, pair, group in pair, half, 16]
-    codes = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(n, -1, 128)  # [N, B, 128]
-    return torch.cat([codes, scale[..., _ORDER].contiguous().view(torch.uint8),
-                      minimum[..., _ORDER].contiguous().view(torch.uint8)], -1).contiguous()  # [N, B, 160]
+    q = q.view(n, -1, 8, 2, 4, 4).permute(0, 1, 3, 4, 2, 5)  # [N, B, half, p, group, 4]: element 16 half + 4p + e
+    codes = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, -1, 128)  # [N, B, 128]: low nibble half 0, high half 1
+    return torch.cat([codes, scale.view(torch.uint8), minimum.view(torch.uint8)], -1).contiguous()  # [N, B, 160]
 
 
 def unpack(blocks: torch.Tensor, k: int) -> torch.Tensor:
     """The float32 weight [N, k] that ``blocks`` (``pack``'s output) encode."""
     n, nb, _ = blocks.shape
-    codes = blocks[..., :128].reshape(n, nb, 4, 2, GROUP // 2)
-    q = torch.stack([codes & 15, codes >> 4], dim=-2).reshape(n, nb, 8, GROUP).float()  # [N, B, 8, 32]
-    back = torch.argsort(torch.tensor(_ORDER))
-    scale = blocks[..., 128:144].contiguous().view(torch.float16).float()[..., back]  # [N, B, 8]
-    minimum = blocks[..., 144:160].contiguous().view(torch.float16).float()[..., back]
+    codes = blocks[..., :128].reshape(n, nb, 1, 4, 8, 4)  # [N, B, 1, p, group, 4]
+    halves = torch.cat([codes & 15, codes >> 4], dim=2)  # [N, B, half, p, group, 4]
+    q = halves.permute(0, 1, 4, 2, 3, 5).reshape(n, nb, 8, GROUP).float()  # [N, B, 8, 32]
+    scale = blocks[..., 128:144].contiguous().view(torch.float16).float()  # [N, B, 8]
+    minimum = blocks[..., 144:160].contiguous().view(torch.float16).float()
     return (q * scale[..., None] + minimum[..., None]).reshape(n, -1)[:, :k]
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, portable: bool = False) -> torch.Tensor:
-    """x [M, K'] (any float dtype; K' ≤ the blocks' padded K, zero-padded) @ W.T → float32 [M, N], with W packed as
-    ``blocks`` [N, K/256, 160]; ``portable`` runs the plain-C path whatever the CPU. Raises KernelUnavailable as
-    ``library``; ValueError for tensors off the CPU (the kernel reads host memory)."""
+_NATIVE = (torch.float32, torch.bfloat16)  # activation dtypes the kernel reads and writes in place
+
+
+def linear(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, bias: torch.Tensor | None = None,
+           portable: bool = False) -> torch.Tensor:
+    """x [M, K'] (float32 or bfloat16 read as they are, other float dtypes via float32; K' ≤ the blocks' padded K,
+    the rest taken as zeros) @ W.T (+ bias [N] float32) → [M, N] in x's dtype (float32 for other dtypes), with W
+    packed as ``blocks`` [N, K/256, 160]; ``portable`` runs the plain-C path whatever the CPU. Raises
+    KernelUnavailable as ``library``; ValueError for tensors off the CPU (the kernel reads host memory) or a K'
+    wider than the blocks; MemoryError when the activations' scratch buffer cannot be allocated."""
     if x.device.type != "cpu" or blocks.device.type != "cpu":
         raise ValueError(f"the q4 kernel runs on the CPU; got x on {x.device} and weights on {blocks.device}: "
                          "keep a q4 model on the CPU, or load another quantization for this device")
     lib = library(directory)  # a Path: its hash is cached, so this lookup is cheap on every call
-    m, k = x.shape[0], blocks.shape[1] * BLOCK
-    x = x.float().contiguous()  # [M, K']
-    if x.shape[1] != k:
-        x = torch.nn.functional.pad(x, (0, k - x.shape[1]))  # [M, K]: zero groups up to a whole block
-    threads = torch.get_num_threads()
-    xq = torch.empty(m, k // BLOCK, 320, dtype=torch.uint8)  # [M, K/256, 320]: int8 codes, scales, sums
-    lib.q8_blocks(x.data_ptr(), m, k, xq.data_ptr(), threads)
-    y = torch.empty(m, n)  # [M, N]
-    kernel = lib.q4_matmul_portable if portable else lib.q4_matmul
-    kernel(blocks.data_ptr(), xq.data_ptr(), m, n, k, y.data_ptr(), threads)
+    m, k_in, k = x.shape[0], x.shape[1], blocks.shape[1] * BLOCK
+    if k_in > k:
+        raise ValueError(f"x has {k_in} input features but the packed weight holds {k}")
+    if x.dtype not in _NATIVE:
+        x = x.float()
+    x = x.contiguous()  # [M, K']
+    y = torch.empty(m, n, dtype=x.dtype)  # [M, N]
+    bf16 = x.dtype == torch.bfloat16
+    if lib.q4_linear(blocks.data_ptr(), x.data_ptr(), bf16, m, k_in, n, k, None if bias is None else bias.data_ptr(),
+                     y.data_ptr(), bf16, portable, torch.get_num_threads()):
+        raise MemoryError(f"the q4 kernel could not allocate {m} x {k} activations' scratch")
     return y
 
 
 class Q4Linear(torch.nn.Module):
     """``nn.Linear`` for inference with 4-bit weights (``pack``) and 8-bit activations: y = x W^T + b computed by
-    ``matmul``, returned in x's dtype. Input [..., in_features], output [..., out_features]. CPU only."""
+    ``linear``, returned in x's dtype. Input [..., in_features], output [..., out_features]. CPU only."""
 
     def __init__(self, linear: torch.nn.Linear, directory: Path):
         super().__init__()
@@ -153,11 +162,8 @@ class Q4Linear(torch.nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)  # [M, K]
-        y = matmul(flat, self.blocks, self.out_features, self.directory)  # [M, N]
-        if self.bias is not None:
-            y += self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        y = linear(x.reshape(-1, self.in_features), self.blocks, self.out_features, self.directory, self.bias)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # [..., N]; .to copies only for other dtypes
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

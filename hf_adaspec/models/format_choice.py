@@ -34,6 +34,7 @@ import torch
 
 from .. import machine
 from ..files import read_json_verified, write_json_verified
+from ..kernels import q4
 from .assets import cache_dir
 from .format_quality import agreement, dense_reference
 from .formats import FORMATS, PROBED, load_weights
@@ -142,11 +143,11 @@ def keep_head(measures: tuple[FormatMeasure, ...], chosen: str) -> bool:
 def probe_key(name: str, source: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
     """What a format's speed depends on: the model (as asked and where it loads from), dtype, device, whether the
     output head is quantized, the formats there are to choose from, the processor, torch's thread count and CPU
-    kernel level, and library versions."""
+    kernel level, the q4 kernel's source, and library versions."""
     return {"schema": SCHEMA, "model": name, "source": source, "dtype": dtype, "device": device,
             "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT, "formats": list(PROBED),
             "processor": machine.processor_name(), "threads": torch.get_num_threads(),
-            "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+            "aten_cpu": torch.backends.cpu.get_cpu_capability(), "q4_kernel": q4.source_tag(),
             "versions": {**machine.versions("transformers", "bitsandbytes"), "torch": torch.__version__}}
 
 
