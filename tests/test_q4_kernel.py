@@ -79,6 +79,14 @@ def test_other_dtypes_go_through_float32_and_too_wide_inputs_are_refused(kdir):
         q4.linear(torch.randn(1, 300), blocks, 8, kdir)
 
 
+def test_a_bias_of_another_dtype_and_an_empty_input(kdir):
+    torch.manual_seed(5)
+    blocks, bias, x = q4.pack(torch.randn(16, 256)), torch.randn(16), torch.randn(3, 256)
+    torch.testing.assert_close(q4.linear(x, blocks, 16, kdir, bias=bias.to(torch.bfloat16)),
+                               q4.linear(x, blocks, 16, kdir, bias=bias.to(torch.bfloat16).float()), rtol=0, atol=0)
+    assert q4.linear(x[:0], blocks, 16, kdir, bias=bias).shape == (0, 16)
+
+
 def test_q4_linear_reads_strided_inputs_as_their_values(kdir):
     torch.manual_seed(4)
     layer = q4.Q4Linear(torch.nn.Linear(64, 16).to(torch.bfloat16), kdir)

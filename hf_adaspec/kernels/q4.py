@@ -129,7 +129,7 @@ _NATIVE = (torch.float32, torch.bfloat16)  # activation dtypes the kernel reads 
 def linear(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, bias: torch.Tensor | None = None,
            portable: bool = False) -> torch.Tensor:
     """x [M, K'] (float32 or bfloat16 read as they are, other float dtypes via float32; K' ≤ the blocks' padded K,
-    the rest taken as zeros) @ W.T (+ bias [N] float32) → [M, N] in x's dtype (float32 for other dtypes), with W
+    the rest taken as zeros) @ W.T (+ bias [N], read as float32) → [M, N] in x's dtype (float32 for other dtypes), with W
     packed as ``blocks`` [N, K/256, 160]; ``portable`` runs the plain-C path whatever the CPU. Raises
     KernelUnavailable as ``library``; ValueError for tensors off the CPU (the kernel reads host memory) or a K'
     wider than the blocks; MemoryError when the activations' scratch buffer cannot be allocated."""
@@ -144,6 +144,10 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, bias:
         x = x.float()
     x = x.contiguous()  # [M, K']
     y = torch.empty(m, n, dtype=x.dtype)  # [M, N]
+    if m == 0:
+        return y
+    if bias is not None and bias.dtype != torch.float32:  # a model cast after conversion casts the buffer too
+        bias = bias.float()
     bf16 = x.dtype == torch.bfloat16
     if lib.q4_linear(blocks.data_ptr(), x.data_ptr(), bf16, m, k_in, n, k, None if bias is None else bias.data_ptr(),
                      y.data_ptr(), bf16, portable, torch.get_num_threads()):
