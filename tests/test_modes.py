@@ -110,7 +110,7 @@ def test_build_run_takes_drafters_and_prices_from_the_registry(models):
     settings = DecodeSettings(LogitsProcessorList(), StoppingCriteriaList(), 40, False)
 
     class Caches:
-        def target(self, batch):
+        def target(self, batch, layers=()):
             return RaggedCache(models["target"], batch)
 
         def draft(self, batch, seed):

@@ -103,7 +103,7 @@ def _adaptive(models, decision_ms: float) -> tuple[torch.Tensor, list[bool]]:
                               False, decision_ms=decision_ms)
 
     class Caches:
-        def target(self, batch):
+        def target(self, batch, layers=()):
             return RaggedCache(models["target"], batch)
 
     costs = CostTable(verify_ms=(10.0,) + (30.0,) * 8, draft_ms=0.0)  # speculation pays only on long matches

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
 
 
-def _pair(model, batch: int, capacity: int) -> tuple[RaggedCache, RaggedCache]:
+def _pair(model, batch: int, capacity: int, graph_width: int = 4) -> tuple[RaggedCache, RaggedCache]:
     """The same batch on a dynamic cache and on an arena of ``capacity`` columns (role "test")."""
-    static = StaticStore(model, batch, capacity, "test", graph_width=4)
+    static = StaticStore(model, batch, capacity, "test", graph_width)
     return RaggedCache(model, batch), RaggedCache(model, batch, store=static)
 
 
@@ -37,13 +37,15 @@ def _same(a: RaggedCache, b: RaggedCache, tokens: torch.Tensor, valid: torch.Ten
     assert torch.equal(a.lengths, b.lengths)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_appends_rollbacks_and_leaving_rows_match_the_dynamic_cache(models, seed):
+@pytest.mark.parametrize("seed,pad", [(0, False), (1, False), (2, False), (0, True), (1, True)])
+def test_random_appends_rollbacks_and_leaving_rows_match_the_dynamic_cache(models, seed, pad, monkeypatch):
     """A random schedule on 3 rows: ragged blocks of 1–6 columns (some rows without tokens), rollbacks of the
-    last columns of random rows (holes), a row leaving; a 40-column arena must compact and then move."""
+    last columns of random rows (holes), a row leaving; a 40-column arena must compact and then move. ``pad``:
+    the arenas (graph width 8) run blocks padded to the bucket widths 1, 2, 3, 5, 8, as on a GPU."""
+    monkeypatch.setattr(static_kv, "PAD_DEVICES", frozenset({"cpu"} if pad else ()))
     gen = torch.Generator().manual_seed(seed)
     model = models["target"]
-    dyn, sta = _pair(model, 3, capacity=40)
+    dyn, sta = _pair(model, 3, capacity=40, graph_width=8 if pad else 4)
     prompt = torch.randint(1, 64, (3, 7), generator=gen)
     _same(dyn, sta, prompt, torch.arange(7)[None, :] >= torch.tensor([[0], [3], [5]]))  # left padding
     arenas = {id(sta.store.arena)}
@@ -139,6 +141,53 @@ def test_each_width_is_recorded_once_and_replayed_across_requests(tiny_factory):
     assert len(replays) > 2 * len(widths)  # both requests replayed
     assert all(r.kept and r.capture_ms >= 0 and r.batch == 1 and r.capacity == 256 for r in arena.records)
     assert all(r.eager_ms is None and r.replay_ms is None for r in arena.records)  # no timing forwards ran
+
+
+def test_run_width_pads_narrow_blocks_to_the_graph_width_where_they_fit():
+    assert static_kv.width_buckets(9) == (1, 2, 3, 5, 9) and static_kv.width_buckets(5) == (1, 2, 3, 5)
+    assert static_kv.width_buckets(1) == (1,) and static_kv.width_buckets(12) == (1, 2, 3, 5, 9, 12)
+    widths = [static_kv.run_width(n, 10, 9, 256, pad=True) for n in (1, 2, 3, 4, 5, 6, 8, 9, 10, 40)]
+    assert widths == [1, 2, 3, 5, 5, 9, 9, 9, 10, 40]
+    assert [static_kv.run_width(n, 10, 9, 256, pad=False) for n in (1, 2, 4, 9)] == [1, 2, 4, 9]
+    assert static_kv.run_width(6, 250, 9, 256, pad=True) == 6  # 250 + 9 columns do not fit: its own width
+
+
+def test_padded_arenas_record_two_widths_and_keep_greedy_tokens(models, monkeypatch):
+    """Arenas that pad (as on a GPU) record only the bucket widths for the target and the draft whatever k the
+    controller picks, and give the tokens of the dynamic cache."""
+    monkeypatch.setattr(static_kv, "PAD_DEVICES", frozenset({"cpu"}))
+    target, draft = models["target"], models["noisy_copy"]
+    for model in (target, draft):
+        static_kv.drop_arenas(model)
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])
+    out = {kv: target.generate(prompt, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
+                               speculation_state=SpeculationState(), max_new_tokens=40, do_sample=False, kv_cache=kv,
+                               return_dict_in_generate=True) for kv in ("dynamic", "static")}
+    assert torch.equal(out["dynamic"].sequences, out["static"].sequences)
+    ks = {s.k for s in out["static"].speculation.steps}
+    assert len(ks - {0}) > 1  # verifications of several widths ran
+    widths = {r.width for model in (target, draft) for r in static_kv.capture_records(model)}
+    graph_width = max(r.width for r in static_kv.capture_records(target))
+    assert widths <= set(static_kv.width_buckets(graph_width)) and graph_width > max(ks - {0})
+    assert 4 not in widths and {k + 1 for k in ks} - widths  # some widths ran padded
+
+
+def test_a_padding_arena_records_its_widths_when_a_request_opens_it(models, monkeypatch):
+    """As on a GPU: opening a store records the bucket widths for the request's feature layers
+    before any forward (so no step of the request pays a capture), once per arena; a seed copied in after
+    the recordings still serves its prefix."""
+    monkeypatch.setattr(static_kv, "PAD_DEVICES", frozenset({"cpu"}))
+    model, tokens = models["target"], torch.randint(1, 64, (1, 10))
+    static_kv.drop_arenas(model)
+    store = StaticStore(model, 1, 32, "test", 5, layers=(1,))
+    assert sorted(store.arena.recordings) == [(w, (1,)) for w in (1, 2, 3, 5)] and len(store.arena.records) == 4
+    StaticStore(model, 1, 32, "test", 5, layers=(1,))
+    assert len(store.arena.records) == 4  # the next request finds them
+    dynamic, fresh = RaggedCache(model, 1), RaggedCache(model, 1, store=StaticStore(model, 1, 32, "test-seed", 5))
+    for cache in (dynamic, fresh):
+        cache.append(tokens[:, :6], torch.ones(1, 6, dtype=torch.bool), 1)
+    seeded = RaggedCache(model, 1, store=StaticStore(model, 1, 32, "test-seeded-pad", 5, fresh.export_prefix()))
+    _same(dynamic, seeded, tokens[:, 6:10], torch.ones(1, 4, dtype=torch.bool))  # 4 columns run padded to 5
 
 
 def test_a_slower_replay_is_dropped_for_the_eager_forward(tiny_factory):

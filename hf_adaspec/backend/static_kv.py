@@ -8,7 +8,14 @@ attention mask is built inside the recording from the row mask (a column is visi
 it is a token of the row at or before i, or i itself, so no query row is fully masked). Recordings are made
 at a width's first use (the capture time is recorded in ``Arena.records``) and reused by later requests of
 the same sizes; a width whose replay measures no faster than its eager forward runs eagerly. Wider
-forwards (a prompt) run eagerly on the same arena.
+forwards (a prompt) run eagerly on the same arena. On a GPU (``Arena.pad``) a block runs padded to the next
+of the bucket widths 1, 2, 3, 5, 9, …, graph_width (``run_width``): each recording costs a capture, and a
+replay's cost grows little between buckets there, so a few recordings serve every verification and catch-up
+width (as vLLM buckets batch sizes); the padding columns are masked from the real ones and their outputs
+dropped. Such an arena records its buckets when a request opens it (``Arena.prime``), so a request's first
+speculative step, or a draft's first use late in a request, pays no capture: the recordings cost the first
+request that opens an arena. On a CPU a forward's cost grows with its width, so blocks run at
+their own width and record at first use.
 
 ``StaticStore`` is one request's view of an arena, behind ``RaggedCache`` (which keeps the hole mask and the
 positions on the CPU, as for the dynamic cache): which arena row each batch row is (a row that leaves the
@@ -32,6 +39,7 @@ from .graphs import Capture, capture_for, timed_ms
 CAPACITY_FLOOR = 256  # the smallest arena, in columns
 STANDARD_NEW_TOKENS = 256  # a request's length when only its context is known (the profile's cells)
 ARENAS_PER_ROLE = 3  # arenas kept per (model, role), least recently used first out
+PAD_DEVICES = frozenset({"cuda"})  # device types whose arenas run narrow blocks padded to the graph width
 
 
 def _next_power(n: int, floor: int = 1) -> int:
@@ -72,6 +80,22 @@ def compile_widths(model: torch.nn.Module, widths: frozenset[int]) -> None:
 def compiled_widths(model: torch.nn.Module) -> frozenset[int]:
     """The widths ``compile_widths`` set for ``model`` (empty: none)."""
     return _COMPILED.get(model, frozenset())
+
+
+def width_buckets(graph_width: int) -> tuple[int, ...]:
+    """The widths a padding arena records: 1, 2, 3, 5, 9, 17, … (1 + powers of two) below ``graph_width``, and
+    ``graph_width``."""
+    doubling = {1 + 2**i for i in range(graph_width.bit_length()) if 1 + 2**i < graph_width}
+    return tuple(sorted({1, graph_width} | doubling))
+
+
+def run_width(n: int, start: int, graph_width: int, capacity: int, pad: bool) -> int:
+    """The width a block of ``n`` columns written from column ``start`` runs at: with ``pad``, the smallest of
+    ``width_buckets(graph_width)`` ≥ n whose block fits in ``capacity`` columns; else (and past
+    ``graph_width``) n."""
+    if not pad or n > graph_width:
+        return n
+    return next((w for w in width_buckets(graph_width) if w >= n and start + w <= capacity), n)
 
 
 @functools.cache
@@ -116,10 +140,11 @@ class _Recording:
 
 class Arena:
     """Preallocated keys/values [B_cap, H_kv, L_cap, D] per layer of one model, its row mask, and its
-    recordings per (width, feature layers)."""
+    recordings per (width, feature layers); ``pad``: narrow blocks run padded to the graph width
+    (``run_width``)."""
 
     def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture,
-                 choose_by_time: bool) -> None:
+                 choose_by_time: bool, pad: bool = False) -> None:
         layers, heads, dim, dtype = hf_compat.kv_shape(model)
         self.device, self.batch, self.capacity = model.device, batch, capacity
         shape = (batch, heads, capacity, dim)
@@ -127,7 +152,7 @@ class Arena:
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
         self.rowmask = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
         self.column_index = torch.arange(capacity, device=self.device)
-        self.capture, self.choose_by_time = capture, choose_by_time
+        self.capture, self.choose_by_time, self.pad = capture, choose_by_time, pad
         self.inputs: dict[tuple[int, tuple[int, ...]], _Inputs] = {}
         self.recordings: dict[tuple[int, tuple[int, ...]], _Recording | None] = {}
         self.records: list[CaptureRecord] = []
@@ -144,35 +169,54 @@ class Arena:
                        self.column_index, keep, layers)
 
     @torch.no_grad()
+    def prime(self, model: torch.nn.Module, graph_width: int, layers: tuple[int, ...]) -> None:
+        """Record the bucket widths up to ``graph_width`` (``width_buckets``, with feature ``layers``) where not
+        yet recorded, on token 0 at columns 0 …, the row mask empty: only while no request holds tokens here
+        (a request opening the arena, before a seed is copied in)."""
+        self.rowmask.zero_()
+        for width in width_buckets(graph_width):
+            key = (width, layers)
+            if key not in self.recordings and width <= self.capacity:
+                inputs = self.inputs.setdefault(key, self._new_inputs(width))
+                inputs.columns.copy_(torch.arange(width))
+                inputs.positions.copy_(torch.arange(width).expand_as(inputs.positions))
+                self.recordings[key] = self._record(model, inputs, key)
+
+    @torch.no_grad()
     def run(self, model: torch.nn.Module, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
             mask: torch.Tensor, start: int, keep: int, layers: tuple[int, ...], graph_width: int
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Write the block tokens [b, n] (positions [b, n]; the batch rows' masks [b, start + n]) at columns
         start … start + n − 1 of arena rows ``slots`` [b] (on the device) → logits [b, keep, V] and features
-        [b, n, F] (None without ``layers``) in the model's dtype, on the device."""
-        n, key = tokens.shape[1], (tokens.shape[1], layers)
-        recorded = n <= graph_width
+        [b, n, F] (None without ``layers``) in the model's dtype, on the device. A padded block (``run_width``)
+        also writes columns start + n … start + width − 1, which stay masked until overwritten."""
+        n = tokens.shape[1]
+        width = run_width(n, start, graph_width, self.capacity, self.pad)
+        key, recorded = (width, layers), width <= graph_width
         if recorded and key not in self.inputs:
-            self.inputs[key] = self._new_inputs(n)
-        inputs = self.inputs[key] if recorded else self._new_inputs(n)
+            self.inputs[key] = self._new_inputs(width)
+        inputs = self.inputs[key] if recorded else self._new_inputs(width)
+        if width > n:  # padding columns: token 0, positions following the block's
+            tokens = torch.nn.functional.pad(tokens, (0, width - n))  # [b, width]
+            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, width - n + 1)], dim=1)
         for static, given in ((inputs.ids, tokens), (inputs.positions, positions)):
             static.zero_()
             static.index_copy_(0, slots, given.to(self.device))
-        inputs.columns.copy_(torch.arange(start, start + n))
+        inputs.columns.copy_(torch.arange(start, start + width))
         self.rowmask.zero_()
         self.rowmask[slots, : start + n] = mask.to(self.device, torch.bool)
         if not recorded:
             logits, features = self._step(model, inputs, keep, layers)
+            return logits[slots], None if features is None else features[slots]
+        if key not in self.recordings:
+            self.recordings[key] = self._record(model, inputs, key)
+        recording = self.recordings[key]
+        if recording is None:
+            logits, features = self._step(model, inputs, width, layers)
         else:
-            if key not in self.recordings:
-                self.recordings[key] = self._record(model, inputs, key)
-            recording = self.recordings[key]
-            if recording is None:
-                logits, features = self._step(model, inputs, n, layers)
-            else:
-                recording.captured.replay()
-                logits, features = recording.out
-        return logits[slots, -keep:], None if features is None else features[slots]
+            recording.captured.replay()
+            logits, features = recording.out
+        return logits[slots, n - keep : n], None if features is None else features[slots, :n]
 
     def _record(self, model: torch.nn.Module, inputs: _Inputs, key: tuple[int, tuple[int, ...]]) -> _Recording | None:
         """Record width ``key``'s step on the inputs it is about to run (the warm-up and the capture write the
@@ -220,7 +264,8 @@ def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int) -> A
         mine = [k for k in arenas if k[0] == role]
         for old in mine[: max(0, len(mine) - ARENAS_PER_ROLE + 1)]:
             del arenas[old]
-        arena = Arena(model, key[1], capacity, capture_for(model.device), choose_by_time=model.device.type == "cuda")
+        arena = Arena(model, key[1], capacity, capture_for(model.device), choose_by_time=model.device.type == "cuda",
+                      pad=model.device.type in PAD_DEVICES)
     arenas[key] = arena  # most recently used last
     return arena
 

@@ -89,12 +89,15 @@ class DynamicStore:
 class StaticStore:
     """One request's view of an arena (``static_kv.arena_for(model, role, …)``): batch row i is arena row
     ``slots[i]``; ``held`` columns are in use. ``seed``: a transformers cache to start from (batch 1; the draft
-    prefix store's copy). Forwards of up to ``graph_width`` columns replay recordings."""
+    prefix store's copy). Forwards of up to ``graph_width`` columns replay recordings; an arena that pads
+    (on a GPU) records its widths for the feature ``layers`` the request will ask for as the store opens it."""
 
     def __init__(self, model: torch.nn.Module, batch: int, capacity: int, role: str, graph_width: int,
-                 seed: object | None = None) -> None:
+                 seed: object | None = None, layers: tuple[int, ...] = ()) -> None:
         self.model, self.role, self.graph_width = model, role, graph_width
         self.arena = arena_for(model, role, batch, capacity)
+        if self.arena.pad:
+            self.arena.prime(model, graph_width, layers)
         self.slots = torch.arange(batch, device=model.device)
         self.held = 0
         if seed is not None:
@@ -169,10 +172,11 @@ def store_kind(model: torch.nn.Module, kv_cache: str) -> str:
 
 
 def open_store(model: torch.nn.Module, batch: int, kv_cache: str, capacity: int, role: str, graph_width: int,
-               seed: object | None = None) -> KVStore:
+               seed: object | None = None, layers: tuple[int, ...] = ()) -> KVStore:
     """Where a request's cache of ``model`` lives (``store_kind``): an arena (``StaticStore``: ``capacity``
-    columns, recordings up to ``graph_width`` columns) or a ``DynamicStore``. ``seed``: a transformers cache
-    holding a prefix to start from (batch 1). Raises ValueError as ``store_kind``."""
+    columns, recordings up to ``graph_width`` columns, for feature ``layers``) or a ``DynamicStore``.
+    ``seed``: a transformers cache holding a prefix to start from (batch 1). Raises ValueError as
+    ``store_kind``."""
     if store_kind(model, kv_cache) == "static":
-        return StaticStore(model, batch, capacity, role, graph_width, seed)
+        return StaticStore(model, batch, capacity, role, graph_width, seed, layers)
     return DynamicStore(model, seed)

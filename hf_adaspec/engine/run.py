@@ -47,9 +47,10 @@ class SpeculationState:
 
 
 class Caches(Protocol):
-    """Makes a request's caches: the target's, and the draft model's from a prefix seed (None: empty)."""
+    """Makes a request's caches: the target's (whose forwards record the feature ``layers``), and the draft
+    model's from a prefix seed (None: empty)."""
 
-    def target(self, batch: int) -> KVCache: ...
+    def target(self, batch: int, layers: tuple[int, ...] = ()) -> KVCache: ...
 
     def draft(self, batch: int, seed: PrefixSeed | None) -> KVCache: ...
 
@@ -66,8 +67,9 @@ class ModelCaches:
     capacity: int = 0
     graph_width: int = 1
 
-    def target(self, batch: int) -> KVCache:
-        store = open_store(self.target_model, batch, self.kv_cache, self.capacity, "target", self.graph_width)
+    def target(self, batch: int, layers: tuple[int, ...] = ()) -> KVCache:
+        store = open_store(self.target_model, batch, self.kv_cache, self.capacity, "target", self.graph_width,
+                           layers=layers)
         return RaggedCache(self.target_model, batch, store=store)
 
     def draft(self, batch: int, seed: PrefixSeed | None) -> KVCache:
@@ -113,7 +115,7 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
     learned = Learned(state.calibrators, state.matches)
     inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(draft_key)) for s in specs), learned)
     features = tuple(layer for spec in specs for layer in spec.target_features(draft_key))
-    parts = RunParts(caches.target(batch), drafters, mode.controller(inputs), settings, config.k_max, features)
+    parts = RunParts(caches.target(batch, features), drafters, mode.controller(inputs), settings, config.k_max, features)
     return PreparedRun(parts, specs, draft_key, draft_cache, seed)
 
 

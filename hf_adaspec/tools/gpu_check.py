@@ -138,17 +138,19 @@ def _pair_refused(target, draft) -> str:
 def speed(check: Check, quantization: str) -> dict:
     """Wall clock, interleaved per prompt (batch 1, greedy, 64 tokens, 3 prompts of ``SPEED_PROMPT`` tokens):
     transformers' eager plain and (bf16) static-compiled plain (``cache_implementation="static"``, its first
-    call, the compilation, timed apart), hf-adaspec's plain (``fixed`` k = 0), ``fixed`` k = 4 and ``adaptive``
-    with the random-weight draft (acceptance ≈ 0: adaptive chooses plain steps), ``adaptive`` without a draft,
-    and ``fixed`` k = 4 and ``adaptive`` with the target as its own draft. Bars (not with --tiny): adaptive with
-    the random draft ≥ 97% of hf-adaspec's plain (never loses) and ≥ 1/1.3 of the compiled plain; adaptive
-    with the self-draft ≥ 97% of fixed's."""
+    call, the compilation, timed apart), hf-adaspec's plain (``fixed`` k = 0) timed twice (the A/A), ``fixed``
+    k = 4 and ``adaptive`` with the random-weight draft (acceptance ≈ 0: adaptive chooses plain steps),
+    ``adaptive`` without a draft, and ``fixed`` k = 4 and ``adaptive`` with the target as its own draft; the
+    arenas' recordings (widths, first-use ms). Bars (not with --tiny): adaptive with the random draft ≥ 97% of
+    hf-adaspec's plain (never loses) and ≥ 1/1.3 of the compiled plain; adaptive with the self-draft ≥ 97% of
+    fixed's."""
     if quantization not in check.quantizations:
         return {"passed": None, "fallback": True, "summary": check.fallback}
     tgt, drf = check.model(TARGET, quantization), check.model(DRAFT, quantization, head=True)
     path = check.out / f"{pair_name(TARGET, DRAFT)}-{QUANT_LABEL[quantization]}" / "profile.json"
     given = {"speculation_profile": str(path)} if path.is_file() else {}
-    methods = {"hf-plain": {}, "plain": check.spec(speculation="fixed", num_speculative_tokens=0, **given),
+    plain = check.spec(speculation="fixed", num_speculative_tokens=0, **given)
+    methods = {"hf-plain": {}, "plain": plain, "plain-again": plain,
                "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf, **given),
                "adaptive": check.spec(speculation="adaptive", assistant_model=drf, **given),
                "adaptive-lookup": check.spec(speculation="adaptive", **given),
@@ -161,9 +163,11 @@ def speed(check: Check, quantization: str) -> dict:
         start = time.perf_counter()
         cs.generate(tgt, prompts[0], new, methods["hf-compiled"])  # transformers compiles the decoding forward
         out["hf_compiled_first_call_s"] = round(time.perf_counter() - start, 1)
-    tps = cs.timed_runs(tgt, methods, prompts, new, 1 if check.tiny else 2, warmup={"hf-compiled": new})
+    tps = cs.timed_runs(tgt, methods, prompts, new, 1 if check.tiny else 2)
+    out["recordings"] = {role: cs.recordings(model) for role, model in (("target", tgt), ("draft", drf))}
     ratio = {f"{a}/{b}": round(tps[a] / tps[b], 3) for a, b in (
-        ("adaptive", "plain"), ("adaptive", "hf-plain"), ("adaptive", "hf-compiled"), ("plain", "hf-compiled"),
+        ("plain-again", "plain"), ("adaptive", "plain"), ("adaptive", "hf-plain"), ("adaptive", "hf-compiled"),
+        ("plain", "hf-compiled"),
         ("adaptive-self", "fixed-self"), ("adaptive-lookup", "plain"), ("fixed-k4", "plain")) if b in tps}
     used = cs.drafter_use(tgt, prompts[0], new, methods["adaptive"])
     bars = {"never_loses": ratio["adaptive/plain"] >= WIN_MARGIN,
@@ -173,6 +177,8 @@ def speed(check: Check, quantization: str) -> dict:
     line = (f"{QUANT_LABEL[quantization]} tokens/s: " + ", ".join(f"{m} {v}" for m, v in tps.items())
             + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items()) + "; adaptive's steps (accepted/drafted): "
             + ", ".join(f"{d} {n} ({used['accepted'][d]}/{used['drafted'][d]})" for d, n in used["steps"].items())
+            + "; recordings (first use, ms): " + ", ".join(f"{role} {r['widths']} {r['capture_ms']}"
+                                                          for role, r in out["recordings"].items())
             + ("; not judged (--tiny)" if check.tiny else ""))
     return {**out, "passed": None if check.tiny else all(bars.values()), "tokens_per_s": tps, "ratios": ratio,
             "bars": bars, "adaptive_random_draft_steps": used, "summary": line}

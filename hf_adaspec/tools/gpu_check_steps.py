@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..api.generate import enable
+from ..backend import static_kv
 from ..backend.ragged import RaggedCache
 from ..costs.table import CostTable
 from ..engine.run import SpeculationState
@@ -328,9 +329,10 @@ def forward_timer(models) -> Iterator[dict[int, list[float]]]:
 
 
 def engine_overhead(target, timer: dict[int, list[float]], prompt: list[int], new: int, kwargs: dict) -> dict:
-    """One greedy request at batch 1 after a short warm-up: (wall ms − all forwards' ms) per step, the wall
-    from the engine's own clock (``stats.wall_ms``); for plain, per token over transformers' whole generate."""
-    generate(target, prompt, 4, kwargs)  # records the steps' graphs; its learned state is dropped
+    """One greedy request at batch 1 after an untimed run of the same request (it records the steps' graphs;
+    its learned state is dropped): (wall ms − all forwards' ms) per step, the wall from the engine's own clock
+    (``stats.wall_ms``); for plain, per token over transformers' whole generate."""
+    generate(target, prompt, new, kwargs)
     for v in timer.values():
         v.clear()
     sync(target)
@@ -344,20 +346,27 @@ def engine_overhead(target, timer: dict[int, list[float]], prompt: list[int], ne
             "forward_ms": round(forwards, 1), "target_ms_per_forward": round(statistics.fmean(own), 3) if own else None}
 
 
-def timed_runs(target, methods: dict, prompts: list[list[int]], new: int, repeats: int,
-               warmup: dict[str, int] | None = None) -> dict[str, float]:
+def recordings(model) -> dict:
+    """The widths ``model``'s arenas recorded and what their first uses cost (ms: eager timing, capture and
+    replay of each recording, summed)."""
+    records = static_kv.capture_records(model)
+    return {"widths": sorted({r.width for r in records}),
+            "capture_ms": round(sum(r.capture_ms + (r.eager_ms or 0) + (r.replay_ms or 0) for r in records), 1)}
+
+
+def timed_runs(target, methods: dict, prompts: list[list[int]], new: int, repeats: int) -> dict[str, float]:
     """Geometric-mean tokens/s per method over ``prompts`` (batch 1, greedy; median of ``repeats`` rounds),
-    methods interleaved in each round, after an untimed warm-up round of 4 tokens (``warmup[m]`` tokens for
-    method m: a compiled static cache is sized by the request's length). Each method learns across the
-    prompts of a round into a state of its own, new every round: no timed request starts from a state that
-    has seen its prompt."""
+    methods interleaved in each round, after an untimed warm-up round of the same requests, in which the
+    one-time work is done (transformers' compilation, hf-adaspec's graph recordings of the widths a method
+    uses: ``speed`` reports what it cost). Each method learns across the prompts of a round into a state of
+    its own, new every round: no timed request starts from a state that has seen its prompt."""
     seconds: dict = {(m, i): [] for m in methods for i in range(len(prompts))}
     for round_ in range(repeats + 1):
         states = {m: SpeculationState() for m in methods}
         for (m, i), times in seconds.items():
             sync(target)
             start = time.perf_counter()
-            generate(target, prompts[i], new if round_ else (warmup or {}).get(m, 4), methods[m], states[m])
+            generate(target, prompts[i], new, methods[m], states[m])
             sync(target)
             times += [time.perf_counter() - start] if round_ else []
     return {m: round(math.exp(statistics.fmean(math.log(new / statistics.median(seconds[(m, i)]))

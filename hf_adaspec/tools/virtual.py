@@ -149,7 +149,7 @@ class TraceCaches:
         self.made_target: TraceCache | None = None
         self.made_draft: TraceCache | None = None
 
-    def target(self, batch: int) -> TraceCache:
+    def target(self, batch: int, layers: tuple[int, ...] = ()) -> TraceCache:
         self.made_target = TraceCache(self.target_rows, self.vocab_size)
         return self.made_target
 
