@@ -82,6 +82,7 @@ def compiled_widths(model: torch.nn.Module) -> frozenset[int]:
     return _COMPILED.get(model, frozenset())
 
 
+@functools.cache
 def width_buckets(graph_width: int) -> tuple[int, ...]:
     """The widths a padding arena records: 1, 2, 3, 5, 9, 17, … (1 + powers of two) below ``graph_width``, and
     ``graph_width``."""
