@@ -6,16 +6,16 @@ and, per forward width n ≤ ``graph_width`` (1 … k_max + 1: a draft token, a 
 whose static inputs are the token ids and RoPE positions [B_cap, n] and the columns it writes [n]; the 4-D
 attention mask is built inside the recording from the row mask (a column is visible to block column i when
 it is a token of the row at or before i, or i itself, so no query row is fully masked). Recordings are made
-at a width's first use (the capture time is recorded in ``Arena.records``) and reused by later requests of
-the same sizes; a width whose replay measures no faster than its eager forward runs eagerly. Wider
-forwards (a prompt) run eagerly on the same arena. On a GPU (``Arena.pad``) a block runs padded to the next
-of the bucket widths 1, 2, 3, 5, 9, …, graph_width (``run_width``): each recording costs a capture, and a
-replay's cost grows little between buckets there, so a few recordings serve every verification and catch-up
-width (as vLLM buckets batch sizes); the padding columns are masked from the real ones and their outputs
-dropped. Such an arena records its buckets when a request opens it (``Arena.prime``), so a request's first
-speculative step, or a draft's first use late in a request, pays no capture: the recordings cost the first
-request that opens an arena. On a CPU a forward's cost grows with its width, so blocks run at
-their own width and record at first use.
+at a width's first use (the capture time is recorded in ``Arena.records``; on a GPU as a request opens the
+arena, below) and reused by later requests of the same sizes; a width whose replay measures no faster than
+its eager forward runs eagerly. Wider forwards (a prompt) run eagerly on the same arena. On a GPU
+(``Arena.pad``) a block runs padded to the next of the bucket widths 1, 2, 3, 5, 9, …, graph_width
+(``run_width``): each recording costs a capture, and a replay's cost grows little between buckets there, so a
+few recordings serve every verification and catch-up width (as vLLM buckets batch sizes); the padding columns
+are masked from the real ones and their outputs dropped. Such an arena records its buckets when a request
+opens it (``Arena.prime``), so a request's first speculative step, or a draft's first use late in a request,
+pays no capture: the recordings cost the first request that opens an arena. On a CPU a forward's cost grows
+with its width, so blocks run at their own width.
 
 ``StaticStore`` is one request's view of an arena, behind ``RaggedCache`` (which keeps the hole mask and the
 positions on the CPU, as for the dynamic cache): which arena row each batch row is (a row that leaves the
@@ -39,7 +39,7 @@ from .graphs import Capture, capture_for, timed_ms
 CAPACITY_FLOOR = 256  # the smallest arena, in columns
 STANDARD_NEW_TOKENS = 256  # a request's length when only its context is known (the profile's cells)
 ARENAS_PER_ROLE = 3  # arenas kept per (model, role), least recently used first out
-PAD_DEVICES = frozenset({"cuda"})  # device types whose arenas run narrow blocks padded to the graph width
+PAD_DEVICES = frozenset({"cuda"})  # device types whose arenas pad blocks to bucket widths and record them at opening
 
 
 def _next_power(n: int, floor: int = 1) -> int:
@@ -141,8 +141,8 @@ class _Recording:
 
 class Arena:
     """Preallocated keys/values [B_cap, H_kv, L_cap, D] per layer of one model, its row mask, and its
-    recordings per (width, feature layers); ``pad``: narrow blocks run padded to the graph width
-    (``run_width``)."""
+    recordings per (width, feature layers); ``pad``: blocks run padded to bucket widths (``run_width``),
+    recorded by ``prime``."""
 
     def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture,
                  choose_by_time: bool, pad: bool = False) -> None:
