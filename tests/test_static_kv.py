@@ -33,7 +33,7 @@ def _pair(model, batch: int, capacity: int, graph_width: int = 4) -> tuple[Ragge
 def _same(a: RaggedCache, b: RaggedCache, tokens: torch.Tensor, valid: torch.Tensor) -> None:
     """Both caches take the block; each valid position's logits agree (padding columns' logits are unused)."""
     got = [c.append(tokens, valid, tokens.shape[1]) for c in (a, b)]
-    assert torch.allclose(got[0][valid], got[1][valid], atol=1e-5), (got[0][valid] - got[1][valid]).abs().max()
+    assert torch.allclose(got[0][valid], got[1][valid], atol=3e-5), (got[0][valid] - got[1][valid]).abs().max()
     assert torch.equal(a.lengths, b.lengths)
 
 

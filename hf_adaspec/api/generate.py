@@ -215,7 +215,10 @@ def _speculative_entry(original, state: SpeculationState, speculation=None, **kw
     kwargs = hf_compat.stop_strings_as_criteria(original.__self__, kwargs)
     given_config = {name: kwargs.pop(name) for name in _CONFIG_KEYWORDS if name in kwargs}
     config = SpeculationConfig(speculation=speculation, **given_config)  # the rest: SpeculationConfig's defaults
-    request = SpeculationRequest(config, given or state, kwargs.pop("assistant_model", None), kwargs.get("streamer"),
+    draft = kwargs.pop("assistant_model", None)
+    if assistant_kind(draft) == "model":
+        hf_compat.use_packed_attention(draft)
+    request = SpeculationRequest(config, given or state, draft, kwargs.get("streamer"),
                                  kwargs.pop("speculation_costs", None), kwargs.pop("speculation_callback", None),
                                  kwargs.pop("speculation_profile", None))
     device, kwargs = _prompt_on_cpu(kwargs)
@@ -241,7 +244,9 @@ def _prompt_on_cpu(kwargs: dict[str, Any]) -> tuple[torch.device, dict[str, Any]
 
 def enable(model) -> Any:
     """Let ``model.generate`` take ``speculation="adaptive"`` or ``"fixed"`` (``assistant_model`` is the
-    draft). Idempotent; returns the model. Without ``speculation`` generate is unchanged. What the model
+    draft). Idempotent; returns the model. Without ``speculation`` generate is transformers' own; the model's
+    "sdpa" attention becomes ``hf_compat.use_packed_attention``'s (the same SDPA computation, its grouped-query
+    heads packed on a CPU; a draft model passed as ``assistant_model`` is switched alike). What the model
     learns across requests (α per drafter, the confidence calibration, request lengths, the draft's
     recent caches) lives in one ``SpeculationState`` per model.
 
@@ -267,6 +272,7 @@ def enable(model) -> Any:
 
     model.generate = generate
     model._adaspec_enabled = True
+    hf_compat.use_packed_attention(model)
     return model
 
 

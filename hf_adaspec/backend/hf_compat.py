@@ -11,8 +11,12 @@ import copy
 from typing import Any
 
 import torch
-from transformers import DynamicCache, StoppingCriteriaList, StopStringCriteria
+from transformers import AttentionInterface, DynamicCache, StoppingCriteriaList, StopStringCriteria
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from .attention import packed_gqa
 
 # transformers' own assisted generation: GenerationConfig fields, also generate keywords (with the
 # generate-only ``assistant_tokenizer``, see ``assisted_generation_options``); the custom_generate path ignores them
@@ -20,6 +24,39 @@ ASSISTED_GENERATION_OPTIONS = (
     "prompt_lookup_num_tokens", "max_matching_ngram_size", "num_assistant_tokens", "num_assistant_tokens_schedule",
     "assistant_confidence_threshold", "assistant_early_exit", "assistant_lookbehind", "target_lookbehind", "use_mtp",
 )
+
+
+PACKED_SDPA = "hf_adaspec_packed_sdpa"  # the attention implementation ``use_packed_attention`` sets
+
+
+def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention, except on a CPU with grouped-query heads, where the query heads are packed
+    by key/value head (``attention.packed_gqa``). A causal block without a mask (a prompt), dropout, and the
+    options sdpa refuses or adds (softcap, sinks, position bias) go to transformers' function."""
+    unpackable = (query.device.type != "cpu" or query.shape[1] == key.shape[1] or dropout
+                  or (attention_mask is None and query.shape[2] > 1)
+                  or (attention_mask is not None and attention_mask.shape[1] != 1)
+                  or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "position_bias")))
+    if unpackable:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return packed_gqa(query, key, value, attention_mask, scale), None
+
+
+def use_packed_attention(model: torch.nn.Module) -> bool:
+    """Switch ``model`` from transformers' "sdpa" attention to ``_packed_sdpa`` (same masks, same kernel; on a
+    CPU grouped-query heads are packed). Idempotent; False (nothing changed) for any other implementation."""
+    if model.config._attn_implementation == PACKED_SDPA:
+        return True
+    if model.config._attn_implementation != "sdpa":
+        return False
+    AttentionInterface.register(PACKED_SDPA, _packed_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, sdpa_mask)
+    model.set_attn_implementation(PACKED_SDPA)
+    return True
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
