@@ -1,5 +1,6 @@
-"""Every touch of transformers internals lives here: caches, raw forwards, vocabulary size, and the
-keywords ``generate``'s custom_generate path drops (stop strings' tokenizer, assisted-generation options).
+"""Every touch of transformers internals lives here: caches, raw forwards, the attention implementation
+(``use_packed_attention``), vocabulary size, and the keywords ``generate``'s custom_generate path drops (stop
+strings' tokenizer, assisted-generation options).
 
 Tested against transformers 5.x (see pyproject's pin). The engine calls only these functions, so a
 transformers upgrade that moves an internal breaks one module.
