@@ -115,7 +115,8 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
     learned = Learned(state.calibrators, state.matches)
     inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(draft_key)) for s in specs), learned)
     features = tuple(layer for spec in specs for layer in spec.target_features(draft_key))
-    parts = RunParts(caches.target(batch, features), drafters, mode.controller(inputs), settings, config.k_max, features)
+    target_cache = caches.target(batch, features)
+    parts = RunParts(target_cache, drafters, mode.controller(inputs), settings, config.k_max, features)
     return PreparedRun(parts, specs, draft_key, draft_cache, seed)
 
 
