@@ -16,7 +16,8 @@ import transformers
 
 from hf_adaspec.costs.profile import load_profile
 from hf_adaspec.models import architecture
-from hf_adaspec.tools import gpu_check
+from hf_adaspec.tools import gpu_check, gpu_check_speed
+from hf_adaspec.tools import gpu_check_steps as cs
 from hf_adaspec.tools.gpu_check import RESULTS, SUMMARY, Step
 
 
@@ -38,7 +39,7 @@ def tiny_run(tmp_path_factory):
     return status, out, seen
 
 
-@pytest.mark.slow  # the whole check through its CLI entry point (18 steps, ~40 s on 2 cores; make test runs it)
+@pytest.mark.slow  # the whole check through its CLI entry point (20 steps, ~45 s on 2 cores; make test runs it)
 def test_tiny_check_runs_every_step_and_passes(tiny_run):
     status, out, _ = tiny_run
     doc = json.loads((out / RESULTS).read_text())
@@ -67,13 +68,18 @@ def test_tiny_check_runs_every_step_and_passes(tiny_run):
         assert steps[name]["passed"] is None  # tiny timings are not judged
     assert {"hf-plain", "hf-compiled", "plain", "adaptive", "fixed-self"} <= set(steps["speed-bf16"]["tokens_per_s"])
     assert "hf-compiled" not in steps["speed-nf4"]["tokens_per_s"]  # transformers compiles bf16 only here
+    for name in ("never-loses-bf16", "never-loses-nf4"):
+        entry = steps[name]
+        assert entry["passed"] is None and set(entry["tokens_per_s"]) == {"plain", "plain-again", "adaptive"}
+        assert set(entry["bars"]) == {"never_loses"} and all(len(v) == 1 for v in entry["per_round"].values())
+        assert sum(entry["adaptive_random_draft_steps"]["steps"].values()) > 0
     tables = steps["replay"]["tables"]
     assert len(tables) == 5 and all(set(t) == {"b1", "b2"} for t in tables.values())
     summary = (out / SUMMARY).read_text()
     assert all(f"| {name} | ok |" in summary for name in steps) and "Projections" in summary
 
 
-@pytest.mark.slow  # the whole check through its CLI entry point (18 steps, ~40 s on 2 cores; make test runs it)
+@pytest.mark.slow  # the whole check through its CLI entry point (20 steps, ~45 s on 2 cores; make test runs it)
 def test_results_are_valid_after_every_step(tiny_run):
     _, _, seen = tiny_run
     done = [len(doc["steps"]) for doc in seen]
@@ -153,3 +159,22 @@ def test_on_a_gpu_cpu_work_and_steps_the_budget_cannot_fit_are_skipped(tmp_path)
     doc = gpu_check.run_steps(gpu_check.Check("cuda", False, tmp_path), steps, budget_s=60.0)
     assert [e["status"] for e in doc["steps"].values()] == ["skipped: CPU work", "skipped: budget", "ok"]
     assert ran == ["small"] and "--steps replay-like" in doc["steps"]["replay-like"]["summary"]
+
+
+def test_timed_rounds_interleave_per_request_alternate_order_and_drop_the_warm_up(monkeypatch):
+    calls, clock = [], iter(range(10_000))
+    monkeypatch.setattr(cs, "generate", lambda target, prompt, new, kwargs, state: calls.append((kwargs["m"], prompt)))
+    monkeypatch.setattr(cs, "sync", lambda target: None)
+    monkeypatch.setattr(cs.time, "perf_counter", lambda: float(next(clock)))  # every request takes 1 s
+    methods = {"a": {"m": "a"}, "b": {"m": "b"}, "c": {"m": "c"}}
+    seconds = cs.timed_seconds(None, methods, [[1], [2]], new=8, repeats=2)
+    assert [m for m, _ in calls[:6]] == ["a", "b", "c", "c", "b", "a"]  # per request, the order reversed
+    assert [m for m, _ in calls[6:9]] == ["c", "b", "a"]  # round 1 starts where round 0's second prompt did
+    assert len(calls) == 3 * 2 * 3 and seconds == {m: [[1.0, 1.0], [1.0, 1.0]] for m in methods}  # warm-up dropped
+
+
+def test_tokens_per_s_is_the_geometric_mean_over_prompts_of_the_median_round():
+    rounds = [[1.0, 4.0], [2.0, 2.0], [9.0, 1.0]]  # [round][prompt] seconds; medians 2 s and 2 s
+    assert cs.tokens_per_s(rounds, new=8) == pytest.approx(4.0)
+    assert cs.tokens_per_s([[1.0, 4.0]], new=8) == pytest.approx((8.0 * 2.0) ** 0.5)
+    assert gpu_check_speed._speedup([1.0, 4.0], [2.0, 2.0]) == pytest.approx(1.0)  # 0.5x and 2x

@@ -14,11 +14,12 @@ Steps: environment (versions, the GPU; NF4 only if bitsandbytes' kernels load, e
 the bf16 fallback); graphs (``gpu_check_graphs``: replayed recordings against eager forwards, capture costs);
 sampling (``gpu_check_sampling``: chi-square test of lossless sampling); per quantization (bf16, NF4) greedy
 (speculative greedy = plain greedy or a near-tie), self-draft (acceptance away from near-ties), the shipped
-pair's profile, speed (wall clock, interleaved: transformers' eager and compiled plain, hf-adaspec's plain,
-fixed and adaptive; never-loses: ``adaptive`` with the random-weight draft within 3% of hf-adaspec's plain,
-with the self-draft within 3% of ``fixed``); compile-draft (the draft's step recorded after torch.compile, timed); the
-7B target's profiles with the 0.5B draft; engine (the engine's own ms per step, wall less the forwards);
-replay (projections on every profile, batch 1, 2, 4, 8).
+pair's profile, speed (``gpu_check_speed``; wall clock, interleaved: transformers' eager and compiled plain,
+hf-adaspec's plain, fixed and adaptive; ``adaptive`` with the self-draft within 3% of ``fixed``), never-loses
+(``adaptive`` with the random-weight draft within 3% of hf-adaspec's plain, timed for that bar alone, with its
+A/A); compile-draft (the draft's step recorded after torch.compile, timed); the 7B target's profiles with the
+0.5B draft; engine (the engine's own ms per step, wall less the forwards); replay (projections on every
+profile, batch 1, 2, 4, 8).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import dataclasses
 import json
 import platform
 import re
-import statistics
 import sys
 import time
 import traceback
@@ -46,6 +46,7 @@ from . import gpu_check_steps as cs
 from .gpu_check_report import REPLAY_METHODS, RESULTS, SUMMARY, write_results
 from .gpu_check_graphs import compile_draft, graphs, head_graphs
 from .gpu_check_sampling import sampling
+from .gpu_check_speed import engine_time, never_loses, speed
 from .gpu_check_steps import BIG, DRAFT, QUANT_LABEL, TARGET, Check
 
 BUDGET_S = 480.0
@@ -53,9 +54,6 @@ TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
 GPU_GRID = ProfileGrid(new_tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16), batch_sizes=(1, 2, 4, 8),
                        contexts=(128, 512, 2048), repeats=2)
 TINY_GRID = ProfileGrid(new_tokens=(1, 2, 3), batch_sizes=(1, 2), contexts=(16, 32), repeats=1)
-WIN_MARGIN = 0.97  # "within 3%"
-COMPILED_MARGIN = 1 / 1.3  # adaptive (choosing plain steps) against transformers' static-compiled plain
-SPEED_PROMPT = 24  # tokens: one length, so transformers' compiled static cache is compiled once
 
 
 def environment(check: Check) -> dict:
@@ -135,82 +133,6 @@ def _pair_refused(target, draft) -> str:
     return "generate takes the pair"
 
 
-def speed(check: Check, quantization: str) -> dict:
-    """Wall clock, interleaved per prompt (batch 1, greedy, 64 tokens, 3 prompts of ``SPEED_PROMPT`` tokens):
-    transformers' eager plain and (bf16) static-compiled plain (``cache_implementation="static"``, its first
-    call, the compilation, timed apart), hf-adaspec's plain (``fixed`` k = 0) timed twice (the A/A), ``fixed``
-    k = 4 and ``adaptive`` with the random-weight draft (acceptance ≈ 0: adaptive chooses plain steps),
-    ``adaptive`` without a draft, and ``fixed`` k = 4 and ``adaptive`` with the target as its own draft; the
-    arenas' recordings (widths, first-use ms). Bars (not with --tiny): adaptive with the random draft ≥ 97% of
-    hf-adaspec's plain (never loses) and ≥ 1/1.3 of the compiled plain; adaptive with the self-draft ≥ 97% of
-    fixed's."""
-    if quantization not in check.quantizations:
-        return {"passed": None, "fallback": True, "summary": check.fallback}
-    tgt, drf = check.model(TARGET, quantization), check.model(DRAFT, quantization, head=True)
-    path = check.out / f"{pair_name(TARGET, DRAFT)}-{QUANT_LABEL[quantization]}" / "profile.json"
-    given = {"speculation_profile": str(path)} if path.is_file() else {}
-    plain = check.spec(speculation="fixed", num_speculative_tokens=0, **given)
-    methods = {"hf-plain": {}, "plain": plain, "plain-again": plain,
-               "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf, **given),
-               "adaptive": check.spec(speculation="adaptive", assistant_model=drf, **given),
-               "adaptive-lookup": check.spec(speculation="adaptive", **given),
-               "fixed-self": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=tgt),
-               "adaptive-self": check.spec(speculation="adaptive", assistant_model=tgt)}
-    new, prompts = 12 if check.tiny else 64, cs.speed_prompts(tgt.config.vocab_size, SPEED_PROMPT)
-    out: dict = {"quantization": quantization, "cost_source": "profile" if given else "calibrated"}
-    if quantization == "none":
-        methods["hf-compiled"] = {"cache_implementation": "static"}
-        start = time.perf_counter()
-        cs.generate(tgt, prompts[0], new, methods["hf-compiled"])  # transformers compiles the decoding forward
-        out["hf_compiled_first_call_s"] = round(time.perf_counter() - start, 1)
-    tps = cs.timed_runs(tgt, methods, prompts, new, 1 if check.tiny else 2)
-    out["recordings"] = {role: cs.recordings(model) for role, model in (("target", tgt), ("draft", drf))}
-    ratio = {f"{a}/{b}": round(tps[a] / tps[b], 3) for a, b in (
-        ("plain-again", "plain"), ("adaptive", "plain"), ("adaptive", "hf-plain"), ("adaptive", "hf-compiled"),
-        ("plain", "hf-compiled"),
-        ("adaptive-self", "fixed-self"), ("adaptive-lookup", "plain"), ("fixed-k4", "plain")) if b in tps}
-    used = cs.drafter_use(tgt, prompts[0], new, methods["adaptive"])
-    bars = {"never_loses": ratio["adaptive/plain"] >= WIN_MARGIN,
-            "self_draft": ratio["adaptive-self/fixed-self"] >= WIN_MARGIN}
-    if "adaptive/hf-compiled" in ratio:
-        bars["vs_compiled"] = ratio["adaptive/hf-compiled"] >= COMPILED_MARGIN
-    line = (f"{QUANT_LABEL[quantization]} tokens/s: " + ", ".join(f"{m} {v}" for m, v in tps.items())
-            + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items()) + "; adaptive's steps (accepted/drafted): "
-            + ", ".join(f"{d} {n} ({used['accepted'][d]}/{used['drafted'][d]})" for d, n in used["steps"].items())
-            + "; recordings (first use, ms): " + ", ".join(f"{role} {r['widths']} {r['capture_ms']}"
-                                                          for role, r in out["recordings"].items())
-            + ("; not judged (--tiny)" if check.tiny else ""))
-    return {**out, "passed": None if check.tiny else all(bars.values()), "tokens_per_s": tps, "ratios": ratio,
-            "bars": bars, "adaptive_random_draft_steps": used, "summary": line}
-
-
-def engine_time(check: Check, q: str) -> dict:
-    """The engine's own ms per step at batch 1 (wall less every forward, forwards timed with the device
-    synchronised) against the target's mean forward, and transformers' own ms per token for plain; the median
-    over the speculative runs and hf-adaspec's plain become the replay's overheads (a decided step's and a plain
-    one's: ``adaptive`` runs with rest=False here, deciding every step)."""
-    if q not in check.quantizations:
-        return {"passed": None, "fallback": True, "summary": check.fallback}
-    tgt, drf = check.model(TARGET, q), check.model(DRAFT, q, head=True)
-    prompt, new = cs.check_prompts(tgt.config.vocab_size, seed=6)[0], 12 if check.tiny else 128
-    runs = {"adaptive": check.spec(speculation="adaptive", assistant_model=drf, rest=False),
-            "adaptive-lookup": check.spec(speculation="adaptive", rest=False),
-            "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf),
-            "plain": check.spec(speculation="fixed", num_speculative_tokens=0), "hf-plain": {}}
-    with cs.forward_timer((tgt, drf)) as timer:
-        out = {name: cs.engine_overhead(tgt, timer, prompt, new, kwargs) for name, kwargs in runs.items()}
-    spec = statistics.median(v["engine_ms_per_step"] for k, v in out.items() if "plain" not in k)
-    check.facts["overheads"] = (spec, out["plain"]["engine_ms_per_step"])
-    a = out["adaptive"]
-    share = a["engine_ms_per_step"] / a["target_ms_per_forward"]
-    return {"passed": None, "quantization": q, "runs": out, "over_10pct": share > 0.10,
-            "overheads_ms": check.facts["overheads"],
-            "summary": f"{QUANT_LABEL[q]} adaptive: engine {a['engine_ms_per_step']} ms/step = {share:.1%} of the "
-                       f"target's {a['target_ms_per_forward']} ms forward; plain: hf-adaspec "
-                       f"{out['plain']['engine_ms_per_step']} ms/step, transformers {out['hf-plain']['engine_ms_per_step']}"
-                       " ms/token"}
-
-
 def replay(check: Check) -> dict:
     """Projections: the committed held-out traces of Spec-Bench and the code workload (60, greedy, Qwen2.5-Coder
     1.5B/0.5B traced on a CPU) replayed on every profile in the output folder (plain, fixed-k, adaptive,
@@ -253,14 +175,16 @@ class Step:
 
 def plan() -> list[Step]:
     """The steps in order: the cheap correctness checks first (recorded forwards against eager ones, sampling,
-    greedy and the self-draft in bf16); the 1.5B pair's bf16 profile, the side-by-side timing, the engine's own
-    time, the 7B's bf16 profile and the draft's compiled step; then NF4; the replay last (CPU work)."""
+    greedy and the self-draft in bf16); the 1.5B pair's bf16 profile, the side-by-side timing, never-loses, the
+    engine's own time, the 7B's bf16 profile and the draft's compiled step; then NF4; the replay last (CPU work)."""
     return [Step("environment", environment), Step("graphs", graphs, 15), Step("head-graphs", head_graphs, 15),
             Step("sampling", sampling, 20),
             Step("greedy-bf16", lambda c: cs.greedy_matrix(c, "none"), 40),
             Step("self-draft-bf16", lambda c: cs.self_draft(c, "none"), 15),
             Step("profile-1.5b-bf16", lambda c: profile_pair(c, TARGET, "none"), 40),
-            Step("speed-bf16", lambda c: speed(c, "none"), 150), Step("engine-bf16", lambda c: engine_time(c, "none"), 15),
+            Step("speed-bf16", lambda c: speed(c, "none"), 150),
+            Step("never-loses-bf16", lambda c: never_loses(c, "none"), 60),
+            Step("engine-bf16", lambda c: engine_time(c, "none"), 15),
             Step("profile-7b-bf16", lambda c: profile_pair(c, BIG, "none"), 60),
             Step("compile-draft", compile_draft, 60),
             Step("profile-7b-bf16-compiled-draft", lambda c: profile_pair(c, BIG, "none", compiled_draft=True), 90),
@@ -268,6 +192,7 @@ def plan() -> list[Step]:
             Step("self-draft-nf4", lambda c: cs.self_draft(c, "nf4"), 15),
             Step("profile-1.5b-nf4", lambda c: profile_pair(c, TARGET, "nf4"), 45),
             Step("speed-nf4", lambda c: speed(c, "nf4"), 45),
+            Step("never-loses-nf4", lambda c: never_loses(c, "nf4"), 60),
             Step("profile-7b-nf4", lambda c: profile_pair(c, BIG, "nf4"), 60),
             Step("replay", replay, on_gpu=False)]
 

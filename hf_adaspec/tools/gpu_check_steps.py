@@ -354,20 +354,37 @@ def recordings(model) -> dict:
             "capture_ms": round(sum(r.capture_ms + (r.eager_ms or 0) + (r.replay_ms or 0) for r in records), 1)}
 
 
-def timed_runs(target, methods: dict, prompts: list[list[int]], new: int, repeats: int) -> dict[str, float]:
-    """Geometric-mean tokens/s per method over ``prompts`` (batch 1, greedy; median of ``repeats`` rounds),
-    methods interleaved in each round, after an untimed warm-up round of the same requests, in which the
-    one-time work is done (transformers' compilation, hf-adaspec's graph recordings of the widths a method
-    uses: ``speed`` reports what it cost). Each method learns across the prompts of a round into a state of
-    its own, new every round: no timed request starts from a state that has seen its prompt."""
-    seconds: dict = {(m, i): [] for m in methods for i in range(len(prompts))}
+def timed_seconds(target, methods: dict, prompts: list[list[int]], new: int, repeats: int
+                  ) -> dict[str, list[list[float]]]:
+    """Seconds per request, ``[method][round][prompt]``, batch 1 and greedy, over ``repeats`` timed rounds after
+    an untimed warm-up round of the same requests, in which the one-time work is done (transformers'
+    compilation, hf-adaspec's graph recordings of the widths a method uses). Interleaved per prompt, the
+    methods' order reversed on every other request, so no method always runs after the same one. Each method
+    learns across the prompts of a round into a state of its own, new every round: no timed request starts
+    from a state that has seen its prompt."""
+    seconds: dict[str, list[list[float]]] = {m: [] for m in methods}
     for round_ in range(repeats + 1):
-        states = {m: SpeculationState() for m in methods}
-        for (m, i), times in seconds.items():
-            sync(target)
-            start = time.perf_counter()
-            generate(target, prompts[i], new, methods[m], states[m])
-            sync(target)
-            times += [time.perf_counter() - start] if round_ else []
-    return {m: round(math.exp(statistics.fmean(math.log(new / statistics.median(seconds[(m, i)]))
-                                               for i in range(len(prompts)))), 2) for m in methods}
+        states, times = {m: SpeculationState() for m in methods}, {m: [] for m in methods}
+        for i, prompt in enumerate(prompts):
+            for m in list(methods) if (round_ + i) % 2 == 0 else list(reversed(methods)):
+                sync(target)
+                start = time.perf_counter()
+                generate(target, prompt, new, methods[m], states[m])
+                sync(target)
+                times[m].append(time.perf_counter() - start)
+        for m in methods if round_ else ():
+            seconds[m].append(times[m])
+    return seconds
+
+
+def tokens_per_s(rounds: list[list[float]], new: int) -> float:
+    """Tokens/s of one method from its seconds ``[round][prompt]`` (``new`` tokens a request): the geometric
+    mean over prompts of ``new`` over the prompt's median seconds."""
+    prompts = range(len(rounds[0]))
+    return math.exp(statistics.fmean(math.log(new / statistics.median(r[i] for r in rounds)) for i in prompts))
+
+
+def timed_runs(target, methods: dict, prompts: list[list[int]], new: int, repeats: int) -> dict[str, float]:
+    """Tokens/s per method (``tokens_per_s``) of ``timed_seconds``' interleaved rounds."""
+    seconds = timed_seconds(target, methods, prompts, new, repeats)
+    return {m: round(tokens_per_s(seconds[m], new), 2) for m in methods}
