@@ -8,13 +8,15 @@ thread: the forwards are ~1 ms and touch little memory, so the CPU's caches stay
 host's do (a forward streaming tens of MB would make every later Python step slower, as a GPU never does).
 
 Methods, interleaved per prompt (order alternating), each request from a fresh ``SpeculationState``:
-``hf`` (transformers' generate), ``plain`` (``fixed`` k = 0: the engine's loop with plain steps),
-``adaptive`` (with the random-weight draft: acceptance ≈ 0, so it makes plain steps) and
-``adaptive-lookup`` (no draft model). ``--base <commit>``: the same worker run in a worktree of that commit
-too, the two alternating, so the figures compare commits. Last line: one JSON object (ms per token: the
-median over rounds of each prompt's ms, averaged over prompts).
+``hf`` (transformers' generate), ``plain`` (``fixed`` k = 0: the engine's loop with plain steps) and
+``plain-again`` (the A/A), ``adaptive`` (with the random-weight draft: acceptance ≈ 0, so it makes plain
+steps) and ``adaptive-lookup`` (no draft model). ``--kv-cache static``: the speculative methods keep their
+caches in arenas, as on a GPU (on a CPU the recordings are re-run forwards). ``--base <commit>``: the same
+worker run in a worktree of that commit too, the two alternating, so the figures compare commits. Last line:
+one JSON object (ms per token: the median over rounds of each prompt's ms, averaged over prompts).
 
     python benchmarks/engine_overhead.py --base 77d406d --rounds 5
+    python benchmarks/engine_overhead.py --kv-cache static --rounds 5
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("hf", "plain", "adaptive", "adaptive-lookup")
+METHODS = ("hf", "plain", "plain-again", "adaptive", "adaptive-lookup")
 WORKER = r"""
 import json, sys, tempfile, time
 from pathlib import Path
@@ -37,12 +39,13 @@ import torch
 import hf_adaspec
 from hf_adaspec.tools import gpu_check_steps as cs
 torch.set_num_threads(1)
-check = cs.Check("cpu", True, Path(tempfile.mkdtemp()), kv_cache="dynamic")
-target, draft = check.model(cs.TARGET, "none"), check.model(cs.DRAFT, "none", head=True)
-kwargs = {"hf": {}, "plain": {"speculation": "fixed", "num_speculative_tokens": 0},
-          "adaptive": {"speculation": "adaptive", "assistant_model": draft},
-          "adaptive-lookup": {"speculation": "adaptive"}}
 job = json.loads(sys.argv[1])
+check = cs.Check("cpu", True, Path(tempfile.mkdtemp()), kv_cache=job["kv_cache"])
+target, draft = check.model(cs.TARGET, "none"), check.model(cs.DRAFT, "none", head=True)
+plain = check.spec(speculation="fixed", num_speculative_tokens=0)
+kwargs = {"hf": {}, "plain": plain, "plain-again": plain,
+          "adaptive": check.spec(speculation="adaptive", assistant_model=draft),
+          "adaptive-lookup": check.spec(speculation="adaptive")}
 gen = torch.Generator().manual_seed(job["seed"])
 prompts = [torch.randint(3, target.config.vocab_size, (24,), generator=gen).tolist() for _ in range(job["prompts"])]
 for m in kwargs:  # costs calibrated or found, first calls paid, before timing
@@ -74,7 +77,8 @@ def _summary(rounds: list[dict[str, list[float]]]) -> dict:
     ms = {m: round(statistics.fmean(statistics.median(r[m][i] for r in rounds) for i in range(prompts)), 4)
           for m in METHODS}
     return {"ms_per_token": ms, "adaptive_minus_plain_ms": round(ms["adaptive"] - ms["plain"], 4),
-            "adaptive_over_plain_speed": round(ms["plain"] / ms["adaptive"], 3)}
+            "adaptive_over_plain_speed": round(ms["plain"] / ms["adaptive"], 3),
+            "plain_again_over_plain_speed": round(ms["plain"] / ms["plain-again"], 3)}
 
 
 def main() -> None:
@@ -83,8 +87,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--kv-cache", default="dynamic", choices=("dynamic", "static"),
+                        help="the speculative methods' caches (static: the arenas a GPU uses, recordings re-run)")
     args = parser.parse_args()
-    job = {"seed": 0, "prompts": args.prompts, "new": args.max_new_tokens}
+    job = {"seed": 0, "prompts": args.prompts, "new": args.max_new_tokens, "kv_cache": args.kv_cache}
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"new": ROOT}
         if args.base:
@@ -103,7 +109,7 @@ def main() -> None:
                                capture_output=True)
     result = {v: _summary(rs) for v, rs in rounds.items()}
     print(json.dumps({"base": args.base, "rounds": args.rounds, "prompts": args.prompts,
-                      "max_new_tokens": args.max_new_tokens, **result}))
+                      "max_new_tokens": args.max_new_tokens, "kv_cache": args.kv_cache, **result}))
 
 
 if __name__ == "__main__":
