@@ -38,6 +38,7 @@ def _spec(models, drafter: str, **kwargs):
     kwargs.setdefault("speculation_costs", COSTS)
     kwargs.setdefault("speculation_state", SpeculationState())
     kwargs.setdefault("do_sample", False)
+    kwargs.setdefault("rest", False)  # decide every step: which steps rest depends on a decision's measured time
     return models["target"].generate(PROMPT, **draft, **kwargs)
 
 
