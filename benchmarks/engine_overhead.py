@@ -10,13 +10,11 @@ host's do (a forward streaming tens of MB would make every later Python step slo
 Methods, interleaved per prompt (order alternating), each request from a fresh ``SpeculationState``:
 ``hf`` (transformers' generate), ``plain`` (``fixed`` k = 0: the engine's loop with plain steps) and
 ``plain-again`` (the A/A), ``adaptive`` (with the random-weight draft: acceptance ≈ 0, so it makes plain
-steps) and ``adaptive-lookup`` (no draft model). ``--kv-cache static``: the speculative methods keep their
-caches in arenas, as on a GPU (on a CPU the recordings are re-run forwards). ``--base <commit>``: the same
-worker run in a worktree of that commit too, the two alternating, so the figures compare commits. Last line:
-one JSON object (ms per token: the median over rounds of each prompt's ms, averaged over prompts).
+steps) and ``adaptive-lookup`` (no draft model). ``--base <commit>``: the same worker run in a worktree of
+that commit too, the two alternating, so the figures compare commits. Last line: one JSON object (ms per
+token: the median over rounds of each prompt's ms, averaged over prompts).
 
     python benchmarks/engine_overhead.py --base 77d406d --rounds 5
-    python benchmarks/engine_overhead.py --kv-cache static --rounds 5
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ import hf_adaspec
 from hf_adaspec.tools import gpu_check_steps as cs
 torch.set_num_threads(1)
 job = json.loads(sys.argv[1])
-check = cs.Check("cpu", True, Path(tempfile.mkdtemp()), kv_cache=job["kv_cache"])
+check = cs.Check("cpu", True, Path(tempfile.mkdtemp()), kv_cache="dynamic")
 target, draft = check.model(cs.TARGET, "none"), check.model(cs.DRAFT, "none", head=True)
 plain = check.spec(speculation="fixed", num_speculative_tokens=0)
 kwargs = {"hf": {}, "plain": plain, "plain-again": plain,
@@ -87,10 +85,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--kv-cache", default="dynamic", choices=("dynamic", "static"),
-                        help="the speculative methods' caches (static: the arenas a GPU uses, recordings re-run)")
     args = parser.parse_args()
-    job = {"seed": 0, "prompts": args.prompts, "new": args.max_new_tokens, "kv_cache": args.kv_cache}
+    job = {"seed": 0, "prompts": args.prompts, "new": args.max_new_tokens}
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"new": ROOT}
         if args.base:
@@ -109,7 +105,7 @@ def main() -> None:
                                capture_output=True)
     result = {v: _summary(rs) for v, rs in rounds.items()}
     print(json.dumps({"base": args.base, "rounds": args.rounds, "prompts": args.prompts,
-                      "max_new_tokens": args.max_new_tokens, "kv_cache": args.kv_cache, **result}))
+                      "max_new_tokens": args.max_new_tokens, **result}))
 
 
 if __name__ == "__main__":
