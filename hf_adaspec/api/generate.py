@@ -63,7 +63,8 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
     """Raise ValueError for inputs the engine does not support, naming the fix.
 
     Raises:
-        ValueError: beams or several sequences per prompt, per-step outputs (``_check_outputs``), a draft
+        ValueError: beams or several sequences per prompt, per-step outputs (``_check_outputs``), a target
+            or draft model with recurrent layers (``hf_compat.speculation_reason``), a draft
             with a larger vocabulary (a narrower draft head is padded: the same tokenizer), a head of another
             target, a mask of another shape, an empty or right-padded prompt, or a
             batch-size-1 feature (streamer, speculation_callback, tpot_slo_ms) with a batch.
@@ -72,6 +73,9 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
         raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
     _check_outputs(gen_config)
     draft = request.draft_model
+    for checked in (model, draft) if assistant_kind(draft) == "model" else (model,):
+        if (reason := hf_compat.speculation_reason(checked)) is not None:
+            raise ValueError(f"{reason}: leave speculation out (plain generate), or pick another model")
     if assistant_kind(draft) == "head" and draft.config.target_vocab_size != hf_compat.vocab_size(model):
         raise ValueError(f"the draft head was made for a vocabulary of {draft.config.target_vocab_size} tokens, "
                          f"the target's is {hf_compat.vocab_size(model)}: load a head trained for this target")

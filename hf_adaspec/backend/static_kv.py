@@ -56,14 +56,18 @@ def capacity_for(context: int, new_tokens: int = STANDARD_NEW_TOKENS) -> int:
 
 
 def block_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor,
-                  cache: object, rowmask: torch.Tensor, column_index: torch.Tensor, keep: int,
-                  layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  cache: object, rowmask: torch.Tensor, column_positions: torch.Tensor, column_index: torch.Tensor,
+                  keep: int, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of a block ids [B, n] (RoPE ``positions`` [B, n]) written at ``columns`` [n] of an arena
-    (``cache``), the 4-D mask [B, 1, n, L] built from the row mask [B, L]: column j is visible to block
-    column i when it is a token of the row at or before i (``column_index`` [L] = 0 … L − 1), or i itself."""
+    (``cache``; ``column_positions`` [B, L], each column's token position, takes the block's), the 4-D mask
+    [B, 1, n, L] built from the row mask [B, L]: column j is visible to block column i when it is a token of the
+    row at or before i (``column_index`` [L] = 0 … L − 1), or i itself; windowed layers see only the columns
+    their window spans in token positions (``hf_compat.layer_masks``)."""
+    column_positions.index_copy_(1, columns, positions)
     seen = column_index[None, :] <= columns[:, None]  # [n, L]
     own = column_index[None, :] == columns[:, None]  # [n, L]
-    mask = (rowmask[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L]
+    visible = (rowmask[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L]
+    mask = hf_compat.layer_masks(model, visible, positions, column_positions)
     return hf_compat.raw_forward(model, ids, cache, keep, mask, positions, layers)
 
 
@@ -152,6 +156,7 @@ class Arena:
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
         self.rowmask = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
+        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # [B_cap, L_cap]
         self.column_index = torch.arange(capacity, device=self.device)
         self.capture, self.choose_by_time, self.pad = capture, choose_by_time, pad
         self.inputs: dict[tuple[int, tuple[int, ...]], _Inputs] = {}
@@ -167,7 +172,7 @@ class Arena:
               compiled: bool = False) -> tuple:
         forward = _compiled_block() if compiled else block_forward
         return forward(model, inputs.ids, inputs.positions, inputs.columns, inputs.cache, self.rowmask,
-                       self.column_index, keep, layers)
+                       self.positions, self.column_index, keep, layers)
 
     @torch.no_grad()
     def prime(self, model: torch.nn.Module, graph_width: int, layers: tuple[int, ...]) -> None:
@@ -249,6 +254,7 @@ class Arena:
             rows = tensor[slots]  # [b, H, L, D]
             index = order[:, None, :, None].expand(-1, rows.shape[1], -1, rows.shape[3])
             tensor[slots, :, : order.shape[1]] = rows.gather(2, index)
+        self.positions[slots, : order.shape[1]] = self.positions[slots].gather(1, order)
 
 
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {(role, B_cap, L_cap): Arena}
