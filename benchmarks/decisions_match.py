@@ -119,7 +119,7 @@ def step_ms() -> float:
 
 def replay(workload: str, split: str, batch: int) -> list[dict]:
     """Every replayed request's summary from ``hf-adaspec replay``, with whatever hf_adaspec is on the path."""
-    from hf_adaspec.tools.cli import app
+    from hf_adaspec.cli.cli import app
 
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "replay.json"

@@ -35,7 +35,7 @@ import json, sys, tempfile, time
 from pathlib import Path
 import torch
 import hf_adaspec
-from hf_adaspec.tools import gpu_check_steps as cs
+from hf_adaspec.gpu_check import steps as cs
 torch.set_num_threads(1)
 job = json.loads(sys.argv[1])
 check = cs.Check("cpu", True, Path(tempfile.mkdtemp()), kv_cache="dynamic")

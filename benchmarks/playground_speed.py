@@ -59,7 +59,7 @@ def _number(pattern: str, text: str) -> float | None:
 
 def cli_args(pair: str) -> list[str]:
     """``hf-adaspec generate`` options loading the playground's pair ``pair`` (as close as the CLI can)."""
-    from hf_adaspec.tools.playground import PAIRS
+    from hf_adaspec.playground.playground import PAIRS
 
     spec = PAIRS[pair]
     return ["--target", spec.target, "--draft", spec.draft or "none", "--quantization", spec.quantization,
@@ -68,7 +68,7 @@ def cli_args(pair: str) -> list[str]:
 
 def cli_matches_page(pair: str) -> bool:
     """Whether the CLI loads exactly the page's models (one quantization for both, LM head quantized)."""
-    from hf_adaspec.tools.playground import PAIRS
+    from hf_adaspec.playground.playground import PAIRS
 
     spec = PAIRS[pair]
     return spec.draft is None or (spec.draft_quantization == spec.quantization and spec.quantize_draft_head)
@@ -176,7 +176,7 @@ def compare(cli: dict, page: dict) -> dict:
 
 
 def main() -> None:
-    from hf_adaspec.tools.playground import PAIRS
+    from hf_adaspec.playground.playground import PAIRS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pair", default="qwen", choices=sorted(PAIRS))

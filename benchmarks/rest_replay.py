@@ -22,12 +22,12 @@ import json
 from pathlib import Path
 
 import hf_adaspec.policy.controller as controller
+from hf_adaspec.bench import bench
 from hf_adaspec.costs.profile import load_profile
 from hf_adaspec.policy.rest import REST_AFTER, REST_MOST, REST_SHARE, RestSchedule
-from hf_adaspec.tools import bench
-from hf_adaspec.tools.replay import Clock
-from hf_adaspec.tools.replay_report import replay_all
-from hf_adaspec.tools.trace import load_traces
+from hf_adaspec.replay.replay import Clock
+from hf_adaspec.replay.report import replay_all
+from hf_adaspec.replay.trace import load_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = (("tune", "spec_bench"), ("held-out", "spec_bench"), ("all", "code"))

@@ -14,8 +14,9 @@ Layers, from the bottom (each imports only those below it; ``tests/test_architec
 ``files``/``config``; ``backend`` (every touch of transformers internals, the ragged KV cache, the draft's
 prefix store) and ``models`` (assets and loading); ``costs`` and ``proposers`` (the drafters); ``policy``
 (goodput, acceptance models, controllers, the registry of modes); ``engine`` (the loop, verification, the
-run builder); ``api`` (``enable``, ``generate_batch``) and this package; ``tools`` (CLI, bench, replay,
-playground).
+run builder); ``api`` (``enable``, ``generate_batch``) and this package; around it, wings by purpose:
+``bench`` and ``playground``, ``replay`` (traces, replay, the vLLM export), ``training`` (draft heads), and on top
+``cli`` and ``gpu_check``.
 """
 
 from .api.generate import SpeculativeGenerateOutput, compile_steps, enable

@@ -14,7 +14,7 @@ from conftest import build_tiny_tokenizer
 from typer.testing import CliRunner
 
 from hf_adaspec import LoadedModel
-from hf_adaspec.tools import cli
+from hf_adaspec.cli import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 TEXTS = {"coding": ["w3 w9 w17 w3 w9 w21 w5", "w40 w41 w7 w40 w41 w33"],
@@ -81,8 +81,8 @@ def test_each_batch_size_starts_from_a_fresh_state(bench_setup, tmp_path):
 
 
 def test_the_state_after_the_first_repeat_is_kept_for_the_next_prompts(models):
-    from hf_adaspec.tools.bench import run_prompt
-    from hf_adaspec.tools.prompts import Prompt
+    from hf_adaspec.bench.bench import run_prompt
+    from hf_adaspec.bench.prompts import Prompt
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"

@@ -21,9 +21,9 @@ import hf_adaspec.engine.loop as loop
 import hf_adaspec.engine.verification as verification
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import static_kv
-from hf_adaspec.models import eagle3_arena
 from hf_adaspec.engine.verification import Verification, speculative_sample
-from hf_adaspec.tools.gpu_check_sampling import chi2_ratio  # the same test the GPU check runs on the device
+from hf_adaspec.gpu_check.sampling import chi2_ratio  # the same test the GPU check runs on the device
+from hf_adaspec.models import eagle3_arena
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration

@@ -2,7 +2,7 @@
 
 Design: pure functions. ``acceptance_from_traces`` estimates the per-token acceptance α of a draft model
 (the traced draft argmax vs the target's greedy token) and of n-gram prompt lookup (the lookup's
-continuation vs the target's tokens) from greedy traces (``tools.trace``). ``best_k`` is the proposal length
+continuation vs the target's tokens) from greedy traces (``trace``). ``best_k`` is the proposal length
 of highest goodput (SmartSpec, arXiv 2406.14066: tokens per unit time, ``policy.goodput.goodput``). The
 export runs it at every batch size the profile measured, with the profile's target and draft costs,
 merges consecutive batch sizes of equal k into ranges, and writes them with vLLM's documented keys.

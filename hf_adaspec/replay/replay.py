@@ -30,15 +30,15 @@ import torch
 from transformers import LogitsProcessorList
 
 from ..backend.ragged import left_pad
+from ..bench.bench import method_kwargs
+from ..bench.oracle import OracleDrafter, agreement_runs, oracle_schedule
+from ..bench.oracle_inputs import costless_runs
 from ..config import SpeculationConfig
 from ..costs.profile import Profile
 from ..costs.table import CostTable
 from ..engine.loop import DecodeSettings, speculative_decode
 from ..engine.run import SpeculationState, build_run, record_run
 from ..engine.stats import SpeculationStats
-from .bench import method_kwargs
-from .bench_oracle import costless_runs
-from .oracle import OracleDrafter, agreement_runs, oracle_schedule
 from .trace import Trace
 from .virtual import Forward, TraceCaches, VirtualHead, Vocab, draft_answers, head_answers, target_answers
 

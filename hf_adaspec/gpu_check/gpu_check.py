@@ -1,6 +1,6 @@
 """``make gpu-check``: one prepared pass over what only a GPU can tell (issues 36, 43), proven on the CPU first.
 
-``python -m hf_adaspec.tools.gpu_check --device cuda [--out DIR] [--budget-s 480]`` runs the steps of ``plan``
+``python -m hf_adaspec.gpu_check --device cuda [--out DIR] [--budget-s 480]`` runs the steps of ``plan``
 in order, each in its own try/except, and rewrites ``gpu_check.json`` (atomically) and ``gpu_check.md`` after
 every step, so a run cut off by its time limit still leaves what finished; once the budget is spent the
 rest is recorded as "skipped: budget". Every model has a preset's architecture (``models/configs``, the 7B's
@@ -11,10 +11,10 @@ graphs on a GPU; the CPU test passes static, whose recordings are re-run there).
 the profiles a GPU run left: the replay is CPU work, skipped on a GPU).
 
 Steps: environment (versions, the GPU; NF4 only if bitsandbytes' kernels load, else every NF4 step records
-the bf16 fallback); graphs (``gpu_check_graphs``: replayed recordings against eager forwards, capture costs);
-sampling (``gpu_check_sampling``: chi-square test of lossless sampling); per quantization (bf16, NF4) greedy
+the bf16 fallback); graphs (``graphs``: replayed recordings against eager forwards, capture costs);
+sampling (``sampling``: chi-square test of lossless sampling); per quantization (bf16, NF4) greedy
 (speculative greedy = plain greedy or a near-tie), self-draft (acceptance away from near-ties), the shipped
-pair's profile, speed (``gpu_check_speed``; wall clock, interleaved: transformers' eager and compiled plain,
+pair's profile, speed (``speed``; wall clock, interleaved: transformers' eager and compiled plain,
 hf-adaspec's plain, fixed and adaptive; ``adaptive`` with the self-draft within 3% of ``fixed``), never-loses
 (``adaptive`` with the random-weight draft within 3% of hf-adaspec's plain, timed for that bar alone, with its
 A/A); compile-draft (the draft's step recorded after torch.compile, timed); the 7B target's profiles with the
@@ -29,7 +29,6 @@ import dataclasses
 import json
 import platform
 import re
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -42,12 +41,12 @@ from ..config import KV_CACHES
 from ..costs.measure import ProfileGrid, measure_profile, pair_name, plot_profile
 from ..costs.profile import load_profile, save_profile
 from ..costs.table import processor_name
-from . import gpu_check_steps as cs
-from .gpu_check_report import REPLAY_METHODS, RESULTS, SUMMARY, write_results
-from .gpu_check_graphs import compile_draft, graphs, head_graphs
-from .gpu_check_sampling import sampling
-from .gpu_check_speed import engine_time, never_loses, speed
-from .gpu_check_steps import BIG, DRAFT, QUANT_LABEL, TARGET, Check
+from . import steps as cs
+from .graphs import compile_draft, graphs, head_graphs
+from .report import REPLAY_METHODS, RESULTS, SUMMARY, write_results
+from .sampling import sampling
+from .speed import engine_time, never_loses, speed
+from .steps import BIG, DRAFT, QUANT_LABEL, TARGET, Check
 
 BUDGET_S = 480.0
 TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
@@ -99,7 +98,7 @@ def profile_pair(check: Check, target: str, quantization: str, compiled_draft: b
                f"{csv(grid.new_tokens)} --repeats {grid.repeats} --max-tokens-per-forward "
                f"{grid.max_tokens_per_forward} --device {check.device} --random-weights --kv-cache {check.kv_cache}"
                + (" --compile-draft" if compiled_draft else "")
-               + f"  # by hf_adaspec.tools.gpu_check on {check.facts.get('gpu') or check.device}")
+               + f"  # by hf_adaspec.gpu_check on {check.facts.get('gpu') or check.device}")
     compile_steps(drf, (1,) if compiled_draft else ())
     try:
         profile = measure_profile(tgt, drf, grid, pair, command, kv_cache=check.kv_cache)
@@ -138,10 +137,10 @@ def replay(check: Check) -> dict:
     1.5B/0.5B traced on a CPU) replayed on every profile in the output folder (plain, fixed-k, adaptive,
     adaptive-lookup) at batch 1, 2, 4, 8, with the engine overheads measured on the GPU (else none). Predicted,
     not measured; the acceptance is the CPU-traced pair's, for the 7B target too."""
-    from . import bench as bm
-    from .replay import Clock
-    from .replay_report import replay_all
-    from .trace import load_traces
+    from ..bench import bench as bm
+    from ..replay.replay import Clock
+    from ..replay.report import replay_all
+    from ..replay.trace import load_traces
 
     traces = [t for t in load_traces(TRACES) if t.split == "held-out" and t.source in ("spec_bench", "code")]
     traces, overheads, tables = traces[:2] if check.tiny else traces, check.facts.get("overheads", (0.0, 0.0)), {}
@@ -225,7 +224,7 @@ def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = Fa
         left = budget_s - (time.perf_counter() - start)
         if not step.on_gpu and check.device != "cpu" and not merge:
             entry = {"status": "skipped: CPU work", "seconds": 0, "summary": "run it on a CPU: python -m "
-                     f"hf_adaspec.tools.gpu_check --device cpu --steps {step.name} --out {check.out}"}
+                     f"hf_adaspec.gpu_check --device cpu --steps {step.name} --out {check.out}"}
         elif left <= 0 or (check.device != "cpu" and left < step.needs_s):
             entry = {"status": "skipped: budget", "seconds": 0, "left_s": round(left, 1)}
         else:
@@ -241,7 +240,7 @@ def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = Fa
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; exit status 1 when a step failed or raised."""
-    parser = argparse.ArgumentParser(prog="python -m hf_adaspec.tools.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hf_adaspec.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--out", type=Path, help="results folder (default model_cards/gpu/<device name>)")
     parser.add_argument("--tiny", action="store_true", help="shrunk configs and grids (the CPU test)")
@@ -269,6 +268,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"results": str(out / RESULTS), "summary": str(out / SUMMARY), "failed": bad}), flush=True)
     return 1 if bad else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,7 +30,7 @@ import torch
 
 from ..backend import hf_compat
 from ..engine.run import SpeculationState
-from .bench_oracle import PromptOracle, prompt_oracle
+from .oracle_inputs import PromptOracle, prompt_oracle
 from .prompts import Prompt
 
 METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive",
@@ -205,7 +205,7 @@ def _oracle_cell(oracles: list[PromptOracle], plain: dict[int, float]) -> dict:
 def summarize(runs: list[Run], methods: list[str], oracles: list[PromptOracle] = ()) -> dict:
     """Per category and overall, per method: median tokens/s, geometric-mean speedup vs plain and % of
     the oracle (geometric mean of per-prompt ratios), mean acceptance and k; per category the
-    oracle's agreement figures (see ``bench_oracle``)."""
+    oracle's agreement figures (see ``oracle_inputs``)."""
     plain = {r.question_id: r.tokens_per_s for r in runs if r.method == "plain"}
     table: dict[str, dict[str, dict]] = {}
     oracle_table: dict[str, dict] = {}

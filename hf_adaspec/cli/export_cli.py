@@ -34,8 +34,8 @@ def export_vllm(
     the head named by --head-model, priced by its traced chains and the head's profile. Last stdout line:
     one JSON object {"output", "speculative_config"}."""
     from ..costs.profile import load_profile
-    from .export_vllm import acceptance_from_traces, head_prefix_acceptance, speculative_config
-    from .trace import load_traces
+    from ..replay.export_vllm import acceptance_from_traces, head_prefix_acceptance, speculative_config
+    from ..replay.trace import load_traces
     from .trace_cli import check_output
 
     check_output(output)

@@ -1,6 +1,6 @@
 """The GPU check's context (models with the presets' architectures and random weights), its greedy
 correctness steps (against plain greedy, the self-draft) and its clocks (tokens/s of interleaved runs, the
-engine's own time per step); ``gpu_check`` runs them, with ``gpu_check_sampling``.
+engine's own time per step); ``gpu_check`` runs them, with ``sampling``.
 
 Greedy: each row of a speculative ``generate`` is compared with the target's own batch-1 plain greedy
 output: equal, or first differing where the target's top-2 logit gap is at most ``NEAR_TIE`` (bf16 and NF4
@@ -29,10 +29,10 @@ import torch
 from ..api.generate import enable
 from ..backend import static_kv
 from ..backend.ragged import RaggedCache
+from ..bench.bench import divergence_gap
 from ..costs.table import CostTable
 from ..engine.run import SpeculationState
 from ..models.architecture import config_path, load_random, random_weights
-from .bench import divergence_gap
 
 TARGET, DRAFT, BIG = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-7b"
 SEEDS = {TARGET: 0, DRAFT: 1, BIG: 2}

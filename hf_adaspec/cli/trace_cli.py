@@ -12,12 +12,12 @@ from pathlib import Path
 import typer
 from tqdm.auto import tqdm
 
+from ..bench.prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
 from ..files import sweep
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from .cli_checks import check_output, check_prompts_file, usage_errors
+from ..replay.trace import HEAD_DEPTH, load_trace, save_trace, take_trace, trace_path, with_head
+from .checks import check_output, check_prompts_file, usage_errors
 from .pair import load_pair
-from .prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH, Prompt, load_prompts
-from .trace import HEAD_DEPTH, load_trace, save_trace, take_trace, trace_path, with_head
 
 # shown in --help instead of the packaged file's site-packages path
 SPEC_BENCH_SHOWN = f"packaged Spec-Bench subset, {PACKAGED_PER_CATEGORY} prompts per category"
@@ -113,8 +113,8 @@ def _bench_runs(bench: Path) -> list[dict]:
 
 def _select(traces_dir: Path, split: str, workload: str, bench: Path | None) -> tuple[list, list[dict]]:
     """The traces to replay (the bench's prompts, in its order, when ``bench`` is given) and the bench's runs."""
-    from .prompts import SPLITS
-    from .trace import load_traces
+    from ..bench.prompts import SPLITS
+    from ..replay.trace import load_traces
 
     if split not in SPLITS:
         raise typer.BadParameter(f"{split!r}; choose one of {', '.join(SPLITS)}", param_hint="--split")
@@ -161,8 +161,8 @@ def replay(
 ) -> None:
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
-    from . import bench as bm
-    from .replay_report import validate
+    from ..bench import bench as bm
+    from ..replay.report import validate
 
     start = time.perf_counter()
     method_list = _replay_methods(methods)
@@ -209,7 +209,7 @@ def replay(
 
 def _replay_methods(methods: str) -> list[str]:
     """The ``--methods`` list, plain first if it was left out; a usage error naming the replay's methods."""
-    from .replay import REPLAY_METHODS
+    from ..replay.replay import REPLAY_METHODS
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in method_list if m not in REPLAY_METHODS]
@@ -220,9 +220,9 @@ def _replay_methods(methods: str) -> list[str]:
 
 
 def _fitted_overheads(chosen: list, methods: list[str], profiles: tuple, costs_for, bench_runs: list[dict]):
-    """(step, plain) overheads in ms fitted on the bench's tune-split prompts (``replay_report.fit_overheads``);
+    """(step, plain) overheads in ms fitted on the bench's tune-split prompts (``replay.report.fit_overheads``);
     ``profiles``: (the cost profile, the head's or None)."""
-    from .replay_report import fit_overheads, replay_all
+    from ..replay.report import fit_overheads, replay_all
 
     with usage_errors(ValueError, hint="--bench"):
         unpriced = replay_all(chosen, methods, _clock(profiles, (0.0, 0.0)), 1, costs_for)
@@ -232,7 +232,7 @@ def _fitted_overheads(chosen: list, methods: list[str], profiles: tuple, costs_f
 def _replayed(chosen: list, methods: list[str], profiles: tuple, overheads: tuple[float, float], batch_size: int,
               costs_for, prefill: str = "trace"):
     """(clock, ``replay_all``'s result); a usage error for methods the traces or profiles cannot replay."""
-    from .replay_report import replay_all
+    from ..replay.report import replay_all
 
     clock = _clock(profiles, overheads, prefill)
     with usage_errors(ValueError):  # e.g. a draft method on traces taken without a draft model
@@ -242,7 +242,7 @@ def _replayed(chosen: list, methods: list[str], profiles: tuple, overheads: tupl
 def _clock(profiles: tuple, overheads: tuple[float, float], prefill: str = "trace"):
     """The replay's ``Clock`` from (profile, head profile or None); a usage error of ``--head-profile`` for a
     head profile that is not one, or of another target, or of ``--prefill``."""
-    from .replay import Clock
+    from ..replay.replay import Clock
 
     with usage_errors(ValueError, hint="--head-profile, --prefill"):
         return Clock(profiles[0], *overheads, head_profile=profiles[1], prefill=prefill)

@@ -1,6 +1,6 @@
 """What the playground's page is sent: a request's ``RunFeed`` answers each poll of the page with only what is
 new since the page's cursor (token pieces with their labels, one row per step, the plain run's pieces and
-step times) and the stats line; the page appends them (``playground_page``). The feed starts plain decoding of
+step times) and the stats line; the page appends them (``page``). The feed starts plain decoding of
 the same prompt once the method's run is done (for the speedup) and accounts its own server-side time
 (``UiCost``). No Gradio here: the page lives in ``playground``.
 """

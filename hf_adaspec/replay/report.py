@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from ..backend.draft_prefix import DraftPrefixStore
+from ..bench.bench import METHOD_FAMILY, PromptOracle, Run
 from ..engine.run import SpeculationState
-from .bench import METHOD_FAMILY, PromptOracle, Run
 from .replay import (
     HEAD_FAMILY,
     Clock,

@@ -15,7 +15,7 @@ from ..costs.profile import load_profile
 from ..files import atomic_write
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_TARGET
-from .trace import load_traces
+from ..replay.trace import load_traces
 
 
 def default_sources() -> list[Path]:
@@ -51,8 +51,8 @@ def train_head(
 ):
     """Train an EAGLE-3 draft head for TARGET by self-distillation; resumable, curve in curve.jsonl."""
     from .. import load
-    from .head_data import held_out, read_shards, record, record_traces
-    from .train_head import TrainConfig, train
+    from ..training.head_data import held_out, read_shards, record, record_traces
+    from ..training.train_head import TrainConfig, train
 
     config = TrainConfig(tokens, epochs, steps, lr, batch=batch, draft_vocab=draft_vocab,
                          intermediate=intermediate, eval_every=eval_every, train_steps=train_steps)

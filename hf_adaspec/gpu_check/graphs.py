@@ -18,7 +18,7 @@ from ..costs.table import ForwardProbe, HeadProbe
 from ..models.eagle3 import HeadCache
 from ..models.eagle3_arena import arena_records, head_cache
 from ..models.eagle3_format import random_head
-from .gpu_check_steps import BIG, DRAFT, NEAR_TIE, TARGET, Check
+from .steps import BIG, DRAFT, NEAR_TIE, TARGET, Check
 
 PROMPT, WIDTHS = 24, (1, 4, 9)  # on a GPU width 4 runs padded to 5 (static_kv.run_width)
 

@@ -12,20 +12,14 @@ from pathlib import Path
 import typer
 from tqdm.auto import tqdm
 
+from ..bench.bench import METHODS
+from ..bench.prompts import SPLITS, Prompt, load_prompts
 from ..config import SPECULATION_MODES
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from . import export_cli, profile_cli, trace_cli, train_head_cli, verify
-from .bench import METHODS
-from .cli_checks import (
-    check_output,
-    check_prompts_file,
-    parse_methods,
-    parse_sizes,
-    usage_errors,
-)
+from .checks import check_output, check_prompts_file, parse_methods, parse_sizes, usage_errors
 from .pair import load_pair as _load_pair
-from .prompts import SPLITS, Prompt, load_prompts
 
 # rich_markup_mode=None: an error is printed as one plain ``Error: ...`` line, not wrapped in a panel
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True,
@@ -113,7 +107,7 @@ def bench(
                                       "plain, plain-again (A/A), hf-assisted, fixed-k, adaptive)."),
 ) -> None:
     """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
-    from . import bench as bm
+    from ..bench import bench as bm
 
     check_output(output)
     check_prompts_file(prompts)
@@ -186,7 +180,7 @@ def _bench_prompts(path: Path, per_category: int, categories: str, split: str) -
 def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
                  batch_methods: str = "") -> None:
     """``bench --batch-size``: every size on the same prompts; JSON + markdown + PNG; last line JSON."""
-    from . import batch_bench as bb
+    from ..bench import batch as bb
 
     methods = parse_methods(batch_methods or ",".join(bb.BATCH_METHODS), bb.BATCH_METHODS, "--batch-methods", draft,
                            bb.NEEDS_DRAFT)
@@ -214,7 +208,7 @@ def playground(
 ) -> None:
     """Serve the Gradio playground: live speculation decisions, coloured tokens, k and step-time charts, the
     speedup over plain."""
-    from .playground import PAIRS, launch
+    from ..playground.playground import PAIRS, launch
 
     if pair not in PAIRS:
         raise typer.BadParameter(f"--pair {pair!r}: use one of {', '.join(PAIRS)}")

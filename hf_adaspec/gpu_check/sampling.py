@@ -14,7 +14,7 @@ from ..api.generate import enable
 from ..costs.table import CostTable
 from ..engine.run import SpeculationState
 from ..engine.verification import speculative_sample
-from .gpu_check_steps import COSTS, DRAFT, Check, left_padded, shrunk_config
+from .steps import COSTS, DRAFT, Check, left_padded, shrunk_config
 
 STEEP = CostTable(verify_ms=tuple(10.0 + 4.0 * n for n in range(9)), draft_ms=2.0)  # the confidence stop acts
 SAMPLED = ([11, 12, 13], list(range(1, 41)))  # the second: 40 distinct ids, so prompt lookup matches often

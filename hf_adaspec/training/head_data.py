@@ -24,9 +24,9 @@ from safetensors.torch import load_file, save
 from tqdm.auto import tqdm
 
 from ..backend import hf_compat
+from ..bench.prompts import split_of
 from ..files import atomic_write
-from .prompts import split_of
-from .trace import Trace
+from ..replay.trace import Trace
 
 TOP_K = 8
 EXCLUDED_PARTS = ("_vendor", "vendored", "third_party", "tests", "test")  # copies of other projects, and tests

@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 from ..backend import hf_compat
+from ..bench.prompts import Prompt, split_of
 from ..files import atomic_write
 from ..models.eagle3 import Eagle3Head, HeadCache
-from .prompts import Prompt, split_of
 
 SCHEMA = 1
 HEAD_DEPTH = 8  # tokens of the head's chain recorded per position (replay's largest k)

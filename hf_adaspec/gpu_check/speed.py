@@ -3,7 +3,7 @@
 (``engine_time``). ``gpu_check`` runs them as steps.
 
 Design: a bar is judged against the noise of the same run. Every timing interleaves its methods per request
-(``gpu_check_steps.timed_seconds``) and times hf-adaspec's plain twice, so the A/A ratio sits beside every
+(``steps.timed_seconds``) and times hf-adaspec's plain twice, so the A/A ratio sits beside every
 ratio. The never-loses bar (``adaptive`` with a random-weight draft at least ``WIN_MARGIN`` of plain) is a
 difference of a few percent, so it has a step of its own with three methods and enough rounds and prompts
 for that, and each round's ratio is reported: the spread a single round would have.
@@ -16,8 +16,8 @@ import statistics
 import time
 
 from ..costs.measure import pair_name
-from . import gpu_check_steps as cs
-from .gpu_check_steps import DRAFT, QUANT_LABEL, TARGET, Check
+from . import steps as cs
+from .steps import DRAFT, QUANT_LABEL, TARGET, Check
 
 WIN_MARGIN = 0.97  # "within 3%"
 COMPILED_MARGIN = 1 / 1.3  # adaptive (choosing plain steps) against transformers' static-compiled plain

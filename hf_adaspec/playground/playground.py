@@ -1,7 +1,7 @@
 """The Gradio playground: every speculation decision, live (``hf-adaspec playground``, ``python app/app.py``).
 
 Design: one Blocks page. Generate validates the request, starts the chosen method's run (``live.LiveRun``)
-and returns at once with the id of its ``RunFeed``; the live view (``playground_page``, one ``gr.HTML``)
+and returns at once with the id of its ``RunFeed``; the live view (``page``, one ``gr.HTML``)
 polls that feed a few times a second and appends what is new — tokens coloured by how each was made,
 the chosen k and the predicted vs realized time of each step, the latest decisions, a stats line — then,
 optionally, the feed runs plain decoding of the same prompt the same way, for the speedup. The engine
@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import playground_page
+from . import page
 from .live import (
     METHODS,
     LiveRun,
@@ -29,7 +29,7 @@ from .live import (
     RunSettings,
     in_new_thread,
 )
-from .playground_views import (
+from .views import (
     COLORS,
     CURSOR_FIELDS,
     DRAFTER_COLORS,
@@ -235,8 +235,8 @@ class Playground:
                         temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")
                         top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p")
                         slo = gr.Number(None, label="TPOT SLO (ms per token, optional; adaptive avoids choices predicted to break it)")
-            live = gr.HTML("", html_template=playground_page.TEMPLATE, css_template=playground_page.CSS,
-                           js_on_load=playground_page.SCRIPT, server_functions=[poll], elem_id="live",
+            live = gr.HTML("", html_template=page.TEMPLATE, css_template=page.CSS,
+                           js_on_load=page.SCRIPT, server_functions=[poll], elem_id="live",
                            colors=COLORS, drafter_colors=DRAFTER_COLORS, series_colors=SERIES_COLORS,
                            decision_rows=DECISION_ROWS, interval_ms=round(1000 * self.poll_interval_s),
                            chart_interval_ms=CHART_INTERVAL_MS)

@@ -16,7 +16,7 @@ from ..api.generate import compile_steps
 from ..config import KV_CACHES
 from ..models.eagle3_format import load_head, random_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from .cli_checks import check_output, parse_sizes, usage_errors
+from .checks import check_output, parse_sizes, usage_errors
 from .pair import load_pair as _load_pair
 
 
