@@ -119,7 +119,10 @@ def step_ms() -> float:
 
 def replay(workload: str, split: str, batch: int) -> list[dict]:
     """Every replayed request's summary from ``hf-adaspec replay``, with whatever hf_adaspec is on the path."""
-    from hf_adaspec.cli.cli import app
+    try:
+        from hf_adaspec.cli.cli import app
+    except ImportError:  # a base from before the CLI's own folder (issue 58)
+        from hf_adaspec.tools.cli import app
 
     with tempfile.TemporaryDirectory() as tmp:
         output = Path(tmp) / "replay.json"
