@@ -7,8 +7,7 @@ with the counts it already has, appends the new token spans and plain-run pieces
 ``chart_interval_ms`` (and at the end) redraws the two small canvas charts and the decisions table from
 the steps it holds; it stops once the feed says done. No event stays
 pending while a run lasts, so no progress tracker animates in the browser on the engine's cores.
-The element ids (output, stats, plain-output, k-plot, time-plot, decisions) are what tests and
-``benchmarks/playground_speed.py`` read.
+The element ids (output, stats, plain-output, k-plot, time-plot, decisions) are what the browser test reads.
 """
 
 from __future__ import annotations
