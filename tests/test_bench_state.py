@@ -33,16 +33,16 @@ def bench_setup(tmp_path, monkeypatch, models):
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     pair = (LoadedModel(models["target"], tokenizer, "t"), LoadedModel(models["noisy_copy"], tokenizer, "d"))
     monkeypatch.setattr(cli, "_load_pair", lambda *args: pair)
-    api = importlib.import_module("hf_adaspec.api.generate")
+    engine_run = importlib.import_module("hf_adaspec.engine.run")  # where generate's requests are recorded
     seen = []
-    original = api.record_run
+    original = engine_run.record_run
 
     def spy(state, run, prompts, outputs):
         held = {tuple(np.asarray(s).tolist()) for s in state.suffixes.sequences}
         seen.extend((tuple(p), tuple(o), held) for p, o in zip(prompts, outputs, strict=True))
         return original(state, run, prompts, outputs)
 
-    monkeypatch.setattr(api, "record_run", spy)
+    monkeypatch.setattr(engine_run, "record_run", spy)
     return path, seen
 
 

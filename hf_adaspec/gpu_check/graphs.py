@@ -1,4 +1,4 @@
-"""The GPU check's steps about recorded forwards (``backend.static_kv``, ``models.eagle3_arena``): a replayed
+"""The GPU check's steps about recorded forwards (``backend.static_kv``, ``backend.head_kv``): a replayed
 CUDA graph against the eager forward of the dynamic cache on the same tokens, with what each width's recording
 cost; an EAGLE-3 head's drafted column replayed against its eager step; and whether the draft's 1-token step
 recorded after ``torch.compile`` beats the plain recording (the faster is kept for the rest of the check)."""
@@ -11,12 +11,8 @@ import time
 import torch
 
 from ..backend import static_kv
-from ..backend.graphs import capture_for
-from ..backend.ragged import RaggedCache
-from ..backend.stores import open_store
+from ..backend.caches import open_cache, open_head_cache
 from ..costs.table import ForwardProbe, HeadProbe
-from ..models.eagle3 import HeadCache
-from ..models.eagle3_arena import arena_records, head_cache
 from ..models.eagle3_format import random_head
 from .steps import BIG, DRAFT, NEAR_TIE, TARGET, Check
 
@@ -32,9 +28,8 @@ def graphs(check: Check) -> dict:
     tgt = check.model(TARGET, "none")
     gen = torch.Generator().manual_seed(4)
     ids = torch.randint(1, tgt.config.vocab_size, (1, PROMPT + max(WIDTHS)), generator=gen)
-    dynamic = RaggedCache(tgt, 1)
-    arena = RaggedCache(tgt, 1, store=open_store(tgt, 1, check.kv_cache, static_kv.capacity_for(PROMPT), "check",
-                                                max(WIDTHS)))
+    dynamic = open_cache(tgt, 1)
+    arena = open_cache(tgt, 1, check.kv_cache, static_kv.capacity_for(PROMPT), "check", max(WIDTHS))
     for cache in (dynamic, arena):
         cache.append(ids[:, :PROMPT], torch.ones(1, PROMPT, dtype=torch.bool), 1)
     held, rows = torch.tensor([PROMPT]), {}
@@ -75,7 +70,7 @@ def head_graphs(check: Check, repeats: int = 20, columns: int = 8) -> dict:
     gen, width = torch.Generator().manual_seed(6), 3 * head.config.target_hidden_size
     tokens = torch.randint(1, head.config.target_vocab_size, (1, 32), generator=gen)
     features = head.fuse(torch.randn(1, 32, width, generator=gen))
-    caches = (HeadCache(1), head_cache(head, 1, "static", lambda: capture_for(head.device)))
+    caches = (open_head_cache(head, 1), open_head_cache(head, 1, "static"))
     hidden = [head.step(tokens, features, torch.ones(1, 32, dtype=torch.bool), c)[:, -1:] for c in caches]
     token, differs = tokens[:, -1:], 0
     for _ in range(columns):
@@ -83,7 +78,7 @@ def head_graphs(check: Check, repeats: int = 20, columns: int = 8) -> dict:
         top2 = want.topk(2, dim=-1).values
         differs += int(((want.argmax(-1) != got.argmax(-1)) & ((top2[:, 0] - top2[:, 1]) > NEAR_TIE)).sum())
         token, hidden = want.argmax(-1, keepdim=True), [eager, replayed]
-    capture = arena_records(head)
+    capture = [r.capture_ms for r in static_kv.capture_records(head)]
     return {"passed": differs == 0, "eager_ms": ms["dynamic"], "replayed_ms": ms["static"],
             "capture_ms": capture, "argmax_differs_clear": differs,
             "summary": f"EAGLE-3 head's drafted column at context 512: eager {ms['dynamic']} ms, replayed "

@@ -221,7 +221,7 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
     width = input_ids.shape[1]
     caches = TraceCaches([target_answers(r, pad) for r in rows],
                          [draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces]
-                         if drafts else [], vocab.size)
+                         if drafts else [], vocab.size, head if draft_key is head else None)
     if draft_key is head:
         head.serve([head_answers(t.prompt_len, vocab.encode([i for row in t.head_next for i in row]).view(
             len(t.head_next), -1), t.head_q) for t in traces], vocab.size)

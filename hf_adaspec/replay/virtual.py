@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..backend.caches import open_head_cache
 from ..backend.draft_prefix import PrefixSeed
-from ..models.eagle3 import Eagle3Head, HeadCache, HeadConfig
+from ..models.eagle3 import Eagle3Head, HeadCache, HeadConfig, HeadKV
 
 
 @dataclass(frozen=True)
@@ -142,10 +143,13 @@ class TraceCache:
 
 class TraceCaches:
     """``engine.run.Caches`` that answer from traces: the target's ``TraceCache`` over ``target`` rows, the
-    draft's over ``draft`` rows (holding a seed's prefix length); the caches made are kept for pricing."""
+    draft's over ``draft`` rows (holding a seed's prefix length); the caches made are kept for pricing. The
+    ``head``'s entries (a ``VirtualHead``; None: no head) are bookkeeping in a ``HeadCache``."""
 
-    def __init__(self, target: Sequence[RowAnswers], draft: Sequence[RowAnswers], vocab_size: int) -> None:
+    def __init__(self, target: Sequence[RowAnswers], draft: Sequence[RowAnswers], vocab_size: int,
+                 head: VirtualHead | None = None) -> None:
         self.target_rows, self.draft_rows, self.vocab_size = list(target), list(draft), vocab_size
+        self.virtual_head = head
         self.made_target: TraceCache | None = None
         self.made_draft: TraceCache | None = None
 
@@ -157,6 +161,11 @@ class TraceCaches:
         held = [seed.length if seed is not None else 0] * batch
         self.made_draft = TraceCache(self.draft_rows, self.vocab_size, held)
         return self.made_draft
+
+    def head(self, batch: int) -> HeadKV:
+        if self.virtual_head is None:
+            raise ValueError("no draft head to make a cache for")
+        return open_head_cache(self.virtual_head, batch)
 
 
 def target_answers(tokens: torch.Tensor, eos: int) -> RowAnswers:
