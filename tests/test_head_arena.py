@@ -106,3 +106,20 @@ def test_the_recording_is_made_once_and_replayed_across_requests(tiny_head, monk
 def test_kv_cache_gives_a_head_on_a_cpu_an_arena_only_when_static(tiny_head, kv_cache, arena):
     cache = open_head_cache(tiny_head, 2, kv_cache)
     assert isinstance(cache, StaticHeadCache) is arena and isinstance(cache, HeadCache) is not arena
+
+
+def test_a_later_request_starts_on_the_widest_arena(tiny_head, monkeypatch):
+    """A request that outgrew its arena leaves the wider one for the next request of as many rows, whose drafted
+    column replays the recording already made there."""
+    head, counting = copy.deepcopy(tiny_head), CountingCapture()
+    monkeypatch.setattr(static_kv, "capture_for", lambda device: counting)
+    monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 8)
+    gen, hidden = torch.Generator().manual_seed(2), torch.zeros(1, 1, head.config.hidden_size)
+    first = open_head_cache(head, 1, "static")
+    with torch.no_grad():
+        head.step(*_block(head, gen, [12]), first)  # 12 entries: the request moves to an arena of 16 columns
+        first.draft_column(head, torch.tensor([[3]]), hidden)
+        later = open_head_cache(head, 1, "static")
+        later.draft_column(head, torch.tensor([[3]]), hidden)
+    assert first.capacity == later.capacity == 16 and later.arena is first.arena
+    assert (counting.recorded, counting.replayed) == (1, 2)

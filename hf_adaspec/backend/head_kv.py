@@ -11,7 +11,8 @@ recording of width 1, whose static inputs are the tokens, hidden states and posi
 column it writes [1], the visibility built inside from the row mask, and whose outputs are the pre-norm
 outputs and the draft-vocabulary logits. It is recorded at the arena's first drafted column and reused by
 later requests. A request that runs out of columns moves to an arena twice as wide (the held columns copied
-over), which records its own. One request per arena at a time: a later request takes it over.
+over), which records its own; a later request starts on the widest. One request per arena at a time: a later
+request takes it over.
 """
 
 from __future__ import annotations
@@ -67,12 +68,14 @@ def _column_step(head: Eagle3Head, arena: Arena, inputs: _ColumnInputs) -> Calla
 
 
 class StaticHeadCache:
-    """One request's draft-head entries on the head's arena (``models.eagle3.HeadKV``): the arena of
-    ``capacity`` columns (None: ``static_kv.CAPACITY_FLOOR``) for ``batch`` rows, held empty at first."""
+    """One request's draft-head entries on the head's arena (``models.eagle3.HeadKV``) for ``batch`` rows, held
+    empty at first: the arena of ``capacity`` columns (None: the widest the head has for these rows, at least
+    ``static_kv.CAPACITY_FLOOR``)."""
 
     def __init__(self, head: Eagle3Head, batch: int, capacity: int | None = None) -> None:
         self.head = head
-        self.arena = arena_for(head, "head", batch, capacity or static_kv.CAPACITY_FLOOR, kv_shape(head))
+        capacity = capacity or max(static_kv.CAPACITY_FLOOR, static_kv.widest_capacity(head, "head", batch))
+        self.arena = arena_for(head, "head", batch, capacity, kv_shape(head))
         self.mask, self.lengths = torch.zeros(batch, 0, dtype=torch.bool), torch.zeros(batch, dtype=torch.long)
         self.arena.rowmask.zero_()
 

@@ -287,6 +287,12 @@ def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int, shap
     return arena
 
 
+def widest_capacity(model: torch.nn.Module, role: str, batch: int) -> int:
+    """Columns of the widest arena ``model`` keeps for ``role`` with room for ``batch`` rows (0: none)."""
+    rows = _next_power(batch)
+    return max((capacity for r, b, capacity in _ARENAS.get(model, {}) if (r, b) == (role, rows)), default=0)
+
+
 def drop_arenas(model: torch.nn.Module) -> None:
     """Forget ``model``'s arenas and their recordings (the next request records again)."""
     _ARENAS.pop(model, None)
