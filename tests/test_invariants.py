@@ -25,9 +25,8 @@ import hf_adaspec.engine.loop as loop
 import hf_adaspec.engine.verification as verification
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import static_kv
-from hf_adaspec.models import eagle3_arena
 from hf_adaspec.engine.verification import Verification, speculative_sample
-from hf_adaspec.tools.gpu_check_sampling import chi2_ratio  # the same test the GPU check runs on the device
+from hf_adaspec.gpu_check.sampling import chi2_ratio  # the same test the GPU check runs on the device
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
@@ -253,7 +252,6 @@ def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode
     stop rule after 1). The arenas get the columns the request needs (64), not the 256-column floor: attention
     reads every column, and 2,048 rows × 256 would spend the test on empty ones (the head's arena too)."""
     monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)
-    monkeypatch.setattr(eagle3_arena, "CAPACITY_FLOOR", 16)
     if mode == "fixed-k2":
         new, stats = _sampled(assistants, drafter, speculation="fixed", num_speculative_tokens=2, kv_cache=kv_cache)
     else:
