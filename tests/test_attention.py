@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_adaspec.backend import hf_compat
+from hf_adaspec.backend.hf_compat import model_calls
 from hf_adaspec.backend.attention import packed_gqa
 
 
@@ -55,7 +56,7 @@ def test_use_packed_attention_keeps_a_models_logits(tiny_factory, monkeypatch):
     valid = torch.ones(1, 12, dtype=torch.long)
     valid[0, 0] = 0  # a padding column: the masks are materialised
     rows: list[int] = []
-    monkeypatch.setattr(hf_compat, "packed_gqa", lambda q, *a: rows.append(q.shape[2]) or packed_gqa(q, *a))
+    monkeypatch.setattr(model_calls, "packed_gqa", lambda q, *a: rows.append(q.shape[2]) or packed_gqa(q, *a))
 
     def logits():
         with torch.no_grad():

@@ -1,0 +1,116 @@
+"""What a model is, read from its config and modules: layer types and whether speculation can roll them back,
+the KV cache's shape, each attention layer type's window, the identity its costs depend on, the vocabulary
+and the readout a draft head starts from."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # layer types speculation serves
+
+
+_NO_KV = "dummy"  # transformers' type for layers that keep no keys and values (MoE/MLP-only, KV-sharing consumers)
+
+
+def layer_types(model: torch.nn.Module) -> tuple[str, ...]:
+    """The layer type of each decoder layer, as transformers' caches read them from the text config
+    ("full_attention", "sliding_attention", "chunked_attention", "linear_attention", "conv", "dummy", …)."""
+    return tuple(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
+
+
+def speculation_reason(model: torch.nn.Module) -> str | None:
+    """Why speculation cannot run on ``model``, or None: layers whose state is recurrent or compressed (linear
+    attention, convolutions, state-space layers such as Mamba or gated DeltaNet: transformers' "stateful"
+    models) cannot drop rejected tokens, which a KV cache does by cropping columns."""
+    other = sorted(set(layer_types(model)) - {*ATTENTION_TYPES, _NO_KV})
+    if other or model._is_stateful:
+        layers = f"{', '.join(other)} layers" if other else "layers with a recurrent state"
+        return (f"{type(model).__name__} has {layers}, which cannot roll back rejected draft tokens; "
+                "speculation needs attention layers that keep keys and values (full, sliding-window or chunked)")
+    return None
+
+
+def kv_shape(model: torch.nn.Module) -> tuple[int, int, int, torch.dtype]:
+    """(layers, key/value heads, head dim, dtype) of ``model``'s KV cache, from its text config; the dtype is
+    the input embedding's (what a quantized model computes in)."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim, model.get_input_embeddings().weight.dtype
+
+
+def static_kv_reason(model: torch.nn.Module) -> str | None:
+    """Why ``model`` cannot run on a preallocated cache (layers other than attention layers that keep their
+    keys and values: recurrent, or sharing another layer's cache), or None."""
+    types = set(layer_types(model))
+    if not types <= set(ATTENTION_TYPES):
+        return f"its layers are {sorted(types)}; a preallocated cache serves {', '.join(ATTENTION_TYPES)} layers"
+    return None
+
+
+_WINDOWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → ``layer_windows`` (read per forward)
+
+
+def layer_windows(model: torch.nn.Module) -> dict[str, tuple[str, int] | None]:
+    """Each attention layer type of ``model`` → how its window narrows a causal mask: ("sliding", w): a query
+    sees the keys less than w positions before it; ("chunked", c): the keys of its own chunk of c positions;
+    None: every key (full attention)."""
+    if model not in _WINDOWS:
+        types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+        out: dict[str, tuple[str, int] | None] = {}
+        for kind, extra in zip(types, kwargs, strict=True):
+            if kind in ATTENTION_TYPES:
+                out[kind] = None if kind == "full_attention" else (kind.split("_")[0], int(extra["sliding_window"]))
+        _WINDOWS[model] = out
+    return _WINDOWS[model]
+
+
+_PLAIN_WEIGHTS = {"Parameter", "Tensor", "Params4bit", "Int8Params"}  # dense, or bitsandbytes (named by its config)
+
+
+def model_identity(model: torch.nn.Module) -> dict:
+    """What a model's costs depend on, read from its config: name (``_name_or_path``), parameter count, dtype,
+    quantization method (``quantization_config.quant_method``, "None" when dense) and device; where weights
+    were converted after loading (``models.formats``: tensor subclasses, this package's layers),
+    "weights": their types."""
+    config = model.config
+    quant = getattr(config, "quantization_config", None)
+    quant_method = getattr(quant, "quant_method", None) if quant is not None else None
+    if isinstance(quant, dict):
+        quant_method = quant.get("quant_method")
+    return {
+        "name": str(getattr(config, "_name_or_path", type(model).__name__)),
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(model.dtype),
+        "quantization": str(quant_method),
+        "device": str(model.device),
+        **({"weights": converted} if (converted := _converted(model)) else {}),
+    }
+
+
+def _converted(model: torch.nn.Module) -> list[str]:
+    """Types of a model's converted weights: parameter tensor subclasses and layers defined in this package."""
+    tensors = {type(p).__name__ for p in model.parameters()} - _PLAIN_WEIGHTS
+    layers = {type(m).__name__ for m in model.modules() if type(m).__module__.startswith("hf_adaspec.")}
+    return sorted(tensors | layers)
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    """Width of the logits' last dim: the output head's ``out_features`` (also for quantized heads)."""
+    return model.get_output_embeddings().out_features
+
+
+def readout(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """A causal LM's readout as float32 on its device: the dense output head's weight [V, H] and the final
+    RMSNorm's weight [H] (a draft head is initialised from them). Raises ValueError when the output head
+    is quantized (load the target with a dense head: bitsandbytes keeps it dense by default)."""
+    weight = model.get_output_embeddings().weight
+    if weight.dim() != 2 or weight.shape[1] != model.config.get_text_config().hidden_size:
+        raise ValueError(f"the output head's weight is {tuple(weight.shape)}: a quantized head; load the target "
+                         "with a dense output head")
+    return weight.detach().float(), model.get_decoder().norm.weight.detach().float()
