@@ -177,4 +177,4 @@ def test_tokens_per_s_is_the_geometric_mean_over_prompts_of_the_median_round():
     rounds = [[1.0, 4.0], [2.0, 2.0], [9.0, 1.0]]  # [round][prompt] seconds; medians 2 s and 2 s
     assert cs.tokens_per_s(rounds, new=8) == pytest.approx(4.0)
     assert cs.tokens_per_s([[1.0, 4.0]], new=8) == pytest.approx((8.0 * 2.0) ** 0.5)
-    assert speed._speedup([1.0, 4.0], [2.0, 2.0]) == pytest.approx(1.0)  # 0.5x and 2x
+    assert speed.speedup([1.0, 4.0], [2.0, 2.0]) == pytest.approx(1.0)  # 0.5x and 2x
