@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 import transformers
-from conftest import build_tiny_tokenizer
+from conftest import save_tiny_llama
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
@@ -37,6 +37,13 @@ def test_the_gpu_formats_are_registered_for_cuda_and_leave_the_cpus_choice_as_it
     assert key["formats"] == ["nf4", "q4", "none"] and set(key["versions"]) == {"transformers", "bitsandbytes", "torch"}
     cuda = fc.probe_key("m", "src", "bfloat16", "cuda", False)
     assert set(cuda["versions"]) == {"transformers", "bitsandbytes", "torch", "torchao", "gemlite"}
+
+
+def test_the_cli_names_every_format_from_the_registry_with_the_devices_it_is_made_for():
+    from hf_adaspec.cli.pair import QUANTIZATION_HELP
+
+    names = QUANTIZATION_HELP.split(". auto:")[0].split(" | ")
+    assert names == ["auto", "nf4", "int8", "q4 (cpu)", "none", *(f"{f} (cuda)" for f in GPU_FORMATS)]
 
 
 def _m(fmt, ms_1, ms_k, top1=0.95):
@@ -81,14 +88,7 @@ def test_each_missing_kernel_is_named_in_one_line(monkeypatch):
 @pytest.fixture
 def tiny_dir(tmp_path, private_cache):
     """A tiny Llama whose linear layers fit torch's int4 kernel (128 wide) and its tokenizer, saved."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      initializer_range=0.5, eos_token_id=None, bos_token_id=None, pad_token_id=0)
-    path = tmp_path / "tiny"
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    build_tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    return save_tiny_llama(tmp_path / "tiny", 128)
 
 
 @pytest.fixture

@@ -108,6 +108,13 @@ QUANTIZATIONS = ("auto", *FORMATS)  # "auto": the fastest format on this machine
 PROBED = tuple(name for name, f in FORMATS.items() if f.probed)  # the formats "auto" tries
 
 
+def choices_text() -> str:
+    """``QUANTIZATIONS`` for a help text, each format made for some devices only followed by them:
+    "auto | nf4 | ... | q4 (cpu) | ..."."""
+    return " | ".join(q if q not in FORMATS or FORMATS[q].devices is None
+                      else f"{q} ({', '.join(FORMATS[q].devices)})" for q in QUANTIZATIONS)
+
+
 def probed_for(device: str) -> tuple[str, ...]:
     """The formats ``auto`` tries on ``device``: ``PROBED`` less those made for other devices."""
     kind = torch.device(device).type
