@@ -16,6 +16,7 @@ import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import static_kv
 from hf_adaspec.backend.graphs import Rerun
+from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.kernels import int4
 from hf_adaspec.models import cuda_formats
 from hf_adaspec.models import format_choice as fc
@@ -143,6 +144,23 @@ def test_the_int4_layer_runs_torchs_kernel_as_its_dequantized_weight_would(bias)
     assert torch.equal(quantized(x.float()).to(torch.bfloat16), got)  # float32 input: same kernel, same rows
     with pytest.raises(ValueError, match="in_features a multiple of 128"):
         int4.Int4Linear(torch.nn.Linear(96, 64))
+
+
+@pytest.mark.parametrize("kwargs", [{"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 4}])
+def test_int4_speculative_greedy_equals_its_own_plain_or_diverges_at_a_near_tie(tiny_dir, monkeypatch, kwargs):
+    """Verifications over k + 1 rows through torch's int4 kernel (its CPU variant here) against 1-row plain steps."""
+    monkeypatch.setitem(formats.FORMATS, "int4", dataclasses.replace(formats.FORMATS["int4"], devices=None,
+                                                                     missing=None))
+    target = hf_adaspec.enable(formats.load_weights(tiny_dir, "tiny", "int4", "float32", "cpu", False))
+    assert sum(isinstance(m, int4.Int4Linear) for m in target.modules()) == 2 * 7
+    draft = formats.load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
+    gen = torch.Generator().manual_seed(3)
+    for prompt in (torch.randint(1, 64, (1, 12), generator=gen), torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])):
+        plain = target.generate(prompt, max_new_tokens=40, do_sample=False)
+        spec = target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=draft, speculation_costs=(
+            CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)), **kwargs)
+        gap = divergence_gap(target, plain, spec)
+        assert gap is None or gap < 0.25, (kwargs, gap)
 
 
 def test_converting_a_model_keeps_the_head_dense_and_its_greedy_tokens(tiny_factory):
