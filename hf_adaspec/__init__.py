@@ -19,7 +19,7 @@ package; around it, wings by purpose: ``bench`` and ``playground``, ``replay`` (
 export), ``training`` (draft heads), and on top ``cli`` and ``gpu_check``.
 """
 
-from .api.generate import SpeculativeGenerateOutput, compile_steps, enable
+from .api.generate import TARGET_WIDTHS, SpeculativeGenerateOutput, compile_steps, enable
 from .api.generate_batch import BatchGeneration, generate_batch
 from .config import SPECULATION_MODES, SpeculationConfig
 from .costs.table import CostTable
@@ -47,6 +47,7 @@ __all__ = [
     "SpeculationStats",
     "SpeculativeGenerateOutput",
     "StepRecord",
+    "TARGET_WIDTHS",
     "compile_steps",
     "enable",
     "expected_tokens",

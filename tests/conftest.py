@@ -51,6 +51,19 @@ def build_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", pad_token="w0")
 
 
+def save_tiny_llama(path, hidden_size: int) -> str:
+    """A tiny random Llama (seed 0; ``hidden_size`` wide, MLPs twice that, 64 ids, no EOS, pad 0) and
+    ``build_tiny_tokenizer``'s tokenizer saved in ``path``; → ``path`` as a string."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=256, initializer_range=0.5, eos_token_id=None,
+                                      bos_token_id=None, pad_token_id=0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    build_tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
 def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
     """input_ids and attention_mask [B, T] for token lists of different lengths, rows right-aligned."""
     width = max(len(p) for p in prompts)

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from hf_adaspec.costs.profile import load_profile
-from hf_adaspec.gpu_check import gpu_check, speed
+from hf_adaspec.gpu_check import gpu_check, profiles, quantized, speed
 from hf_adaspec.gpu_check import steps as cs
 from hf_adaspec.gpu_check.gpu_check import RESULTS, SUMMARY, Step
 from hf_adaspec.models import architecture
@@ -39,7 +39,7 @@ def tiny_run(tmp_path_factory):
     return status, out, seen
 
 
-@pytest.mark.slow  # the whole check through its CLI entry point (20 steps, ~45 s on 2 cores; make test runs it)
+@pytest.mark.slow  # the whole check through its CLI entry point (24 steps, ~85 s on 2 cores; make test runs it)
 def test_tiny_check_runs_every_step_and_passes(tiny_run):
     status, out, _ = tiny_run
     doc = json.loads((out / RESULTS).read_text())
@@ -73,13 +73,25 @@ def test_tiny_check_runs_every_step_and_passes(tiny_run):
         assert entry["passed"] is None and set(entry["tokens_per_s"]) == {"plain", "plain-again", "adaptive"}
         assert set(entry["bars"]) == {"never_loses"} and all(len(v) == 1 for v in entry["per_round"].values())
         assert sum(entry["adaptive_random_draft_steps"]["steps"].values()) > 0
+    formats = steps["formats-7b"]
+    assert formats["chosen_4bit"] in ("nf4", "q4") and [m["format"] for m in formats["measures"]][0] == "none"
+    four_bit = steps["profile-7b-4bit"]
+    assert four_bit["format"] == formats["chosen_4bit"] and four_bit["path"].endswith("-compiled-draft/profile.json")
+    assert four_bit["passed"] is None and set(four_bit["bars"]) == {"verify_5_over_1", "step_vs_bf16"}
+    assert "--quantization " + four_bit["format"] in load_profile(four_bit["path"]).meta["command"]
+    compiled = steps["compile-target"]
+    assert {"hf-compiled", "plain", "plain-compiled", "adaptive-compiled"} <= set(compiled["tokens_per_s"])
+    assert compiled["passed"] is None and set(compiled["bars"]) == {"plain_vs_hf_compiled", "never_loses"}
+    assert all(len(r["top"]) > 0 and r["steps"] > 0 for r in steps["engine-profile-bf16"]["runs"].values())
     tables = steps["replay"]["tables"]
-    assert len(tables) == 5 and all(set(t) == {"b1", "b2"} for t in tables.values())
+    assert len(tables) == 6 and all(set(t) == {"b1", "b2"} for t in tables.values())
+    assert all("spec_bench" in t["b1"]["workloads"] for t in tables.values())
+    assert steps["replay"]["four_bit_profile"] == four_bit["path"].split("/")[-2]
     summary = (out / SUMMARY).read_text()
     assert all(f"| {name} | ok |" in summary for name in steps) and "Projections" in summary
 
 
-@pytest.mark.slow  # the whole check through its CLI entry point (20 steps, ~45 s on 2 cores; make test runs it)
+@pytest.mark.slow  # the whole check through its CLI entry point (24 steps, ~85 s on 2 cores; make test runs it)
 def test_results_are_valid_after_every_step(tiny_run):
     _, _, seen = tiny_run
     done = [len(doc["steps"]) for doc in seen]
@@ -177,4 +189,43 @@ def test_tokens_per_s_is_the_geometric_mean_over_prompts_of_the_median_round():
     rounds = [[1.0, 4.0], [2.0, 2.0], [9.0, 1.0]]  # [round][prompt] seconds; medians 2 s and 2 s
     assert cs.tokens_per_s(rounds, new=8) == pytest.approx(4.0)
     assert cs.tokens_per_s([[1.0, 4.0]], new=8) == pytest.approx((8.0 * 2.0) ** 0.5)
-    assert speed._speedup([1.0, 4.0], [2.0, 2.0]) == pytest.approx(1.0)  # 0.5x and 2x
+    assert speed.speedup([1.0, 4.0], [2.0, 2.0]) == pytest.approx(1.0)  # 0.5x and 2x
+
+
+def test_a_merged_run_carries_the_facts_later_steps_use():
+    steps = {"engine-bf16": {"overheads_ms": [1.2, 0.8]}, "formats-7b": {"chosen_4bit": "int4"},
+             "profile-7b-4bit": {"path": "out/qwen2.5-7b_coder-0.5b-int4-compiled-draft/profile.json"},
+             "profile-7b-bf16": {"costs": {"b1": {"verify_ms_n1": 7.4, "verify_ms_n5": 8.6}}}}
+    assert gpu_check.carried_facts(steps) == {
+        "overheads": (1.2, 0.8), quantized.FOUR_BIT: "int4",
+        profiles.FOUR_BIT_PROFILE: "qwen2.5-7b_coder-0.5b-int4-compiled-draft", "verify_ms_n1 qwen2.5-7b none": 7.4}
+    assert gpu_check.carried_facts({}) == {}
+
+
+@pytest.mark.parametrize("n5,bf16,passed", [(6.0, 7.4, True), (7.0, 7.4, False), (6.0, 4.0, False),
+                                            (6.0, None, None)])
+def test_the_7bs_4bit_profile_is_held_to_the_verification_and_step_bars(tmp_path, monkeypatch, n5, bf16, passed):
+    """t_verify(5) / t_verify(1) ≤ 1.3 and the 1-token step ≤ bf16's (from this run's facts; else not judged)."""
+    def fake_profile(check, target, quantization, compiled_draft, draft_quantization):
+        assert (target, compiled_draft, draft_quantization) == (cs.BIG, True, "none")
+        return {"costs": {"b1": {"verify_ms_n1": 5.0, "verify_ms_n5": n5, "draft_ms": 1.7}}, "summary": "measured",
+                "path": str(tmp_path / f"qwen2.5-7b_coder-0.5b-{quantization}-compiled-draft" / "profile.json")}
+
+    monkeypatch.setattr(quantized, "profile_pair", fake_profile)
+    facts = {quantized.FOUR_BIT: "int4", **({"verify_ms_n1 qwen2.5-7b none": bf16} if bf16 else {})}
+    check = cs.Check("cuda", False, tmp_path, facts=facts)
+    entry = quantized.profile_7b_4bit(check)
+    assert entry["passed"] is passed and entry["verify_5_over_1"] == round(n5 / 5.0, 3)
+    assert check.facts[profiles.FOUR_BIT_PROFILE] == "qwen2.5-7b_coder-0.5b-int4-compiled-draft"
+    with pytest.raises(RuntimeError, match="run the formats-7b step first"):
+        quantized.profile_7b_4bit(cs.Check("cuda", False, tmp_path))
+
+
+def test_the_format_step_names_a_missing_kernel_and_chooses_among_the_4bit_formats_that_load(tmp_path, monkeypatch):
+    monkeypatch.setattr(quantized, "probed_for", lambda device: ("nf4", "none", "int4"))
+    check = cs.Check("cpu", True, tmp_path)
+    entry = quantized.formats_7b(check)
+    rows = {m["format"]: m for m in entry["measures"]}
+    assert rows["int4"]["error"] == "torch's int4 kernel: CUDA only, not cpu" and rows["int4"]["ms_1"] is None
+    assert entry["chosen_4bit"] == "nf4" == check.facts[quantized.FOUR_BIT] and entry["passed"]
+    assert rows["none"]["top1"] == 1.0 and "int4 skipped (torch's int4 kernel" in entry["summary"]

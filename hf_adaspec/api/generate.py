@@ -247,10 +247,16 @@ def enable(model) -> Any:
     return model
 
 
+TARGET_WIDTHS = static_kv.width_buckets(SpeculationConfig().max_speculative_tokens + 1)  # 1, 2, 3, 5, 9
+
+
 def compile_steps(model, widths: tuple[int, ...] = (1,)) -> Any:
     """On a GPU, record ``model``'s forwards over these widths (new tokens per row) after ``torch.compile``,
     which fuses the element-wise kernels a decoding step is made of; for a draft model width 1 is its drafted
-    token. Only where its cache is an arena (``kv_cache="auto"`` on a GPU, or "static"). The first request
+    token, for a target the widths its arenas record (``TARGET_WIDTHS``: a plain step and the padded
+    verification widths at the default ``max_speculative_tokens``). Only where its cache is an arena
+    (``kv_cache="auto"`` on a GPU, or "static"). On a GPU each width is recorded both ways and the compiled
+    recording is kept only where its replay measures faster (``static_kv.keep_compiled``). The first request
     compiles each width (tens of seconds, once per process and arena size); cost tables and profiles key on
     the compiled widths. ``widths=()`` undoes it. Returns the model.
 

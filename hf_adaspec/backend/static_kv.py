@@ -28,7 +28,9 @@ tokens to the left; if that is not enough the request moves to an arena twice as
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import statistics
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from .graphs import Capture, capture_for, timed_ms
 CAPACITY_FLOOR = 256  # the smallest arena, in columns
 STANDARD_NEW_TOKENS = 256  # a request's length when only its context is known (the profile's cells)
 ARENAS_PER_ROLE = 3  # arenas kept per (model, role), least recently used first out
+REPLAY_TIMINGS = 3  # a recording's replay is timed this many times (median) where the arena chooses by time
 PAD_DEVICES = frozenset({"cuda"})  # device types whose arenas pad blocks to bucket widths and record them at opening
 
 
@@ -126,6 +129,12 @@ class CaptureRecord:
     eager_ms: float | None
     replay_ms: float | None
     kept: bool
+
+
+def keep_compiled(plain: CaptureRecord, compiled: CaptureRecord) -> bool:
+    """Whether a width recorded both ways replays its compiled recording: that one was kept (its replay beat the
+    eager forward) and its replay measures faster than the plain recording's, or the plain one was not kept."""
+    return compiled.kept and (not plain.kept or compiled.replay_ms < plain.replay_ms)
 
 
 @dataclass
@@ -233,27 +242,40 @@ class Arena:
     def _record(self, model: torch.nn.Module, inputs: _Inputs, key: tuple[int, tuple[int, ...]]) -> _Recording | None:
         """Record width ``key``'s step on the inputs it is about to run (the warm-up and the capture write the
         same keys and values at the same columns). With ``choose_by_time`` the eager forward is timed too
-        (``record``); without it (a CPU's re-run stand-in) no extra forward runs and the recording is kept."""
+        (``record``); without it (a CPU's re-run stand-in) no extra forward runs and the recording is kept. A width
+        in ``compiled_widths`` is recorded plainly and after ``torch.compile`` where the arena chooses by time, and
+        the faster replay is kept (compiling is kept only where it measures faster); elsewhere compiled only."""
         ref, (n, layers) = weakref.ref(model), key
         compiled = n in compiled_widths(model)
 
-        def fn() -> tuple:
-            return self._step(ref(), inputs, n, layers, compiled)
+        def fn(through_compile: bool = compiled) -> tuple:
+            return self._step(ref(), inputs, n, layers, through_compile)
 
         eager = (lambda: self._step(model, inputs, n, layers)) if self.choose_by_time else None
-        return self.record(key, fn, eager, compiled)
+        if not (compiled and self.choose_by_time):
+            return self.record(key, fn, eager, compiled)
+        plain = self.record(key, lambda: fn(False), eager)
+        self.record(key, fn, eager, True)
+        first, second = self.records[-2], self.records[-1]  # the plain recording's, the compiled one's
+        if keep_compiled(first, second):
+            self.records[-2] = dataclasses.replace(first, kept=False)
+        else:
+            self.records[-1] = dataclasses.replace(second, kept=False)
+            self.recordings[key] = plain if first.kept else None
+        return self.recordings[key]
 
     def record(self, key: tuple[int, tuple[int, ...]], fn: Callable[[], tuple], eager: Callable[[], object] | None = None,
                compiled: bool = False) -> _Recording | None:
         """Capture ``fn`` (a step that reads only this arena's tensors and the static inputs kept in
         ``inputs[key]``; → its outputs) as ``recordings[key]``, with what capturing took in ``records``. With
         ``eager`` (the same step run eagerly) that and one replay are timed too, and the recording is dropped
-        (None: the step runs eagerly) unless its replay measures faster."""
+        (None: the step runs eagerly) unless its replay (median of ``REPLAY_TIMINGS``) measures faster."""
         eager_ms = timed_ms(eager, self.device) if eager is not None else None
         made: list[tuple] = []
         capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
         captured, static_out = made[0]
-        replay_ms = timed_ms(captured.replay, self.device) if eager is not None else None
+        replay_ms = (statistics.median(timed_ms(captured.replay, self.device) for _ in range(REPLAY_TIMINGS))
+                     if eager is not None else None)
         kept = eager_ms is None or replay_ms < eager_ms
         self.records.append(CaptureRecord(self.batch, self.capacity, key[0], key[1], compiled, round(capture_ms, 2),
                                           None if eager_ms is None else round(eager_ms, 3),

@@ -19,7 +19,7 @@ from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from . import export_cli, profile_cli, trace_cli, train_head_cli, verify
 from .checks import check_output, check_prompts_file, parse_methods, parse_sizes, usage_errors
-from .pair import load_pair as _load_pair
+from .pair import QUANTIZATION_HELP, load_pair as _load_pair
 
 # rich_markup_mode=None: an error is printed as one plain ``Error: ...`` line, not wrapped in a panel
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True,
@@ -44,7 +44,7 @@ def generate(
     speculation: str = typer.Option("adaptive", help=" | ".join(SPECULATION_MODES) + " | off (plain decoding)."),
     k: int = typer.Option(5, min=0, max=64, help="Proposal length for --speculation fixed (0..64)."),
     max_new_tokens: int = typer.Option(256, min=1),
-    quantization: str = typer.Option("auto", help="auto (the fastest format on this machine, measured at the first load) | nf4 | int8 | q4 | none."),
+    quantization: str = typer.Option("auto", help=QUANTIZATION_HELP),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
     do_sample: bool = typer.Option(False, help="Sample (lossless speculative sampling) instead of greedy."),
     temperature: float = typer.Option(0.7),
@@ -97,7 +97,7 @@ def bench(
     repeats: int = typer.Option(1, min=1, help="Timed runs per method and prompt (median)."),
     target: str = typer.Option(DEFAULT_TARGET),
     draft: str = typer.Option(DEFAULT_DRAFT),
-    quantization: str = typer.Option("auto", help="auto (the fastest format on this machine, measured at the first load) | nf4 | int8 | q4 | none."),
+    quantization: str = typer.Option("auto", help=QUANTIZATION_HELP),
     dtype: str = typer.Option("bfloat16"),
     output: Path = typer.Option(Path("benchmarks/results/bench.json"), help="JSON out; a .md table beside it."),
     batch_size: str = typer.Option("", help="e.g. 1,2,4,8,16: the batch benchmark (plain batched generate, "

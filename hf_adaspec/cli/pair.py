@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 import typer
 
+from ..models.formats import choices_text
+
+# the --quantization option's help, from the format registry
+QUANTIZATION_HELP = (f"{choices_text()}. auto: the fastest format on this machine within the quality tolerance, "
+                     "measured at the first load.")
+
 
 def load_pair(target: str, draft: str, quantization: str, dtype: str, device: str = "cpu"):
     """(target, draft) ``LoadedModel``s on ``device`` (draft None for 'none'); the target's ``generate``

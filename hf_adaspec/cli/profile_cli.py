@@ -17,13 +17,13 @@ from ..config import KV_CACHES
 from ..models.eagle3_format import load_head, random_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from .checks import check_output, parse_sizes, usage_errors
-from .pair import load_pair as _load_pair
+from .pair import QUANTIZATION_HELP, load_pair as _load_pair
 
 
 def profile(
     target: str = typer.Option(DEFAULT_TARGET, help="Target model: preset, .gguf path, directory or HF id."),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' (target only, for prompt lookup)."),
-    quantization: str = typer.Option("auto", help="auto (the fastest format on this machine, measured at the first load) | nf4 | int8 | q4 | none. (--random-weights: give a format)."),
+    quantization: str = typer.Option("auto", help=QUANTIZATION_HELP + " (--random-weights: give a format)."),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32."),
     quick: bool = typer.Option(False, help="Tiny grid for CI: n 1..4, batch 1..2, contexts 128 and 256, 1 repeat."),
     contexts: str = typer.Option("", help="Context lengths in tokens (default 128,512,1024,2048)."),

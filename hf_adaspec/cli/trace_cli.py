@@ -17,7 +17,7 @@ from ..files import sweep
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..replay.trace import HEAD_DEPTH, load_trace, save_trace, take_trace, trace_path, with_head
 from .checks import check_output, check_prompts_file, usage_errors
-from .pair import load_pair
+from .pair import QUANTIZATION_HELP, load_pair
 
 # shown in --help instead of the packaged file's site-packages path
 SPEC_BENCH_SHOWN = f"packaged Spec-Bench subset, {PACKAGED_PER_CATEGORY} prompts per category"
@@ -53,7 +53,7 @@ def trace(
     output: Path = typer.Option(Path("benchmarks/traces"), help="Directory: one <question_id>.json per prompt."),
     target: str = typer.Option(DEFAULT_TARGET),
     draft: str = typer.Option(DEFAULT_DRAFT, help="Draft model, or 'none' (traces for prompt lookup only)."),
-    quantization: str = typer.Option("auto", help="auto (the fastest format on this machine, measured at the first load) | nf4 | int8 | q4 | none."),
+    quantization: str = typer.Option("auto", help=QUANTIZATION_HELP),
     dtype: str = typer.Option("bfloat16"),
     workload: str = typer.Option("", help="Workload name stored in each trace (default: the prompts file's stem)."),
     head: str = typer.Option("", help="Also record an EAGLE-3 head's chains (a speculators folder) along each "

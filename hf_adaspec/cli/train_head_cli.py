@@ -16,6 +16,7 @@ from ..files import atomic_write
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_TARGET
 from ..replay.trace import load_traces
+from .pair import QUANTIZATION_HELP
 
 
 def default_sources() -> list[Path]:
@@ -44,7 +45,7 @@ def train_head(
     intermediate: int = typer.Option(2048, help="The head's MLP width."),
     eval_every: int = typer.Option(50, help="Optimizer steps between validation points."),
     seq_len: int = typer.Option(512, help="Tokens per training sequence."),
-    quantization: str = typer.Option("auto", help="The target's weight format (as served): auto | nf4 | int8 | q4 | none."),
+    quantization: str = typer.Option("auto", help="The target's weight format (as served): " + QUANTIZATION_HELP),
     dtype: str = typer.Option("bfloat16", help="The target's dtype."),
     profile: Path = typer.Option(Path("model_cards/qwen2.5-coder-1.5b_0.5b/profile.json"),
                                  help="The pair's cost profile: the draft model's goodput the head must beat."),

@@ -18,8 +18,11 @@ pair's profile, speed (``speed``; wall clock, interleaved: transformers' eager a
 hf-adaspec's plain, fixed and adaptive; ``adaptive`` with the self-draft within 3% of ``fixed``), never-loses
 (``adaptive`` with the random-weight draft within 3% of hf-adaspec's plain, timed for that bar alone, with its
 A/A); compile-draft (the draft's step recorded after torch.compile, timed); the 7B target's profiles with the
-0.5B draft; engine (the engine's own ms per step, wall less the forwards); replay (projections on every
-profile, batch 1, 2, 4, 8).
+0.5B draft; engine (the engine's own ms per step, wall less the forwards) and engine-profile (where that time
+goes, by function); formats-7b and profile-7b-4bit (``quantized``: the 7B's 4-bit format chosen as ``auto``
+chooses, and its profile against the issue-59 bars); compile-target (``speed.compile_target``: the target's
+recorded widths compiled, against plain recordings and transformers' static-compiled plain); replay
+(``profiles``: projections on every profile, batch 1, 2, 4, 8, and per workload at batch 1).
 """
 
 from __future__ import annotations
@@ -36,23 +39,21 @@ from pathlib import Path
 
 import torch
 
-from ..api.generate import compile_steps
+from .. import machine
 from ..config import KV_CACHES
-from ..costs.measure import ProfileGrid, measure_profile, pair_name, plot_profile
-from ..costs.profile import load_profile, save_profile
 from ..costs.table import processor_name
+from ..models.formats import FORMATS, missing_kernel, probed_for
 from . import steps as cs
 from .graphs import compile_draft, graphs, head_graphs
-from .report import REPLAY_METHODS, RESULTS, SUMMARY, write_results
+from .plain_speed import compile_target, engine_profile
+from .profiles import FOUR_BIT_PROFILE, profile_pair, replay
+from .quantized import FOUR_BIT, formats_7b, profile_7b_4bit
+from .report import RESULTS, SUMMARY, write_results
 from .sampling import sampling
 from .speed import engine_time, never_loses, speed
-from .steps import BIG, DRAFT, QUANT_LABEL, TARGET, Check
+from .steps import BIG, TARGET, Check
 
 BUDGET_S = 480.0
-TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
-GPU_GRID = ProfileGrid(new_tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16), batch_sizes=(1, 2, 4, 8),
-                       contexts=(128, 512, 2048), repeats=2)
-TINY_GRID = ProfileGrid(new_tokens=(1, 2, 3), batch_sizes=(1, 2), contexts=(16, 32), repeats=1)
 
 
 def environment(check: Check) -> dict:
@@ -77,89 +78,12 @@ def environment(check: Check) -> dict:
         check.fallback = f"FALLBACK: bitsandbytes did not load ({type(e).__name__}: {e}); NF4 steps fall back to bf16"
         info.update(bitsandbytes=None, nf4=check.fallback)
         print(f"[gpu-check] {check.fallback}", flush=True)
-    line = f"{gpu or check.device}, torch {torch.__version__}, transformers {transformers.__version__}; {info['nf4']}"
+    gpu_formats = [f for f in probed_for(check.device) if FORMATS[f].missing is not None]
+    info["gpu_4bit"] = {f: missing_kernel(f, check.device) or "runs here" for f in gpu_formats}
+    info["versions"] = machine.versions(*sorted({lib for f in gpu_formats for lib in FORMATS[f].libraries}))
+    line = (f"{gpu or check.device}, torch {torch.__version__}, transformers {transformers.__version__}; {info['nf4']}"
+            + "".join(f"; {f}: {why}" for f, why in info["gpu_4bit"].items()))
     return {**info, "passed": None, "summary": line}
-
-
-def profile_pair(check: Check, target: str, quantization: str, compiled_draft: bool = False) -> dict:
-    """``hf-adaspec profile --random-weights`` of (target, the 0.5B draft) in one quantization, saved as
-    ``<out>/<pair>-<nf4|bf16>/profile.json`` (its command names the GPU); the costs that matter read back.
-    ``compiled_draft``: the draft's 1-token forward recorded after torch.compile, batch 1 only, saved as
-    ``<pair>-<q>-compiled-draft``."""
-    if quantization not in check.quantizations:
-        return {"passed": None, "fallback": True, "summary": check.fallback}
-    if target == BIG:
-        check.drop(keep=[k for k in check.models if k[0] == DRAFT and k[1] == quantization])
-    tgt, drf = check.model(target, quantization), check.model(DRAFT, quantization, head=True)
-    grid, pair, csv = TINY_GRID if check.tiny else GPU_GRID, pair_name(target, DRAFT), lambda v: ",".join(map(str, v))
-    grid = dataclasses.replace(grid, batch_sizes=(1,)) if compiled_draft else grid
-    command = (f"hf-adaspec profile --target {target} --draft {DRAFT} --quantization {quantization} --dtype bfloat16 "
-               f"--contexts {csv(grid.contexts)} --batch-sizes {csv(grid.batch_sizes)} --new-tokens "
-               f"{csv(grid.new_tokens)} --repeats {grid.repeats} --max-tokens-per-forward "
-               f"{grid.max_tokens_per_forward} --device {check.device} --random-weights --kv-cache {check.kv_cache}"
-               + (" --compile-draft" if compiled_draft else "")
-               + f"  # by hf_adaspec.gpu_check on {check.facts.get('gpu') or check.device}")
-    compile_steps(drf, (1,) if compiled_draft else ())
-    try:
-        profile = measure_profile(tgt, drf, grid, pair, command, kv_cache=check.kv_cache)
-    finally:
-        compile_steps(drf, ())
-    folder = f"{pair}-{QUANT_LABEL[quantization]}" + ("-compiled-draft" if compiled_draft else "")
-    path = save_profile(profile, check.out / folder / "profile.json")
-    try:
-        plot_profile(profile, path.with_name("cost_curves.png"))
-    except ImportError:
-        pass
-    c = 32 if check.tiny else 512
-    costs = {f"b{b}": {"verify_ms_n1": round(profile.verify_ms(b, c, 1), 2), "verify_ms_n5": round(
-        profile.verify_ms(b, c, 5), 2), "draft_ms": round(profile.draft_ms(b, c), 2)} for b in grid.batch_sizes}
-    ratio, b1 = profile.draft_ms(1, c) / profile.verify_ms(1, c, 1), costs["b1"]
-    check.facts[f"verify_ms_n1 {target} {quantization}"] = profile.verify_ms(1, c, 1)
-    heads = (tgt.get_output_embeddings().out_features, drf.get_output_embeddings().out_features)
-    vocab = "" if heads[0] == heads[1] else f"; output heads {heads[0]} vs {heads[1]}: " + _pair_refused(tgt, drf)
-    return {"passed": None, "path": str(path), "context": c, "costs": costs, "draft_over_target_b1": round(ratio, 3),
-            "heads": heads, "summary": f"{path.parent.name}: at batch 1 and context {c} the target's forward over 1 "
-                                       f"token {b1['verify_ms_n1']} ms, over 5 {b1['verify_ms_n5']} ms, the draft's "
-                                       f"token {b1['draft_ms']} ms ({ratio:.2f} of the target's){vocab}"}
-
-
-def _pair_refused(target, draft) -> str:
-    """Whether ``generate`` takes (target, draft) as a pair, asked with one token."""
-    try:
-        cs.generate(target, [1, 2, 3], 1, {"speculation": "adaptive", "assistant_model": draft, "kv_cache": "dynamic"})
-    except ValueError as e:
-        return f"generate refuses the pair ({e}); the profile does not depend on it"
-    return "generate takes the pair"
-
-
-def replay(check: Check) -> dict:
-    """Projections: the committed held-out traces of Spec-Bench and the code workload (60, greedy, Qwen2.5-Coder
-    1.5B/0.5B traced on a CPU) replayed on every profile in the output folder (plain, fixed-k, adaptive,
-    adaptive-lookup) at batch 1, 2, 4, 8, with the engine overheads measured on the GPU (else none). Predicted,
-    not measured; the acceptance is the CPU-traced pair's, for the 7B target too."""
-    from ..bench import bench as bm
-    from ..replay.replay import Clock
-    from ..replay.report import replay_all
-    from ..replay.trace import load_traces
-
-    traces = [t for t in load_traces(TRACES) if t.split == "held-out" and t.source in ("spec_bench", "code")]
-    traces, overheads, tables = traces[:2] if check.tiny else traces, check.facts.get("overheads", (0.0, 0.0)), {}
-    for path in sorted(check.out.glob("*/profile.json")):
-        clock = Clock(load_profile(path), *overheads, prefill="profile")
-        for b in (1, 2) if check.tiny else (1, 2, 4, 8):
-            result = replay_all(traces, REPLAY_METHODS, clock, b)
-            overall = bm.summarize(result.runs, list(REPLAY_METHODS), result.oracles)["table"]["overall"]
-            tables.setdefault(path.parent.name, {})[f"b{b}"] = {
-                "plain_tokens_per_s": round(overall["plain"]["tokens_per_s"], 2),
-                "all_match_traces": all(r.matches_plain for r in result.runs),
-                **{m: round(overall[m]["speedup"], 3) for m in REPLAY_METHODS[1:]}}
-    if not tables:
-        raise FileNotFoundError(f"no */profile.json under {check.out}: run the profile steps first")
-    return {"passed": all(r["all_match_traces"] for t in tables.values() for r in t.values()),
-            "kind": "projection (replay on the profiles; acceptance of the CPU-traced 1.5B/0.5B pair)",
-            "traces": len(traces), "overheads_ms": overheads, "tables": tables,
-            "summary": "projected speedup of adaptive over plain at batch 1: " + ", ".join(
-                f"{k} {v['b1']['adaptive']}x" for k, v in tables.items())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +99,8 @@ class Step:
 def plan() -> list[Step]:
     """The steps in order: the cheap correctness checks first (recorded forwards against eager ones, sampling,
     greedy and the self-draft in bf16); the 1.5B pair's bf16 profile, the side-by-side timing, never-loses, the
-    engine's own time, the 7B's bf16 profile and the draft's compiled step; then NF4; the replay last (CPU work)."""
+    engine's own time and where it goes, the 7B's bf16 profile, its 4-bit formats and its profile in the chosen one,
+    the target's recorded widths compiled, the draft's compiled step; then NF4; the replay last (CPU work)."""
     return [Step("environment", environment), Step("graphs", graphs, 15), Step("head-graphs", head_graphs, 15),
             Step("sampling", sampling, 20),
             Step("greedy-bf16", lambda c: cs.greedy_matrix(c, "none"), 40),
@@ -184,7 +109,11 @@ def plan() -> list[Step]:
             Step("speed-bf16", lambda c: speed(c, "none"), 150),
             Step("never-loses-bf16", lambda c: never_loses(c, "none"), 60),
             Step("engine-bf16", lambda c: engine_time(c, "none"), 15),
+            Step("engine-profile-bf16", lambda c: engine_profile(c, "none"), 20),
             Step("profile-7b-bf16", lambda c: profile_pair(c, BIG, "none"), 60),
+            Step("formats-7b", formats_7b, 120),
+            Step("profile-7b-4bit", profile_7b_4bit, 100),
+            Step("compile-target", compile_target, 150),
             Step("compile-draft", compile_draft, 60),
             Step("profile-7b-bf16-compiled-draft", lambda c: profile_pair(c, BIG, "none", compiled_draft=True), 90),
             Step("greedy-nf4", lambda c: cs.greedy_matrix(c, "nf4"), 40),
@@ -206,13 +135,29 @@ def _run_one(check: Check, step: Step) -> dict:
     return {"status": status, "seconds": round(time.perf_counter() - start, 1), **details}
 
 
+def carried_facts(steps: dict) -> dict:
+    """What later steps use from a results file's ``steps``: the engine's overheads (``engine-bf16``: the replay),
+    the 7B's 4-bit format (``formats-7b``: its profile), that profile's folder (``profile-7b-4bit``: the replay's
+    bars) and the bf16 7B's 1-token step (``profile-7b-bf16``: the 4-bit step's bar)."""
+    facts, get = {}, lambda name, key: steps.get(name, {}).get(key)
+    if get("engine-bf16", "overheads_ms"):
+        facts["overheads"] = tuple(get("engine-bf16", "overheads_ms"))
+    if get("formats-7b", "chosen_4bit"):
+        facts[FOUR_BIT] = get("formats-7b", "chosen_4bit")
+    if get("profile-7b-4bit", "path"):
+        facts[FOUR_BIT_PROFILE] = Path(get("profile-7b-4bit", "path")).parent.name
+    if get("profile-7b-bf16", "costs"):
+        facts[f"verify_ms_n1 {BIG} none"] = get("profile-7b-bf16", "costs")["b1"]["verify_ms_n1"]
+    return facts
+
+
 def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = False) -> dict:
     """Run ``steps`` in order within ``budget_s`` seconds, rewriting the results after each; ``merge``: into
-    the existing results file (whose engine overheads then serve the replay)."""
+    the existing results file (whose facts, ``carried_facts``, later steps use: the replay its engine overheads)."""
     old = check.out / RESULTS
     doc = json.loads(old.read_text()) if merge and old.is_file() else {"steps": {}}
-    if "overheads_ms" in doc["steps"].get("engine-bf16", {}):
-        check.facts.setdefault("overheads", tuple(doc["steps"]["engine-bf16"]["overheads_ms"]))
+    for fact, value in carried_facts(doc["steps"]).items():
+        check.facts.setdefault(fact, value)
     label = check.facts.get("gpu") or check.device
     if "device" not in doc:  # a merged run keeps the labels of the run it adds to
         doc.update(check="hf-adaspec gpu-check (issue 36)", device=check.device, device_label=label, tiny=check.tiny,

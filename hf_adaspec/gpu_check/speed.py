@@ -17,7 +17,7 @@ import time
 
 from ..costs.measure import pair_name
 from . import steps as cs
-from .steps import DRAFT, QUANT_LABEL, TARGET, Check
+from .steps import DRAFT, TARGET, Check, label
 
 WIN_MARGIN = 0.97  # "within 3%"
 COMPILED_MARGIN = 1 / 1.3  # adaptive (choosing plain steps) against transformers' static-compiled plain
@@ -28,7 +28,7 @@ NEVER_LOSES_ROUNDS = 5  # timed rounds of the never-loses step (one untimed warm
 def _profile_given(check: Check, quantization: str) -> dict:
     """``speculation_profile`` of the pair's profile where a profile step of this run saved one, else nothing
     (costs calibrated at first use)."""
-    path = check.out / f"{pair_name(TARGET, DRAFT)}-{QUANT_LABEL[quantization]}" / "profile.json"
+    path = check.out / f"{pair_name(TARGET, DRAFT)}-{label(quantization)}" / "profile.json"
     return {"speculation_profile": str(path)} if path.is_file() else {}
 
 
@@ -41,8 +41,8 @@ def speed(check: Check, quantization: str) -> dict:
     arenas' recordings (widths, first-use ms). Bars (not with --tiny): adaptive with the self-draft ≥
     ``WIN_MARGIN`` of fixed's, adaptive with the random draft ≥ ``COMPILED_MARGIN`` of the compiled plain.
     adaptive/plain is reported; its bar is ``never_loses``'."""
-    if quantization not in check.quantizations:
-        return {"passed": None, "fallback": True, "summary": check.fallback}
+    if (reason := cs.unusable(check, quantization)) is not None:
+        return {"passed": None, "fallback": True, "summary": reason}
     tgt, drf = check.model(TARGET, quantization), check.model(DRAFT, quantization, head=True)
     given = _profile_given(check, quantization)
     plain = check.spec(speculation="fixed", num_speculative_tokens=0, **given)
@@ -68,7 +68,7 @@ def speed(check: Check, quantization: str) -> dict:
     bars = {"self_draft": ratio["adaptive-self/fixed-self"] >= WIN_MARGIN}
     if "adaptive/hf-compiled" in ratio:
         bars["vs_compiled"] = ratio["adaptive/hf-compiled"] >= COMPILED_MARGIN
-    line = (f"{QUANT_LABEL[quantization]} tokens/s: " + ", ".join(f"{m} {v}" for m, v in tps.items())
+    line = (f"{label(quantization)} tokens/s: " + ", ".join(f"{m} {v}" for m, v in tps.items())
             + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items()) + "; recordings (first use, ms): "
             + ", ".join(f"{role} {r['widths']} {r['capture_ms']}" for role, r in out["recordings"].items())
             + ("; not judged (--tiny)" if check.tiny else ""))
@@ -76,7 +76,7 @@ def speed(check: Check, quantization: str) -> dict:
             "bars": bars, "summary": line}
 
 
-def _speedup(base: list[float], mine: list[float]) -> float:
+def speedup(base: list[float], mine: list[float]) -> float:
     """One round's tokens/s ratio of a method over the base: the geometric mean over prompts of base seconds
     over the method's (``base``, ``mine``: seconds per prompt), 3 decimals."""
     return round(math.exp(statistics.fmean(math.log(b / m) for b, m in zip(base, mine, strict=True))), 3)
@@ -89,8 +89,8 @@ def never_loses(check: Check, quantization: str) -> dict:
     kinds, two seeds), ``NEVER_LOSES_ROUNDS`` timed rounds interleaved per request (``timed_seconds``); the
     figures are ``tokens_per_s``'s (per prompt the median over rounds). Also each round's ratios (geometric mean
     over the prompts) and how adaptive spent one request's steps (``drafter_use``). Not judged with --tiny."""
-    if quantization not in check.quantizations:
-        return {"passed": None, "fallback": True, "summary": check.fallback}
+    if (reason := cs.unusable(check, quantization)) is not None:
+        return {"passed": None, "fallback": True, "summary": reason}
     tgt, drf = check.model(TARGET, quantization), check.model(DRAFT, quantization, head=True)
     given = _profile_given(check, quantization)
     plain = check.spec(speculation="fixed", num_speculative_tokens=0, **given)
@@ -101,11 +101,11 @@ def never_loses(check: Check, quantization: str) -> dict:
     seconds = cs.timed_seconds(tgt, methods, prompts, new, 1 if check.tiny else NEVER_LOSES_ROUNDS)
     tps = {m: round(cs.tokens_per_s(seconds[m], new), 2) for m in methods}
     ratio = {f"{m}/plain": round(tps[m] / tps["plain"], 3) for m in ("plain-again", "adaptive")}
-    rounds = {f"{m}/plain": [_speedup(base, mine) for base, mine in zip(seconds["plain"], seconds[m], strict=True)]
+    rounds = {f"{m}/plain": [speedup(base, mine) for base, mine in zip(seconds["plain"], seconds[m], strict=True)]
               for m in ("plain-again", "adaptive")}
     used = cs.drafter_use(tgt, prompts[0], new, methods["adaptive"])
     bars = {"never_loses": ratio["adaptive/plain"] >= WIN_MARGIN}
-    line = (f"{QUANT_LABEL[quantization]} tokens/s ({len(prompts)} prompts × {len(seconds['plain'])} rounds): "
+    line = (f"{label(quantization)} tokens/s ({len(prompts)} prompts × {len(seconds['plain'])} rounds): "
             + ", ".join(f"{m} {v}" for m, v in tps.items()) + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items())
             + "; per round: " + ", ".join(f"{k} {v}" for k, v in rounds.items())
             + "; adaptive's steps (accepted/drafted): " + ", ".join(
@@ -121,8 +121,8 @@ def engine_time(check: Check, q: str) -> dict:
     synchronised) against the target's mean forward, and transformers' own ms per token for plain; the median
     over the speculative runs and hf-adaspec's plain become the replay's overheads (a decided step's and a plain
     one's: ``adaptive`` runs with rest=False here, deciding every step)."""
-    if q not in check.quantizations:
-        return {"passed": None, "fallback": True, "summary": check.fallback}
+    if (reason := cs.unusable(check, q)) is not None:
+        return {"passed": None, "fallback": True, "summary": reason}
     tgt, drf = check.model(TARGET, q), check.model(DRAFT, q, head=True)
     prompt, new = cs.check_prompts(tgt.config.vocab_size, seed=6)[0], 12 if check.tiny else 128
     runs = {"adaptive": check.spec(speculation="adaptive", assistant_model=drf, rest=False),
@@ -137,7 +137,7 @@ def engine_time(check: Check, q: str) -> dict:
     share = a["engine_ms_per_step"] / a["target_ms_per_forward"]
     return {"passed": None, "quantization": q, "runs": out, "over_10pct": share > 0.10,
             "overheads_ms": check.facts["overheads"],
-            "summary": f"{QUANT_LABEL[q]} adaptive: engine {a['engine_ms_per_step']} ms/step = {share:.1%} of the "
+            "summary": f"{label(q)} adaptive: engine {a['engine_ms_per_step']} ms/step = {share:.1%} of the "
                        f"target's {a['target_ms_per_forward']} ms forward; plain: hf-adaspec "
                        f"{out['plain']['engine_ms_per_step']} ms/step, transformers "
                        f"{out['hf-plain']['engine_ms_per_step']} ms/token"}

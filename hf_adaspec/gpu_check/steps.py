@@ -33,6 +33,7 @@ from ..bench.bench import divergence_gap
 from ..costs.table import CostTable
 from ..engine.run import SpeculationState
 from ..models.architecture import config_path, load_random, random_weights
+from ..models.formats import missing_kernel
 
 TARGET, DRAFT, BIG = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-7b"
 SEEDS = {TARGET: 0, DRAFT: 1, BIG: 2}
@@ -44,7 +45,12 @@ TINY = {TARGET: {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 256},
 NEAR_TIE = 0.25  # top-2 logit gap (README: greedy can diverge from plain at a near-tie)
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # given costs: speculation every step, no calibration
 MODES = {"adaptive": {"speculation": "adaptive"}, "fixed": {"speculation": "fixed", "num_speculative_tokens": 4}}
-QUANT_LABEL = {"none": "bf16", "nf4": "nf4"}
+QUANT_LABEL = {"none": "bf16", "nf4": "nf4"}  # folder and summary names; a GPU 4-bit format is named as is
+
+
+def label(quantization: str) -> str:
+    """How results name a quantization: bf16 for dense weights, else the format's name."""
+    return QUANT_LABEL.get(quantization, quantization)
 
 
 @dataclass
@@ -73,13 +79,14 @@ class Check:
         (folder / "config.json").write_text(json.dumps(shrunk_config(name, **TINY[name])))
         return str(folder)
 
-    def model(self, name: str, quantization: str, head: bool = False) -> torch.nn.Module:
-        """``name``'s random-weight model (seed ``SEEDS[name]``) in bf16 or NF4 (``head``: NF4 output head, as
-        for a draft), built once (on the device) and loaded once per quantization, enabled; on a GPU the other
-        quantization's models are dropped first. No EOS (greedy runs to its length), pad id 0."""
+    def model(self, name: str, quantization: str, head: bool = False, keep_others: bool = False) -> torch.nn.Module:
+        """``name``'s random-weight model (seed ``SEEDS[name]``) in a weight format (``head``: its output head
+        quantized too, as for a draft), built once (on the device) and loaded once per format, enabled; on a GPU the
+        other formats' models are dropped first unless ``keep_others``. No EOS (greedy runs to its length), pad
+        id 0."""
         key = (name, quantization, head)
         if key not in self.models:
-            if self.device != "cpu":
+            if self.device != "cpu" and not keep_others:
                 self.drop(keep=[k for k in self.models if k[1] == quantization])
             if name not in self.weights:
                 self.weights[name] = random_weights(self.arch(name), "bfloat16", SEEDS[name], self.device)
@@ -99,6 +106,14 @@ class Check:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def unusable(check: Check, quantization: str) -> str | None:
+    """None where ``quantization`` runs in this check; else why not: NF4 without bitsandbytes (the environment
+    step's fallback line), a GPU format whose kernel is missing (``formats.missing_kernel``)."""
+    if quantization in ("none", "nf4"):
+        return None if quantization in check.quantizations else check.fallback
+    return missing_kernel(quantization, check.device)
 
 
 def shrunk_config(name: str, **sizes) -> dict:
@@ -354,14 +369,15 @@ def recordings(model) -> dict:
             "capture_ms": round(sum(r.capture_ms + (r.eager_ms or 0) + (r.replay_ms or 0) for r in records), 1)}
 
 
-def timed_seconds(target, methods: dict, prompts: list[list[int]], new: int, repeats: int
-                  ) -> dict[str, list[list[float]]]:
+def timed_seconds(target, methods: dict, prompts: list[list[int]], new: int, repeats: int,
+                  targets: dict | None = None) -> dict[str, list[list[float]]]:
     """Seconds per request, ``[method][round][prompt]``, batch 1 and greedy, over ``repeats`` timed rounds after
     an untimed warm-up round of the same requests, in which the one-time work is done (transformers'
     compilation, hf-adaspec's graph recordings of the widths a method uses). Interleaved per prompt, the
     methods' order reversed on every other request, so no method always runs after the same one. Each method
     learns across the prompts of a round into a state of its own, new every round: no timed request starts
-    from a state that has seen its prompt."""
+    from a state that has seen its prompt. ``targets``: a method's own target model (default ``target``), e.g.
+    the same weights with compiled recordings."""
     seconds: dict[str, list[list[float]]] = {m: [] for m in methods}
     for round_ in range(repeats + 1):
         states, times = {m: SpeculationState() for m in methods}, {m: [] for m in methods}
@@ -369,7 +385,7 @@ def timed_seconds(target, methods: dict, prompts: list[list[int]], new: int, rep
             for m in list(methods) if (round_ + i) % 2 == 0 else list(reversed(methods)):
                 sync(target)
                 start = time.perf_counter()
-                generate(target, prompt, new, methods[m], states[m])
+                generate((targets or {}).get(m, target), prompt, new, methods[m], states[m])
                 sync(target)
                 times[m].append(time.perf_counter() - start)
         for m in methods if round_ else ():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .formats import convert, model_kwargs
+from .formats import FORMATS, convert, model_kwargs
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -107,7 +107,7 @@ def load_architecture(name_or_path: str, quantization: str = "nf4", dtype: str =
     _config_source(name_or_path)  # unknown names and options fail before anything is built
     if quantization == "auto":
         raise ValueError("quantization='auto' times the model's own weights; with random weights give a format: "
-                         "nf4, int8, q4 or none")
+                         + ", ".join(FORMATS))
     model_kwargs(quantization, dtype, device, quantize_lm_head)
     return load_random(random_weights(name_or_path, dtype, seed, build_device), quantization, dtype, device,
                        quantize_lm_head)

@@ -1,9 +1,9 @@
 """``quantization="auto"``: load the weight format that runs fastest on this machine, within a quality tolerance.
 
 Design (issue 44): which format is fastest depends on the processor (``formats``), so it is measured, never
-read from CPU flags. At the first load of a model on a machine every format in ``formats.PROBED`` that loads
-is timed: the median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a
-``PROBE_CONTEXT``-token cache (a plain step and a verification). Its quality is measured beside it
+read from CPU flags. At the first load of a model on a machine every format in ``formats.PROBED`` made for the
+device (``formats.probed_for``) whose kernel is there (``formats.missing_kernel``) and that loads is timed: the
+median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a ``PROBE_CONTEXT``-token cache (a plain step and a verification). Its quality is measured beside it
 (``format_quality``: top-1 agreement with the dense model's greedy tokens, teacher-forced, and the first
 divergence). A format is eligible when its top-1 agreement is at most
 ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not load); the eligible
@@ -37,7 +37,7 @@ from ..files import read_json_verified, write_json_verified
 from ..kernels import q4
 from .assets import cache_dir
 from .format_quality import agreement, dense_reference
-from .formats import FORMATS, PROBED, load_weights
+from .formats import FORMATS, PROBED, load_weights, missing_kernel, probed_for
 
 PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
 PROBE_K = 5  # the verification timed covers PROBE_K + 1 tokens
@@ -68,6 +68,15 @@ class FormatMeasure:
     error: str | None = None
     head: bool = False
 
+    def text(self, digits: int = 0) -> str:
+        """The format, its ms over 1 / k + 1 tokens (``digits`` decimals) and top-1 agreement, or why it was
+        skipped."""
+        label = f"{self.format} + quantized head" if self.head else self.format
+        if self.error is not None:
+            return f"{label} skipped ({self.error})"
+        quality = f"top-1 {self.top1:.3f}" if self.top1 is not None else "over twice the best: quality not measured"
+        return f"{label} {self.ms_1:.{digits}f}/{self.ms_k:.{digits}f} ms {quality}"
+
 
 @dataclass(frozen=True)
 class FormatChoice:
@@ -83,14 +92,7 @@ class FormatChoice:
 
     def line(self, name: str) -> str:
         """One line: the choice, then each format's ms over 1 / k + 1 tokens and top-1 agreement, or its error."""
-        parts = []
-        for m in self.measures:
-            label = f"{m.format} + quantized head" if m.head else m.format
-            if m.error is not None:
-                parts.append(f"{label} skipped ({m.error})")
-            else:
-                quality = f"top-1 {m.top1:.3f}" if m.top1 is not None else "over twice the best: quality not measured"
-                parts.append(f"{label} {m.ms_1:.0f}/{m.ms_k:.0f} ms {quality}")
+        parts = [m.text() for m in self.measures]
         how = f"cached in {self.path}" if self.cached else f"probe {self.probe_s:.0f} s, cached in {self.path}"
         chosen = f"{self.chosen} + quantized head" if self.head else self.chosen
         return (f"hf-adaspec: {name}: weights {chosen} (quantization='auto'; 1/{PROBE_K + 1}-token forwards at "
@@ -142,13 +144,16 @@ def keep_head(measures: tuple[FormatMeasure, ...], chosen: str) -> bool:
 
 def probe_key(name: str, source: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
     """What a format's speed depends on: the model (as asked and where it loads from), dtype, device, whether the
-    output head is quantized, the formats there are to choose from, the processor, torch's thread count and CPU
-    kernel level, the q4 kernel's source, and library versions."""
+    output head is quantized, the formats there are to choose from on this device (``formats.probed_for``), the
+    processor, torch's thread count and CPU kernel level, the q4 kernel's source, and library versions (those
+    the formats tried need too)."""
+    probed = probed_for(device)  # a CPU's key is what it was before the GPU formats (issue 59)
+    libraries = sorted({lib for f in probed for lib in FORMATS[f].libraries})
     return {"schema": SCHEMA, "model": name, "source": source, "dtype": dtype, "device": device,
-            "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT, "formats": list(PROBED),
+            "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT, "formats": list(probed),
             "processor": machine.processor_name(), "threads": torch.get_num_threads(),
             "aten_cpu": torch.backends.cpu.get_cpu_capability(), "q4_kernel": q4.source_tag(),
-            "versions": {**machine.versions("transformers", "bitsandbytes"), "torch": torch.__version__}}
+            "versions": {**machine.versions("transformers", "bitsandbytes", *libraries), "torch": torch.__version__}}
 
 
 def cache_path(key: dict) -> Path:
@@ -221,9 +226,11 @@ def _quiet(name: str) -> Iterator[None]:
         log.setLevel(level)
 
 
-def _measure(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs,
-             best_ms: float | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
-    """Load ``fmt`` with ``load`` and measure it (an exception while loading or running it becomes its ``error``)."""
+def measure_format(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs,
+                   best_ms: float | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
+    """Load ``fmt`` with ``load`` and measure it against the dense greedy references ``refs`` (``time_format``,
+    ``format_quality.agreement``; ``best_ms``: the best score so far), and that model; an exception while loading
+    or running it becomes its ``error`` (and the model None)."""
     start = time.perf_counter()
     try:
         model = load()
@@ -246,7 +253,8 @@ def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: s
     only the best so far stays in memory; then, unless ``quantize_lm_head`` (the head already quantized), the
     chosen format with its head quantized (``keep_head``). ``timer``: one forward's ms (default ``forward_ms``);
     ``quality_tokens``: dense greedy tokens per prompt (default ``QUALITY_TOKENS``); ``formats``: the formats tried
-    besides dense.
+    besides dense (those for another kind of device are left out; one whose kernel is missing here is recorded
+    with the line naming it, not loaded).
 
     Raises:
         ValueError: no format loaded (each one's error named).
@@ -261,12 +269,17 @@ def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: s
     refs = dense_reference(dense, tokenizer, quality_tokens or QUALITY_TOKENS)
     measures: list[FormatMeasure] = []
     best_fmt, best_model = None, None
+    kind = torch.device(device).type
+    formats = tuple(f for f in formats if FORMATS[f].devices is None or kind in FORMATS[f].devices)
     for fmt in ("none", *sorted((f for f in formats if f != "none"), key=lambda f: f != "nf4")):  # NF4 sets the bar
+        if (reason := missing_kernel(fmt, device)) is not None:  # not loaded: one line names what is missing
+            measures.append(FormatMeasure(fmt, error=reason))
+            continue
         bound = next((score(m.ms_1, m.ms_k) for m in measures if m.format == best_fmt), None)
         load = (lambda: dense) if fmt == "none" else (lambda f=fmt: load_weights(source, name, f, dtype, device,
                                                                                    quantize_lm_head))
         with _quiet("bitsandbytes"):  # bnb int8 logs its fp16 cast at every call
-            measure, model = _measure(fmt, load, timer, refs, bound)
+            measure, model = measure_format(fmt, load, timer, refs, bound)
         dense = None
         measures.append(measure)
         if model is not None and pick(tuple(measures)) == fmt:
@@ -292,6 +305,6 @@ def _head_variant(source: str, name: str, fmt: str, dtype: str, device: str, tim
     """``fmt`` loaded and measured with its output head quantized too (``FormatMeasure.head``), and that model."""
     body = next(m for m in measures if m.format == fmt and not m.head)
     with _quiet("bitsandbytes"):
-        measure, model = _measure(fmt, lambda: load_weights(source, name, fmt, dtype, device, True), timer, refs,
-                                  score(body.ms_1, body.ms_k))
+        measure, model = measure_format(fmt, lambda: load_weights(source, name, fmt, dtype, device, True), timer,
+                                        refs, score(body.ms_1, body.ms_k))
     return replace(measure, head=True), model

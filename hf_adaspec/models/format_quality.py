@@ -20,9 +20,15 @@ QUALITY_PROMPTS = (
 
 
 def dense_reference(model: torch.nn.Module, tokenizer, new_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The dense model's greedy continuation of each of ``QUALITY_PROMPTS``, generated as one left-padded batch:
+    """The dense model's greedy continuation of each of ``QUALITY_PROMPTS`` (``greedy_reference``)."""
+    return greedy_reference(model, [tokenizer(p, return_tensors="pt")["input_ids"][0] for p in QUALITY_PROMPTS],
+                            new_tokens)
+
+
+def greedy_reference(model: torch.nn.Module, prompts: list[torch.Tensor],
+                     new_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``model``'s greedy continuation of each prompt (token ids [T_i]), generated as one left-padded batch:
     (prompt ids [T_i], new ids [new_tokens]) per prompt."""
-    prompts = [tokenizer(p, return_tensors="pt")["input_ids"][0] for p in QUALITY_PROMPTS]
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, T]
     mask = torch.zeros_like(ids)

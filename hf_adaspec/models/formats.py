@@ -12,6 +12,7 @@ with AVX2. So a format is only a recipe; which one loads is decided by timing on
 - ``q4``: our kernel (``kernels/q4``): min–max 4-bit weights per group of 32 times activations quantized to
   8 bits per group of 32 (llama.cpp's Q4_1 x Q8_1), integer dot products on AVX2 (plain C elsewhere). CPU only.
 - ``none``: dense weights in the requested dtype.
+- ``int4``, ``int4-torchao``, ``gemlite``: 4-bit formats for a GPU's small batches of rows (``cuda_formats``).
 
 The output head stays dense unless ``quantize_lm_head`` (a draft's head is a large share of its step).
 """
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import cuda_formats
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -30,7 +33,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 class WeightFormat:
     """How a format is made: ``config(dtype, quantize_lm_head)`` → the ``quantization_config`` for
     ``from_pretrained`` (None: a dense load), ``convert(model, quantize_lm_head)`` applied after loading
-    (None: nothing), the devices it runs on (None: any), and whether ``auto`` tries it (``probed``)."""
+    (None: nothing), the devices it runs on (None: any), and whether ``auto`` tries it (``probed``).
+    ``missing(device)``: None where its kernel runs on ``device``, else one line naming what is missing (None: it
+    always runs); ``libraries``: packages whose versions key a timed choice that tried it."""
 
     name: str
     summary: str
@@ -38,6 +43,8 @@ class WeightFormat:
     convert: Callable[[torch.nn.Module, bool], None] | None = None
     devices: tuple[str, ...] | None = None
     probed: bool = True
+    missing: Callable[[str], str | None] | None = None
+    libraries: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.summary:
@@ -87,8 +94,50 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
                  devices=("cpu",)),
     WeightFormat("none", "dense", _dense),
 )}
+FORMATS.update({f.name: f for f in (  # issue 59: 4-bit on a GPU's small batches (cuda_formats)
+    WeightFormat("int4", "4-bit weights on torch's int4 kernel (tinygemm, groups of 128)", _dense,
+                 cuda_formats.convert_int4, devices=("cuda",), missing=cuda_formats.missing_int4),
+    WeightFormat("int4-torchao", "4-bit weights on torch's int4 kernel through torchao (groups of 128)", _dense,
+                 cuda_formats.convert_int4_torchao, devices=("cuda",), missing=cuda_formats.missing_int4_torchao,
+                 libraries=("torchao",)),
+    WeightFormat("gemlite", "4-bit HQQ weights on gemlite's Triton kernels through torchao (groups of 128)", _dense,
+                 cuda_formats.convert_gemlite, devices=("cuda",), missing=cuda_formats.missing_gemlite,
+                 libraries=("torchao", "gemlite")),
+)})
 QUANTIZATIONS = ("auto", *FORMATS)  # "auto": the fastest format on this machine within the quality tolerance
 PROBED = tuple(name for name, f in FORMATS.items() if f.probed)  # the formats "auto" tries
+
+
+def choices_text() -> str:
+    """``QUANTIZATIONS`` for a help text, each format made for some devices only followed by them:
+    "auto | nf4 | ... | q4 (cpu) | ..."."""
+    return " | ".join(q if q not in FORMATS or FORMATS[q].devices is None
+                      else f"{q} ({', '.join(FORMATS[q].devices)})" for q in QUANTIZATIONS)
+
+
+def probed_for(device: str) -> tuple[str, ...]:
+    """The formats ``auto`` tries on ``device``: ``PROBED`` less those made for other devices."""
+    kind = torch.device(device).type
+    return tuple(n for n in PROBED if FORMATS[n].devices is None or kind in FORMATS[n].devices)
+
+
+def missing_kernel(name: str, device: str) -> str | None:
+    """None where format ``name``'s kernel runs on ``device``; else one line naming what is missing."""
+    fmt = FORMATS[name]
+    return None if fmt.missing is None else fmt.missing(device)
+
+
+def fallback(name: str, device: str) -> tuple[str, str | None]:
+    """The format to load for ``name`` on ``device`` and the line saying why it is not ``name``: NF4 where
+    ``name`` is made for this kind of device but its kernel is missing here (``missing_kernel``), else ``name``
+    and None (a format for another kind of device is ``format_of``'s error)."""
+    devices = FORMATS[name].devices if name in FORMATS else None
+    if devices is not None and torch.device(device).type not in devices:
+        return name, None
+    reason = missing_kernel(name, device) if name in FORMATS else None
+    if reason is None:
+        return name, None
+    return "nf4", f"hf-adaspec: quantization={name!r} is not available here ({reason}); NF4 used"
 
 
 def check_options(quantization: str, dtype: str) -> None:

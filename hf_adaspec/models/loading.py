@@ -24,7 +24,7 @@ import torch
 from ..files import FileStamp, atomic_dir, check_files, sweep, write_stamp
 from . import format_choice
 from .assets import assemble, cache_dir, discard
-from .formats import DTYPES, check_options, load_weights
+from .formats import DTYPES, check_options, fallback, load_weights
 from .presets import PRESETS
 
 _DONE = "ADASPEC_COMPLETE"
@@ -179,13 +179,14 @@ def load(
     """Load a causal LM and tokenizer. ``quantization``: "auto" (the fastest weight format on this machine
     within the quality tolerance, ``format_choice``: measured at the first load, which takes seconds to
     minutes, then cached; ``log`` gets its one-line report, default stderr) or a format of ``formats.FORMATS``
-    (nf4 | int8 | q4 | none). ``dtype``: the weight/compute dtype. ``quantize_lm_head`` also quantizes the
-    output head (kept dense by default): worth it for a draft model, whose output head over the whole
-    vocabulary is a large share of its 1-token forward (docs/experiments.md, row "NF4 output head for the
-    draft"); without it, "auto" measures the chosen format with its head quantized too and loads that where it
-    is faster within the quality tolerance (``format_choice.keep_head``). ``verify``: hash every file of the
-    cache entries used (dense copy, assembled GGUF) against its stamp instead of trusting an unchanged size
-    and mtime (``hf-adaspec verify`` checks the whole cache); an entry that fails is rebuilt.
+    (nf4 | int8 | q4 | none | int4 | int4-torchao | gemlite; a GPU format whose kernel or library is missing
+    here loads NF4, with one line to ``log`` naming what is missing). ``dtype``: the weight/compute dtype.
+    ``quantize_lm_head`` also quantizes the output head (kept dense by default): worth it for a draft model, whose
+    output head over the whole vocabulary is a large share of its 1-token forward (docs/experiments.md, row "NF4
+    output head for the draft"); without it, "auto" measures the chosen format with its head quantized too and
+    loads that where it is faster within the quality tolerance (``format_choice.keep_head``). ``verify``: hash
+    every file of the cache entries used (dense copy, assembled GGUF) against its stamp instead of trusting an
+    unchanged size and mtime (``hf-adaspec verify`` checks the whole cache); an entry that fails is rebuilt.
 
     Raises:
         ValueError: unknown quantization or dtype, a format not for ``device``; an unknown model id while the
@@ -205,6 +206,9 @@ def load(
         quantization, quantize_lm_head = choice.chosen, quantize_lm_head or choice.head
     else:
         model = None
+        quantization, why = fallback(quantization, device)  # a missing kernel: one line, NF4 loaded
+        if why is not None:
+            (log or _stderr)(why)
     if model is None:
         model = load_weights(source, name_or_path, quantization, dtype, device, quantize_lm_head)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, weight_format=quantization,
