@@ -282,6 +282,20 @@ def _closed_form(rows: list, tv: list[float], td1: float, td3: float, tok_ms: fl
             "ratio_per_k": per_k, "best_k": best[0], "best_ratio": best[1]}
 
 
+def _bootstrap(rows_by_prompt: list[list], tv: list[float], td1: float, td3: float, tok_ms: float,
+               draws: int = 1000) -> list[float]:
+    """5th, 50th and 95th percentiles of ``_closed_form``'s best ratio over k >= 1 (k = 0, plain, left out) with
+    the prompts resampled with replacement (positions within a prompt are not independent)."""
+    gen = torch.Generator().manual_seed(0)
+    vals = []
+    for _ in range(draws):
+        pick = torch.randint(0, len(rows_by_prompt), (len(rows_by_prompt),), generator=gen).tolist()
+        vals.append(max(_closed_form([r for j in pick for r in rows_by_prompt[j]], tv, td1, td3, tok_ms)
+                        ["ratio_per_k"]))
+    vals.sort()
+    return [round(vals[int(f * (draws - 1))], 3) for f in (0.05, 0.5, 0.95)]
+
+
 def report(args) -> None:
     c = json.loads(Path(args.costs).read_text())
     tv = c["verify_ms"]
@@ -337,11 +351,14 @@ def report(args) -> None:
             for cat, qs in cats.items():  # rows in accept()'s shape: all K_DRAFT proposed, the run accepted
                 rs = [[(K_DRAFT, min(r, K_DRAFT))] for q in qs for r in runs[q]]
                 cf = _closed_form(rs, tv, td, td3, 0.0)
+                if cat == "all":
+                    cf["bootstrap_5_50_95"] = _bootstrap([[[(K_DRAFT, min(r, K_DRAFT))] for r in runs[q]]
+                                                          for q in qs], tv, td, td3, 0.0)
                 out.setdefault("closed_form", []).append({"workload": workload, "draft": "qwen2.5-coder-0.5b",
                                                           "category": cat, **cf})
                 lines.append(f"| {workload} | 0.5B draft, Leviathan eq. 1, {cat} | {cf['best_ratio']:.3f}x at k = "
                              f"{cf['best_k']} | {cf['positions']} positions, alpha_j {cf['alpha']}, "
-                             f"per k {cf['ratio_per_k']} |")
+                             f"per k {cf['ratio_per_k']}, bootstrap {cf.get('bootstrap_5_50_95', '')} |")
             row("0.5B draft + prompt lookup, oracle",
                 {q: _oracle(n_of[q], lambda i, q=q: [(t1, 1)] + same_opts(q, i) + lookup_opts(q, i)) for q in qids})
         for a in accepts:
@@ -356,10 +373,12 @@ def report(args) -> None:
                 cats.setdefault(traces[q]["category"], []).extend(rows[q])
             for cat, rs in cats.items():
                 cf = _closed_form(rs, tv, td, td3, tok_ms)
+                if cat == "all":
+                    cf["bootstrap_5_50_95"] = _bootstrap([rows[q] for q in qids], tv, td, td3, tok_ms)
                 out.setdefault("closed_form", []).append({"workload": workload, "draft": name, "category": cat, **cf})
                 lines.append(f"| {workload} | {name}, Leviathan eq. 1, {cat} | {cf['best_ratio']:.3f}x at k = "
                              f"{cf['best_k']} | {cf['positions']} positions, alpha_j {cf['alpha']}, rho {cf['rho']}, "
-                             f"per k {cf['ratio_per_k']} |")
+                             f"per k {cf['ratio_per_k']}, bootstrap {cf.get('bootstrap_5_50_95', '')} |")
 
             def x_opts(q, i, td=td, rows=rows, tok_ms=tok_ms):
                 opts = []
