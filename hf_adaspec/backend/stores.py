@@ -143,7 +143,7 @@ class StaticStore:
 
     def export(self, length: int) -> object | None:
         slot = int(self.slots[0])
-        return hf_compat.dynamic_cache_of([k[slot : slot + 1, :, :length] for k in self.arena.keys],
+        return hf_compat.dynamic_cache_of(self.model, [k[slot : slot + 1, :, :length] for k in self.arena.keys],
                                           [v[slot : slot + 1, :, :length] for v in self.arena.values])
 
     def fill_random(self, batch: int, context: int) -> None:
