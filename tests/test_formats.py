@@ -54,6 +54,13 @@ def test_a_format_too_slow_to_be_measured_for_quality_is_not_eligible():
         "nf4", measures, fc.cache_path({}), False, 1.0).line("m")
 
 
+def test_dense_weights_are_eligible_whatever_their_agreement_with_their_own_free_running_output():
+    # a small bf16 model's teacher-forced argmax can leave its own batched greedy output (padding, rounding): the
+    # reference itself must stay a candidate, also before any quantized format is measured
+    assert fc.pick((_m("none", 30, 0.95),)) == "none"
+    assert [m.format for m in fc.eligible((_m("none", 30, 0.95), _m("nf4", 20, 0.99)))] == ["none", "nf4"]
+
+
 def test_pick_names_every_error_when_nothing_loaded():
     measures = (FormatMeasure("none", error="OSError: disk"),
                 FormatMeasure("q4", error="KernelUnavailable: no compiler"))

@@ -107,7 +107,7 @@ def eligible(measures: tuple[FormatMeasure, ...]) -> list[FormatMeasure]:
     nf4 = [m.top1 for m in loaded if m.format == "nf4" and not m.head]
     quantized = [m.top1 for m in loaded if m.format != "none" and not m.head]
     bar = (nf4 or [max(quantized, default=1.0)])[0] - QUALITY_TOLERANCE
-    return [m for m in loaded if m.top1 >= bar]
+    return [m for m in loaded if (m.format == "none" and not m.head) or m.top1 >= bar]
 
 
 def score(ms_1: float, ms_k: float) -> float:
