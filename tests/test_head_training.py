@@ -34,7 +34,8 @@ def test_the_mask_lets_a_step_see_its_chain_only():
 
 
 def test_the_training_forward_is_what_drafting_computes(models, tiny_head):
-    """Step s at entry j equals the s-th token ``head_along`` drafts after the true entries up to j − s + 1."""
+    """Step s at entry j equals the s-th token ``head_along`` drafts after the true entries up to j − s + 1,
+    where the chain's tokens before it are the true ones (training feeds the true tokens; drafting its own)."""
     target, seq = models["target"], torch.tensor([HEAD_PROMPTS[4][:24]])
     features = hf_compat.forward(target, seq, hf_compat.new_cache(target), 1, feature_layers=HEAD_LAYERS)[1]
     with torch.no_grad():
@@ -44,8 +45,9 @@ def test_the_training_forward_is_what_drafting_computes(models, tiny_head):
     checked = 0
     for j, chain in enumerate(chains):
         last = prompt_len + j - 2  # entry index of the last true entry before drafting
+        truth = seq[0, prompt_len + j : prompt_len + j + len(chain)].tolist()
         for d, token in enumerate(chain):
-            if last + d < outs[d].shape[1]:
+            if last + d < outs[d].shape[1] and chain[:d] == truth[:d]:
                 assert int(tiny_head.logits(outs[d][:, last + d]).argmax()) == token
                 checked += 1
     assert checked > 40
