@@ -33,22 +33,44 @@ def test_the_mask_lets_a_step_see_its_chain_only():
                                 [True, True, True, False, False, False, False, True]]
 
 
+def _true_path_chain(head, seq: torch.Tensor, features: torch.Tensor, s: int, depth: int) -> list[int]:
+    """The head's argmaxes drafting step by step after the true entries 1..s (entry p: x_p, g_{p−1}) when
+    its earlier drafted tokens are the true ones (the training-time test's inputs)."""
+    from hf_adaspec.models.eagle3 import HeadCache
+
+    cache, chain = HeadCache(1), []
+    out = head.step(seq[:, 1 : s + 1], head.fuse(features[:, :s]), torch.ones(1, s, dtype=torch.bool), cache)[:, -1]
+    for d in range(depth):
+        chain.append(int(head.logits(out).argmax()))
+        if d + 1 < depth:
+            out = head.step(seq[:, s + d + 1 : s + d + 2], out[:, None], torch.ones(1, 1, dtype=torch.bool),
+                            cache)[:, -1]
+    return chain
+
+
 def test_the_training_forward_is_what_drafting_computes(models, tiny_head):
-    """Step s at entry j equals the s-th token ``head_along`` drafts after the true entries up to j − s + 1."""
+    """Step s at entry j equals the s-th token the head drafts after the true entries up to j − s + 1 when its
+    tokens before were the true ones; ``head_along`` (which feeds back its own tokens) drafts the same there."""
     target, seq = models["target"], torch.tensor([HEAD_PROMPTS[4][:24]])
     features = hf_compat.forward(target, seq, hf_compat.new_cache(target), 1, feature_layers=HEAD_LAYERS)[1]
     with torch.no_grad():
         outs = ttt_forward(tiny_head, seq, features, 3)  # 3 × [1, 23, H]
     prompt_len = 4
     chains, _ = head_along(target, tiny_head, seq, prompt_len, depth=3)  # [n + 1][3]
-    checked = 0
+    checked = same = 0
     for j, chain in enumerate(chains):
         last = prompt_len + j - 2  # entry index of the last true entry before drafting
-        for d, token in enumerate(chain):
+        with torch.no_grad():
+            true_path = _true_path_chain(tiny_head, seq, features, last + 1, min(3, seq.shape[1] - last - 1))
+        truth = seq[0, prompt_len + j : prompt_len + j + 3].tolist()
+        for d, token in enumerate(true_path):
             if last + d < outs[d].shape[1]:
                 assert int(tiny_head.logits(outs[d][:, last + d]).argmax()) == token
                 checked += 1
-    assert checked > 40
+            if chain[:d] == truth[:d]:
+                assert chain[d] == token
+                same += 1
+    assert checked > 40 and same > 20
 
 
 def test_soft_labels_keep_the_draft_vocabulary_and_renormalise():

@@ -10,10 +10,10 @@ run of ``hf-adaspec trace`` resumes where it stopped.
 
 An EAGLE-3 draft head (``models.eagle3``) drafts from the target's features, and from its second token on
 from its own outputs (EAGLE-3's training-time test), so its j-th token is not a function of the tokens
-alone. ``head_along`` records, from every position of the output, the chain the head drafts there when its
-earlier tokens were the target's (the only chains whose later tokens verification ever reads under greedy):
-depth 1 reads the target's features of the traced positions (teacher-forced), depth d the head's own
-output at depth d − 1 and the target's token; argmax over the target's full vocabulary and its q(x).
+alone. ``head_along`` records, from every position of the output, the chain the head drafts there: depth 1
+reads the target's features of the traced positions (teacher-forced), depth d the head's own output and
+its own token at depth d − 1, as it drafts (so the tokens after a miss, which the confidence stop rule and
+the calibration read, are the real ones too); argmax over the target's full vocabulary and its q(x).
 Traces without a head (``head`` "") are the same schema and load as before.
 """
 
@@ -44,8 +44,8 @@ class Trace:
     the draft's argmax after tokens[: prompt_len + j] and its probability, j = 0..n (n = new tokens);
     eos: the target's EOS ids; prefill_ms: the target's forward over the prompt (median, ms).
     head (its name, "" without one), head_next[j][d], head_q[j][d]: the head's argmax and q(x) for token
-    prompt_len + j + d when it drafts after tokens[: prompt_len + j] and its first d tokens were the
-    target's (``head_along``), j = 0..n, d = 0..depth − 1.
+    prompt_len + j + d in the chain it drafts after tokens[: prompt_len + j] (``head_along``), j = 0..n,
+    d = 0..depth − 1.
 
     Raises:
         ValueError: no prompt or no new token, draft or head answers not n + 1 long, or head rows of
@@ -183,10 +183,10 @@ def head_along(target: torch.nn.Module, head: Eagle3Head, sequence: torch.Tensor
                depth: int = HEAD_DEPTH) -> tuple[list[list[int]], list[list[float]]]:
     """The head's chains along ``sequence`` [1, T] (prompt + output, n = T − prompt_len new tokens): for
     j = 0..n, the argmax over the target's vocabulary and its probability q(x) of the d-th token (d =
-    1..``depth``) the head drafts after tokens[: prompt_len + j] when its tokens before were the target's.
+    1..``depth``) the head drafts after tokens[: prompt_len + j], feeding its own tokens as it drafts.
     One target forward gives the features; one head pass over them the teacher-forced entries (entry p:
     token p and the target's feature at p − 1); then ``depth`` − 1 batched head steps extend every start's
-    chain with its own output (each start's cache holds only the entries before it). → two [n + 1][depth]
+    chain with its own token and output (each start's cache holds only the entries before it). → two [n + 1][depth]
     lists. Raises ValueError for depth < 1."""
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
@@ -200,14 +200,13 @@ def head_along(target: torch.nn.Module, head: Eagle3Head, sequence: torch.Tensor
     rows = HeadCache(len(starts))  # row j: the entries 1..starts[j]
     rows.k, rows.v = (x.expand(len(starts), -1, -1, -1) for x in (whole.k, whole.v))
     rows.mask, rows.lengths = torch.arange(t - 1)[None] < starts[:, None], starts.clone()
-    padded = torch.cat([sequence[0].cpu(), torch.zeros(depth, dtype=torch.long)])  # tokens past the end: unread
     hidden, nxt, q = out[0, starts - 1], [], []  # hidden [n+1, H]: each start's depth-1 output
     for d in range(depth):
         conf, arg = torch.softmax(head.logits(hidden), dim=-1).max(dim=-1)  # [n+1] each
         nxt.append(arg)
         q.append(conf)
-        if d + 1 < depth:  # the next entry: the target's token at starts + d + 1 with the head's own output
-            hidden = head.step(padded[starts + d + 1][:, None], hidden[:, None],
+        if d + 1 < depth:  # the next entry: the token just drafted with the head's own output, as it drafts
+            hidden = head.step(arg[:, None].to(sequence.device), hidden[:, None],
                                torch.ones(len(starts), 1, dtype=torch.bool), rows)[:, 0]
     return torch.stack(nxt, dim=1).tolist(), torch.stack(q, dim=1).tolist()
 

@@ -14,8 +14,8 @@ logits small.
 ``VirtualHead`` is an ``Eagle3Head`` (so the mode registry builds the real ``DraftHeadProposer`` on it) whose
 "features" and hidden states are bookkeeping: the virtual target's feature at position p of row r is
 (r, p, 0); a chain's hidden state is (r, t, d), t the token its first draft predicts and d its depth. It
-answers depth d from the trace's head chain (``trace.head_along``), so on the target's path it drafts what
-the head drafted there; off the path (after a miss) it answers as on the path, as the virtual draft does.
+answers depth d from the trace's head chain (``trace.head_along``: the chain the head drafts, its own tokens
+fed back), so it drafts what the head drafts, after a miss too.
 """
 
 from __future__ import annotations
