@@ -9,8 +9,10 @@ with AVX2. So a format is only a recipe; which one loads is decided by timing on
 
 - ``nf4``: bitsandbytes 4-bit NormalFloat, blocks of 64, compute in the model's dtype.
 - ``int8``: bitsandbytes LLM.int8().
-- ``q4``: our kernel (``kernels/q4``): min–max 4-bit weights per group of 32 times activations quantized to
-  8 bits per group of 32 (llama.cpp's Q4_1 x Q8_1), integer dot products on AVX2 (plain C elsewhere). CPU only.
+- ``q4``: our kernel (``kernels/q4``): block-quantized weights times activations quantized to 8 bits per 256
+  (llama.cpp's K-quants x Q8_K), integer dot products on AVX2 (plain C elsewhere). CPU only. A model from a GGUF
+  file keeps the file's own blocks (``gguf_weights``: Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 exact); dense weights are
+  quantized to Q4_K.
 - ``none``: dense weights in the requested dtype.
 
 The output head stays dense unless ``quantize_lm_head`` (a draft's head is a large share of its step).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -27,10 +30,32 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where a model loads from: ``path``, a folder or HF id ``from_pretrained`` reads (config, tokenizer and dense
+    weights); or, for a GGUF file, ``gguf``, with ``meta_path`` (a callable giving a folder of its config, tokenizer
+    and tensor index, ``gguf_weights.INDEX``) and ``dense_path`` (one giving a folder of its dequantized weights),
+    each made on its first call."""
+
+    path: str = ""
+    gguf: Path | None = None
+    meta_path: Callable[[], str] | None = None
+    dense_path: Callable[[], str] | None = None
+
+    def dense(self) -> str:
+        """A folder or HF id with dense weights (and config and tokenizer) that ``from_pretrained`` reads."""
+        return self.dense_path() if self.dense_path is not None else self.path
+
+    def meta(self) -> str:
+        """A folder or HF id with the config and tokenizer."""
+        return self.meta_path() if self.meta_path is not None else self.path
+
+
+@dataclass(frozen=True)
 class WeightFormat:
     """How a format is made: ``config(dtype, quantize_lm_head)`` → the ``quantization_config`` for
     ``from_pretrained`` (None: a dense load), ``convert(model, quantize_lm_head)`` applied after loading
-    (None: nothing), the devices it runs on (None: any), and whether ``auto`` tries it (``probed``)."""
+    (None: nothing), the devices it runs on (None: any), whether ``auto`` tries it (``probed``) and whether it
+    reads a GGUF source's blocks as they are (``reads_gguf``: no dense copy needed)."""
 
     name: str
     summary: str
@@ -38,6 +63,7 @@ class WeightFormat:
     convert: Callable[[torch.nn.Module, bool], None] | None = None
     devices: tuple[str, ...] | None = None
     probed: bool = True
+    reads_gguf: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.summary:
@@ -61,30 +87,38 @@ def _dense(dtype: torch.dtype, quantize_lm_head: bool) -> None:
     return None
 
 
-def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
-    """Every linear layer whose input features are a multiple of 32 (the output head only with
-    ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear``, whose kernel
-    is built on first use under ``<cache>/kernels``. Raises KernelUnavailable (a RuntimeError) naming the fix
-    where the kernel cannot be built here."""
+def _kernel_dir() -> Path:
+    """Where the q4 kernel is built (``<cache>/kernels``), after building it. Raises KernelUnavailable (a
+    RuntimeError) naming the fix where it cannot be built here."""
     from ..kernels import q4
     from .assets import cache_dir
 
     directory = cache_dir() / "kernels"
     q4.library(directory)  # fails here, before any layer is replaced, where the kernel cannot be built
+    return directory
+
+
+def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
+    """Every linear layer whose input features are a multiple of 32 (the output head only with
+    ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear`` with Q4_K
+    blocks. Raises KernelUnavailable as ``_kernel_dir``."""
+    from ..kernels import q4
+
+    directory = _kernel_dir()
     head = model.get_output_embeddings()
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
-            if (isinstance(child, torch.nn.Linear) and child.in_features % q4.GROUP == 0
+            if (isinstance(child, torch.nn.Linear) and child.in_features % 32 == 0
                     and (quantize_lm_head or child is not head)):
-                setattr(module, child_name, q4.Q4Linear(child, directory))
+                setattr(module, child_name, q4.Q4Linear.dense(child, directory))
 
 
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
     # int8: 2.5–7x the best format's step on both CPU paths measured (docs/experiments.md); loaded when asked for
     WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8, probed=False),
-    WeightFormat("q4", "4-bit weights x 8-bit activations on AVX2 (our kernel, groups of 32)", _dense, _q4,
-                 devices=("cpu",)),
+    WeightFormat("q4", "a GGUF file's own blocks (dense weights: Q4_K) x 8-bit activations on AVX2 (our kernel)",
+                 _dense, _q4, devices=("cpu",), reads_gguf=True),
     WeightFormat("none", "dense", _dense),
 )}
 QUANTIZATIONS = ("auto", *FORMATS)  # "auto": the fastest format on this machine within the quality tolerance
@@ -133,15 +167,24 @@ def convert(model: torch.nn.Module, quantization: str, quantize_lm_head: bool) -
     return model
 
 
-def load_weights(source: str, name: str, quantization: str, dtype: str, device: str,
+def load_weights(source: str | Source, name: str, quantization: str, dtype: str, device: str,
                  quantize_lm_head: bool) -> torch.nn.Module:
-    """The causal LM at ``source`` (a folder or HF id ``from_pretrained`` reads) in weight format
+    """The causal LM at ``source`` (a ``Source``, or a folder or HF id ``from_pretrained`` reads) in weight format
     ``quantization`` (not "auto"), named ``name`` (a cost profile's identity names the model as asked, not a
-    cache path); eval mode. Raises ValueError as ``model_kwargs``; ImportError for a format's missing library."""
+    cache path); eval mode. A format that ``reads_gguf`` builds a GGUF source from the file's blocks
+    (``gguf_weights.build``; its dense path where that refuses the architecture); the others load dense weights.
+    Raises ValueError as ``model_kwargs``; ImportError for a format's missing library; KernelUnavailable."""
     kwargs = model_kwargs(quantization, dtype, device, quantize_lm_head)
+    source = source if isinstance(source, Source) else Source(source)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    convert(model, quantization, quantize_lm_head)
+    model = None
+    if FORMATS[quantization].reads_gguf and source.gguf is not None:
+        from .gguf_weights import build
+
+        model = build(source.gguf, source.meta(), kwargs["dtype"], quantize_lm_head, _kernel_dir())
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(source.dense(), **kwargs)
+        convert(model, quantization, quantize_lm_head)
     model.config._name_or_path = name
     return model.eval()
