@@ -2,7 +2,8 @@
 a model's forwards over 1 … 9 new tokens at context 128 (the costs the controller prices), with an A/A.
 
 One process, one model loaded in q4 with its head quantized; every ``Q4Linear`` also holds the base kernel's
-packing of the same codes (base ``pack`` of this tree's ``unpack``: the same grid, re-quantized). Each round
+packing of its weights (base ``pack`` of this tree's dequantized weight: for a base with another layout, its
+requantization, as that base loaded the model). Each round
 times, per width, base / new / base again in alternating order; medians over rounds (the first 2 dropped).
 ``base_again / base`` is the A/A: a new/base ratio inside its spread decides nothing. Last line: one JSON object.
 
@@ -70,7 +71,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         base, one_call = _base_kernel(args.base, Path(tmp))
         for layer in (m for m in model.modules() if isinstance(m, q4.Q4Linear)):
-            layer.base_blocks = base.pack(q4.unpack(layer.blocks, layer.blocks.shape[1] * q4.BLOCK))
+            layer.base_blocks = base.pack(layer.weight_float())
         variants = {"base": _base_forward(base, one_call, Path(tmp)), "new": q4.Q4Linear.forward}
         variants["base_again"] = variants["base"]
         cache, ms = DynamicCache(), {}

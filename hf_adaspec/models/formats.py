@@ -55,7 +55,8 @@ class WeightFormat:
     """How a format is made: ``config(dtype, quantize_lm_head)`` → the ``quantization_config`` for
     ``from_pretrained`` (None: a dense load), ``convert(model, quantize_lm_head)`` applied after loading
     (None: nothing), the devices it runs on (None: any), whether ``auto`` tries it (``probed``) and whether it
-    reads a GGUF source's blocks as they are (``reads_gguf``: no dense copy needed)."""
+    reads a GGUF source itself (``reads_gguf``: its blocks, or for ``none`` its values dequantized in memory; no dense
+    copy on disk needed)."""
 
     name: str
     summary: str
@@ -98,6 +99,22 @@ def _kernel_dir() -> Path:
     return directory
 
 
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read the same input
+
+
+def fuse_projections(model: torch.nn.Module, directory: Path) -> None:
+    """Each module's query/key/value and gate/up ``Q4Linear`` children (``FUSED``; same input width) to one kernel
+    call (``kernels.fused``); other layers are left as they are."""
+    from ..kernels import fused, q4
+
+    for module in list(model.modules()):
+        for names in FUSED:
+            layers = [getattr(module, name, None) for name in names]
+            if all(isinstance(layer, q4.Q4Linear) for layer in layers) and len({l.in_features for l in layers}) == 1:
+                for name, piece in zip(names, fused.fuse(layers, directory)):
+                    setattr(module, name, piece)
+
+
 def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
     """Every linear layer whose input features are a multiple of 32 (the output head only with
     ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear`` with Q4_K
@@ -119,7 +136,7 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8, probed=False),
     WeightFormat("q4", "a GGUF file's own blocks (dense weights: Q4_K) x 8-bit activations on AVX2 (our kernel)",
                  _dense, _q4, devices=("cpu",), reads_gguf=True),
-    WeightFormat("none", "dense", _dense),
+    WeightFormat("none", "dense", _dense, reads_gguf=True),
 )}
 QUANTIZATIONS = ("auto", *FORMATS)  # "auto": the fastest format on this machine within the quality tolerance
 PROBED = tuple(name for name, f in FORMATS.items() if f.probed)  # the formats "auto" tries
@@ -167,6 +184,23 @@ def convert(model: torch.nn.Module, quantization: str, quantize_lm_head: bool) -
     return model
 
 
+def _from_gguf(source: Source, quantization: str, dtype: torch.dtype, device: str,
+               quantize_lm_head: bool) -> torch.nn.Module | None:
+    """``gguf_weights.build`` for a format that ``reads_gguf``, on ``device``; None where it refuses the architecture,
+    or for ``none`` where the kernel (its dequantizer) cannot be built. Raises KernelUnavailable for ``q4``."""
+    from ..kernels.q4 import KernelUnavailable
+    from .gguf_weights import build
+
+    try:
+        directory = _kernel_dir()
+    except KernelUnavailable:
+        if quantization != "none":
+            raise
+        return None
+    model = build(source.gguf, source.meta(), dtype, quantize_lm_head, directory, kernel=quantization != "none")
+    return model.to(device) if model is not None and torch.device(device).type != "cpu" else model
+
+
 def load_weights(source: str | Source, name: str, quantization: str, dtype: str, device: str,
                  quantize_lm_head: bool) -> torch.nn.Module:
     """The causal LM at ``source`` (a ``Source``, or a folder or HF id ``from_pretrained`` reads) in weight format
@@ -180,9 +214,7 @@ def load_weights(source: str | Source, name: str, quantization: str, dtype: str,
 
     model = None
     if FORMATS[quantization].reads_gguf and source.gguf is not None:
-        from .gguf_weights import build
-
-        model = build(source.gguf, source.meta(), kwargs["dtype"], quantize_lm_head, _kernel_dir())
+        model = _from_gguf(source, quantization, kwargs["dtype"], device, quantize_lm_head)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(source.dense(), **kwargs)
         convert(model, quantization, quantize_lm_head)

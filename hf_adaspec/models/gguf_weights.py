@@ -115,8 +115,8 @@ def _dense(tensor: Tensor, order: np.ndarray | None, shape: torch.Size, dtype: t
     if tensor.type in GGUF_EXACT and len(shape) == 2 and shape[1] % 32 == 0:
         kind, rows = from_gguf(tensor.type, raw, shape[1])
         return dequantize_rows(kind, rows, shape[1], dtype, kernel_dir)
-    value = dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[tensor.type])
-    return torch.from_numpy(np.ascontiguousarray(value)).reshape(shape).to(dtype)
+    value = np.array(dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[tensor.type]))  # a copy: not the map
+    return torch.from_numpy(value).reshape(shape).to(dtype)
 
 
 def _linear_rows(tensor: Tensor, order: np.ndarray | None, k: int, notes: Counter) -> tuple[str, torch.Tensor]:
@@ -128,16 +128,17 @@ def _linear_rows(tensor: Tensor, order: np.ndarray | None, k: int, notes: Counte
     if tensor.type in GGUF_EXACT and k % 32 == 0:
         return from_gguf(tensor.type, raw, k)
     notes[tensor.type] += 1
-    value = dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[tensor.type])
-    dense = torch.from_numpy(np.ascontiguousarray(value)).reshape(-1, k)
+    value = np.array(dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[tensor.type]))
+    dense = torch.from_numpy(value).reshape(-1, k)
     return ("q4_k", quantize_q4_k(dense)) if tensor.type in _FLOAT else ("q8_0", quantize_q8_0(dense))
 
 
-def build(gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head: bool,
-          kernel_dir: Path) -> torch.nn.Module | None:
+def build(gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head: bool, kernel_dir: Path,
+          kernel: bool = True) -> torch.nn.Module | None:
     """The causal LM in ``gguf_path`` (config from ``config_dir``) with every linear layer (the output head only with
-    ``quantize_lm_head``) a ``Q4Linear`` on the file's blocks, the rest in ``dtype``; eval mode. None where the
-    architecture is one whose tensors transformers reshapes (``_REFUSED``) or gguf does not name.
+    ``quantize_lm_head``) a ``Q4Linear`` on the file's blocks, the rest in ``dtype``; eval mode. ``kernel`` False:
+    every tensor dequantized into ``dtype`` (the dense model transformers' loader gives, without its copy on disk).
+    None where the architecture is one whose tensors transformers reshapes (``_REFUSED``) or gguf does not name.
     Raises ValueError when a parameter of the model has no tensor in the file."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -153,7 +154,8 @@ def build(gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head
         return None
     head = skeleton.get_output_embeddings()
     linears = {f"{name}.weight": name for name, m in skeleton.named_modules()
-               if isinstance(m, torch.nn.Linear) and m.in_features % 32 == 0 and (quantize_lm_head or m is not head)}
+               if kernel and isinstance(m, torch.nn.Linear) and m.in_features % 32 == 0
+               and (quantize_lm_head or m is not head)}
     tied_head = quantize_lm_head and "output.weight" not in tensors and "lm_head.weight" in linears
     weights, parts, notes = {}, {}, Counter()
     for name, tensor in tensors.items():
