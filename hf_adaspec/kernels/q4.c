@@ -210,7 +210,7 @@ AVX2 static inline void rows_q4k(const q4k_block *w, const xblock *x, int64_t B,
         /* minima: m_g against the sums of 16 activations 2g and 2g + 1 */
         __m128i mn = _mm_loadl_epi64((const __m128i *)wb->mn);
         __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));  /* [16]: m0 m0 m1 m1 ... */
-        __m256 d = _mm256_set1_ps(half_to_float(wb->d)), dmin = _mm256_set1_ps(half_to_float(wb->dmin));
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d)), dmin = _mm256_set1_ps(_cvtsh_ss(wb->dmin));
         for (int r = 0; r < R; r++) {
             const xblock *xb = x + r * B + b;
             __m256 dx = _mm256_set1_ps(xb->d);
@@ -250,7 +250,7 @@ AVX2 static inline void rows_q6k(const q6k_block *w, const xblock *x, int64_t B,
             }
         }
         __m256i sc16 = _mm256_cvtepi8_epi16(sc);
-        __m256 d = _mm256_set1_ps(half_to_float(wb->d));
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d));
         for (int r = 0; r < R; r++) {
             const xblock *xb = x + r * B + b;
             __m256i offset = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xb->bsums));

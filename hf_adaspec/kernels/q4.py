@@ -95,19 +95,19 @@ _NATIVE = (torch.float32, torch.bfloat16)  # activation dtypes the kernel reads 
 
 
 def linear(x: torch.Tensor, blocks: torch.Tensor, kinds: torch.Tensor, rows: torch.Tensor, k: int, directory: Path,
-           bias: torch.Tensor | None = None, portable: bool = False) -> torch.Tensor:
+           bias: torch.Tensor | None = None, portable: bool = False, n: int | None = None) -> torch.Tensor:
     """x [M, K'] (float32 or bfloat16 read as they are, other float dtypes via float32; K' ≤ ``k``, the rest taken as
     zeros) @ W.T (+ bias [N], read as float32) → [M, N] in x's dtype (float32 for other dtypes). W [N, k] is held
     as segments: ``kinds`` int32 [S] (indices into ``blocks.KINDS``) of ``rows`` int64 [S] output rows each, their
     ``blocks.row_bytes`` laid one after another in ``blocks`` (uint8, contiguous). ``portable`` runs the plain-C
-    path whatever the CPU. Raises KernelUnavailable as ``library``; ValueError for tensors off the CPU (the kernel
+    path whatever the CPU; ``n``: the rows' sum, where the caller knows it. Raises KernelUnavailable as ``library``; ValueError for tensors off the CPU (the kernel
     reads host memory), a K' wider than ``k``, or a layout the kernel refuses; MemoryError when the activations'
     scratch buffer cannot be allocated."""
     if x.device.type != "cpu" or blocks.device.type != "cpu":
         raise ValueError(f"the q4 kernel runs on the CPU; got x on {x.device} and weights on {blocks.device}: "
                          "keep a q4 model on the CPU, or load another quantization for this device")
     lib = library(directory)  # a Path: its hash is cached, so this lookup is cheap on every call
-    m, k_in, n = x.shape[0], x.shape[1], int(rows.sum())
+    m, k_in, n = x.shape[0], x.shape[1], int(rows.sum()) if n is None else n
     if k_in > k:
         raise ValueError(f"x has {k_in} input features but the packed weight holds {k}")
     if x.dtype not in _NATIVE:
@@ -184,7 +184,7 @@ class Q4Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = linear(x.reshape(-1, self.in_features), self.blocks, self.kind_ids, self.rows, self.in_features,
-                   self.directory, self.bias)
+                   self.directory, self.bias, n=self.out_features)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # [..., N]; .to copies only for other dtypes
 
     def extra_repr(self) -> str:

@@ -128,6 +128,7 @@ def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
             if (isinstance(child, torch.nn.Linear) and child.in_features % 32 == 0
                     and (quantize_lm_head or child is not head)):
                 setattr(module, child_name, q4.Q4Linear.dense(child, directory))
+    fuse_projections(model, directory)
 
 
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
@@ -198,6 +199,8 @@ def _from_gguf(source: Source, quantization: str, dtype: torch.dtype, device: st
             raise
         return None
     model = build(source.gguf, source.meta(), dtype, quantize_lm_head, directory, kernel=quantization != "none")
+    if model is not None and quantization != "none":
+        fuse_projections(model, directory)
     return model.to(device) if model is not None and torch.device(device).type != "cpu" else model
 
 
