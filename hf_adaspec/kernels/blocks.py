@@ -5,9 +5,15 @@ file's model, not a requantization of it. Every kind is a superblock of 256 inpu
 
 - ``q4_k``: GGUF Q4_K (w = d·sc·q − dmin·m per group of 32, 4-bit q, 6-bit sc and m, fp16 d and dmin) with the
   12 packed bytes of 6-bit scales unpacked to 8 + 8 bytes: 148 bytes, every bit of the file kept.
-- ``q6_k``: GGUF Q6_K byte for byte (w = d·sc·(q − 32) per group of 16, 6-bit q, int8 sc): 210 bytes.
+- ``q6_k``: GGUF Q6_K (w = d·sc·(q − 32) per group of 16, 6-bit q, int8 sc, fp16 d), the 16 scales as the
+  even then the odd ones: 210 bytes.
 - ``q8_0``: 8 GGUF Q8_0 blocks of 32 (w = d·q, int8 q, fp16 d) side by side, scales first: 272 bytes; rows whose
   width is not a multiple of 256 are padded with zero blocks.
+
+In every kind the 256 codes of a superblock are in the kernel's order (``q4.c``): position 32j + 4l + e holds
+element 4j + e of group l (``POSITION``), the 4-bit and the low 4 of the 6-bit codes as nibbles (position i < 128
+the low nibble of byte i, position 128 + i its high nibble), Q6_K's high 2 bits of position 32j + b at bits
+2(j // 2) of byte 32(j % 2) + b of its 64.
 
 A row of a weight [N, K] is ``padded(K) / 256`` superblocks; a matrix's rows are a uint8 tensor [N, bytes per row].
 Other GGUF block types are dequantized (``gguf.quants``) and stored as ``q8_0`` (8 bits: no bit of a 5- or 6-bit
@@ -25,6 +31,20 @@ KINDS = ("q4_k", "q6_k", "q8_0")  # index = the kernel's kind number
 BLOCK_BYTES = {"q4_k": 148, "q6_k": 210, "q8_0": 272}
 # GGUF block types held without any rounding: Q4_0 and Q5_0 (d·(q − 8), d·(q − 16) per group of 32) as q8_0
 GGUF_EXACT = {"Q4_K": "q4_k", "Q6_K": "q6_k", "Q8_0": "q8_0", "Q5_0": "q8_0", "Q4_0": "q8_0"}
+
+
+POSITION = np.array([32 * (t // 4) + 4 * g + t % 4 for g in range(8) for t in range(32)])  # element → position
+_ELEMENT = np.argsort(POSITION)  # position → element
+
+
+def _ordered(codes: np.ndarray) -> np.ndarray:
+    """Codes [..., 256] in feature order → the kernel's order."""
+    return codes[..., _ELEMENT]
+
+
+def _nibbles(codes: np.ndarray) -> np.ndarray:
+    """Codes 0..15 [..., 256] in the kernel's order → bytes [..., 128]: positions i and 128 + i."""
+    return (codes[..., :128] & 15) | ((codes[..., 128:] & 15) << 4)
 
 
 def padded(k: int) -> int:
@@ -77,14 +97,25 @@ def from_gguf(gguf_type: str, raw: np.ndarray, k: int) -> tuple[str, torch.Tenso
     if kind == "q4_k":
         blocks = raw.reshape(-1, 144)  # d, dmin (fp16), 12 bytes of scales, 128 bytes of codes
         sc, m = _q4_k_scales(blocks[:, 4:16])
-        out = np.concatenate([blocks[:, 0:4], sc, m, blocks[:, 16:]], axis=1)
+        chunks = blocks[:, 16:].reshape(-1, 4, 1, 32)  # byte i of chunk c: element 64c + i low, 64c + 32 + i high
+        codes = np.concatenate([chunks & 15, chunks >> 4], axis=2).reshape(-1, 256)
+        out = np.concatenate([blocks[:, 0:4], sc, m, _nibbles(_ordered(codes))], axis=1)
     elif kind == "q6_k":
-        out = raw.reshape(-1, 210)
+        blocks = raw.reshape(-1, 210)  # ql 128, qh 64, int8 scales 16, fp16 d
+        ql, qh = blocks[:, :128].reshape(-1, 2, 1, 64), blocks[:, 128:192].reshape(-1, 2, 1, 32)
+        low = np.concatenate([ql & 15, ql >> 4], axis=2).reshape(-1, 256)  # feature order, as gguf.quants reads it
+        high = ((qh >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(-1, 256)
+        codes = _ordered(low | (high << 4))
+        top = ((codes >> 4) & 3).reshape(-1, 4, 2, 32)  # [.., i, h, b]: vector j = h + 2i
+        qh_ours = (top << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1, 1)).sum(axis=1, dtype=np.uint8)
+        out = np.concatenate([_nibbles(codes), qh_ours.reshape(-1, 64), blocks[:, 192:208:2], blocks[:, 193:208:2],
+                              blocks[:, 208:]], axis=1)
     else:  # q8_0
         groups = raw.reshape(n, -1, 34)  # [N, K/32, 34]: fp16 d, 32 int8
         groups = np.pad(groups, ((0, 0), (0, padded(k) // 32 - groups.shape[1]), (0, 0)))  # zero blocks: d = 0
         groups = groups.reshape(n, -1, 8, 34)
-        out = np.concatenate([groups[..., :2].reshape(n, -1, 16), groups[..., 2:].reshape(n, -1, 256)], axis=2)
+        codes = _ordered(groups[..., 2:].reshape(n, -1, 256))
+        out = np.concatenate([groups[..., :2].reshape(n, -1, 16), codes], axis=2)
     out = out.reshape(n, -1)
     if out.shape[1] != row_bytes(kind, k):
         raise ValueError(f"a {kind} row of {k} features holds {row_bytes(kind, k)} bytes, not {out.shape[1]}")
@@ -111,7 +142,7 @@ def quantize_q4_k(weight: torch.Tensor) -> torch.Tensor:
     scale, minimum = d.float()[..., None] * sc, dmin.float()[..., None] * m  # what the kernel will use
     inv = torch.where(scale > 0, 1 / scale, 0)
     q = ((w + minimum[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8)  # [N, B, 8, 32]
-    codes = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).reshape(n, -1, 128)  # group 2c low nibble, 2c + 1 high
+    codes = torch.from_numpy(_nibbles(_ordered(q.reshape(n, -1, 256).numpy())))  # [N, B, 128]
     head = torch.cat([d[..., None].view(torch.uint8), dmin[..., None].view(torch.uint8),
                       sc.to(torch.uint8), m.to(torch.uint8)], -1)  # [N, B, 20]
     return torch.cat([head, codes], -1).reshape(n, -1).contiguous()
@@ -127,6 +158,7 @@ def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
     d = (w.abs().amax(-1) / 127).half()  # [N, B, 8]
     inv = torch.where(d.float() > 0, 1 / d.float(), 0)
     q = (w * inv[..., None]).round().clamp(-127, 127).to(torch.int8).view(torch.uint8).reshape(n, -1, 256)
+    q = torch.from_numpy(_ordered(q.numpy()))
     return torch.cat([d.view(torch.uint8).reshape(n, -1, 16), q], -1).reshape(n, -1).contiguous()
 
 
@@ -138,23 +170,27 @@ def dequantize(kind: str, rows: torch.Tensor, k: int) -> torch.Tensor:
     def half(lo: int, hi: int) -> torch.Tensor:
         return b[..., lo:hi].contiguous().view(torch.float16).float()
 
+    at = torch.from_numpy(POSITION)  # feature order from the kernel's
+
+    def nibbles(lo: int, hi: int) -> torch.Tensor:
+        codes = b[..., lo:hi]
+        return torch.cat([codes & 15, codes >> 4], -1)  # [N, B, 256]: positions in the kernel's order
+
     if kind == "q4_k":
         d, dmin = half(0, 2), half(2, 4)  # [N, B, 1]
         sc, m = b[..., 4:12].float(), b[..., 12:20].float()  # [N, B, 8]
-        codes = b[..., 20:].reshape(n, -1, 4, 1, 32)
-        q = torch.cat([codes & 15, codes >> 4], 3).reshape(n, -1, 8, 32).float()  # group 2c, 2c + 1
+        q = nibbles(20, 148)[..., at].reshape(n, -1, 8, 32).float()
         w = (d * sc)[..., None] * q - (dmin * m)[..., None]
     elif kind == "q6_k":
-        ql, qh = b[..., :128].reshape(n, -1, 2, 1, 64), b[..., 128:192].reshape(n, -1, 2, 1, 32)
-        low = torch.cat([ql & 15, ql >> 4], 3).reshape(n, -1, 2, 4, 32)  # [N, B, half, quarter, 32]
-        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1)
-        high = (qh >> shifts) & 3  # [N, B, half, quarter, 32]
-        q = (low | (high << 4)).float() - 32
-        sc = b[..., 192:208].contiguous().view(torch.int8).float()  # [N, B, 16]
-        w = (half(208, 210) * sc).view(n, -1, 16, 1) * q.reshape(n, -1, 16, 16)
+        qh = b[..., 128:192].reshape(n, -1, 1, 2, 32)
+        top = (qh >> (2 * torch.arange(4, dtype=torch.uint8)).view(1, 1, 4, 1, 1)) & 3  # [N, B, i, h, 32]
+        q = (nibbles(0, 128) | (top.reshape(n, -1, 256) << 4))[..., at].reshape(n, -1, 8, 2, 16).float() - 32
+        sc = torch.stack([b[..., 192:200], b[..., 200:208]], -1).contiguous().view(torch.int8).float()  # [N, B, 8, 2]
+        w = (half(208, 210)[..., None] * sc)[..., None] * q
     elif kind == "q8_0":
         d = half(0, 16)  # [N, B, 8]
-        w = d[..., None] * b[..., 16:].contiguous().view(torch.int8).float().reshape(n, -1, 8, 32)
+        q = b[..., 16:].contiguous().view(torch.int8)[..., at].reshape(n, -1, 8, 32).float()
+        w = d[..., None] * q
     else:
         raise ValueError(f"no layout {kind!r}; the kernel's kinds are {KINDS}")
     return w.reshape(n, -1)[:, :k]

@@ -1,19 +1,27 @@
 /* Block-quantized weights times 8-bit activations: the GGUF file's own Q4_K, Q6_K and Q8_0 blocks, on AVX2.
 
-Weights come in kinds, each a superblock of 256 input features of one output row (layouts below): Q4K (8 groups
-of 32, w = d*sc*q - dmin*m, q in 0..15, 6-bit sc and m, fp16 d and dmin: llama.cpp's Q4_K with its scales
-unpacked), Q6K (16 groups of 16, w = d*sc*(q - 32), q in 0..63, int8 sc, fp16 d: llama.cpp's Q6_K byte for byte)
-and Q80 (8 groups of 32, w = d*q, int8 q, fp16 d: llama.cpp's Q8_0, 8 blocks side by side). Activations are
-quantized per 256 features to int8 with one float scale dx (x = qx * dx) and the sums of qx per 16 (xblock, as
-llama.cpp's Q8_K). A superblock's dot product is then integer arithmetic times one float: for Q4K,
-dx * (d * sum_g sc_g * sum(q * qx) - dmin * sum_g m_g * sum_g(qx)); for Q6K, dx * d * (sum_g sc_g * sum(q * qx)
-- 32 * sum_g sc_g * sum_g(qx)); for Q80 a float per group of 32. The integer products run on _mm256_maddubs_epi16
-(unsigned 4/6-bit codes times signed int8; Q80 by the sign trick), scaled by _mm256_madd_epi16 with the group's
-scale, so no weight is ever dequantized and no bit of the file is dropped.
+Weights come in kinds, each a superblock of 256 input features of one output row: Q4K (8 groups of 32,
+w = d*sc*q - dmin*m, q in 0..15, 6-bit sc and m, fp16 d and dmin: llama.cpp's Q4_K), Q6K (16 groups of 16,
+w = d*sc*(q - 32), q in 0..63, int8 sc, fp16 d: llama.cpp's Q6_K) and Q80 (8 groups of 32, w = d*q, int8 q, fp16 d:
+llama.cpp's Q8_0, 8 blocks side by side). Every value of the file is kept; only the order of the codes changes
+(``blocks.py`` writes these layouts). Activations are quantized per 256 features to int8 with one float scale dx
+(x = qx * dx) and the sums of qx per group of 32 (xblock, llama.cpp's Q8_K in our order).
+
+The order (issue 44's, kept): in each 32-byte vector j (j = 0..7) of a superblock, 4-byte lane l holds elements
+4j .. 4j + 3 of group l (group = 32 features), for weights and activations alike. _mm256_maddubs_epi16 of a weight
+vector with an activation vector leaves group l's partial sums in int16 lanes 2l, 2l + 1, so the products of
+several vectors add up lane by lane in int16 and one _mm256_madd_epi16 with the groups' scales (int16, lane pair l
+= group l's) finishes a superblock: per activation row, Q4K costs 8 maddubs and 1 madd per 256 weights (the
+natural order needs a madd per 32). Q4K's 4-bit codes times int8 sum to at most 8 * 2 * 15 * 127 = 30480 over the
+8 vectors; Q6K's codes are made signed (q - 32, |q - 32| <= 32) and multiplied by the sign trick (|w| times x
+with w's sign), 4 vectors (the first or second 16 of each group of 32) summing to at most 4 * 2 * 32 * 127 =
+32512, one madd with the even and one with the odd 16-group scales; Q80 (|w| <= 128) takes a madd per vector.
+A superblock's dot product is then integer sums times one float: dx * (d * sum_g sc_g * S_g - dmin * sum_g m_g *
+X_g) for Q4K (X_g the activations' group sum), dx * d * sum sc * S for Q6K, dx * sum_g d_g * S_g for Q80.
 
 A matrix is a list of segments (consecutive output rows of one kind), so fused layers whose rows differ in kind
-(a Q4_K query beside a Q6_K value) are one call. Each weight superblock is loaded once per R <= 4 activation rows
-(verification multiplies up to k + 1 rows). Output rows are split over threads.
+(a Q4_K query beside a Q6_K value) are one call. Each weight superblock is decoded once per R <= 4 activation
+rows (verification multiplies up to k + 1 rows). Output rows are split over threads.
 
 The AVX2 kernels are compiled for AVX2, FMA and F16C by function attribute and run only where the CPU has them
 (q4_avx2(), checked once); elsewhere (other CPUs, other architectures) the same integer arithmetic runs in plain C,
@@ -33,17 +41,19 @@ call: a layer's step costs one foreign call and no tensor operations around it. 
 
 enum { Q4K = 0, Q6K = 1, Q80 = 2, KINDS = 3 };
 
-/* 256 weights: qs[32c + j] holds element 64c + j in its low nibble and 64c + 32 + j in its high one (c = 0..3);
-   group g (elements 32g .. 32g + 31) has scale d * sc[g] and minimum dmin * mn[g]. */
+/* Position of element t (0..31) of group l (0..7) in a superblock's 256 codes: vector t / 4, lane l. */
+#define AT(l, t) (32 * ((t) / 4) + 4 * (l) + (t) % 4)
+/* 256 weights: the code at position 32p + b (p = 0..3) is the low nibble of qs[32p + b], at 32(p + 4) + b its
+   high nibble; group l has scale d * sc[l] and minimum dmin * mn[l]. */
 typedef struct { uint16_t d, dmin; uint8_t sc[8], mn[8]; uint8_t qs[128]; } q4k_block;
-/* 256 weights in two halves of 128 (h = 0, 1): for l = 0..31, element 128h + l is the low nibble of ql[64h + l]
-   with bits 0-1 of qh[32h + l] above it; + 32: ql[64h + 32 + l] and bits 2-3; + 64: the high nibble of
-   ql[64h + l] and bits 4-5; + 96: the high nibble of ql[64h + 32 + l] and bits 6-7. Group g of 16 has d * sc[g]. */
-typedef struct { uint8_t ql[128], qh[64]; int8_t sc[16]; uint16_t d; } q6k_block;
-/* 256 weights: element 32g + j is d[g] * qs[32g + j]. */
+/* 256 weights, codes 0..63: position 32j + b has low 4 bits from ql as Q4K's qs (p = j % 4, high nibble for
+   j >= 4) and high 2 bits at bits 2(j / 2) of qh[32(j % 2) + b]; the first 16 of group l have scale d * sce[l],
+   the second 16 d * sco[l]. */
+typedef struct { uint8_t ql[128], qh[64]; int8_t sce[8], sco[8]; uint16_t d; } q6k_block;
+/* 256 weights: position AT(l, t) holds d[l] * qs[AT(l, t)]. */
 typedef struct { uint16_t d[8]; int8_t qs[256]; } q80_block;
-/* 256 activations: x = qs * d; bsums[j] = the sum of qs[16j .. 16j + 15]. */
-typedef struct { int8_t qs[256]; int16_t bsums[16]; float d; } xblock;
+/* 256 activations: x = qs * d in the positions above; bsum[l] = the sum of group l's qs. */
+typedef struct { int8_t qs[256]; int16_t bsum[8]; float d; } xblock;
 
 static const int BLOCK_BYTES[KINDS] = {(int)sizeof(q4k_block), (int)sizeof(q6k_block), (int)sizeof(q80_block)};
 
@@ -95,11 +105,14 @@ static void quantize_block(const float *v, xblock *o) {
     float amax = 0.f;
     for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(v[j]));
     float id = amax > 0.f ? 127.f / amax : 0.f;
-    for (int j = 0; j < 256; j++) o->qs[j] = (int8_t)lrintf(v[j] * id);
-    for (int j = 0; j < 16; j++) {
+    for (int l = 0; l < 8; l++) {
         int s = 0;
-        for (int e = 0; e < 16; e++) s += o->qs[16 * j + e];
-        o->bsums[j] = (int16_t)s;
+        for (int t = 0; t < 32; t++) {
+            int q = (int)lrintf(v[32 * l + t] * id);
+            o->qs[AT(l, t)] = (int8_t)q;
+            s += q;
+        }
+        o->bsum[l] = (int16_t)s;
     }
     o->d = amax / 127.f;
 }
@@ -130,38 +143,43 @@ static inline void put(const sink *o, int64_t r, int64_t n, float v) {
 
 /* ---- plain C: one superblock of one weight row with one activation row ---- */
 
+/* Code at position i of a Q4K or Q6K superblock. */
+static int code_q4k(const q4k_block *w, int i) {
+    uint8_t byte = w->qs[32 * ((i / 32) % 4) + i % 32];
+    return i < 128 ? byte & 15 : byte >> 4;
+}
+
+static int code_q6k(const q6k_block *w, int i) {
+    int j = i / 32, b = i % 32;
+    uint8_t byte = w->ql[32 * (j % 4) + b];
+    return (j < 4 ? byte & 15 : byte >> 4) | (((w->qh[32 * (j % 2) + b] >> (2 * (j / 2))) & 3) << 4);
+}
+
 static float dot_q4k(const q4k_block *w, const xblock *x) {
     int32_t sum = 0, mins = 0;
-    for (int g = 0; g < 8; g++) {
+    for (int l = 0; l < 8; l++) {
         int32_t s = 0;
-        for (int j = 0; j < 32; j++) {
-            uint8_t byte = w->qs[32 * (g / 2) + j];
-            s += (g % 2 ? byte >> 4 : byte & 15) * x->qs[32 * g + j];
-        }
-        sum += w->sc[g] * s;
-        mins += w->mn[g] * (x->bsums[2 * g] + x->bsums[2 * g + 1]);
+        for (int t = 0; t < 32; t++) s += code_q4k(w, AT(l, t)) * x->qs[AT(l, t)];
+        sum += w->sc[l] * s;
+        mins += w->mn[l] * x->bsum[l];
     }
     return x->d * (half_to_float(w->d) * (float)sum - half_to_float(w->dmin) * (float)mins);
 }
 
 static float dot_q6k(const q6k_block *w, const xblock *x) {
-    int32_t sum = 0, offset = 0;
-    for (int e = 0; e < 256; e++) {
-        int h = e / 128, l = e % 32, quarter = (e % 128) / 32;
-        uint8_t low = w->ql[64 * h + 32 * (quarter % 2) + l];
-        int q = (quarter < 2 ? low & 15 : low >> 4) | (((w->qh[32 * h + l] >> (2 * quarter)) & 3) << 4);
-        sum += w->sc[e / 16] * q * x->qs[e];
-    }
-    for (int g = 0; g < 16; g++) offset += w->sc[g] * x->bsums[g];
-    return x->d * half_to_float(w->d) * (float)(sum - 32 * offset);
+    int32_t sum = 0;
+    for (int l = 0; l < 8; l++)
+        for (int t = 0; t < 32; t++)
+            sum += (t < 16 ? w->sce[l] : w->sco[l]) * (code_q6k(w, AT(l, t)) - 32) * x->qs[AT(l, t)];
+    return x->d * half_to_float(w->d) * (float)sum;
 }
 
 static float dot_q80(const q80_block *w, const xblock *x) {
     float acc = 0.f;
-    for (int g = 0; g < 8; g++) {
+    for (int l = 0; l < 8; l++) {
         int32_t s = 0;
-        for (int j = 0; j < 32; j++) s += w->qs[32 * g + j] * x->qs[32 * g + j];
-        acc += half_to_float(w->d[g]) * (float)s;
+        for (int t = 0; t < 32; t++) s += w->qs[AT(l, t)] * x->qs[AT(l, t)];
+        acc += half_to_float(w->d[l]) * (float)s;
     }
     return x->d * acc;
 }
@@ -184,78 +202,78 @@ AVX2 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define XQ(r, off) _mm256_loadu_si256((const __m256i *)(x[(r) * B + b].qs + (off)))
+#define XQ(r, j) _mm256_loadu_si256((const __m256i *)(x[(r) * B + b].qs + 32 * (j)))
+
+/* int16 [16]: v[0..7] each twice (lane pair l holds v[l]), zero- or sign-extended. */
+AVX2 static inline __m256i pairs_u8(const uint8_t *v) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)v);
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b));
+}
+AVX2 static inline __m256i pairs_i8(const int8_t *v) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)v);
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
+}
 
 /* acc[r] += weight row w ([B] Q4K blocks) . activation row r (x [R, B] blocks), per lane. */
 AVX2 static inline void rows_q4k(const q4k_block *w, const xblock *x, int64_t B, __m256 *acc, const int R) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < B; b++) {
         const q4k_block *wb = w + b;
-        __m256i sum[4];
-        for (int r = 0; r < R; r++) sum[r] = _mm256_setzero_si256();
-        __m256i sc = _mm256_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)wb->sc));  /* [16]: 8 scales, 8 zeros */
-        __m256i scales = _mm256_permute2x128_si256(sc, sc, 0);  /* both halves: sc[0..7] as int16 */
-        for (int c = 0; c < 4; c++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * c));
-            __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-            /* int16 sc[2c], sc[2c + 1] in every lane: shuffle bytes 4c, 4c + 1 (and 4c + 2, 4c + 3) everywhere */
-            __m256i s_lo = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
-            __m256i s_hi = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
-            for (int r = 0; r < R; r++) {
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, XQ(r, 64 * c)), s_lo);
-                p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, XQ(r, 64 * c + 32)), s_hi));
-                sum[r] = _mm256_add_epi32(sum[r], p);
-            }
+        __m256i q[8];  /* q[j]: the codes of vector j */
+        for (int p = 0; p < 4; p++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * p));
+            q[p] = _mm256_and_si256(raw, low);
+            q[p + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
         }
-        /* minima: m_g against the sums of 16 activations 2g and 2g + 1 */
-        __m128i mn = _mm_loadl_epi64((const __m128i *)wb->mn);
-        __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));  /* [16]: m0 m0 m1 m1 ... */
+        __m256i sc = pairs_u8(wb->sc);
+        __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)wb->mn));  /* int16 m_0 .. m_7 */
         __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d)), dmin = _mm256_set1_ps(_cvtsh_ss(wb->dmin));
         for (int r = 0; r < R; r++) {
             const xblock *xb = x + r * B + b;
+            __m256i s = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(q[0], XQ(r, 0)), _mm256_maddubs_epi16(q[1], XQ(r, 1))),
+                                 _mm256_add_epi16(_mm256_maddubs_epi16(q[2], XQ(r, 2)), _mm256_maddubs_epi16(q[3], XQ(r, 3)))),
+                _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(q[4], XQ(r, 4)), _mm256_maddubs_epi16(q[5], XQ(r, 5))),
+                                 _mm256_add_epi16(_mm256_maddubs_epi16(q[6], XQ(r, 6)), _mm256_maddubs_epi16(q[7], XQ(r, 7)))));
+            __m128i m = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));  /* [4]: sum is sum m_l X_l */
             __m256 dx = _mm256_set1_ps(xb->d);
-            __m256i m = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)xb->bsums));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sum[r]), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(m), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(s, sc)), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx),
+                                      _mm256_cvtepi32_ps(_mm256_set_m128i(_mm_setzero_si128(), m)), acc[r]);
         }
     }
 }
 
+/* Signed codes (q - 32) of Q6K vector j = 4 * half + p from its low-nibble vector raw and high-bit vector qh. */
+#define Q6(raw, half, qh, shift) _mm256_sub_epi8(_mm256_or_si256( \
+    (half) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), low) : _mm256_and_si256(raw, low), \
+    _mm256_and_si256((shift) == 0 ? _mm256_slli_epi16(qh, 4) : (shift) == 2 ? _mm256_slli_epi16(qh, 2) \
+                     : (shift) == 4 ? (qh) : _mm256_srli_epi16(qh, 2), top)), off)
+
 /* acc[r] += weight row w ([B] Q6K blocks) . activation row r, per lane. */
 AVX2 static inline void rows_q6k(const q6k_block *w, const xblock *x, int64_t B, __m256 *acc, const int R) {
-    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < B; b++) {
         const q6k_block *wb = w + b;
-        __m256i sum[4];
-        for (int r = 0; r < R; r++) sum[r] = _mm256_setzero_si256();
-        __m128i sc = _mm_loadu_si128((const __m128i *)wb->sc);
-        for (int h = 0; h < 2; h++) {
-            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64 * h));
-            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64 * h + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(wb->qh + 32 * h));
-            for (int v = 0; v < 4; v++) {
-                __m256i q;  /* codes of elements 128h + 32v .. + 31 (0..63) */
-                switch (v) {
-                case 0: q = _mm256_or_si256(_mm256_and_si256(ql0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two)); break;
-                case 1: q = _mm256_or_si256(_mm256_and_si256(ql1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two)); break;
-                case 2: q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), _mm256_and_si256(qh, two)); break;
-                default: q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
-                                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), two));
-                }
-                int g = 8 * h + 2 * v;  /* int16 sc[g] in lanes 0-7, sc[g + 1] in lanes 8-15 */
-                __m128i pick = _mm_unpacklo_epi64(_mm_set1_epi8((char)g), _mm_set1_epi8((char)(g + 1)));
-                __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick));
-                for (int r = 0; r < R; r++)
-                    sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q, XQ(r, 128 * h + 32 * v)), s));
-            }
-        }
-        __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+        __m256i qh0 = _mm256_loadu_si256((const __m256i *)wb->qh), qh1 = _mm256_loadu_si256((const __m256i *)(wb->qh + 32));
         __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d));
-        for (int r = 0; r < R; r++) {
-            const xblock *xb = x + r * B + b;
-            __m256i offset = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xb->bsums));
-            __m256i s = _mm256_sub_epi32(sum[r], _mm256_slli_epi32(offset, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(s), acc[r]);
+        for (int half = 0; half < 2; half++) {  /* vectors 4 half .. 4 half + 3: the first or second 16 of each group */
+            __m256i r0 = _mm256_loadu_si256((const __m256i *)wb->ql), r1 = _mm256_loadu_si256((const __m256i *)(wb->ql + 32));
+            __m256i r2 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64)), r3 = _mm256_loadu_si256((const __m256i *)(wb->ql + 96));
+            __m256i w0 = Q6(r0, half, qh0, 4 * half), w1 = Q6(r1, half, qh1, 4 * half);
+            __m256i w2 = Q6(r2, half, qh0, 4 * half + 2), w3 = Q6(r3, half, qh1, 4 * half + 2);
+            __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1), a2 = _mm256_abs_epi8(w2), a3 = _mm256_abs_epi8(w3);
+            __m256i sc = pairs_i8(half ? wb->sco : wb->sce);
+            for (int r = 0; r < R; r++) {
+                int j = 4 * half;
+                __m256i s = _mm256_add_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(XQ(r, j), w0)),
+                                     _mm256_maddubs_epi16(a1, _mm256_sign_epi8(XQ(r, j + 1), w1))),
+                    _mm256_add_epi16(_mm256_maddubs_epi16(a2, _mm256_sign_epi8(XQ(r, j + 2), w2)),
+                                     _mm256_maddubs_epi16(a3, _mm256_sign_epi8(XQ(r, j + 3), w3))));
+                __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(x[r * B + b].d));
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(s, sc)), acc[r]);
+            }
         }
     }
 }
@@ -265,18 +283,16 @@ AVX2 static inline void rows_q80(const q80_block *w, const xblock *x, int64_t B,
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < B; b++) {
         const q80_block *wb = w + b;
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));
-        __m256 part[4];
-        for (int r = 0; r < R; r++) part[r] = _mm256_setzero_ps();
-        for (int g = 0; g < 8; g++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * g)), aq = _mm256_abs_epi8(q);
-            __m256 dg = _mm256_permutevar8x32_ps(dw, _mm256_set1_epi32(g));
-            for (int r = 0; r < R; r++) {
-                __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(XQ(r, 32 * g), q));
-                part[r] = _mm256_fmadd_ps(dg, _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), part[r]);
-            }
+        __m256i sum[4];
+        for (int r = 0; r < R; r++) sum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * j)), aq = _mm256_abs_epi8(q);
+            for (int r = 0; r < R; r++)
+                sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(XQ(r, j), q)), ones));
         }
-        for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * B + b].d), part[r], acc[r]);
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));  /* lane l: group l's scale */
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[r * B + b].d)), _mm256_cvtepi32_ps(sum[r]), acc[r]);
     }
 }
 
@@ -304,31 +320,26 @@ AVX2 static void row_avx2(int kind, const uint8_t *w, const xblock *x, int64_t M
 }
 #endif
 
-/* One superblock of kind to 256 floats, each computed as gguf.quants computes it: (d * sc) * q - dmin * m for
-   Q4K, (d * sc) * (q - 32) for Q6K, d * q for Q80 (float32, no fused multiply-add: -std=c11 contracts nothing). */
+/* One superblock of kind to 256 floats in feature order, each computed as gguf.quants computes it:
+   (d * sc) * q - dmin * m for Q4K, (d * sc) * (q - 32) for Q6K, d * q for Q80 (float32, no fused multiply-add:
+   -std=c11 contracts nothing). */
 static void dequant_block(int kind, const uint8_t *w, float *v) {
-    if (kind == Q4K) {
-        const q4k_block *b = (const q4k_block *)w;
-        float d = half_to_float(b->d), dmin = half_to_float(b->dmin);
-        for (int e = 0; e < 256; e++) {
-            int g = e / 32;
-            uint8_t byte = b->qs[32 * (g / 2) + e % 32];
-            float scale = d * (float)b->sc[g], minimum = dmin * (float)b->mn[g];
-            v[e] = scale * (float)(g % 2 ? byte >> 4 : byte & 15) - minimum;
+    for (int l = 0; l < 8; l++)
+        for (int t = 0; t < 32; t++) {
+            int i = AT(l, t);
+            if (kind == Q4K) {
+                const q4k_block *b = (const q4k_block *)w;
+                float scale = half_to_float(b->d) * (float)b->sc[l], minimum = half_to_float(b->dmin) * (float)b->mn[l];
+                v[32 * l + t] = scale * (float)code_q4k(b, i) - minimum;
+            } else if (kind == Q6K) {
+                const q6k_block *b = (const q6k_block *)w;
+                float scale = half_to_float(b->d) * (float)(t < 16 ? b->sce[l] : b->sco[l]);
+                v[32 * l + t] = scale * (float)(code_q6k(b, i) - 32);
+            } else {
+                const q80_block *b = (const q80_block *)w;
+                v[32 * l + t] = half_to_float(b->d[l]) * (float)b->qs[i];
+            }
         }
-    } else if (kind == Q6K) {
-        const q6k_block *b = (const q6k_block *)w;
-        float d = half_to_float(b->d);
-        for (int e = 0; e < 256; e++) {
-            int h = e / 128, l = e % 32, quarter = (e % 128) / 32;
-            uint8_t low = b->ql[64 * h + 32 * (quarter % 2) + l];
-            int q = (quarter < 2 ? low & 15 : low >> 4) | (((b->qh[32 * h + l] >> (2 * quarter)) & 3) << 4);
-            v[e] = d * (float)b->sc[e / 16] * (float)(q - 32);
-        }
-    } else {
-        const q80_block *b = (const q80_block *)w;
-        for (int e = 0; e < 256; e++) v[e] = half_to_float(b->d[e / 32]) * (float)b->qs[e];
-    }
 }
 
 /* out [N, K_out] (float32, or bfloat16 where bf16, rounded to nearest even) = the first K_out features of N rows of

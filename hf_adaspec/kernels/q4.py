@@ -86,7 +86,7 @@ def library(directory: Path) -> ctypes.CDLL:
     lib.q4_linear.argtypes = [_P, _P, _P, _C, _P, _C, _I, _I, _I, _P, _P, _C, _C, _C]
     lib.q4_dequantize.argtypes = [_C, _P, _I, _I, _I, _P, _C, _C]
     sizes = [lib.q4_block_bytes(i) for i in range(len(KINDS))]
-    if sizes != [BLOCK_BYTES[kind] for kind in KINDS] or lib.q4_block_bytes(-1) != 292:
+    if sizes != [BLOCK_BYTES[kind] for kind in KINDS] or lib.q4_block_bytes(-1) != 276:
         raise KernelUnavailable("the q4 kernel was built with an unexpected struct layout; report this")
     return lib
 
