@@ -34,12 +34,13 @@ class Source:
     """Where a model loads from: ``path``, a folder or HF id ``from_pretrained`` reads (config, tokenizer and dense
     weights); or, for a GGUF file, ``gguf``, with ``meta_path`` (a callable giving a folder of its config, tokenizer
     and tensor index, ``gguf_weights.INDEX``) and ``dense_path`` (one giving a folder of its dequantized weights),
-    each made on its first call."""
+    each made on its first call; ``has_dense``: that folder was there already."""
 
     path: str = ""
     gguf: Path | None = None
     meta_path: Callable[[], str] | None = None
     dense_path: Callable[[], str] | None = None
+    has_dense: bool = False
 
     def dense(self) -> str:
         """A folder or HF id with dense weights (and config and tokenizer) that ``from_pretrained`` reads."""
@@ -216,7 +217,8 @@ def load_weights(source: str | Source, name: str, quantization: str, dtype: str,
     from transformers import AutoModelForCausalLM
 
     model = None
-    if FORMATS[quantization].reads_gguf and source.gguf is not None:
+    reads = FORMATS[quantization].reads_gguf and not (quantization == "none" and source.has_dense)
+    if reads and source.gguf is not None:  # dense weights: the copy on disk where there is one (same values)
         model = _from_gguf(source, quantization, kwargs["dtype"], device, quantize_lm_head)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(source.dense(), **kwargs)

@@ -199,7 +199,7 @@ def source(name_or_path: str, dtype: str = "bfloat16", verify: bool = False) -> 
     def make_dense() -> str:
         return str(dense if _dense_ok(dense, verify) else _dense_from_gguf(gguf, dense, dtype))
 
-    return Source(gguf=gguf, meta_path=make_meta, dense_path=make_dense)
+    return Source(gguf=gguf, meta_path=make_meta, dense_path=make_dense, has_dense=dense.exists())
 
 
 def resolve(name_or_path: str, dtype: str = "bfloat16", verify: bool = False) -> str:
