@@ -42,7 +42,7 @@ profile: install
 playground: install
 	$(BIN)/hf-adaspec playground
 
-# The GPU check (python -m hf_adaspec.tools.gpu_check; results in model_cards/gpu/<gpu>/, rewritten after
+# The GPU check (python -m hf_adaspec.gpu_check; results in model_cards/gpu/<gpu>/, rewritten after
 # every step). It needs no model files and no install: where this python lacks transformers >= 5.20 or
 # bitsandbytes (a lent GPU machine: transformers 5.17, no bitsandbytes, no network), the wheels in .whl/ are
 # installed into GPU_SITE first. GPU_ARGS: e.g. --budget-s 300, --steps profile-7b-nf4, --out DIR.
@@ -55,7 +55,7 @@ gpu-check:
 	  echo "gpu-check: installing $$(ls .whl | tr '\n' ' ')into $(GPU_SITE)"; \
 	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 	    --target $(GPU_SITE) .whl/*.whl; fi
-	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m hf_adaspec.tools.gpu_check --device cuda $(GPU_ARGS)
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m hf_adaspec.gpu_check --device cuda $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV)

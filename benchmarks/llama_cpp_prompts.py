@@ -27,10 +27,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from hf_adaspec.bench.prompts import SPEC_BENCH, load_prompts
 from hf_adaspec.models import assets
 from hf_adaspec.models.loading import resolve
 from hf_adaspec.models.presets import PRESETS
-from hf_adaspec.tools.prompts import SPEC_BENCH, load_prompts
 
 BIN = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llama-cpp-anchor" / "build-native" / "bin"
 

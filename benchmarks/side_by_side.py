@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 
 from hf_adaspec import SpeculationState
+from hf_adaspec.bench.bench import divergence_gap
+from hf_adaspec.cli.cli import DEFAULT_PROMPT
+from hf_adaspec.cli.pair import load_pair
 from hf_adaspec.machine import processor_name
-from hf_adaspec.tools.bench import divergence_gap
-from hf_adaspec.tools.cli import DEFAULT_PROMPT
-from hf_adaspec.tools.pair import load_pair
 
 
 def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int) -> tuple[dict[str, list[float]], dict[str, float | None]]:

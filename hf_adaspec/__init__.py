@@ -11,11 +11,12 @@ machine and acceptance learned online. Greedy output is the target's greedy outp
     model.generate(**inputs, assistant_model=hf_adaspec.load_head(path, model), speculation="adaptive")  # EAGLE-3
 
 Layers, from the bottom (each imports only those below it; ``tests/test_architecture.py`` checks):
-``files``/``config``; ``backend`` (every touch of transformers internals, the ragged KV cache, the draft's
-prefix store) and ``models`` (assets and loading); ``costs`` and ``proposers`` (the drafters); ``policy``
-(goodput, acceptance models, controllers, the registry of modes); ``engine`` (the loop, verification, the
-run builder); ``api`` (``enable``, ``generate_batch``) and this package; ``tools`` (CLI, bench, replay,
-playground).
+``files``/``config``; ``models`` (assets, loading, the EAGLE-3 head); ``backend`` (every touch of transformers
+internals, every KV cache and the one place a request's are made, the draft's prefix store); ``costs`` and
+``proposers`` (the drafters); ``policy`` (goodput, acceptance models, controllers, the registry of modes);
+``engine`` (the loop, verification, the run builder); ``api`` (``enable``, ``generate_batch``) and this
+package; around it, wings by purpose: ``bench`` and ``playground``, ``replay`` (traces, replay, the vLLM
+export), ``training`` (draft heads), and on top ``cli`` and ``gpu_check``.
 """
 
 from .api.generate import SpeculativeGenerateOutput, compile_steps, enable

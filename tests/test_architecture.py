@@ -1,10 +1,13 @@
 """The package's layers stack: no module imports a layer above its own, and no imports form a cycle.
 
 Read from the source's AST (every import, also those inside functions), so nothing is imported to check.
-From the bottom: ``files``/``config``/``machine``/``kernels`` (our C kernels) → ``backend`` (transformers
-internals, the ragged KV cache, the draft prefix store) and ``models`` (assets and loading) → ``costs`` and
-``proposers`` → ``policy`` → ``engine`` → the public entry (``api``, then the package's ``__init__`` that re-exports it) → ``tools``. Folders of
-one layer do not import each other either.
+From the bottom: ``files``/``config``/``machine``/``kernels`` (our C kernels) → ``models`` (assets, loading, the
+EAGLE-3 head) → ``backend`` (transformers internals, every KV cache and where it is made, the draft prefix store) →
+``costs`` and ``proposers`` → ``policy`` → ``engine`` → the public entry (``api``, then the package's ``__init__``
+that re-exports it) → the wings around it: ``bench`` (prompts, the bench, the oracle) and ``playground`` → ``replay``
+(traces, virtual caches, replay, the vLLM export) → ``training`` (draft heads) → ``cli`` and ``gpu_check`` on top
+(nothing in the package imports either; ``gpu_check`` is not in the wheel). Folders of one layer do not import each
+other either.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_adaspec"
-LAYERS = (("files", "config", "machine", "kernels"), ("backend", "models"), ("costs", "proposers"), ("policy",),
-          ("engine",), ("api",), ("__init__",), ("tools",))
+LAYERS = (("files", "config", "machine", "kernels"), ("models",), ("backend",), ("costs", "proposers"), ("policy",),
+          ("engine",), ("api",), ("__init__",), ("bench", "playground"), ("replay",), ("training",),
+          ("cli", "gpu_check"))
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
 
@@ -93,11 +97,11 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def test_an_upward_import_is_reported_with_its_line():
-    graph = {"hf_adaspec.engine.loop": [("hf_adaspec.policy.goodput", 3), ("hf_adaspec.tools.cli", 9)],
+    graph = {"hf_adaspec.engine.loop": [("hf_adaspec.policy.goodput", 3), ("hf_adaspec.cli.cli", 9)],
              "hf_adaspec.costs.table": [("hf_adaspec.proposers.base", 4)]}
     assert _upward(graph) == [
-        "hf_adaspec.engine.loop:9 imports hf_adaspec.tools.cli (tools, layer 7) from engine (layer 4)",
-        "hf_adaspec.costs.table:4 imports hf_adaspec.proposers.base (proposers, layer 2) from costs (layer 2)"]
+        "hf_adaspec.engine.loop:9 imports hf_adaspec.cli.cli (cli, layer 11) from engine (layer 5)",
+        "hf_adaspec.costs.table:4 imports hf_adaspec.proposers.base (proposers, layer 3) from costs (layer 3)"]
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[str]:
@@ -130,7 +134,7 @@ def test_a_cycle_is_reported():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("from ..tools import cli\n", "hf_adaspec.tools.cli"),
+    ("from ..cli import cli\n", "hf_adaspec.cli.cli"),
     ("from ..backend.hf_compat import new_cache\n", "hf_adaspec.backend.hf_compat"),
     ("import hf_adaspec.policy.goodput as g\n", "hf_adaspec.policy.goodput"),
 ])

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_adaspec.bench.bench import Run, markdown, method_kwargs, run_prompt, summarize
+from hf_adaspec.bench.prompts import Prompt, load_prompts
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.tools.bench import Run, markdown, method_kwargs, run_prompt, summarize
-from hf_adaspec.tools.prompts import Prompt, load_prompts
 
 SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
 
@@ -48,8 +48,8 @@ def test_the_default_prompts_ship_inside_the_package_with_every_category():
     import tomllib
 
     import hf_adaspec
-    from hf_adaspec.tools.cli import SPEC_BENCH as CLI_SPEC_BENCH
-    from hf_adaspec.tools.prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH
+    from hf_adaspec.bench.prompts import PACKAGED_PER_CATEGORY, SPEC_BENCH
+    from hf_adaspec.cli.cli import SPEC_BENCH as CLI_SPEC_BENCH
 
     package = Path(hf_adaspec.__file__).resolve().parent
     resource = importlib.resources.files("hf_adaspec") / "data" / "spec_bench.jsonl"
@@ -69,7 +69,7 @@ def test_the_default_prompts_ship_inside_the_package_with_every_category():
 
 
 def test_the_default_prompts_hold_every_spec_bench_prompt_of_the_committed_traces():
-    from hf_adaspec.tools.prompts import SPEC_BENCH
+    from hf_adaspec.bench.prompts import SPEC_BENCH
 
     packaged = {p.question_id for p in load_prompts(SPEC_BENCH, 1000)}
     traced = {int(f.stem) for f in (ROOT / "benchmarks" / "traces").glob("*.json")}
@@ -80,7 +80,7 @@ def test_the_default_prompts_hold_every_spec_bench_prompt_of_the_committed_trace
 def _cli_param(command: str, name: str):
     import typer
 
-    from hf_adaspec.tools import cli
+    from hf_adaspec.cli import cli
 
     (param,) = [p for p in typer.main.get_command(cli.app).commands[command].params if p.name == name]
     return param.default
@@ -90,8 +90,9 @@ def test_bench_and_trace_default_to_the_packaged_prompts_and_bench_to_256_tokens
     """Read from the commands' parameters, and from what the commands pass on (no model is loaded)."""
     from typer.testing import CliRunner
 
-    from hf_adaspec.tools import batch_bench, cli, trace_cli
-    from hf_adaspec.tools import prompts as bm
+    from hf_adaspec.bench import batch as batch_bench
+    from hf_adaspec.bench import prompts as bm
+    from hf_adaspec.cli import cli, trace_cli
 
     assert _cli_param("bench", "prompts") == bm.SPEC_BENCH == _cli_param("trace", "prompts")
     assert _cli_param("bench", "max_new_tokens") == 256 == _cli_param("trace", "max_new_tokens")
@@ -126,7 +127,7 @@ def test_bench_and_trace_default_to_the_packaged_prompts_and_bench_to_256_tokens
 def test_a_missing_prompts_file_is_a_usage_error_naming_the_fix(tmp_path):
     from typer.testing import CliRunner
 
-    from hf_adaspec.tools import cli
+    from hf_adaspec.cli import cli
 
     for args in (["bench"], ["bench", "--batch-size", "2"], ["trace", "--output", str(tmp_path / "t")]):
         result = CliRunner().invoke(cli.app, [*args, "--prompts", str(tmp_path / "nope.jsonl")])
@@ -136,8 +137,8 @@ def test_a_missing_prompts_file_is_a_usage_error_naming_the_fix(tmp_path):
 
 
 def test_batch_prompts_are_picked_round_robin_over_the_categories():
-    from hf_adaspec.tools.batch_bench import pick_prompts
-    from hf_adaspec.tools.prompts import SPEC_BENCH
+    from hf_adaspec.bench.batch import pick_prompts
+    from hf_adaspec.bench.prompts import SPEC_BENCH
 
     picked = pick_prompts(SPEC_BENCH, 16)
     assert [p.category for p in picked[:13]] == list(SPEC_BENCH_CATEGORIES)
@@ -172,7 +173,7 @@ def test_unknown_method_lists_valid_ones():
 
 
 def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
-    from hf_adaspec.tools import batch_bench as bb
+    from hf_adaspec.bench import batch as bb
 
     runs = [
         bb.BatchRun(2, "plain", 2, 100, 10.0, 10.0, rows_equal_plain=2),
@@ -197,11 +198,11 @@ def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
 
 
 def test_bench_oracle_agreement_lookup_runs_and_rates(models, one_thread):
-    from hf_adaspec.costs.table import CostTable
-    from hf_adaspec.tools.bench_oracle import (
+    from hf_adaspec.bench.oracle_inputs import (
         draft_agreement,
         prompt_oracle,
     )
+    from hf_adaspec.costs.table import CostTable
 
     target, prompt = models["target"], torch.tensor([[5, 6, 7, 8, 9, 10]])
     seq = target.generate(prompt, max_new_tokens=12, do_sample=False)  # plain greedy, [1, 18]
@@ -218,8 +219,8 @@ def test_bench_oracle_agreement_lookup_runs_and_rates(models, one_thread):
 
 
 def test_bench_oracle_charges_the_draft_only_for_prompt_tokens_it_did_not_reuse(models, one_thread):
+    from hf_adaspec.bench.oracle_inputs import prompt_oracle
     from hf_adaspec.costs.table import CostTable
-    from hf_adaspec.tools.bench_oracle import prompt_oracle
 
     target, prompt = models["target"], torch.tensor([[5, 6, 7, 8, 9, 10]])
     seq = target.generate(prompt, max_new_tokens=12, do_sample=False)  # [1, 18]
@@ -231,7 +232,7 @@ def test_bench_oracle_charges_the_draft_only_for_prompt_tokens_it_did_not_reuse(
 
 
 def test_lookup_runs_count_the_matching_prefix():
-    from hf_adaspec.tools.bench_oracle import lookup_runs
+    from hf_adaspec.bench.oracle_inputs import lookup_runs
 
     seq = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 9, 1, 2]])  # prompt = first 4 tokens
     # generated tokens: 1 2 3 9 1 2 (positions 4..9); decode tokens start at position 5
@@ -241,7 +242,7 @@ def test_lookup_runs_count_the_matching_prefix():
 
 
 def test_costless_runs_take_the_better_of_lookup_and_suffix_per_position():
-    from hf_adaspec.tools.bench_oracle import costless_runs, lookup_runs
+    from hf_adaspec.bench.oracle_inputs import costless_runs, lookup_runs
 
     seq = torch.tensor([[1, 2, 1, 1, 3, 2, 3, 3, 3, 1, 2, 1]])  # prompt = first 4 tokens
     assert lookup_runs(seq, 4, k_max=8) == [0, 0, 0, 1, 0, 0, 1]
@@ -251,7 +252,7 @@ def test_costless_runs_take_the_better_of_lookup_and_suffix_per_position():
 
 
 def test_summarize_reports_pct_of_oracle_acceptance_and_k():
-    from hf_adaspec.tools.bench_oracle import PromptOracle
+    from hf_adaspec.bench.oracle_inputs import PromptOracle
 
     runs = [_run(1, "a", "plain", 10.0), Run(1, "a", "adaptive", 64, 3.2, 20.0, True, acceptance=0.5, mean_k=2.0,
                                               oracle_tokens_per_s=25.0)]
@@ -266,8 +267,8 @@ def test_summarize_reports_pct_of_oracle_acceptance_and_k():
 
 
 def test_write_results_json_markdown_and_png(tmp_path):
-    from hf_adaspec.tools.bench import write_results
-    from hf_adaspec.tools.bench_oracle import PromptOracle
+    from hf_adaspec.bench.bench import write_results
+    from hf_adaspec.bench.oracle_inputs import PromptOracle
 
     runs = [_run(1, "a", "plain", 10.0), _run(1, "a", "adaptive", 12.0), _run(2, "b", "plain", 9.0),
             _run(2, "b", "adaptive", 8.0)]

@@ -14,7 +14,7 @@ from conftest import build_tiny_tokenizer
 from typer.testing import CliRunner
 
 from hf_adaspec import LoadedModel
-from hf_adaspec.tools import cli
+from hf_adaspec.cli import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 TEXTS = {"coding": ["w3 w9 w17 w3 w9 w21 w5", "w40 w41 w7 w40 w41 w33"],
@@ -33,16 +33,16 @@ def bench_setup(tmp_path, monkeypatch, models):
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     pair = (LoadedModel(models["target"], tokenizer, "t"), LoadedModel(models["noisy_copy"], tokenizer, "d"))
     monkeypatch.setattr(cli, "_load_pair", lambda *args: pair)
-    api = importlib.import_module("hf_adaspec.api.generate")
+    engine_run = importlib.import_module("hf_adaspec.engine.run")  # where generate's requests are recorded
     seen = []
-    original = api.record_run
+    original = engine_run.record_run
 
     def spy(state, run, prompts, outputs):
         held = {tuple(np.asarray(s).tolist()) for s in state.suffixes.sequences}
         seen.extend((tuple(p), tuple(o), held) for p, o in zip(prompts, outputs, strict=True))
         return original(state, run, prompts, outputs)
 
-    monkeypatch.setattr(api, "record_run", spy)
+    monkeypatch.setattr(engine_run, "record_run", spy)
     return path, seen
 
 
@@ -81,8 +81,8 @@ def test_each_batch_size_starts_from_a_fresh_state(bench_setup, tmp_path):
 
 
 def test_the_state_after_the_first_repeat_is_kept_for_the_next_prompts(models):
-    from hf_adaspec.tools.bench import run_prompt
-    from hf_adaspec.tools.prompts import Prompt
+    from hf_adaspec.bench.bench import run_prompt
+    from hf_adaspec.bench.prompts import Prompt
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"

@@ -7,7 +7,7 @@ import torch
 from typer.testing import CliRunner
 
 from hf_adaspec import SPECULATION_MODES, LoadedModel
-from hf_adaspec.tools import cli
+from hf_adaspec.cli import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 

@@ -15,6 +15,7 @@ from transformers import LogitsProcessorList
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import hf_compat
+from hf_adaspec.backend.caches import open_head_cache
 from hf_adaspec.models.eagle3_format import default_aux_layers, load_head, random_head, save_head, to_speculators
 from hf_adaspec.proposers import Rows
 from hf_adaspec.proposers.draft_head import DraftHeadProposer
@@ -38,7 +39,7 @@ def _features(target, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _proposer(head, batch: int = 1) -> DraftHeadProposer:
-    return DraftHeadProposer(head, batch, LogitsProcessorList(), False, 0)
+    return DraftHeadProposer(head, batch, open_head_cache(head, batch), LogitsProcessorList(), False, 0)
 
 
 def test_the_head_keeps_only_entries_built_on_target_features(models, tiny_head):
@@ -81,7 +82,7 @@ def test_rows_of_a_batch_draft_independently_and_leave(models, tiny_head):
 
 def test_proposals_stay_in_the_draft_vocabulary_and_q_is_zero_outside(models, tiny_head):
     target, seq = models["target"], torch.tensor(HEAD_PROMPTS[4])
-    drafter = DraftHeadProposer(tiny_head, 1, LogitsProcessorList(), True, 0,
+    drafter = DraftHeadProposer(tiny_head, 1, open_head_cache(tiny_head, 1), LogitsProcessorList(), True, 0,
                                 generator=torch.Generator().manual_seed(0))
     drafter.commit(torch.tensor([len(seq) - 1]), features=[_features(target, seq)[:-1]])
     rows = Rows((seq,), (0,), prompt_width=len(seq) - 1)

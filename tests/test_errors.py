@@ -300,7 +300,7 @@ def test_fixed_controller_refuses_a_non_integer_k_or_batch(value):
 
 @pytest.mark.parametrize("value", NOT_INTEGERS)
 def test_playground_settings_refuse_a_non_integer_k_or_length(value):
-    from hf_adaspec.tools.live import RunSettings
+    from hf_adaspec.playground.live import RunSettings
 
     with pytest.raises(ValueError, match="k must be an integer"):
         RunSettings("fixed", k=value)

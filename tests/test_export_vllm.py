@@ -9,17 +9,17 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from hf_adaspec.cli import export_cli
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile, save_profile
 from hf_adaspec.policy.goodput import goodput
-from hf_adaspec.tools import export_cli
-from hf_adaspec.tools.export_vllm import (
+from hf_adaspec.replay.export_vllm import (
     acceptance_from_traces,
     best_k,
     head_prefix_acceptance,
     speculative_config,
 )
-from hf_adaspec.tools.trace import Trace, save_trace
+from hf_adaspec.replay.trace import Trace, save_trace
 
 # The keys vLLM's SpeculativeConfig accepts that this export may write: vllm/config/speculative.py
 # (vllm-project/vllm, commit 002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443) and the docs

@@ -337,7 +337,7 @@ def test_writers_killed_mid_write_leave_nothing_behind(tmp_path, tiny_factory, m
 def test_cli_names_an_unknown_model_without_a_traceback(offline, private_cache):
     from typer.testing import CliRunner
 
-    from hf_adaspec.tools import cli
+    from hf_adaspec.cli import cli
 
     result = CliRunner().invoke(cli.app, ["generate", "--target", "no-such-model", "--max-new-tokens", "2"])
     assert result.exit_code == 2 and "Traceback" not in result.output

@@ -8,10 +8,10 @@ import torch
 import transformers
 
 import hf_adaspec
+from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.models import format_choice as fc
 from hf_adaspec.models.format_choice import FormatMeasure
 from hf_adaspec.models.formats import FORMATS, format_of, load_weights
-from hf_adaspec.tools.bench import divergence_gap
 
 from conftest import build_tiny_tokenizer
 

@@ -15,10 +15,10 @@ import torch
 import transformers
 
 from hf_adaspec.costs.profile import load_profile
+from hf_adaspec.gpu_check import gpu_check, speed
+from hf_adaspec.gpu_check import steps as cs
+from hf_adaspec.gpu_check.gpu_check import RESULTS, SUMMARY, Step
 from hf_adaspec.models import architecture
-from hf_adaspec.tools import gpu_check, gpu_check_speed
-from hf_adaspec.tools import gpu_check_steps as cs
-from hf_adaspec.tools.gpu_check import RESULTS, SUMMARY, Step
 
 
 @pytest.fixture(scope="module")
@@ -177,4 +177,4 @@ def test_tokens_per_s_is_the_geometric_mean_over_prompts_of_the_median_round():
     rounds = [[1.0, 4.0], [2.0, 2.0], [9.0, 1.0]]  # [round][prompt] seconds; medians 2 s and 2 s
     assert cs.tokens_per_s(rounds, new=8) == pytest.approx(4.0)
     assert cs.tokens_per_s([[1.0, 4.0]], new=8) == pytest.approx((8.0 * 2.0) ** 0.5)
-    assert gpu_check_speed._speedup([1.0, 4.0], [2.0, 2.0]) == pytest.approx(1.0)  # 0.5x and 2x
+    assert speed._speedup([1.0, 4.0], [2.0, 2.0]) == pytest.approx(1.0)  # 0.5x and 2x

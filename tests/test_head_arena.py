@@ -1,7 +1,7 @@
-"""A draft head's preallocated arena (``models.eagle3_arena``): the same entries, outputs and logits as the
-growing ``HeadCache`` through blocks, drafted columns, rollbacks, rows leaving and growth; its drafted
-column recorded once and replayed across requests; and where ``kv_cache`` gives a head an arena. On a CPU
-the recording is ``graphs.Rerun`` (the same static-buffer discipline as a CUDA graph). Greedy equality and
+"""A draft head's entries on the backend's arena (``backend.head_kv``): the same entries, outputs and logits as
+the growing ``HeadCache`` through blocks, drafted columns, rollbacks, rows leaving and a move to a wider arena;
+its drafted column recorded once and replayed across requests; and where ``kv_cache`` gives a head an arena. On
+a CPU the recording is ``graphs.Rerun`` (the same static-buffer discipline as a CUDA graph). Greedy equality and
 lossless sampling with the arena are in test_invariants.py's matrices (``kv_cache="static"``)."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import copy
 import pytest
 import torch
 
+from hf_adaspec.backend import static_kv
+from hf_adaspec.backend.caches import open_head_cache
 from hf_adaspec.backend.graphs import Rerun
+from hf_adaspec.backend.head_kv import StaticHeadCache
 from hf_adaspec.models.eagle3 import HeadCache
-from hf_adaspec.models.eagle3_arena import HeadArena, arena_records, head_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,10 +49,10 @@ def _block(head, gen, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 @torch.no_grad()
-def test_the_arena_holds_what_the_growing_cache_holds(tiny_head):
-    head, gen = tiny_head, torch.Generator().manual_seed(0)
-    ref, capture = HeadCache(3), CountingCapture()
-    arena = HeadArena(head, 3, capture, capacity=8)
+def test_the_arena_holds_what_the_growing_cache_holds(tiny_head, monkeypatch):
+    head, gen, capture = copy.deepcopy(tiny_head), torch.Generator().manual_seed(0), CountingCapture()
+    monkeypatch.setattr(static_kv, "capture_for", lambda device: capture)
+    ref, arena = open_head_cache(head, 3), StaticHeadCache(head, 3, capacity=8)
 
     def both_step(lengths: list[int]) -> None:
         tokens, hidden, valid = _block(head, gen, lengths)
@@ -73,7 +75,7 @@ def test_the_arena_holds_what_the_growing_cache_holds(tiny_head):
     for arena_or_ref in (ref, arena):
         arena_or_ref.rollback(kept)
     both_step([2, 1, 2])
-    both_draft(3)  # past 8 columns: the arena grows to 16 and records its column again
+    both_draft(3)  # past 8 columns: the request moves to an arena of 16, which records its column
     assert arena.capacity == 16 and capture.recorded == 2
     for arena_or_ref in (ref, arena):
         arena_or_ref.select(torch.tensor([0, 2]))
@@ -83,21 +85,41 @@ def test_the_arena_holds_what_the_growing_cache_holds(tiny_head):
     assert torch.equal(ref.lengths, arena.lengths) and capture.replayed == 8
 
 
-def test_the_recording_is_made_once_and_replayed_across_requests(tiny_head):
+def test_the_recording_is_made_once_and_replayed_across_requests(tiny_head, monkeypatch):
     head, counting = copy.deepcopy(tiny_head), CountingCapture()  # a head no other test has given an arena
+    monkeypatch.setattr(static_kv, "capture_for", lambda device: counting)
     gen = torch.Generator().manual_seed(1)
     for _ in range(2):
-        cache = head_cache(head, 1, "static", lambda: counting)
-        assert isinstance(cache, HeadArena) and cache.lengths.tolist() == [0]  # a request starts empty
+        cache = open_head_cache(head, 1, "static")
+        assert isinstance(cache, StaticHeadCache) and cache.lengths.tolist() == [0]  # a request starts empty
+        assert type(cache.arena) is static_kv.Arena  # the backend's one arena class, of one layer
+        assert len(cache.arena.keys) == 1
         with torch.no_grad():
             head.step(*_block(head, gen, [4]), cache)
             cache.draft_column(head, torch.tensor([[3]]), torch.zeros(1, 1, head.config.hidden_size))
-    assert (counting.recorded, counting.replayed) == (1, 2) and len(arena_records(head)) == 1
+    assert (counting.recorded, counting.replayed) == (1, 2) and len(static_kv.capture_records(head)) == 1
     with pytest.raises(ValueError, match="another head"):
         cache.draft_column(tiny_head, torch.tensor([[3]]), torch.zeros(1, 1, head.config.hidden_size))
 
 
 @pytest.mark.parametrize(("kv_cache", "arena"), [("static", True), ("dynamic", False), ("auto", False)])
 def test_kv_cache_gives_a_head_on_a_cpu_an_arena_only_when_static(tiny_head, kv_cache, arena):
-    cache = head_cache(tiny_head, 2, kv_cache, Rerun)
-    assert isinstance(cache, HeadArena) is arena and isinstance(cache, HeadCache) is not arena
+    cache = open_head_cache(tiny_head, 2, kv_cache)
+    assert isinstance(cache, StaticHeadCache) is arena and isinstance(cache, HeadCache) is not arena
+
+
+def test_a_later_request_starts_on_the_widest_arena(tiny_head, monkeypatch):
+    """A request that outgrew its arena leaves the wider one for the next request of as many rows, whose drafted
+    column replays the recording already made there."""
+    head, counting = copy.deepcopy(tiny_head), CountingCapture()
+    monkeypatch.setattr(static_kv, "capture_for", lambda device: counting)
+    monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 8)
+    gen, hidden = torch.Generator().manual_seed(2), torch.zeros(1, 1, head.config.hidden_size)
+    first = open_head_cache(head, 1, "static")
+    with torch.no_grad():
+        head.step(*_block(head, gen, [12]), first)  # 12 entries: the request moves to an arena of 16 columns
+        first.draft_column(head, torch.tensor([[3]]), hidden)
+        later = open_head_cache(head, 1, "static")
+        later.draft_column(head, torch.tensor([[3]]), hidden)
+    assert first.capacity == later.capacity == 16 and later.arena is first.arena
+    assert (counting.recorded, counting.replayed) == (1, 2)

@@ -19,8 +19,8 @@ from hf_adaspec.models.eagle3_train import (
     ttt_forward,
     ttt_mask,
 )
-from hf_adaspec.tools import head_data, train_head
-from hf_adaspec.tools.trace import head_along
+from hf_adaspec.replay.trace import head_along
+from hf_adaspec.training import head_data, train_head
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 
@@ -112,8 +112,8 @@ def test_bad_training_options_are_refused():
 
 
 def test_the_predicted_speedup_is_plain_without_agreement_and_grows_with_it():
+    from hf_adaspec.cli.train_head_cli import predicted_speedup
     from hf_adaspec.costs.profile import load_profile
-    from hf_adaspec.tools.train_head_cli import predicted_speedup
 
     profile = load_profile(Path(__file__).parent.parent / "model_cards" / "qwen2.5-coder-1.5b_0.5b" / "profile.json")
     assert predicted_speedup([0.0, 0.0, 0.0], 5.0, profile) == 1.0  # k = 0: a plain step

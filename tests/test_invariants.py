@@ -13,17 +13,20 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from conftest import left_padded
+import transformers
+from conftest import left_padded, single_thread
 
+import hf_adaspec
 import hf_adaspec.engine.loop as loop
 import hf_adaspec.engine.verification as verification
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import static_kv
-from hf_adaspec.models import eagle3_arena
 from hf_adaspec.engine.verification import Verification, speculative_sample
-from hf_adaspec.tools.gpu_check_sampling import chi2_ratio  # the same test the GPU check runs on the device
+from hf_adaspec.gpu_check.sampling import chi2_ratio  # the same test the GPU check runs on the device
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # passing costs skips calibration
@@ -188,13 +191,11 @@ SAMPLED_PROMPTS = (PROMPTS[1], list(range(1, 41)))
 COPIES = 1000
 
 
-@pytest.fixture(scope="module")
-def exact_marginals(models):
-    """Per prompt of SAMPLED_PROMPTS, the target's exact marginals [V] of its first three sampled tokens
+def _marginals(model) -> list[list[torch.Tensor]]:
+    """Per prompt of SAMPLED_PROMPTS, ``model``'s exact marginals [V] of its first three sampled tokens
     (temperature 1, no truncation): p(x1), p(x2) = Σ p(x1) p(x2 | x1), p(x3) = Σ p(x1, x2) p(x3 | x1, x2)."""
-    model, out, threads = models["target"], [], torch.get_num_threads()
-    torch.set_num_threads(1)  # module fixtures run before the one_thread fixture
-    with torch.no_grad():
+    out = []
+    with single_thread(), torch.no_grad():  # module fixtures run before the one_thread fixture
         for prompt in SAMPLED_PROMPTS:
             p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), dim=-1)  # [V]
             vocab = p1.shape[0]
@@ -207,8 +208,13 @@ def exact_marginals(models):
             logits = model(pairs, past_key_values=cache, logits_to_keep=1).logits[:, -1]  # [V*V, V]
             p3_given = torch.softmax(logits.double(), dim=-1)
             out.append([p1, p1 @ p2_given, joint12 @ p3_given])
-    torch.set_num_threads(threads)
     return out
+
+
+@pytest.fixture(scope="module")
+def exact_marginals(models):
+    """``_marginals`` of the tiny target."""
+    return _marginals(models["target"])
 
 
 def _sampled(models, drafter: str = "noisy_copy", costs: CostTable = COSTS, **kwargs):
@@ -246,7 +252,6 @@ def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode
     stop rule after 1). The arenas get the columns the request needs (64), not the 256-column floor: attention
     reads every column, and 2,048 rows × 256 would spend the test on empty ones (the head's arena too)."""
     monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)
-    monkeypatch.setattr(eagle3_arena, "CAPACITY_FLOOR", 16)
     if mode == "fixed-k2":
         new, stats = _sampled(assistants, drafter, speculation="fixed", num_speculative_tokens=2, kv_cache=kv_cache)
     else:
@@ -275,3 +280,36 @@ def test_negative_control_generate_with_a_biased_sampler_is_rejected(models, exa
     assert all(s.accepted == s.k == 2 for s in stats.steps if s.step == 0)  # the biased sampler did run
     ratios = _ratios(new, exact_marginals)
     assert all(row[1] > 1.0 for row in ratios), ratios
+
+
+@pytest.fixture(scope="module")
+def windowed_models():
+    """A tiny Qwen2 whose second layer slides over a window of 4 tokens (a hybrid cache: full and sliding
+    layers; both prompts and their samples pass the window), enabled, and a perturbed copy as its draft."""
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.5,
+                                      use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                                      eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    with single_thread():
+        target = hf_adaspec.enable(transformers.Qwen2ForCausalLM(config).float().eval())
+    target.generation_config.eos_token_id, target.generation_config.pad_token_id = None, 0
+    noisy = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(0.05 * p.std() * torch.randn(p.shape, generator=gen))
+    return {"target": target, "noisy_copy": noisy}
+
+
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+def test_sampling_with_sliding_window_layers_is_lossless(windowed_models, kv_cache, monkeypatch):
+    """The chi-square check on a hybrid model (full and sliding-window layers), the batch left-padded: windows
+    are counted in each row's tokens across its holes, in the dynamic cache and in the arena."""
+    assert windowed_models["target"].config.layer_types == ["full_attention", "sliding_attention"]
+    monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)
+    new, stats = _sampled(windowed_models, speculation="fixed", num_speculative_tokens=2, kv_cache=kv_cache)
+    drafted = [s for s in stats.steps if s.step == 0 and s.k > 0]
+    assert 0 < sum(s.accepted for s in drafted) < sum(s.k for s in drafted)
+    for j, row in enumerate(_ratios(new, _marginals(windowed_models["target"]))):
+        assert max(row) < 1.0, f"prompt {j}: {row}"

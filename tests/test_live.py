@@ -11,7 +11,7 @@ from conftest import single_thread
 import hf_adaspec
 from hf_adaspec import CostTable
 from hf_adaspec.engine.stats import StepRecord
-from hf_adaspec.tools.live import (
+from hf_adaspec.playground.live import (
     SOURCE_LABELS,
     RunSettings,
     TokenPieces,

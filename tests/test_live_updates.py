@@ -11,7 +11,7 @@ from test_live import COSTS, PROMPT, ByteTokenizer
 
 import hf_adaspec
 from hf_adaspec.engine.stats import StepRecord
-from hf_adaspec.tools.live import LiveSnapshot, MainThreadRunner, RunSettings, median_time_ratio, run_live
+from hf_adaspec.playground.live import LiveSnapshot, MainThreadRunner, RunSettings, median_time_ratio, run_live
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from hf_adaspec.tools.oracle import OracleDrafter, agreement_runs, oracle_schedule
+from hf_adaspec.bench.oracle import OracleDrafter, agreement_runs, oracle_schedule
 
 
 def flat(ms: float):

@@ -13,10 +13,10 @@ from test_live import ByteTokenizer
 
 import hf_adaspec
 from hf_adaspec.engine.stats import SpeculationStats, StepRecord
-from hf_adaspec.tools import playground_page
-from hf_adaspec.tools.live import LiveSnapshot, RunSettings
-from hf_adaspec.tools.playground import LoadedPair, Playground, RunControl
-from hf_adaspec.tools.playground_views import (
+from hf_adaspec.playground import page
+from hf_adaspec.playground.live import LiveSnapshot, RunSettings
+from hf_adaspec.playground.playground import LoadedPair, Playground, RunControl
+from hf_adaspec.playground.views import (
     CURSOR_FIELDS,
     STEP_FIELDS,
     UiCost,
@@ -149,7 +149,7 @@ def test_page_builds_with_its_components(playground):
     ids = {getattr(block, "elem_id", None) for block in demo.blocks.values()}
     assert {"prompt", "generate", "stop", "compare", "live"} <= ids
     for inner in ("output", "plain-output", "stats", "k-plot", "time-plot", "decisions"):  # the live view's
-        assert f'id="{inner}"' in playground_page.TEMPLATE
+        assert f'id="{inner}"' in page.TEMPLATE
     live = next(block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "live")
     assert [fn.__name__ for fn in live.server_fns] == ["poll"]
     assert len(demo.fns) >= 2  # generate and stop

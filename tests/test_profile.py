@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from hf_adaspec import CostTable, LoadedModel
 from hf_adaspec.backend import hf_compat
+from hf_adaspec.cli import cli, profile_cli
 from hf_adaspec.costs import cache as cost_cache
 from hf_adaspec.costs.cache import CostCache
 from hf_adaspec.costs.measure import ProfileGrid, measure_profile, pair_name
@@ -35,7 +36,6 @@ from hf_adaspec.costs.profile import (
 from hf_adaspec.costs.table import processor_name
 from hf_adaspec.files import write_json_verified
 from hf_adaspec.models.eagle3_format import random_head
-from hf_adaspec.tools import cli, profile_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 TINY_GRID = ProfileGrid(new_tokens=(1, 2, 4), batch_sizes=(1, 2), contexts=(16, 48), repeats=1,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hf_adaspec
-from hf_adaspec.tools.bench import divergence_gap
+from hf_adaspec.bench.bench import divergence_gap
 
 pytestmark = pytest.mark.slow
 PROMPTS = [json.loads(line) for line in (Path(__file__).parent / "data" / "spec_bench_sample.jsonl").open()]

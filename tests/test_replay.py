@@ -15,10 +15,10 @@ from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.stats import SpeculationStats, StepRecord
-from hf_adaspec.tools.replay import Clock, _price, replay_request
-from hf_adaspec.tools.replay_report import replay_all, validate
-from hf_adaspec.tools.trace import load_trace, load_traces, save_trace, trace_ids
-from hf_adaspec.tools.virtual import TraceCache, Vocab, draft_answers, target_answers
+from hf_adaspec.replay.replay import Clock, _price, replay_request
+from hf_adaspec.replay.report import replay_all, validate
+from hf_adaspec.replay.trace import load_trace, load_traces, save_trace, trace_ids
+from hf_adaspec.replay.virtual import TraceCache, Vocab, draft_answers, target_answers
 
 # prompt lookup pays (free) and a draft token costs a fifth of a verification
 TABLE = CostTable((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0), 2.0, draft_catchup_ms=0.5)

@@ -13,14 +13,14 @@ from conftest import HEAD_PROMPTS, single_thread
 from typer.testing import CliRunner
 
 from hf_adaspec import SpeculationState
+from hf_adaspec.cli import cli, trace_cli
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile, save_profile
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.models.eagle3_format import save_head
-from hf_adaspec.tools import cli, trace_cli
-from hf_adaspec.tools.replay import Clock, oracle_tokens_per_s, replay_request
-from hf_adaspec.tools.replay_report import replay_all
-from hf_adaspec.tools.trace import Trace, head_along, load_trace, save_trace, trace_ids, with_head
+from hf_adaspec.replay.replay import Clock, oracle_tokens_per_s, replay_request
+from hf_adaspec.replay.report import replay_all
+from hf_adaspec.replay.trace import Trace, head_along, load_trace, save_trace, trace_ids, with_head
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 TABLE = CostTable((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0), 1.0, draft_catchup_ms=0.1)
@@ -155,7 +155,7 @@ def test_head_fields_round_trip_and_old_traces_still_load(traces, tmp_path):
 
 def test_trace_cli_adds_a_heads_chains_without_generating_again(models, tiny_head, traces, tmp_path, monkeypatch):
     from hf_adaspec import LoadedModel
-    from hf_adaspec.tools.prompts import Prompt
+    from hf_adaspec.bench.prompts import Prompt
 
     out, head_dir = tmp_path / "traces", save_head(tiny_head, tmp_path / "head")
     bare = Trace(**{**traces[0].__dict__, "head": "", "head_next": (), "head_q": (), "max_new_tokens": 256,

@@ -215,16 +215,19 @@ def test_capacity_buckets_and_store_choice(models):
     assert isinstance(open_store(model, 2, "auto", 256, "test", 4), DynamicStore)
 
 
-def test_sliding_window_architectures_are_refused_a_static_cache():
+def test_sliding_window_architectures_get_an_arena_and_recurrent_ones_are_refused():
     import transformers
 
     config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                            sliding_window=8, layer_types=["sliding_attention", "full_attention"])
     model = transformers.Gemma3ForCausalLM(config).eval()
-    assert store_kind(model, "auto") == "dynamic"
+    assert (store_kind(model, "auto"), store_kind(model, "static")) == ("dynamic", "static")  # a CPU: dynamic
+    mamba = transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                                                   state_size=4, expand=2, conv_kernel=2))
+    assert store_kind(mamba, "auto") == "dynamic"
     with pytest.raises(ValueError, match=r"kv_cache='static' cannot serve .*use kv_cache='dynamic'"):
-        store_kind(model, "static")
+        store_kind(mamba, "static")
 
 
 def test_compile_steps_validates_its_widths_and_keys_the_costs(tiny_factory):

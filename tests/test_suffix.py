@@ -16,9 +16,9 @@ from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.policy.controller import FixedController
 from hf_adaspec.proposers.base import Rows
 from hf_adaspec.proposers.suffix import SuffixMemory, SuffixProposer, best_draft, speculate
-from hf_adaspec.tools.replay import Clock, replay_request
-from hf_adaspec.tools.trace import Trace
-from hf_adaspec.tools.virtual import TraceCache, target_answers
+from hf_adaspec.replay.replay import Clock, replay_request
+from hf_adaspec.replay.trace import Trace
+from hf_adaspec.replay.virtual import TraceCache, target_answers
 
 
 def _a(*tokens: int) -> np.ndarray:

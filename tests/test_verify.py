@@ -15,13 +15,13 @@ import transformers
 from conftest import build_tiny_tokenizer
 from typer.testing import CliRunner
 
+from hf_adaspec.cli import cli
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile, save_profile
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.files import check_files, write_json_verified
 from hf_adaspec.models import assets, loading
 from hf_adaspec.models.assets import GgufAsset
-from hf_adaspec.tools import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DATA = b"GGUF" + bytes(range(256)) * 64

@@ -30,7 +30,7 @@ from transformers import AutoTokenizer
 
 from hf_adaspec.files import atomic_write
 from hf_adaspec.models.loading import resolve
-from hf_adaspec.tools.trace import load_traces
+from hf_adaspec.replay.trace import load_traces
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUTPUT = Path(__file__).resolve().parent / "spec_bench_turn2.jsonl"

@@ -9,14 +9,13 @@ builds it instead).
 Hub ``custom_generate`` recipes): with ``speculation=...`` it packs the draft model, streamer and
 settings into one ``SpeculationRequest`` keyword and calls the original ``generate`` with our
 callable; without it, ``generate`` behaves exactly as before (including HF assisted generation).
-One engine runs every request: a single prompt is a batch of one row, assembled by ``engine.run.build_run``
-(the replay assembles its requests with the same function).
+The callable checks the arguments and hands the request to the engine in one call (``engine.run.run_request``:
+its caches, costs, assembly, the loop, what it taught the pair); a single prompt is a batch of one row.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -25,14 +24,11 @@ from typing import Any
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..backend import hf_compat
-from ..backend import static_kv
-from ..backend.static_kv import capacity_for
+from ..backend import hf_compat, static_kv
 from ..config import SpeculationConfig
-from ..costs.cache import CostCache
 from ..costs.table import CostTable
-from ..engine.loop import DecodeSettings, speculative_decode
-from ..engine.run import ModelCaches, SpeculationState, build_run, record_run
+from ..engine.loop import DecodeSettings
+from ..engine.run import SpeculationState, run_request
 from ..engine.stats import SpeculationStats, StepRecord
 from ..policy.modes import assistant_kind
 
@@ -63,7 +59,8 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
     """Raise ValueError for inputs the engine does not support, naming the fix.
 
     Raises:
-        ValueError: beams or several sequences per prompt, per-step outputs (``_check_outputs``), a draft
+        ValueError: beams or several sequences per prompt, per-step outputs (``_check_outputs``), a target
+            or draft model with recurrent layers (``hf_compat.speculation_reason``), a draft
             with a larger vocabulary (a narrower draft head is padded: the same tokenizer), a head of another
             target, a mask of another shape, an empty or right-padded prompt, or a
             batch-size-1 feature (streamer, speculation_callback, tpot_slo_ms) with a batch.
@@ -72,6 +69,9 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
         raise ValueError("speculation supports num_beams=1 and num_return_sequences=1")
     _check_outputs(gen_config)
     draft = request.draft_model
+    for checked in (model, draft) if assistant_kind(draft) == "model" else (model,):
+        if (reason := hf_compat.speculation_reason(checked)) is not None:
+            raise ValueError(f"{reason}: leave speculation out (plain generate), or pick another model")
     if assistant_kind(draft) == "head" and draft.config.target_vocab_size != hf_compat.vocab_size(model):
         raise ValueError(f"the draft head was made for a vocabulary of {draft.config.target_vocab_size} tokens, "
                          f"the target's is {hf_compat.vocab_size(model)}: load a head trained for this target")
@@ -108,26 +108,15 @@ def _check_outputs(gen_config) -> None:
                          + ", ".join(named) + " (or leave speculation out to get them from plain generate)")
 
 
-def _costs_for(model, request: SpeculationRequest, batch: int, context: int) -> Callable[[int], CostTable]:
-    """costs_for(b): the given table; else the pair's profile at b rows and ``context`` tokens (the padded
-    prompt length), or tables calibrated at b = 1, 2, 4, … and ``batch`` (``CostCache.costs_for``)."""
-    if request.costs is not None:
-        return lambda b: request.costs
-    log = functools.partial(print, file=sys.stderr)
-    n_max = request.config.max_speculative_tokens + 1
-    return CostCache().costs_for(model, request.draft_model, n_max, log, batch, context, request.profile,
-                                 request.config.kv_cache)
-
-
-NEW_TOKENS_SIZED = 1024  # an arena is first sized for at most this many new tokens; a longer request moves
-
-
-def _model_caches(model, request: SpeculationRequest, width: int, max_length: int) -> ModelCaches:
-    """The request's caches: where ``kv_cache`` puts them, an arena sized for the padded prompt (``width``
-    tokens), the new tokens (at most ``NEW_TOKENS_SIZED``) and one proposal, recordings up to k_max + 1 wide."""
-    config = request.config
-    new = min(max(max_length - width, 0), NEW_TOKENS_SIZED) + config.k_max + 1
-    return ModelCaches(model, request.draft_model, config.kv_cache, capacity_for(width, new), config.k_max + 1)
+def _settings(model, request: SpeculationRequest, logits_processor, stopping_criteria, gen_config
+              ) -> DecodeSettings:
+    """What the loop takes from the generation config and the request (on a CPU with ``adapt_threads``, the
+    state's thread chooser; with ``rest=False``, decisions priced at no time)."""
+    chooser = request.state.threads if request.config.adapt_threads and model.device.type == "cpu" else None
+    return DecodeSettings(logits_processor, stopping_criteria, gen_config.max_length, gen_config.do_sample,
+                          hf_compat.pad_token_id(gen_config), hf_compat.eos_token_ids(gen_config),
+                          hf_compat.vocab_size(model), request.streamer, on_step=request.on_step, threads=chooser,
+                          decision_ms=None if request.config.rest else 0.0)
 
 
 def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
@@ -143,27 +132,9 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
     mask = model_kwargs.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask
     _check_inputs(model, input_ids, mask, request, generation_config)
-    on_cpu = model.device.type == "cpu"
-    settings = DecodeSettings(logits_processor, stopping_criteria, generation_config.max_length,
-                              generation_config.do_sample, hf_compat.pad_token_id(generation_config),
-                              hf_compat.eos_token_ids(generation_config), hf_compat.vocab_size(model),
-                              request.streamer, on_step=request.on_step,
-                              threads=request.state.threads if request.config.adapt_threads and on_cpu else None,
-                              decision_ms=None if request.config.rest else 0.0)
-    run = build_run(request.config, request.state, input_ids, mask, request.draft_model,
-                    _model_caches(model, request, input_ids.shape[1], generation_config.max_length),
-                    _costs_for(model, request, input_ids.shape[0], input_ids.shape[1]), settings)
-    threads_before = torch.get_num_threads()  # the chooser may change it per step
-    try:
-        result = speculative_decode(run.parts, input_ids, mask)
-    finally:
-        torch.set_num_threads(threads_before)
-    result.stats.tpot_slo_ms = request.config.tpot_slo_ms
-    width, rows = input_ids.shape[1], range(input_ids.shape[0])
-    record_run(request.state, run, [input_ids[i][mask[i].bool()].tolist() for i in rows],
-               [result.sequences[i, width : width + result.stats.row_tokens[i]].tolist() for i in rows])
-    if run.seed is not None:
-        result.stats.draft_prefix_tokens = run.seed.length
+    settings = _settings(model, request, logits_processor, stopping_criteria, generation_config)
+    result = run_request(model, request.draft_model, request.config, request.state, input_ids, mask, settings,
+                         request.costs, request.profile)
     if generation_config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
     return result.sequences

@@ -9,11 +9,13 @@ transformers upgrade that moves an internal breaks one module.
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any
 
 import torch
 from transformers import AttentionInterface, DynamicCache, StoppingCriteriaList, StopStringCriteria
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer, \
+    get_layer_types_and_kwargs
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
@@ -60,9 +62,37 @@ def use_packed_attention(model: torch.nn.Module) -> bool:
     return True
 
 
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # layer types speculation serves
+_NO_KV = "dummy"  # transformers' type for layers that keep no keys and values (MoE/MLP-only, KV-sharing consumers)
+
+
+def layer_types(model: torch.nn.Module) -> tuple[str, ...]:
+    """The layer type of each decoder layer, as transformers' caches read them from the text config
+    ("full_attention", "sliding_attention", "chunked_attention", "linear_attention", "conv", "dummy", …)."""
+    return tuple(get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))[0])
+
+
+def speculation_reason(model: torch.nn.Module) -> str | None:
+    """Why speculation cannot run on ``model``, or None: layers whose state is recurrent or compressed (linear
+    attention, convolutions, state-space layers such as Mamba or gated DeltaNet: transformers' "stateful"
+    models) cannot drop rejected tokens, which a KV cache does by cropping columns."""
+    other = sorted(set(layer_types(model)) - {*ATTENTION_TYPES, _NO_KV})
+    if other or model._is_stateful:
+        layers = f"{', '.join(other)} layers" if other else "layers with a recurrent state"
+        return (f"{type(model).__name__} has {layers}, which cannot roll back rejected draft tokens; "
+                "speculation needs attention layers that keep keys and values (full, sliding-window or chunked)")
+    return None
+
+
 def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """An empty KV cache for ``model``."""
-    return DynamicCache(config=model.config)
+    """An empty KV cache for ``model`` in which every attention layer keeps all its columns: sliding-window
+    and chunked layers too (transformers' ``DynamicSlidingWindowLayer`` keeps only the last window and
+    cannot roll rejected tokens back past it). Their windows are applied by the attention masks: by
+    transformers from the columns where a row has no holes, by ``layer_masks`` from token positions where
+    it has."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
+    return cache
 
 
 def synthetic_cache(model: torch.nn.Module, batch: int, length: int, seed: int = 0) -> DynamicCache:
@@ -127,8 +157,12 @@ def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache
     residual stream at the inputs of those layers for every column, concatenated: [B, n, len(layers)·H]
     float32 on the CPU (EAGLE-3's target features; transformers' hidden_states[i] is the input of layer i)."""
     device = model.device
-    masked = {} if attention_mask is None else {"attention_mask": attention_mask.to(device),
-                                                 "position_ids": position_ids.to(device)}
+    masked = {}
+    if attention_mask is not None:
+        windowed = any(window is not None for window in _windows(model).values())
+        masked = {"position_ids": position_ids.to(device),  # windows count tokens, not columns:
+                  "attention_mask": _block_masks(model, attention_mask, position_ids) if windowed
+                  else attention_mask.to(device)}
     logits, features = raw_forward(model, input_ids.to(device), cache, keep, feature_layers=feature_layers, **masked)
     return logits.float(), None if features is None else features.float().cpu()
 
@@ -138,8 +172,8 @@ def raw_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: Cache, k
                 feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The model call itself, every tensor already on the model's device (what a CUDA graph captures):
     logits of the last ``keep`` columns [B, keep, V] and the concatenated features [B, n, len(layers)·H]
-    (None without layers), both in the model's dtype. ``attention_mask``: 2-D [B, L + n] or a prepared
-    4-D boolean mask [B, 1, n, L] (True = attend), which transformers uses as given."""
+    (None without layers), both in the model's dtype. ``attention_mask``: 2-D [B, L + n], or prepared 4-D
+    masks [B, 1, n, L] (``layer_masks``: one, or one per layer type), which transformers uses as given."""
     out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep,
                 output_hidden_states=bool(feature_layers), attention_mask=attention_mask, position_ids=position_ids)
     features = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1) if feature_layers else None
@@ -195,12 +229,74 @@ def kv_shape(model: torch.nn.Module) -> tuple[int, int, int, torch.dtype]:
 
 
 def static_kv_reason(model: torch.nn.Module) -> str | None:
-    """Why ``model`` cannot run on a preallocated cache with a prepared 4-D mask (sliding-window or
-    non-attention layers, whose masks transformers builds per layer type), or None."""
-    types = set(getattr(model.config.get_text_config(), "layer_types", None) or ("full_attention",))
-    if types != {"full_attention"}:
-        return f"its layers are {sorted(types)}; a preallocated cache serves full-attention layers only"
+    """Why ``model`` cannot run on a preallocated cache (layers other than attention layers that keep their
+    keys and values: recurrent, or sharing another layer's cache), or None."""
+    types = set(layer_types(model))
+    if not types <= set(ATTENTION_TYPES):
+        return f"its layers are {sorted(types)}; a preallocated cache serves {', '.join(ATTENTION_TYPES)} layers"
     return None
+
+
+_WINDOWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → ``_windows`` (read per forward)
+
+
+def _windows(model: torch.nn.Module) -> dict[str, tuple[str, int] | None]:
+    """Each attention layer type of ``model`` → how its window narrows a causal mask: ("sliding", w): a query
+    sees the keys less than w positions before it; ("chunked", c): the keys of its own chunk of c positions;
+    None: every key (full attention)."""
+    if model not in _WINDOWS:
+        types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+        out: dict[str, tuple[str, int] | None] = {}
+        for kind, extra in zip(types, kwargs, strict=True):
+            if kind in ATTENTION_TYPES:
+                out[kind] = None if kind == "full_attention" else (kind.split("_")[0], int(extra["sliding_window"]))
+        _WINDOWS[model] = out
+    return _WINDOWS[model]
+
+
+def layer_masks(model: torch.nn.Module, visible: torch.Tensor, query_positions: torch.Tensor,
+                key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    """4-D attention masks for a block of n queries over L columns, in the form ``model``'s attention
+    implementation reads (boolean for sdpa, additive float for eager, …), narrowed per layer type by its
+    window counted in token positions (so holes in a row do not shorten it).
+
+    visible: [B, 1, n, L] bool, the full-attention pattern (True = attend); query_positions [B, n] and
+    key_positions [B, L] long: each query's and column's token position in its row. Returns one mask where
+    ``model`` has one attention layer type, else a dict by layer type (what transformers' hybrid models take).
+    Raises ValueError for an attention implementation without 4-D masks (flash attention)."""
+    impl = model.config._attn_implementation
+    if impl not in ALL_MASK_ATTENTION_FUNCTIONS or impl.startswith("flash"):
+        raise ValueError(f"attention implementation {impl!r} takes no 4-D masks, which rows with holes and "
+                         "windowed layers need; load the model with attn_implementation='sdpa'")
+    distance = query_positions[:, None, :, None] - key_positions[:, None, None, :]  # [B, 1, n, L]
+    out = {}
+    for kind, window in _windows(model).items():
+        allowed = visible
+        if window is not None and window[0] == "sliding":
+            allowed = visible & (distance < window[1])
+        elif window is not None:
+            same = query_positions[:, None, :, None] // window[1] == key_positions[:, None, None, :] // window[1]
+            allowed = visible & same
+        out[kind] = allowed if ALL_MASK_ATTENTION_FUNCTIONS[impl] is sdpa_mask else ALL_MASK_ATTENTION_FUNCTIONS[impl](
+            batch_size=allowed.shape[0], q_length=allowed.shape[2], kv_length=allowed.shape[3],
+            mask_function=lambda b, h, q, kv, a=allowed: a[b, 0, q, kv], attention_mask=None,
+            allow_is_causal_skip=False, dtype=model.dtype, config=model.config, device=allowed.device)
+    return next(iter(out.values())) if len(out) == 1 else out  # sdpa's form is the boolean mask itself
+
+
+def _block_masks(model: torch.nn.Module, mask: torch.Tensor, positions: torch.Tensor
+                 ) -> torch.Tensor | dict[str, torch.Tensor]:
+    """``layer_masks`` for a block of n tokens appended to a row mask: mask [B, L + n] long (1 = a token of the
+    row, the block's own columns last), positions [B, n]. A column is visible to a query when it is a token of
+    the row at or before it; a padding query sees itself (no row of the mask is empty)."""
+    width, n = mask.shape[1], positions.shape[1]
+    column = torch.arange(width)
+    query_column = column[width - n :]  # [n]
+    seen = column[None, :] <= query_column[:, None]  # [n, L + n]
+    own = column[None, :] == query_column[:, None]
+    visible = (mask.bool()[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L + n]
+    key_positions = (mask.cumsum(dim=1) - 1).clamp_min(0)  # [B, L + n]
+    return layer_masks(model, visible.to(model.device), positions.to(model.device), key_positions.to(model.device))
 
 
 def dynamic_cache_of(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:

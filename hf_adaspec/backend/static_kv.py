@@ -15,7 +15,8 @@ few recordings serve every verification and catch-up width (as vLLM buckets batc
 are masked from the real ones and their outputs dropped. Such an arena records its buckets when a request
 opens it (``Arena.prime``), so a request's first speculative step, or a draft's first use late in a request,
 pays no capture: the recordings cost the first request that opens an arena. On a CPU a forward's cost grows
-with its width, so blocks run at their own width.
+with its width, so blocks run at their own width. A draft head's keys and values are an arena too, of one
+layer, whose one recording is the head's drafted column (``head_kv``).
 
 ``StaticStore`` is one request's view of an arena, behind ``RaggedCache`` (which keeps the hole mask and the
 positions on the CPU, as for the dynamic cache): which arena row each batch row is (a row that leaves the
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,14 +58,18 @@ def capacity_for(context: int, new_tokens: int = STANDARD_NEW_TOKENS) -> int:
 
 
 def block_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor,
-                  cache: object, rowmask: torch.Tensor, column_index: torch.Tensor, keep: int,
-                  layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  cache: object, rowmask: torch.Tensor, column_positions: torch.Tensor, column_index: torch.Tensor,
+                  keep: int, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of a block ids [B, n] (RoPE ``positions`` [B, n]) written at ``columns`` [n] of an arena
-    (``cache``), the 4-D mask [B, 1, n, L] built from the row mask [B, L]: column j is visible to block
-    column i when it is a token of the row at or before i (``column_index`` [L] = 0 … L − 1), or i itself."""
+    (``cache``; ``column_positions`` [B, L], each column's token position, takes the block's), the 4-D mask
+    [B, 1, n, L] built from the row mask [B, L]: column j is visible to block column i when it is a token of the
+    row at or before i (``column_index`` [L] = 0 … L − 1), or i itself; windowed layers see only the columns
+    their window spans in token positions (``hf_compat.layer_masks``)."""
+    column_positions.index_copy_(1, columns, positions)
     seen = column_index[None, :] <= columns[:, None]  # [n, L]
     own = column_index[None, :] == columns[:, None]  # [n, L]
-    mask = (rowmask[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L]
+    visible = (rowmask[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L]
+    mask = hf_compat.layer_masks(model, visible, positions, column_positions)
     return hf_compat.raw_forward(model, ids, cache, keep, mask, positions, layers)
 
 
@@ -139,22 +145,27 @@ class _Recording:
     out: tuple
 
 
+KVShape = tuple[int, int, int, torch.dtype]  # (layers, key/value heads, head dim, dtype)
+
+
 class Arena:
     """Preallocated keys/values [B_cap, H_kv, L_cap, D] per layer of one model, its row mask, and its
     recordings per (width, feature layers); ``pad``: blocks run padded to bucket widths (``run_width``),
-    recorded by ``prime``."""
+    recorded by ``prime``. ``shape``: the keys' and values' ``KVShape`` (None: the transformers model's,
+    ``hf_compat.kv_shape``; a draft head gives its own, ``head_kv``)."""
 
     def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture,
-                 choose_by_time: bool, pad: bool = False) -> None:
-        layers, heads, dim, dtype = hf_compat.kv_shape(model)
+                 choose_by_time: bool, pad: bool = False, shape: KVShape | None = None) -> None:
+        layers, heads, dim, dtype = shape or hf_compat.kv_shape(model)
         self.device, self.batch, self.capacity = model.device, batch, capacity
         shape = (batch, heads, capacity, dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
         self.rowmask = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
+        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # [B_cap, L_cap]
         self.column_index = torch.arange(capacity, device=self.device)
         self.capture, self.choose_by_time, self.pad = capture, choose_by_time, pad
-        self.inputs: dict[tuple[int, tuple[int, ...]], _Inputs] = {}
+        self.inputs: dict[tuple[int, tuple[int, ...]], object] = {}  # per key: its recording's static inputs
         self.recordings: dict[tuple[int, tuple[int, ...]], _Recording | None] = {}
         self.records: list[CaptureRecord] = []
 
@@ -167,7 +178,7 @@ class Arena:
               compiled: bool = False) -> tuple:
         forward = _compiled_block() if compiled else block_forward
         return forward(model, inputs.ids, inputs.positions, inputs.columns, inputs.cache, self.rowmask,
-                       self.column_index, keep, layers)
+                       self.positions, self.column_index, keep, layers)
 
     @torch.no_grad()
     def prime(self, model: torch.nn.Module, graph_width: int, layers: tuple[int, ...]) -> None:
@@ -181,7 +192,7 @@ class Arena:
                 inputs = self.inputs.setdefault(key, self._new_inputs(width))
                 inputs.columns.copy_(torch.arange(width))
                 inputs.positions.copy_(torch.arange(width).expand_as(inputs.positions))
-                self.recordings[key] = self._record(model, inputs, key)
+                self._record(model, inputs, key)
 
     @torch.no_grad()
     def run(self, model: torch.nn.Module, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
@@ -210,7 +221,7 @@ class Arena:
             logits, features = self._step(model, inputs, keep, layers)
             return logits[slots], None if features is None else features[slots]
         if key not in self.recordings:
-            self.recordings[key] = self._record(model, inputs, key)
+            self._record(model, inputs, key)
         recording = self.recordings[key]
         if recording is None:
             logits, features = self._step(model, inputs, width, layers)
@@ -221,25 +232,34 @@ class Arena:
 
     def _record(self, model: torch.nn.Module, inputs: _Inputs, key: tuple[int, tuple[int, ...]]) -> _Recording | None:
         """Record width ``key``'s step on the inputs it is about to run (the warm-up and the capture write the
-        same keys and values at the same columns). With ``choose_by_time`` the eager forward and one replay
-        are timed too, and the recording is dropped unless its replay measures faster; without it (a CPU's
-        re-run stand-in) neither extra forward runs and the recording is kept."""
+        same keys and values at the same columns). With ``choose_by_time`` the eager forward is timed too
+        (``record``); without it (a CPU's re-run stand-in) no extra forward runs and the recording is kept."""
         ref, (n, layers) = weakref.ref(model), key
         compiled = n in compiled_widths(model)
 
         def fn() -> tuple:
             return self._step(ref(), inputs, n, layers, compiled)
 
-        eager_ms = timed_ms(lambda: self._step(model, inputs, n, layers), self.device) if self.choose_by_time else None
+        eager = (lambda: self._step(model, inputs, n, layers)) if self.choose_by_time else None
+        return self.record(key, fn, eager, compiled)
+
+    def record(self, key: tuple[int, tuple[int, ...]], fn: Callable[[], tuple], eager: Callable[[], object] | None = None,
+               compiled: bool = False) -> _Recording | None:
+        """Capture ``fn`` (a step that reads only this arena's tensors and the static inputs kept in
+        ``inputs[key]``; → its outputs) as ``recordings[key]``, with what capturing took in ``records``. With
+        ``eager`` (the same step run eagerly) that and one replay are timed too, and the recording is dropped
+        (None: the step runs eagerly) unless its replay measures faster."""
+        eager_ms = timed_ms(eager, self.device) if eager is not None else None
         made: list[tuple] = []
         capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
         captured, static_out = made[0]
-        replay_ms = timed_ms(captured.replay, self.device) if self.choose_by_time else None
+        replay_ms = timed_ms(captured.replay, self.device) if eager is not None else None
         kept = eager_ms is None or replay_ms < eager_ms
-        self.records.append(CaptureRecord(self.batch, self.capacity, n, layers, compiled, round(capture_ms, 2),
+        self.records.append(CaptureRecord(self.batch, self.capacity, key[0], key[1], compiled, round(capture_ms, 2),
                                           None if eager_ms is None else round(eager_ms, 3),
                                           None if replay_ms is None else round(replay_ms, 3), kept))
-        return _Recording(captured, static_out) if kept else None
+        self.recordings[key] = _Recording(captured, static_out) if kept else None
+        return self.recordings[key]
 
     @torch.no_grad()
     def gather(self, slots: torch.Tensor, order: torch.Tensor) -> None:
@@ -249,15 +269,17 @@ class Arena:
             rows = tensor[slots]  # [b, H, L, D]
             index = order[:, None, :, None].expand(-1, rows.shape[1], -1, rows.shape[3])
             tensor[slots, :, : order.shape[1]] = rows.gather(2, index)
+        self.positions[slots, : order.shape[1]] = self.positions[slots].gather(1, order)
 
 
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {(role, B_cap, L_cap): Arena}
 
 
-def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int) -> Arena:
-    """The arena of ``model`` for ``role`` ("target", "draft", "probe") with room for ``batch`` rows (a power of
-    two) and ``capacity`` columns, made on first use; recordings are CUDA graphs on a GPU and ``Rerun``
-    stand-ins elsewhere. At most ``ARENAS_PER_ROLE`` are kept per role."""
+def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int, shape: KVShape | None = None) -> Arena:
+    """The arena of ``model`` for ``role`` ("target", "draft", "head", "probe") with room for ``batch`` rows (a
+    power of two) and ``capacity`` columns of keys and values of ``shape`` (None: the model's), made on first
+    use; recordings are CUDA graphs on a GPU and ``Rerun`` stand-ins elsewhere. At most ``ARENAS_PER_ROLE`` are
+    kept per role."""
     arenas = _ARENAS.setdefault(model, {})
     key = (role, _next_power(batch), capacity)
     arena = arenas.pop(key, None)
@@ -266,9 +288,15 @@ def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int) -> A
         for old in mine[: max(0, len(mine) - ARENAS_PER_ROLE + 1)]:
             del arenas[old]
         arena = Arena(model, key[1], capacity, capture_for(model.device), choose_by_time=model.device.type == "cuda",
-                      pad=model.device.type in PAD_DEVICES)
+                      pad=model.device.type in PAD_DEVICES, shape=shape)
     arenas[key] = arena  # most recently used last
     return arena
+
+
+def widest_capacity(model: torch.nn.Module, role: str, batch: int) -> int:
+    """Columns of the widest arena ``model`` keeps for ``role`` with room for ``batch`` rows (0: none)."""
+    rows = _next_power(batch)
+    return max((capacity for r, b, capacity in _ARENAS.get(model, {}) if (r, b) == (role, rows)), default=0)
 
 
 def drop_arenas(model: torch.nn.Module) -> None:

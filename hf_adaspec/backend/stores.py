@@ -107,6 +107,7 @@ class StaticStore:
                 self.arena.keys[layer][:1, :, : k.shape[2]] = k
                 self.arena.values[layer][:1, :, : v.shape[2]] = v
             self.held = hf_compat.cache_length(seed)
+            self.arena.positions[:1, : self.held] = torch.arange(self.held, device=model.device)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, keep: int,
                 layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -153,6 +154,7 @@ class StaticStore:
         block = torch.randn(shape, device=first.device, dtype=first.dtype)  # one block for every layer
         for tensor in (*self.arena.keys, *self.arena.values):
             tensor[self.slots, :, :context] = block
+        self.arena.positions[self.slots, :context] = torch.arange(context, device=first.device)
         self.held = context
 
 

@@ -21,14 +21,13 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat, static_kv
-from ..backend.graphs import capture_for, timed_ms
-from ..backend.ragged import RaggedCache
+from ..backend.caches import open_cache, open_head_cache
+from ..backend.graphs import timed_ms
 from ..backend.static_kv import capacity_for
-from ..backend.stores import open_store, store_kind
+from ..backend.stores import store_kind
 from ..kernels import q4
 from ..machine import processor_name
 from ..models.eagle3 import Eagle3Head
-from ..models.eagle3_arena import head_cache
 
 MAX_FORWARD_MS = 600_000.0  # a forward measured at over 10 minutes is no cost model: a corrupted or edited file
 
@@ -133,8 +132,7 @@ class ForwardProbe:
         gen = torch.Generator().manual_seed(0)
         self.model, self.context = model, context
         self.ids = torch.randint(0, vocab, (batch, context + n_max), generator=gen)
-        store = open_store(model, batch, kv_cache, capacity_for(context), "probe", graph_width)
-        self.cache = RaggedCache(model, batch, store=store)
+        self.cache = open_cache(model, batch, kv_cache, capacity_for(context), "probe", graph_width)
         with torch.no_grad():
             if prefill:
                 self.cache.append(self.ids[:, :context], torch.ones(batch, context, dtype=torch.bool), keep=1)
@@ -155,13 +153,13 @@ class ForwardProbe:
 class HeadProbe:
     """Times a draft head's forwards over n new entries (n = 1: one drafted column, the token just drafted
     with the head's own output, and its logits) on top of a ``context``-entry cache of random features (filled
-    in chunks of 256 entries), kept where ``kv_cache`` keeps a request's (``eagle3_arena.head_cache``: on an
-    arena a drafted column replays its recording); the cache is rolled back after each."""
+    in chunks of 256 entries), kept where ``kv_cache`` keeps a request's (``backend.caches.open_head_cache``: on
+    an arena a drafted column replays its recording); the cache is rolled back after each."""
 
     def __init__(self, head: Eagle3Head, context: int, batch: int = 1, kv_cache: str = "auto") -> None:
         gen = torch.Generator().manual_seed(0)
         self.head, self.batch, self.width = head, batch, 3 * head.config.target_hidden_size
-        self.cache = head_cache(head, batch, kv_cache, lambda: capture_for(head.device))
+        self.cache = open_head_cache(head, batch, kv_cache)
         with torch.no_grad():
             for start in range(0, context, 256):
                 n = min(256, context - start)

@@ -6,26 +6,33 @@ cache, the drafters of the mode, its controller, the settings), taking the draft
 and which learned tables it uses from the mode registry (``policy.modes.MODES``). ``record_run`` keeps
 what the finished request taught the pair: its prompts and outputs in suffix drafting's memory and, at
 batch size 1, the draft's cache in the prefix store. ``SpeculationState`` is that learned state.
+``run_request`` is one ``generate`` request, whole: its caches (``backend.caches``), its costs, ``build_run``,
+the loop and ``record_run``.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from ..backend.caches import ModelCaches
 from ..backend.draft_prefix import DraftPrefixStore, PrefixSeed
-from ..backend.ragged import KVCache, RaggedCache
-from ..backend.stores import open_store
+from ..backend.ragged import KVCache
 from ..config import SpeculationConfig
+from ..costs.cache import CostCache
 from ..costs.table import CostTable
+from ..models.eagle3 import HeadKV
 from ..policy.confidence import CalibratorMemory
 from ..policy.match import MatchMemory
 from ..policy.modes import MODES, DrafterContext, DrafterSpec, Learned, PolicyInputs
 from ..proposers.suffix import SuffixMemory
-from .loop import DecodeSettings, RunParts
+from .loop import DecodeResult, DecodeSettings, RunParts, speculative_decode
 from .threads import ThreadChooser
 
 
@@ -47,37 +54,15 @@ class SpeculationState:
 
 
 class Caches(Protocol):
-    """Makes a request's caches: the target's (whose forwards record the feature ``layers``), and the draft
-    model's from a prefix seed (None: empty)."""
+    """Makes a request's caches (``backend.caches.ModelCaches``, or the replay's that answer from traces): the
+    target's (whose forwards record the feature ``layers``), the draft model's from a prefix seed (None:
+    empty), and the draft head's."""
 
     def target(self, batch: int, layers: tuple[int, ...] = ()) -> KVCache: ...
 
     def draft(self, batch: int, seed: PrefixSeed | None) -> KVCache: ...
 
-
-@dataclass(frozen=True)
-class ModelCaches:
-    """``RaggedCache``s of the real target and draft models, their keys and values where ``kv_cache`` says
-    (``backend.stores.open_store``): an arena of ``capacity`` columns whose forwards of up to ``graph_width``
-    columns replay recordings, or a ``DynamicCache``."""
-
-    target_model: torch.nn.Module
-    draft_model: torch.nn.Module | None = None
-    kv_cache: str = "dynamic"
-    capacity: int = 0
-    graph_width: int = 1
-
-    def target(self, batch: int, layers: tuple[int, ...] = ()) -> KVCache:
-        store = open_store(self.target_model, batch, self.kv_cache, self.capacity, "target", self.graph_width,
-                           layers=layers)
-        return RaggedCache(self.target_model, batch, store=store)
-
-    def draft(self, batch: int, seed: PrefixSeed | None) -> KVCache:
-        if self.draft_model is None:
-            raise ValueError("no draft model to make a cache for")
-        store = open_store(self.draft_model, batch, self.kv_cache, self.capacity, "draft", self.graph_width,
-                           seed.cache if seed is not None else None)
-        return RaggedCache(self.draft_model, batch, store=store)
+    def head(self, batch: int) -> HeadKV: ...
 
 
 @dataclass(frozen=True)
@@ -108,9 +93,10 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
     if seeded and batch == 1 and bool(attention_mask.all()):
         seed = state.draft_prefixes.seed(draft_key, input_ids[0])
     draft_cache = caches.draft(batch, seed) if seeded else None
+    head_cache = caches.head(batch) if any(spec.uses_head_cache for spec in specs) else None
     context = DrafterContext(batch, config, settings.logits_processor, settings.do_sample, settings.pad_token_id,
                              settings.eos_token_ids, draft_key, draft_cache, state.suffixes, settings.generator,
-                             settings.vocab_size)
+                             settings.vocab_size, head_cache)
     drafters = tuple(spec.build(context) for spec in specs)
     learned = Learned(state.calibrators, state.matches)
     inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(draft_key)) for s in specs), learned)
@@ -133,3 +119,34 @@ def record_run(state: SpeculationState, run: PreparedRun, prompts: Sequence[Sequ
         if held > run.seed.length:  # the store keeps only caches that grew (an arena's export is a copy)
             state.draft_prefixes.remember(run.draft_key, [*prompts[0], *outputs[0]], held, run.seed.length,
                                           run.draft_cache.export_prefix())
+
+
+def run_request(target: torch.nn.Module, assistant: torch.nn.Module | None, config: SpeculationConfig,
+                state: SpeculationState, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                settings: DecodeSettings, costs: CostTable | None = None, profile: str | Path | None = None
+                ) -> DecodeResult:
+    """One ``generate`` request, whole: input_ids, attention_mask [B, T] (left-padded) → the loop's result,
+    learning into ``state``. Its caches are ``ModelCaches.for_request``'s; its costs at b rows the given
+    table, else the pair's profile (``profile``, or the cached one) at the padded prompt length or tables
+    calibrated at b = 1, 2, 4, … and B (``CostCache.costs_for``); torch's thread count is restored after."""
+    batch, width = input_ids.shape
+    caches = ModelCaches.for_request(target, assistant, config.kv_cache, config.k_max, width, settings.max_length)
+    if costs is None:
+        log = functools.partial(print, file=sys.stderr)
+        costs_for = CostCache().costs_for(target, assistant, config.max_speculative_tokens + 1, log, batch, width,
+                                          profile, config.kv_cache)
+    else:
+        costs_for = lambda b: costs  # noqa: E731
+    run = build_run(config, state, input_ids, attention_mask, assistant, caches, costs_for, settings)
+    threads_before = torch.get_num_threads()  # the chooser may change it per step
+    try:
+        result = speculative_decode(run.parts, input_ids, attention_mask)
+    finally:
+        torch.set_num_threads(threads_before)
+    result.stats.tpot_slo_ms = config.tpot_slo_ms
+    rows = range(batch)
+    record_run(state, run, [input_ids[i][attention_mask[i].bool()].tolist() for i in rows],
+               [result.sequences[i, width : width + result.stats.row_tokens[i]].tolist() for i in rows])
+    if run.seed is not None:
+        result.stats.draft_prefix_tokens = run.seed.length
+    return result

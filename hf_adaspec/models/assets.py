@@ -12,6 +12,7 @@ only a cache of the installed parts: ``discard`` removes it (1.6 GB for the Qwen
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib.metadata as md
 import os
@@ -36,7 +37,8 @@ class GgufAsset:
     """One GGUF file carried by PyPI packages.
 
     packages: distribution names in concatenation order; ``suffix`` is how the data file's path
-    inside each package ends (``.bin`` for split parts, the file name for a single-file package).
+    inside each package ends (``.bin`` for split parts, the file name for a single-file package), a
+    ``fnmatch`` pattern where the parts' names differ (``.gguf.part??``).
     """
 
     filename: str
@@ -77,7 +79,7 @@ def locate_parts(asset: GgufAsset) -> list[Path]:
         except md.PackageNotFoundError:
             missing.append(name)
             continue
-        files = [f for f in (dist.files or []) if str(f).endswith(asset.suffix)]
+        files = [f for f in (dist.files or []) if fnmatch.fnmatchcase(str(f), "*" + asset.suffix)]
         if len(files) != 1:
             raise AssetError(
                 f"package {name!r} holds {len(files)} files ending in {asset.suffix!r}, expected 1; "

@@ -94,7 +94,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
 
 class HeadKV(Protocol):
     """Where a head keeps its entries' keys and values for a ragged batch: ``HeadCache`` (grown by
-    concatenation) or ``eagle3_arena.HeadArena`` (preallocated, its drafted column a recorded step).
+    concatenation) or ``backend.head_kv.StaticHeadCache`` (on an arena, its drafted column a recorded step).
     ``lengths`` [B] long: entries per row; ``k``, ``v`` [B, kv_heads, L, d]: what attention reads."""
 
     lengths: torch.Tensor

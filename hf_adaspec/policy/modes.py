@@ -27,12 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat
-from ..backend.graphs import capture_for
 from ..backend.ragged import KVCache
 from ..config import ADAPTIVE, FIXED, SpeculationConfig
 from ..costs.table import CostTable
-from ..models.eagle3 import Eagle3Head
-from ..models.eagle3_arena import head_cache
+from ..models.eagle3 import Eagle3Head, HeadKV
 from ..proposers import Drafter, DraftModelProposer, PromptLookupProposer, SuffixMemory, SuffixProposer
 from ..proposers.draft_head import DraftHeadProposer
 from .acceptance import AcceptanceModel, ConfidenceAcceptance
@@ -54,8 +52,8 @@ class Learned:
 class DrafterContext:
     """What building a drafter for a run may use: the batch size, the config, the decoding settings the
     drafters need (logits processors, sampling, pad and EOS ids, generator), the assistant (``assistant_model``:
-    a draft model or a draft head; None), the draft model's cache (None: no draft model) and suffix drafting's
-    memory of earlier responses."""
+    a draft model or a draft head; None), the draft model's cache (None: no draft model), suffix drafting's
+    memory of earlier responses and the draft head's cache (None: no draft head)."""
 
     batch: int
     config: SpeculationConfig
@@ -68,6 +66,7 @@ class DrafterContext:
     suffixes: SuffixMemory
     generator: torch.Generator | None = None
     vocab_size: int = 0  # the target's logits width (0: the draft's own)
+    head_cache: HeadKV | None = None
 
 
 def _no_features(assistant: object | None) -> tuple[int, ...]:
@@ -80,8 +79,8 @@ class DrafterSpec:
     and keyed in the learned state by the assistant's identity); ``build`` (context → drafter);
     ``acceptance`` ((batch, learned, memory key) → the controller's acceptance model); ``remembers_responses``
     (the run's prompts and outputs go to the pair's suffix memory); ``uses_draft_cache`` (it drafts with the
-    draft model's KV cache, which the pair's prefix store seeds); ``target_features`` (assistant → the target
-    layers whose inputs it reads)."""
+    draft model's KV cache, which the pair's prefix store seeds); ``uses_head_cache`` (it drafts with the draft
+    head's); ``target_features`` (assistant → the target layers whose inputs it reads)."""
 
     name: str
     paid: bool
@@ -89,6 +88,7 @@ class DrafterSpec:
     acceptance: Callable[[int, Learned, str], AcceptanceModel]
     remembers_responses: bool = False
     uses_draft_cache: bool = False
+    uses_head_cache: bool = False
     target_features: Callable[[object | None], tuple[int, ...]] = _no_features
 
     def memory_key(self, draft_key: object | None) -> str:
@@ -106,11 +106,10 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
 
 
 def _draft_head(ctx: DrafterContext) -> Drafter:
-    if not isinstance(ctx.assistant, Eagle3Head):
+    if not isinstance(ctx.assistant, Eagle3Head) or ctx.head_cache is None:
         raise ValueError("the draft head drafter needs a head (assistant_model=hf_adaspec.load_head(path, target))")
-    cache = head_cache(ctx.assistant, ctx.batch, ctx.config.kv_cache, lambda: capture_for(ctx.assistant.device))
-    return DraftHeadProposer(ctx.assistant, ctx.batch, ctx.logits_processor, ctx.do_sample, ctx.pad_token_id,
-                             ctx.eos_token_ids, ctx.generator, cache)
+    return DraftHeadProposer(ctx.assistant, ctx.batch, ctx.head_cache, ctx.logits_processor, ctx.do_sample,
+                             ctx.pad_token_id, ctx.eos_token_ids, ctx.generator)
 
 
 def _head_features(assistant: object | None) -> tuple[int, ...]:
@@ -126,7 +125,8 @@ def _by_match_length(batch: int, learned: Learned, key: str) -> AcceptanceModel:
 
 
 DRAFT_MODEL = DrafterSpec("draft_model", True, _draft_model, _by_confidence, uses_draft_cache=True)
-DRAFT_HEAD = DrafterSpec("draft_head", True, _draft_head, _by_confidence, target_features=_head_features)
+DRAFT_HEAD = DrafterSpec("draft_head", True, _draft_head, _by_confidence, uses_head_cache=True,
+                         target_features=_head_features)
 PROMPT_LOOKUP = DrafterSpec("prompt_lookup", False,
                             lambda ctx: PromptLookupProposer(ctx.config.prompt_lookup_max_ngram), _by_match_length)
 SUFFIX = DrafterSpec("suffix", False, lambda ctx: SuffixProposer(ctx.suffixes), _by_match_length,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from ..backend.ragged import left_pad
-from ..models.eagle3 import Eagle3Head, HeadCache, HeadKV
+from ..models.eagle3 import Eagle3Head, HeadKV
 from .base import DraftOffer, Proposal, Rows, StopRule
 from .chain import Sampler, draft_chain
 
@@ -28,12 +28,12 @@ class DraftHeadProposer:
 
     name = "draft_head"
 
-    def __init__(self, head: Eagle3Head, batch: int, logits_processor, do_sample: bool, pad_token_id: int,
-                 eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
-                 cache: HeadKV | None = None) -> None:
-        """``cache``: where the head's entries live (None: a new ``HeadCache``; ``models.eagle3_arena``'s
-        ``head_cache`` gives a preallocated arena whose drafted columns replay a recording)."""
-        self.head, self.pad, self.cache = head, pad_token_id, cache if cache is not None else HeadCache(batch)
+    def __init__(self, head: Eagle3Head, batch: int, cache: HeadKV, logits_processor, do_sample: bool,
+                 pad_token_id: int, eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None
+                 ) -> None:
+        """``cache``: where the head's entries for ``batch`` rows live (``backend.caches.open_head_cache``: a
+        ``HeadCache``, or an arena whose drafted columns replay a recording), empty."""
+        self.head, self.pad, self.cache = head, pad_token_id, cache
         self.sampler = Sampler(logits_processor, do_sample, torch.tensor(eos_token_ids, dtype=torch.long), generator)
         width = 3 * head.config.target_hidden_size
         self.pending = [torch.zeros(0, width) for _ in range(batch)]  # per row [m_i, 3·H_t]: features not ingested

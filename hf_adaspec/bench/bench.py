@@ -1,0 +1,299 @@
+"""Benchmark: plain vs transformers' assisted generation / prompt lookup vs fixed-k, p_min and adaptive.
+
+"hf-assisted" is transformers' assisted generation with its defaults, which already stop drafting
+once the assistant's token probability falls below ``assistant_confidence_threshold=0.4``.
+"fixed-k" drafts k tokens with the draft model every step; "pmin" is the llama.cpp-style baseline
+(``speculation="fixed"`` with k = 8 and ``draft_p_min=0.75``); "adaptive" is the library's policy with
+the draft model, "adaptive-lookup" without one (prompt lookup only); "plain-again" times plain decoding
+a second time, an A/A control whose speedup is the run's noise.
+
+Methods run interleaved per prompt (the order rotates from prompt to prompt) so machine drift hits
+every method alike; each run is greedy, so every method's output is also checked against plain. Each
+hf-adaspec method learns into a state of its own, and every timed run starts from that state as it was
+before the prompt (no run is timed with its own answer in memory: suffix drafting would recall it).
+Reported per category: tokens/s (new tokens over wall time, prefill included) and speedup vs plain
+(geometric mean of per-prompt ratios); overall: geometric mean over all prompts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+
+import torch
+
+from ..backend import hf_compat
+from ..engine.run import SpeculationState
+from .oracle_inputs import PromptOracle, prompt_oracle
+from .prompts import Prompt
+
+METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive",
+           "adaptive-fixed-threads", "adaptive-lookup")
+NEEDS_DRAFT = ("hf-assisted", "fixed-k", "pmin", "adaptive", "adaptive-fixed-threads")  # methods that run the draft model
+
+# which oracle bounds a method: the drafters it may use (plain has none)
+METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "pmin": "draft",
+                 "adaptive": "hybrid", "adaptive-fixed-threads": "hybrid", "adaptive-lookup": "lookup"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One timed generation: tokens/s over wall time, and whether it equals plain greedy."""
+
+    question_id: int
+    category: str
+    method: str
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    matches_plain: bool
+    mean_accepted_length: float | None = None
+    plain_share: float | None = None
+    divergence_gap: float | None = None
+    acceptance: float | None = None
+    mean_k: float | None = None
+    oracle_tokens_per_s: float | None = None
+    draft_prefix_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    """Every method's run on one prompt, and the prompt's oracle (None without a cost table)."""
+
+    runs: list[Run]
+    oracle: PromptOracle | None = None
+
+
+def method_kwargs(method: str, draft, fixed_k: int) -> dict:
+    """generate() keyword arguments for one method (all greedy).
+
+    Raises:
+        ValueError: an unknown method, naming the valid ones.
+    """
+    table = {
+        "plain": {},
+        "plain-again": {},  # an A/A control: plain decoding timed again, its speedup is the run's noise
+        "hf-assisted": {"assistant_model": draft},
+        "hf-prompt-lookup": {"prompt_lookup_num_tokens": 10},
+        "fixed-k": {"assistant_model": draft, "speculation": "fixed", "num_speculative_tokens": fixed_k},
+        "pmin": {"assistant_model": draft, "speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 0.75},
+        "adaptive": {"assistant_model": draft, "speculation": "adaptive"},
+        "adaptive-fixed-threads": {"assistant_model": draft, "speculation": "adaptive", "adapt_threads": False},
+        "adaptive-lookup": {"speculation": "adaptive"},
+    }
+    if method not in table:
+        raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    return dict(table[method])
+
+
+def _timed(generate: Callable[..., object], inputs: dict, kwargs: dict, max_new_tokens: int):
+    start = time.perf_counter()
+    out = generate(**inputs, **kwargs, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+    return out, time.perf_counter() - start
+
+
+def _state_for(states: dict, before: dict | None, method: str, repeat: int) -> SpeculationState:
+    """The state a timed run of ``method`` starts from: on the first repeat the method's own (created on first
+    use; what it learns is kept for the prompts that follow), on a later repeat a copy of it as it was before
+    this prompt (``before``, filled on the first repeat when ``before`` is not None)."""
+    state = states.setdefault(method, SpeculationState())
+    if repeat == 0:
+        if before is not None:
+            before[method] = copy.deepcopy(state)
+        return state
+    return copy.deepcopy(before[method])
+
+
+def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rotation: int, cfg: dict) -> PromptResult:
+    """Run every method ``cfg["repeats"]`` times on one prompt, in rotated order (median time);
+    compare outputs with plain; with ``cfg["costs"]`` (context tokens → the controller's CostTable) also
+    the oracle. Each hf-adaspec method learns into its own ``SpeculationState`` in ``cfg["states"]`` (a dict;
+    created there on first use; without it, fresh ones for this call), as if it were the only method a user
+    ran. Every repeat starts from the method's state as it was before this prompt: the first repeat runs on
+    the state itself (what it learns is kept for the next prompts), a later one on a copy taken before the
+    first, so no run is timed with this prompt's answer already in memory."""
+    inputs = tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
+    prompt_len = inputs["input_ids"].shape[1]
+    order = methods[rotation % len(methods):] + methods[: rotation % len(methods)]
+    outputs: dict[str, tuple] = {}
+    seconds: dict[str, list[float]] = {m: [] for m in methods}
+    repeats, states = cfg.get("repeats", 1), cfg.get("states", {})
+    before: dict | None = {} if repeats > 1 else None
+    for repeat in range(repeats):  # every method once per round: drift hits all alike
+        for method in order:
+            kwargs = method_kwargs(method, draft, cfg["fixed_k"])
+            if "speculation" in kwargs:
+                kwargs["speculation_state"] = _state_for(states, before, method, repeat)
+            outputs[method] = _timed(model.generate, inputs, kwargs, cfg["max_new_tokens"])
+            seconds[method].append(outputs[method][1])
+    plain_seq = outputs["plain"][0].sequences if "plain" in outputs else None
+    reused = [getattr(getattr(out, "speculation", None), "draft_prefix_tokens", 0) for out, _ in outputs.values()]
+    oracle = None
+    if plain_seq is not None and cfg.get("costs") is not None:  # the draft's catch-up less the best reused prefix
+        oracle = prompt_oracle(model, draft, plain_seq, prompt_len, cfg["costs"](prompt_len), cfg.get("k_max", 8),
+                               (prompt.question_id, prompt.category), max(reused))
+    runs = []
+    for method in methods:
+        out, elapsed = outputs[method][0], statistics.median(seconds[method])
+        new = out.sequences.shape[1] - prompt_len
+        stats = getattr(out, "speculation", None)
+        gap = divergence_gap(model, plain_seq, out.sequences) if plain_seq is not None else None
+        family = METHOD_FAMILY.get(method)
+        bound = oracle.tokens_per_s.get(family) if oracle is not None and family else None
+        runs.append(Run(prompt.question_id, prompt.category, method, new, elapsed, new / elapsed,
+                        plain_seq is not None and gap is None,
+                        stats.mean_accepted_length if stats else None, stats.plain_share if stats else None,
+                        gap, stats.acceptance_rate if stats else None, stats.mean_k if stats else None, bound,
+                        stats.draft_prefix_tokens if stats else None))
+    return PromptResult(runs, oracle)
+
+
+def divergence_gap(model, plain: torch.Tensor, other: torch.Tensor) -> float | None:
+    """Where ``other`` [1, T'] first differs from ``plain`` [1, T], the target's top-1 minus top-2
+    logit after the common prefix (a near-tie when small); None if neither differs; inf when one is a
+    strict prefix of the other (never a near-tie)."""
+    n = min(plain.shape[1], other.shape[1])
+    diff = (plain[0, :n] != other[0, :n]).nonzero()
+    if not diff.numel():
+        return None if plain.shape[1] == other.shape[1] else float("inf")
+    with torch.no_grad():
+        cache = hf_compat.new_cache(model)
+        logits = hf_compat.forward_logits(model, plain[:, : int(diff[0])], cache, keep=1)[0, -1]
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
+
+
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.fmean(kept) if kept else None
+
+
+def _method_cell(rows: list[Run], plain: dict[int, float]) -> dict:
+    """Median tokens/s, geometric-mean speedup vs plain, % of the oracle, mean acceptance and k."""
+    bounded = [r.tokens_per_s / r.oracle_tokens_per_s for r in rows if r.oracle_tokens_per_s]
+    return {
+        "tokens_per_s": statistics.median([r.tokens_per_s for r in rows]),
+        "speedup": _geomean([r.tokens_per_s / plain[r.question_id] for r in rows]),
+        "pct_oracle": 100.0 * _geomean(bounded) if bounded else None,
+        "acceptance": _mean([r.acceptance for r in rows]),
+        "mean_k": _mean([r.mean_k for r in rows]),
+    }
+
+
+def _oracle_cell(oracles: list[PromptOracle], plain: dict[int, float]) -> dict:
+    """Mean draft agreement and lookup hit rate, and each family's oracle speedup vs plain."""
+    families = sorted({f for o in oracles for f in o.tokens_per_s})
+    return {
+        "draft_agreement": _mean([o.draft_agreement for o in oracles]),
+        "lookup_hit_rate": _mean([o.lookup_agreement for o in oracles]),
+        "oracle_speedup": {f: _geomean([o.tokens_per_s[f] / plain[o.question_id] for o in oracles
+                                        if f in o.tokens_per_s]) for f in families},
+    }
+
+
+def summarize(runs: list[Run], methods: list[str], oracles: list[PromptOracle] = ()) -> dict:
+    """Per category and overall, per method: median tokens/s, geometric-mean speedup vs plain and % of
+    the oracle (geometric mean of per-prompt ratios), mean acceptance and k; per category the
+    oracle's agreement figures (see ``oracle_inputs``)."""
+    plain = {r.question_id: r.tokens_per_s for r in runs if r.method == "plain"}
+    table: dict[str, dict[str, dict]] = {}
+    oracle_table: dict[str, dict] = {}
+    for cat in sorted({r.category for r in runs}) + ["overall"]:
+        rows = [r for r in runs if cat == "overall" or r.category == cat]
+        table[cat] = {m: _method_cell([r for r in rows if r.method == m], plain) for m in methods}
+        picked = [o for o in oracles if cat == "overall" or o.category == cat]
+        if picked:
+            oracle_table[cat] = _oracle_cell(picked, plain)
+    mismatches = {m: sum(1 for r in runs if r.method == m and not r.matches_plain) for m in methods}
+    gaps = {m: max((r.divergence_gap for r in runs if r.method == m and r.divergence_gap is not None),
+                   default=None) for m in methods}
+    return {"table": table, "oracle": oracle_table, "greedy_mismatches": mismatches, "max_divergence_gap": gaps,
+            "prompts": len(plain)}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown(summary: dict, methods: list[str]) -> str:
+    """Markdown tables per category and method: tokens/s (speedup vs plain); % of oracle; acceptance
+    and mean k; then the oracle's draft agreement, lookup hit rate and oracle speedups."""
+    head = "| category | " + " | ".join(methods) + " |\n|---|" + "---|" * len(methods) + "\n"
+    speed = head + "".join(
+        f"| {cat} | " + " | ".join(f"{row[m]['tokens_per_s']:.2f} ({row[m]['speedup']:.2f}x)" for m in methods) + " |\n"
+        for cat, row in summary["table"].items())
+    spec = [m for m in methods if m != "plain"]
+    head = "| category | " + " | ".join(spec) + " |\n|---|" + "---|" * len(spec) + "\n"
+    pct = head + "".join(f"| {cat} | " + " | ".join(_fmt(row[m].get("pct_oracle"), ".0f") + "%" for m in spec) + " |\n"
+                         for cat, row in summary["table"].items())
+    acc = head + "".join(
+        f"| {cat} | " + " | ".join(f"{_fmt(row[m].get('acceptance'), '.2f')} / {_fmt(row[m].get('mean_k'), '.2f')}"
+                                   for m in spec) + " |\n" for cat, row in summary["table"].items())
+    text = f"tokens/s (speedup vs plain)\n\n{speed}\n% of oracle tokens/s\n\n{pct}\nacceptance / mean k\n\n{acc}"
+    if summary.get("oracle"):
+        fams = sorted({f for row in summary["oracle"].values() for f in row["oracle_speedup"]})
+        text += ("\ndraft agreement, prompt-lookup hit rate, oracle speedup vs plain\n\n| category | draft agreement | "
+                 "lookup hit rate | " + " | ".join(f"oracle {f}" for f in fams) + " |\n|---|---|---|"
+                 + "---|" * len(fams) + "\n")
+        for cat, row in summary["oracle"].items():
+            text += (f"| {cat} | {_fmt(row['draft_agreement'], '.2f')} | {_fmt(row['lookup_hit_rate'], '.2f')} | "
+                     + " | ".join(f"{row['oracle_speedup'].get(f, float('nan')):.2f}x" for f in fams) + " |\n")
+    return text
+
+
+def plot(summary: dict, methods: list[str], path: Path) -> None:
+    """PNG: speedup vs plain per category (grouped bars, one per method), 1.0 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats, spec = list(summary["table"]), [m for m in methods if m != "plain"]
+    width = 0.8 / max(len(spec), 1)
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(cats) * max(len(spec), 1) * 0.35 + 4), 4.5))
+    for i, m in enumerate(spec):
+        xs = [c + (i - (len(spec) - 1) / 2) * width for c in range(len(cats))]
+        ax.bar(xs, [summary["table"][c][m]["speedup"] for c in cats], width, label=m, color=f"C{i}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
+    ax.set(ylabel="speedup vs plain (geometric mean)", title="Spec-Bench speedup per category")
+    ax.legend(ncol=4, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_json(path: Path, meta: dict, summary: dict, runs: list, **extra: list) -> None:
+    """``{"meta", "summary", "runs", **extra}`` as JSON, written atomically (temp file, then rename);
+    runs and the lists in ``extra`` hold dataclasses (or JSON values)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    data = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
+    data.update({k: [asdict(v) if is_dataclass(v) else v for v in values] for k, values in extra.items()})
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def write_results(path: Path, runs: list[Run], summary: dict, meta: dict, oracles: list[PromptOracle] = ()) -> None:
+    """JSON with every run, every prompt's oracle, the summary and the run's settings; the markdown
+    tables and the speedup PNG beside it."""
+    write_json(path, meta, summary, runs, oracles=list(oracles))
+    path.with_suffix(".md").write_text(markdown(summary, meta["methods"]))
+    try:
+        plot(summary, meta["methods"], path.with_suffix(".png"))
+    except ImportError:
+        print("hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot")

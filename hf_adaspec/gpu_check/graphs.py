@@ -1,0 +1,120 @@
+"""The GPU check's steps about recorded forwards (``backend.static_kv``, ``backend.head_kv``): a replayed
+CUDA graph against the eager forward of the dynamic cache on the same tokens, with what each width's recording
+cost; an EAGLE-3 head's drafted column replayed against its eager step; and whether the draft's 1-token step
+recorded after ``torch.compile`` beats the plain recording (the faster is kept for the rest of the check)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ..backend import static_kv
+from ..backend.caches import open_cache, open_head_cache
+from ..costs.table import ForwardProbe, HeadProbe
+from ..models.eagle3_format import random_head
+from .steps import BIG, DRAFT, NEAR_TIE, TARGET, Check
+
+PROMPT, WIDTHS = 24, (1, 4, 9)  # on a GPU width 4 runs padded to 5 (static_kv.run_width)
+
+
+@torch.no_grad()
+def graphs(check: Check) -> dict:
+    """The bf16 target after a ``PROMPT``-token prompt: per width n in ``WIDTHS`` the logits of the arena's
+    replay (second use; the first records) against the dynamic cache's eager forward over the same n tokens:
+    largest difference over the logits' spread, and the positions whose argmax differs away from a near-tie
+    (top-2 gap > ``NEAR_TIE``; must be none); and every recording's capture, eager and replay ms."""
+    tgt = check.model(TARGET, "none")
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(1, tgt.config.vocab_size, (1, PROMPT + max(WIDTHS)), generator=gen)
+    dynamic = open_cache(tgt, 1)
+    arena = open_cache(tgt, 1, check.kv_cache, static_kv.capacity_for(PROMPT), "check", max(WIDTHS))
+    for cache in (dynamic, arena):
+        cache.append(ids[:, :PROMPT], torch.ones(1, PROMPT, dtype=torch.bool), 1)
+    held, rows = torch.tensor([PROMPT]), {}
+    for n in WIDTHS:
+        block, valid = ids[:, PROMPT: PROMPT + n], torch.ones(1, n, dtype=torch.bool)
+        arena.append(block, valid, n)  # records width n
+        arena.rollback(held)
+        got, want = arena.append(block, valid, n)[0], dynamic.append(block, valid, n)[0]  # [n, V]
+        for cache in (dynamic, arena):
+            cache.rollback(held)
+        top2 = want.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > NEAR_TIE
+        rows[f"n{n}"] = {"max_diff_over_std": round(float((got - want).abs().max() / want.std()), 4),
+                         "argmax_differs_clear": int(((got.argmax(-1) != want.argmax(-1)) & clear).sum())}
+    records = [r.__dict__ for r in static_kv.capture_records(tgt)]
+    passed = all(r["argmax_differs_clear"] == 0 for r in rows.values())
+    kept = [r for r in records if r["kept"]]
+    line = (f"replay vs eager: " + ", ".join(f"{k} diff/std {v['max_diff_over_std']}" for k, v in rows.items())
+            + f"; {len(kept)}/{len(records)} recordings kept, replay "
+            + ", ".join(f"n{r['width']} {r['replay_ms']} ms (eager {r['eager_ms']}, capture {r['capture_ms']})"
+                        for r in records))
+    return {"passed": passed, "widths": rows, "records": records, "summary": line}
+
+
+@torch.no_grad()
+def head_graphs(check: Check, repeats: int = 20, columns: int = 8) -> dict:
+    """A random-weight EAGLE-3 head for the bf16 target (``random_head``): its drafted column at batch 1 and
+    context 512 (``HeadProbe``, median of ``repeats`` after one untimed call, which records) with its entries
+    in a ``HeadCache`` (eager) and in its arena (replayed), and what recording took; then ``columns`` drafted
+    columns from the same 32 entries in both, greedily: the arena's argmax must not differ from the eager
+    one away from a near-tie (top-2 gap > ``NEAR_TIE``)."""
+    head = random_head(check.model(TARGET, "none"), seed=5)
+    ms = {}
+    for kind in ("dynamic", "static"):
+        probe = HeadProbe(head, 512, 1, kind)
+        probe.time_ms(1)
+        ms[kind] = round(statistics.median(probe.time_ms(1) for _ in range(repeats)), 3)
+    gen, width = torch.Generator().manual_seed(6), 3 * head.config.target_hidden_size
+    tokens = torch.randint(1, head.config.target_vocab_size, (1, 32), generator=gen)
+    features = head.fuse(torch.randn(1, 32, width, generator=gen))
+    caches = (open_head_cache(head, 1), open_head_cache(head, 1, "static"))
+    hidden = [head.step(tokens, features, torch.ones(1, 32, dtype=torch.bool), c)[:, -1:] for c in caches]
+    token, differs = tokens[:, -1:], 0
+    for _ in range(columns):
+        (eager, want), (replayed, got) = (c.draft_column(head, token, h) for c, h in zip(caches, hidden))
+        top2 = want.topk(2, dim=-1).values
+        differs += int(((want.argmax(-1) != got.argmax(-1)) & ((top2[:, 0] - top2[:, 1]) > NEAR_TIE)).sum())
+        token, hidden = want.argmax(-1, keepdim=True), [eager, replayed]
+    capture = [r.capture_ms for r in static_kv.capture_records(head)]
+    return {"passed": differs == 0, "eager_ms": ms["dynamic"], "replayed_ms": ms["static"],
+            "capture_ms": capture, "argmax_differs_clear": differs,
+            "summary": f"EAGLE-3 head's drafted column at context 512: eager {ms['dynamic']} ms, replayed "
+                       f"{ms['static']} ms (recording {capture} ms); {differs} of {columns} greedy columns differ "
+                       "away from a near-tie"}
+
+
+def compile_draft(check: Check, repeats: int = 20) -> dict:
+    """The bf16 draft's 1-token step at batch 1 and context 512 (``ForwardProbe``, median of ``repeats``):
+    recorded as is, then recorded after ``torch.compile`` (its first use compiles: timed apart). The rest of
+    the check records plainly (a compiled step recompiles for new arena sizes: minutes)."""
+    if check.tiny:
+        return {"passed": None, "summary": "not measured with --tiny (compiling takes a minute on a CPU; "
+                                           "tests/test_static_kv.py compiles a recording there)"}
+    drf, context = check.model(DRAFT, "none", head=True), 512
+
+    def median_ms() -> tuple[float, float]:
+        static_kv.drop_arenas(drf)
+        start = time.perf_counter()
+        probe = ForwardProbe(drf, context, 1, 1, check.kv_cache, prefill=False)
+        probe.time_ms(1, keep=1)  # records (and compiles) width 1
+        first = time.perf_counter() - start
+        return statistics.median(probe.time_ms(1, keep=1) for _ in range(repeats)), first
+
+    plain_ms, _ = median_ms()
+    static_kv.compile_widths(drf, frozenset({1}))
+    try:
+        compiled_ms, first_s = median_ms()
+        records = [r.__dict__ for r in static_kv.capture_records(drf)]
+    finally:
+        static_kv.compile_widths(drf, frozenset())
+        static_kv.drop_arenas(drf)
+    big = check.facts.get(f"verify_ms_n1 {BIG} none")  # the 7B's 1-token step from its profile, if measured
+    versus = (f"; of the 7B target's 1-token step ({big:.3f} ms): {plain_ms / big:.2f} recorded, "
+              f"{compiled_ms / big:.2f} compiled") if big else ""
+    return {"passed": None, "recorded_ms": round(plain_ms, 3), "compiled_recorded_ms": round(compiled_ms, 3),
+            "compile_first_use_s": round(first_s, 1), "records": records, "target_7b_n1_ms": big,
+            "summary": f"draft token at batch 1, context {context}: recorded {plain_ms:.3f} ms, recorded after "
+                       f"torch.compile {compiled_ms:.3f} ms (first use, compiling, {first_s:.1f} s){versus}"}

@@ -1,0 +1,303 @@
+"""Replay: the library's own controllers, through the engine, on traces, timed by a virtual clock.
+
+Design: a request is assembled by the same ``engine.run.build_run`` that ``generate`` uses (the mode
+registry's drafters and controller; the draft model's and the target's caches answer from the traces,
+``virtual.TraceCaches``), run by the real ``speculative_decode`` loop, and what it taught the pair is kept
+by the same ``record_run``; learned state (``SpeculationState``) carries from request to request as in a
+bench. The
+output must equal the trace (checked). Time is not measured but priced: each logged forward by the cost
+profile (target: verification of n tokens at b rows and context c; draft: one token, plus catch-up
+columns), the prefill by the trace, plus a fixed per-step overhead of the engine (and per token of
+transformers' plain loop). Plain decoding is priced the same way, so speedups are ratios on one clock.
+The oracle (``oracle.oracle_schedule``) prices the best schedule over the same drafters and costs.
+A replay's figures are predictions (a projection when the profile is another machine's).
+
+A draft head is replayed the same way: on traces with the head's chains (``hf-adaspec trace --head``) the
+mode registry builds the real ``DraftHeadProposer`` on a ``virtual.VirtualHead``, priced by a profile
+measured with the head (``hf-adaspec profile --head``: its drafter cells are the head's); "fixed-head"
+and "adaptive-head" are "fixed-k" and "adaptive" with the head in the draft model's place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+
+import torch
+from transformers import LogitsProcessorList
+
+from ..backend.ragged import left_pad
+from ..bench.bench import method_kwargs
+from ..bench.oracle import OracleDrafter, agreement_runs, oracle_schedule
+from ..bench.oracle_inputs import costless_runs
+from ..config import SpeculationConfig
+from ..costs.profile import Profile
+from ..costs.table import CostTable
+from ..engine.loop import DecodeSettings, speculative_decode
+from ..engine.run import SpeculationState, build_run, record_run
+from ..engine.stats import SpeculationStats
+from .trace import Trace
+from .virtual import Forward, TraceCaches, VirtualHead, Vocab, draft_answers, head_answers, target_answers
+
+REPLAY_METHODS = ("plain", "fixed-k", "pmin", "adaptive", "adaptive-lookup", "fixed-head", "adaptive-head")
+HEAD_METHODS = ("fixed-head", "adaptive-head")
+HEAD_FAMILY = {"fixed-head": "head", "adaptive-head": "head-hybrid"}  # the oracle family bounding each
+K_MAX = 8
+FIXED_K = 5  # "fixed-k" and "fixed-head"'s proposal length
+PREFILL_PRICES = ("trace", "profile")
+_CONTEXT_STEP = 8  # contexts are priced in buckets of 8 tokens (a cost barely moves within one), so prices cache well
+
+
+class VirtualDraft:
+    """Stands in for the draft model where the learned state keys drafters by model identity."""
+
+
+class Clock:
+    """Prices forwards (ms): a cost ``profile`` (the target's and the draft's cells), the engine's fixed
+    ``step_overhead_ms`` per step it decides, ``plain_overhead_ms`` per token of plain decoding (and per step
+    the engine rests), a draft
+    head's forwards from ``head_profile`` (a profile measured with the head, of the same target; None: no
+    head costs), and the prefill as the trace timed it (``prefill="trace"``) or by the profile
+    (``"profile"``: a projection onto another machine, whose prefill the trace's machine did not time).
+
+    Raises:
+        ValueError: a ``head_profile`` not measured with a head, or measured for another target; another
+            ``prefill``.
+    """
+
+    def __init__(self, profile: Profile, step_overhead_ms: float = 0.0, plain_overhead_ms: float = 0.0,
+                 head_profile: Profile | None = None, prefill: str = "trace") -> None:
+        if prefill not in PREFILL_PRICES:
+            raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_PRICES}")
+        self.prefill = prefill
+        if head_profile is not None and not head_profile.drafter_is_head:
+            raise ValueError(f"head profile {head_profile.key} was measured with a draft model, not a head; "
+                             "measure one with `hf-adaspec profile --head FOLDER`")
+        if head_profile is not None and head_profile.identity.get("target") != profile.identity.get("target"):
+            raise ValueError(f"head profile {head_profile.key} was measured for another target than profile "
+                             f"{profile.key}; measure both for the same target")
+        self.profile, self.step_overhead_ms, self.plain_overhead_ms = profile, step_overhead_ms, plain_overhead_ms
+        self.head_profile = head_profile
+        self._cache: dict[tuple[str, int, int, int], float] = {}
+
+    @property
+    def decision_ms(self) -> float:
+        """What a decision costs the engine beyond a plain step (ms): the step overheads' difference, which
+        the controller hears as its decisions' time (0: it never rests)."""
+        return max(0.0, self.step_overhead_ms - self.plain_overhead_ms)
+
+    def _priced(self, role: str, f: Forward) -> float:
+        key = (role, f.batch, max(1, f.context // _CONTEXT_STEP * _CONTEXT_STEP), f.columns)
+        if key not in self._cache:
+            _, b, c, n = key
+            drafter = self.head_profile if role == "head" else self.profile
+            self._cache[key] = (self.profile.verify_ms(b, c, n) if role == "target" else
+                                drafter.draft_ms(b, c) + (n - 1) * drafter.catchup_ms(b, c))
+        return self._cache[key]
+
+    def prefill_ms(self, traces: Sequence[Trace]) -> float:
+        """The prefill of a batch of ``traces`` (ms): their traced prefills, or the profile's price of one
+        forward over the padded prompts (its table extrapolates the widest measured forward)."""
+        if self.prefill == "trace":
+            return sum(t.prefill_ms for t in traces)
+        return self.verify_ms(Forward(len(traces), max(t.prompt_len for t in traces), 0))
+
+    def verify_ms(self, f: Forward) -> float:
+        """A target forward over f.columns new tokens (ms)."""
+        return self._priced("target", f)
+
+    def draft_ms(self, f: Forward) -> float:
+        """A draft forward: one token, plus (columns − 1) caught-up tokens (ms)."""
+        return self._priced("draft", f)
+
+    def head_ms(self, f: Forward) -> float:
+        """A head forward: one token, plus (columns − 1) ingested entries (ms). Raises ValueError without
+        head costs."""
+        if self.head_profile is None:
+            raise ValueError("no head costs: pass a profile measured by `hf-adaspec profile --head FOLDER` "
+                             "(replay's --head-profile)")
+        return self._priced("head", f)
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    """One replayed request (B rows): predicted time (ms), tokens, decisions, and whether the output
+    equals the traces (it must)."""
+
+    question_ids: tuple[int, ...]
+    categories: tuple[str, ...]
+    method: str
+    new_tokens: int
+    time_ms: float
+    steps: int
+    mean_accepted_length: float | None
+    acceptance: float | None
+    mean_k: float | None
+    plain_share: float | None
+    k_histogram: dict[int, int] = field(default_factory=dict)
+    drafter_histogram: dict[str, int] = field(default_factory=dict)
+    draft_prefix_tokens: int = 0
+    matches_trace: bool = True
+    stats: SpeculationStats | None = field(default=None, repr=False, compare=False)  # every step (None: plain)
+
+    def summary(self) -> dict:
+        """The run as JSON values, without the per-step stats."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stats"}
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1000.0 * self.new_tokens / self.time_ms
+
+
+def plain_run(traces: Sequence[Trace], clock: Clock) -> ReplayRun:
+    """Plain (batched) greedy decoding: the prefill, then one 1-token forward per step for every row until
+    the longest row ends (as transformers' ``generate`` keeps finished rows)."""
+    b, width = len(traces), max(t.prompt_len for t in traces)
+    steps = max(t.new_tokens for t in traces) - 1
+    ms = clock.prefill_ms(traces) + sum(
+        clock.verify_ms(Forward(b, 1, width + s)) + clock.plain_overhead_ms for s in range(1, steps + 1))
+    return ReplayRun(tuple(t.question_id for t in traces), tuple(t.category for t in traces), "plain",
+                     sum(t.new_tokens for t in traces), ms, steps, 1.0, None, 0.0, 1.0, {0: steps}, {"plain": steps})
+
+
+def _stopping(eos: torch.Tensor, max_length: int) -> Callable[[torch.Tensor, object], torch.Tensor]:
+    """Stop a row ([1, T] ids) at ``max_length`` tokens or on an EOS id."""
+    return lambda ids, scores: torch.tensor([ids.shape[1] >= max_length or bool(torch.isin(ids[0, -1], eos))])
+
+
+def check_head_method(method: str, traces: Sequence[Trace], clock: Clock) -> None:
+    """Raise ValueError naming the fix when head ``method`` cannot be replayed: traces without the head's
+    chains, or a clock without head costs."""
+    if method not in HEAD_METHODS:
+        return
+    if not all(t.head for t in traces):
+        raise ValueError(f"{method} needs traces with a draft head's chains; add them with `hf-adaspec trace "
+                         "--head FOLDER` (the traced prompts are not generated again)")
+    if clock.head_profile is None:
+        raise ValueError(f"{method} needs the head's costs: pass --head-profile, a profile measured by "
+                         "`hf-adaspec profile --head FOLDER` for the same target")
+
+
+def _method_kwargs(method: str, head: VirtualHead) -> dict:
+    """generate()'s keywords for a replayed method, with ``head`` or the draft's stand-in as assistant."""
+    if method == "adaptive-head":
+        return {"assistant_model": head, "speculation": "adaptive"}
+    if method == "fixed-head":
+        return {"assistant_model": head, "speculation": "fixed", "num_speculative_tokens": FIXED_K}
+    return method_kwargs(method, VirtualDraft, FIXED_K)
+
+
+def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState, clock: Clock,
+                   costs_for: Callable[[int, int], CostTable] | None = None, head: VirtualHead | None = None
+                   ) -> ReplayRun:
+    """Replay ``method`` on a static batch of the traces' prompts (B = len(traces)), learning into ``state``.
+
+    costs_for(b, context) → the controller's ``CostTable`` (default: the clock's profile at the padded
+    prompt length, as the engine uses a profile; the head profile for a head method). ``head``: the head's
+    stand-in, one per replayed method so its learned calibration carries (default: a new one). Raises
+    ValueError for an unknown method, a draft method on traces taken without a draft, or a head method
+    without head chains or head costs (``check_head_method``)."""
+    if method == "plain":
+        return plain_run(traces, clock)
+    if method not in REPLAY_METHODS:
+        raise ValueError(f"unknown replay method {method!r}; choose from {REPLAY_METHODS}")
+    check_head_method(method, traces, clock)
+    head = head if head is not None else VirtualHead()
+    kwargs = _method_kwargs(method, head)
+    config = SpeculationConfig(**{k: v for k, v in kwargs.items() if k != "assistant_model"})
+    draft_key = kwargs.get("assistant_model")
+    drafts = draft_key is VirtualDraft
+    if drafts and not all(t.draft for t in traces):
+        raise ValueError(f"{method} needs traces taken with a draft model; re-run `hf-adaspec trace --draft ...`")
+    chains = [i for t in traces for row in t.head_next for i in row] if draft_key is head else []
+    vocab = Vocab([i for t in traces for i in (*t.tokens, *t.draft_next, *t.eos)] + chains + state.suffixes.ids())
+    eos = vocab.encode(traces[0].eos)
+    pad = int(eos[0]) if eos.numel() else 0  # pads fill holes the engine never reads
+    rows = [vocab.encode(t.tokens) for t in traces]
+    input_ids, valid = left_pad([r[: t.prompt_len] for r, t in zip(rows, traces, strict=True)], pad)  # [B, T]
+    width = input_ids.shape[1]
+    caches = TraceCaches([target_answers(r, pad) for r in rows],
+                         [draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces]
+                         if drafts else [], vocab.size, head if draft_key is head else None)
+    if draft_key is head:
+        head.serve([head_answers(t.prompt_len, vocab.encode([i for row in t.head_next for i in row]).view(
+            len(t.head_next), -1), t.head_q) for t in traces], vocab.size)
+    max_length = width + max(t.max_new_tokens for t in traces)
+    settings = DecodeSettings(LogitsProcessorList(), _stopping(eos, max_length), max_length, False, pad,
+                              tuple(eos.tolist()), decision_ms=clock.decision_ms)
+    priced_by = clock.head_profile if draft_key is head else clock.profile
+    table = costs_for or (lambda b, c: priced_by.cost_table(b, c, config.max_speculative_tokens + 1))
+    compact = dataclasses.replace(state, suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
+                                  draft_prefixes=state.draft_prefixes.mapped(vocab.encode_known))  # this request's ids
+    run = build_run(config, compact, input_ids, valid.long(), draft_key, caches,
+                    functools.cache(lambda b: table(b, width)), settings)
+    result = speculative_decode(run.parts, input_ids, valid.long())
+    outputs = [vocab.decode(result.sequences[i, width : width + n]) for i, n in enumerate(result.stats.row_tokens)]
+    record_run(state, run, [list(t.tokens[: t.prompt_len]) for t in traces], outputs)
+    draft_log = caches.made_draft.log if caches.made_draft is not None else []
+    head_log = head.log if draft_key is head else []
+    time_ms = _price(clock, traces, caches.made_target.log, (draft_log, head_log), result.stats)
+    seed = run.seed.length if run.seed is not None else 0
+    return _run(traces, method, result.stats, time_ms, seed, _matches(result.sequences, width, traces, vocab))
+
+
+def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward],
+           drafter_logs: tuple[list[Forward], list[Forward]], stats: SpeculationStats) -> float:
+    """Virtual ms: the prefill, every later target, draft and head forward, and the per-step overhead (a
+    rested step's: the plain one's)."""
+    steps, decided = len({s.step for s in stats.steps}), len({s.step for s in stats.steps if s.decided})
+    draft_log, head_log = drafter_logs
+    return (clock.prefill_ms(traces) + sum(clock.verify_ms(f) for f in target_log[1:])
+            + sum(clock.draft_ms(f) for f in draft_log) + sum(clock.head_ms(f) for f in head_log)
+            + decided * clock.step_overhead_ms + (steps - decided) * clock.plain_overhead_ms)
+
+
+def _matches(sequences: torch.Tensor, width: int, traces: Sequence[Trace], vocab: Vocab) -> bool:
+    """Each row's generated ids equal its trace's output."""
+    for seq, t in zip(sequences, traces, strict=True):
+        got = vocab.decode(seq[width : width + t.new_tokens])
+        if got != list(t.tokens[t.prompt_len :]):
+            return False
+    return True
+
+
+def _run(traces: Sequence[Trace], method: str, stats: SpeculationStats, time_ms: float, seed: int,
+         same: bool) -> ReplayRun:
+    drafters: dict[str, int] = {}
+    for s in stats.steps:
+        drafters[s.drafter] = drafters.get(s.drafter, 0) + 1
+    acceptance = stats.acceptance_rate
+    return ReplayRun(tuple(t.question_id for t in traces), tuple(t.category for t in traces), method,
+                     sum(stats.row_tokens), time_ms, len({s.step for s in stats.steps}), stats.mean_accepted_length,
+                     None if math.isnan(acceptance) else acceptance, stats.mean_k, stats.plain_share,
+                     dict(sorted(stats.k_histogram.items())), drafters, seed, same, stats)
+
+
+def oracle_tokens_per_s(trace: Trace, clock: Clock, seed: int, k_max: int = K_MAX) -> dict[str, float]:
+    """Oracle tokens/s per drafter family ("draft", "lookup": the costless drafters, "hybrid": both; with a
+    head's chains in the trace and head costs on the clock also "head", "head-hybrid": the head and the
+    costless drafters, and "all": every drafter) for one trace: the fastest schedule knowing every
+    acceptance (the head's: its traced chains, ``Trace.head_runs``), each step priced as the clock prices it
+    (at the mid-output context, the step overhead included), the prefill and the drafters' catch-up of the
+    prompt (the draft's less ``seed``) added."""
+    n, mid = trace.new_tokens, trace.prompt_len + trace.new_tokens // 2
+    seq = torch.tensor([trace.tokens])
+    lookup = OracleDrafter(tuple(costless_runs(seq, trace.prompt_len, k_max)))
+    verify = lambda cols: clock.verify_ms(Forward(1, cols, mid)) + clock.step_overhead_ms  # noqa: E731
+    families: dict[str, list[OracleDrafter]] = {"lookup": [lookup]}
+    model = head = None
+    if trace.draft:
+        model = OracleDrafter(tuple(agreement_runs(trace.draft_agreement())), clock.draft_ms(Forward(1, 1, mid)),
+                              clock.draft_ms(Forward(1, trace.prompt_len - seed, 0)) if trace.prompt_len > seed else 0.0)
+        families.update(draft=[model], hybrid=[model, lookup])
+    if trace.head and clock.head_profile is not None:
+        head = OracleDrafter(tuple(trace.head_runs()), clock.head_ms(Forward(1, 1, mid)),
+                             clock.head_ms(Forward(1, trace.prompt_len, 0)))
+        families.update({"head": [head], "head-hybrid": [head, lookup]})
+    if model is not None and head is not None:
+        families["all"] = [model, head, lookup]
+    prefill = clock.prefill_ms([trace])
+    return {f: 1000.0 * n / (prefill + oracle_schedule(d, k_max, verify).time_ms) for f, d in families.items()}

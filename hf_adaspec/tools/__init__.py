@@ -1,1 +1,0 @@
-"""Tools around the core: the CLI, the benchmarks and their oracle, the live runner and the playground."""
