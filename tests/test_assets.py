@@ -132,24 +132,36 @@ def test_discard_removes_the_assembled_file_and_assemble_rebuilds_it(tmp_path, p
     assert assemble(asset, root=tmp_path).read_bytes() == PART1 + PART2
 
 
-def test_preset_keeps_only_its_dense_copy(tmp_path, parts, monkeypatch):
-    """A preset is converted once; the assembled GGUF is discarded and not rebuilt for a later load."""
+def test_a_preset_keeps_its_gguf_and_makes_its_dense_copy_only_on_demand(tmp_path, parts, monkeypatch):
+    """A preset's assembled GGUF stays (the q4 format reads its blocks) beside a folder of its config and tokenizer,
+    made once; the dequantized copy is made on the first call that needs dense weights, and only then."""
     from hf_adaspec.models import loading
     from hf_adaspec.models.presets import ModelPreset
 
     monkeypatch.setenv(assets.CACHE_ENV, str(tmp_path))
     monkeypatch.setitem(loading.PRESETS, "tiny", ModelPreset("tiny", _asset(), "test asset"))
-    converted = []
+    metas, converted = [], []
+
+    def folder(dest):
+        dest.mkdir(parents=True)
+        write_stamp(dest / loading._DONE, [])
+        return dest
+
+    def meta(gguf, dest):
+        metas.append(gguf.read_bytes())
+        return folder(dest)
 
     def convert(gguf, dest, dtype):
         assert gguf.read_bytes() == PART1 + PART2
-        dest.mkdir(parents=True)
-        write_stamp(dest / loading._DONE, [])
         converted.append(dtype)
-        return dest
+        return folder(dest)
 
+    monkeypatch.setattr(loading, "_meta_from_gguf", meta)
     monkeypatch.setattr(loading, "_dense_from_gguf", convert)
-    first = loading.resolve("tiny")
-    assert _leftovers(tmp_path) == []
-    monkeypatch.setattr(assets, "locate_parts", lambda asset: pytest.fail("a converted preset needs no parts"))
-    assert loading.resolve("tiny") == first and converted == ["bfloat16"]
+    origin = loading.source("tiny")
+    assert metas == [] and converted == [] and _leftovers(tmp_path) == ["tiny.gguf", "tiny.gguf.stamp"]
+    assert origin.meta() == origin.meta() and metas == [PART1 + PART2]  # made once, on demand
+    first = origin.dense()
+    assert converted == ["bfloat16"] and loading.resolve("tiny") == first
+    monkeypatch.setattr(assets, "locate_parts", lambda asset: pytest.fail("an assembled preset needs no parts"))
+    assert loading.source("tiny").dense() == first and converted == ["bfloat16"] and len(metas) == 1

@@ -1,15 +1,20 @@
-"""The q4 kernel (``kernels/q4``): packing, the integer matmul against its exact emulation in torch, the layer,
-and the errors that name a fix. Built once per session into a temporary directory (conftest's ``kernel_dir``)."""
+"""The q4 kernel (``kernels/q4``, ``kernels/blocks``): GGUF blocks read bit for bit, the integer matmul against its
+exact emulation in float64, the plain-C path against the AVX2 one, fused segments, the layer, and the errors that
+name a fix. Built once per session into a temporary directory (conftest's ``kernel_dir``)."""
 
 from __future__ import annotations
 
 import os
 import stat
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType, dequantize as gguf_dequantize
 
-from hf_adaspec.kernels import q4
+from hf_adaspec.kernels import blocks, q4
+
+SIZES = {"Q4_K": (144, 256), "Q6_K": (210, 256), "Q8_0": (34, 32), "Q5_0": (22, 32), "Q4_0": (18, 32)}
 
 
 @pytest.fixture
@@ -17,41 +22,93 @@ def kdir(kernel_dir):
     return kernel_dir
 
 
-def _emulated(x: torch.Tensor, blocks: torch.Tensor, k: int) -> torch.Tensor:
-    """What the kernel computes, in float64 torch: activations to int8 per group of 32 (scale max|x| / 127, round
-    half to even), integer dot products with the 4-bit codes, scaled, plus minimum × the group's quantized sum."""
-    kp = blocks.shape[1] * q4.BLOCK
-    xg = torch.nn.functional.pad(x.float(), (0, kp - k)).view(x.shape[0], -1, q4.GROUP)  # [M, G, 32]
-    dx = xg.abs().amax(-1) / 127  # [M, G] float32, as in C
-    inv = torch.where(dx > 0, 1 / dx, torch.zeros_like(dx))
-    qx = (xg * inv[..., None]).round()  # [M, G, 32]
-    w = q4.unpack(blocks, kp).view(blocks.shape[0], -1, q4.GROUP).double()  # [N, G, 32]
-    xdeq = (qx * dx[..., None]).double()
-    return torch.einsum("mgj,ngj->mn", xdeq, w).float()
+def random_gguf(gguf_type: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random GGUF rows of ``gguf_type`` [N, bytes]: every code and scale byte random, fp16 scales finite (some
+    zero, some subnormal, some negative where the type allows)."""
+    rng = np.random.default_rng(seed)
+    size, per = SIZES[gguf_type]
+    raw = rng.integers(0, 256, (n, k // per, size), dtype=np.uint8)
+    d = (rng.standard_normal((n, k // per, 2)) * 0.02).astype(np.float16)
+    d[..., 0].flat[::7] = 0
+    d[..., 0].flat[1::11] = np.float16(3e-6)  # subnormal
+    if gguf_type == "Q4_K":
+        raw[..., 0:4] = np.abs(d).view(np.uint8).reshape(n, k // per, 4)
+    elif gguf_type == "Q6_K":
+        raw[..., 208:210] = d[..., :1].view(np.uint8).reshape(n, k // per, 2)
+    else:
+        raw[..., 0:2] = d[..., :1].view(np.uint8).reshape(n, k // per, 2)
+    return raw.reshape(n, -1)
+
+
+def gguf_rows(gguf_type: str, n: int, k: int, seed: int) -> tuple[str, torch.Tensor]:
+    """(kind, rows) of random GGUF rows (``random_gguf``) in the kernel's layout."""
+    return blocks.from_gguf(gguf_type, random_gguf(gguf_type, n, k, seed), k)
+
+
+@pytest.mark.parametrize("gguf_type,k", [("Q4_K", 512), ("Q6_K", 768), ("Q8_0", 96), ("Q8_0", 512), ("Q5_0", 896),
+                                         ("Q4_0", 64)])
+def test_gguf_blocks_dequantize_bit_for_bit_as_gguf_does(gguf_type, k):
+    raw = random_gguf(gguf_type, 12, k, seed=k)
+    kind, rows = blocks.from_gguf(gguf_type, raw, k)
+    assert rows.shape == (12, blocks.row_bytes(kind, k)) and rows.dtype == torch.uint8
+    ours = blocks.dequantize(kind, rows, k)
+    theirs = torch.from_numpy(gguf_dequantize(raw, GGMLQuantizationType[gguf_type]).reshape(12, k))
+    assert torch.equal(ours, theirs)
+
+
+def _emulated(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, in float64: activations to int8 per 256 features (scale max|x| / 127, round half
+    to even), times the dequantized weight w [N, K] exactly."""
+    m, k = x.shape
+    kp = blocks.padded(k)
+    xb = torch.nn.functional.pad(x.float(), (0, kp - k)).view(m, -1, blocks.BLOCK)  # [M, B, 256]
+    amax = xb.abs().amax(-1)  # [M, B] float32, as in C
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    qx = (xb * inv[..., None]).round()
+    xdeq = (qx * (amax / 127)[..., None]).double().view(m, kp)[:, :k]
+    return (xdeq @ w.double().T).float()
+
+
+def _layer(parts, k, kdir, bias=None):
+    return q4.Q4Linear(k, parts, bias, kdir)
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["this-cpu", "portable"])
-@pytest.mark.parametrize("n,k", [(48, 256), (40, 96), (24, 544)])
+@pytest.mark.parametrize("gguf_type,k", [("Q4_K", 512), ("Q6_K", 256), ("Q8_0", 96), ("Q5_0", 288)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
-def test_matmul_equals_its_emulation(kdir, n, k, m, portable):
+def test_matmul_equals_its_emulation(kdir, gguf_type, k, m, portable):
     torch.manual_seed(m * 1000 + k)
-    w, x = torch.randn(n, k), torch.randn(m, k)
-    blocks = q4.pack(w)
-    y = q4.linear(x, blocks, n, kdir, portable=portable)  # [M, N]
-    assert y.shape == (m, n) and y.dtype == torch.float32
-    torch.testing.assert_close(y, _emulated(x, blocks, k), rtol=1e-4, atol=1e-4)
+    kind, rows = gguf_rows(gguf_type, 24, k, seed=m + k)
+    x = torch.randn(m, k)
+    y = q4.linear(x, rows.reshape(-1), torch.tensor([blocks.KINDS.index(kind)], dtype=torch.int32),
+                  torch.tensor([24]), k, kdir, portable=portable)  # [M, N]
+    ref = _emulated(x, blocks.dequantize(kind, rows, k))
+    assert y.shape == (m, 24) and y.dtype == torch.float32
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
 
 
-def test_fp16_scales_of_every_kind_convert_in_the_portable_path(kdir):
-    """Subnormal, zero and negative fp16 minima and scales: the portable path's own fp16 conversion."""
-    w = torch.zeros(4, 256)
-    w[0] = torch.linspace(-1e-6, 1e-6, 256)  # subnormal fp16 scales
-    w[1] = -3.0  # zero scale, negative minimum
-    w[2] = torch.linspace(-2.0, 5.0, 256)
-    blocks, x = q4.pack(w), torch.randn(3, 256)
-    fast, portable = q4.linear(x, blocks, 4, kdir), q4.linear(x, blocks, 4, kdir, portable=True)
-    torch.testing.assert_close(portable, fast, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(portable, _emulated(x, blocks, 256), rtol=1e-4, atol=1e-5)
+def test_plain_c_and_avx2_agree_within_float_rounding(kdir):
+    """The two paths differ only in the order of float additions (tests must not depend on the processor)."""
+    torch.manual_seed(7)
+    k = 768
+    parts = [gguf_rows(t, 20, k, seed=i) for i, t in enumerate(("Q4_K", "Q6_K", "Q8_0"))]
+    layer, x = _layer(parts, k, kdir), torch.randn(6, k)
+    fast = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir)
+    plain = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir, portable=True)
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5 * float(plain.abs().max()))
+
+
+def test_segments_of_several_kinds_are_the_separate_products_side_by_side(kdir):
+    """A fused matrix (a Q4_K query beside a Q6_K value) gives, row for row, each part's own product."""
+    torch.manual_seed(8)
+    k = 512
+    parts = [gguf_rows("Q4_K", 16, k, 1), gguf_rows("Q6_K", 8, k, 2), gguf_rows("Q4_K", 4, k, 3)]
+    x = torch.randn(5, k)
+    fused = _layer(parts, k, kdir)(x)  # [5, 28]
+    alone = torch.cat([_layer([p], k, kdir)(x) for p in parts], -1)
+    assert fused.shape == (5, 28) and torch.equal(fused, alone)
+    torch.testing.assert_close(fused, _emulated(x, _layer(parts, k, kdir).weight_float()),
+                               rtol=1e-4, atol=1e-4 * float(fused.abs().max()))
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["this-cpu", "portable"])
@@ -59,68 +116,83 @@ def test_bfloat16_in_and_out_with_bias_is_the_float_result_rounded_once(kdir, po
     """bf16 activations are read in place and the bias is added before the one rounding to bf16: bit for bit what
     the float32 path plus the bias, then torch's rounding, gives."""
     torch.manual_seed(3)
-    w, bias = torch.randn(40, 544), torch.randn(40)
-    x = torch.randn(5, 544).to(torch.bfloat16)
-    blocks = q4.pack(w)
-    y = q4.linear(x, blocks, 40, kdir, bias=bias, portable=portable)  # [5, 40]
-    ref = q4.linear(x.float(), blocks, 40, kdir, portable=portable) + bias
+    bias, x = torch.randn(40), torch.randn(5, 544).to(torch.bfloat16)
+    layer = q4.Q4Linear.dense(torch.nn.Linear(544, 40), kdir)
+    args = (layer.blocks, layer.kind_ids, layer.rows, 544, kdir)
+    y = q4.linear(x, *args, bias=bias, portable=portable)  # [5, 40]
+    ref = q4.linear(x.float(), *args, portable=portable) + bias
     assert y.dtype == torch.bfloat16 and y.shape == (5, 40)
     assert torch.equal(y, ref.to(torch.bfloat16))
-    assert not torch.equal(y, q4.linear(x, blocks, 40, kdir, portable=portable))  # the bias was added
+    assert not torch.equal(y, q4.linear(x, *args, portable=portable))  # the bias was added
 
 
 def test_other_dtypes_go_through_float32_and_too_wide_inputs_are_refused(kdir):
-    blocks = q4.pack(torch.randn(8, 256))
-    x = torch.randn(2, 200)
-    half = q4.linear(x.half(), blocks, 8, kdir)
+    layer = q4.Q4Linear.dense(torch.nn.Linear(256, 8, bias=False), kdir)
+    x = torch.randn(2, 200)  # fewer features than the weight: the rest are zeros
+    args = (layer.blocks, layer.kind_ids, layer.rows, 256, kdir)
+    half = q4.linear(x.half(), *args)
     assert half.dtype == torch.float32
-    torch.testing.assert_close(half, q4.linear(x.half().float(), blocks, 8, kdir), rtol=0, atol=0)
+    torch.testing.assert_close(half, q4.linear(x.half().float(), *args), rtol=0, atol=0)
     with pytest.raises(ValueError, match="300 input features but the packed weight holds 256"):
-        q4.linear(torch.randn(1, 300), blocks, 8, kdir)
+        q4.linear(torch.randn(1, 300), *args)
 
 
 def test_a_bias_of_another_dtype_and_an_empty_input(kdir):
     torch.manual_seed(5)
-    blocks, bias, x = q4.pack(torch.randn(16, 256)), torch.randn(16), torch.randn(3, 256)
-    torch.testing.assert_close(q4.linear(x, blocks, 16, kdir, bias=bias.to(torch.bfloat16)),
-                               q4.linear(x, blocks, 16, kdir, bias=bias.to(torch.bfloat16).float()), rtol=0, atol=0)
-    assert q4.linear(x[:0], blocks, 16, kdir, bias=bias).shape == (0, 16)
+    layer, bias, x = q4.Q4Linear.dense(torch.nn.Linear(256, 16), kdir), torch.randn(16), torch.randn(3, 256)
+    args = (layer.blocks, layer.kind_ids, layer.rows, 256, kdir)
+    torch.testing.assert_close(q4.linear(x, *args, bias=bias.to(torch.bfloat16)),
+                               q4.linear(x, *args, bias=bias.to(torch.bfloat16).float()), rtol=0, atol=0)
+    assert q4.linear(x[:0], *args, bias=bias).shape == (0, 16)
 
 
 def test_q4_linear_reads_strided_inputs_as_their_values(kdir):
     torch.manual_seed(4)
-    layer = q4.Q4Linear(torch.nn.Linear(64, 16).to(torch.bfloat16), kdir)
+    layer = q4.Q4Linear.dense(torch.nn.Linear(64, 16).to(torch.bfloat16), kdir)
     x = torch.randn(3, 128, dtype=torch.bfloat16)[:, ::2]  # [3, 64], not contiguous
     assert torch.equal(layer(x), layer(x.contiguous()))
 
 
-def test_pack_rounds_each_weight_to_its_groups_nearest_level():
+def test_quantize_q4_k_rounds_each_weight_near_its_groups_grid():
     torch.manual_seed(0)
     w = torch.randn(16, 320)
-    back = q4.unpack(q4.pack(w), 320)
-    step = (w.view(16, 10, 32).amax(-1) - w.view(16, 10, 32).amin(-1)) / 15  # [16, 10]
+    back = blocks.dequantize("q4_k", blocks.quantize_q4_k(w), 320)
+    groups = torch.nn.functional.pad(w, (0, 192)).view(16, -1, 32)[:, :10]  # [16, 10, 32]
+    step = (groups.amax(-1) - groups.amin(-1).clamp(max=0)) / 15
     err = (back - w).abs().view(16, 10, 32)
     assert back.shape == w.shape
-    assert bool((err <= step[..., None] * 0.5 + 2e-3 * w.abs().max()).all())  # half a level, fp16 scales aside
-    assert float(err.mean()) > 0  # 4 bits: not lossless
+    assert bool((err <= step[..., None] * 0.5 + step.amax() / 63 * 16).all())  # half a level + the 6-bit scales
+    assert float(err.mean()) > 0 and float(err.mean()) < 0.25 * float(step.mean())  # 4 bits: close, not lossless
 
 
-def test_pack_refuses_widths_that_are_not_whole_groups():
+def test_quantize_q8_0_is_half_a_step_from_each_weight():
+    torch.manual_seed(1)
+    w = torch.randn(8, 96)
+    back = blocks.dequantize("q8_0", blocks.quantize_q8_0(w), 96)
+    step = w.view(8, 3, 32).abs().amax(-1) / 127
+    assert bool(((back - w).abs().view(8, 3, 32) <= step[..., None] * 0.5 + 1e-3 * step[..., None]).all())
+
+
+def test_widths_that_are_not_whole_groups_and_wrong_layouts_are_refused(kdir):
     with pytest.raises(ValueError, match="multiple of 32"):
-        q4.pack(torch.randn(4, 40))
+        blocks.quantize_q4_k(torch.randn(4, 40))
+    with pytest.raises(ValueError, match=r"q6_k rows of 256 features are uint8 \[N, 210\]"):
+        q4.Q4Linear(256, [("q6_k", torch.zeros(2, 148, dtype=torch.uint8))], None, kdir)
+    with pytest.raises(ValueError, match="GGUF Q5_K has no exact layout"):
+        blocks.from_gguf("Q5_K", np.zeros((1, 176), np.uint8), 256)
 
 
 def test_q4_linear_keeps_shape_dtype_and_bias_and_approximates_the_dense_layer(kdir):
     torch.manual_seed(1)
     dense = torch.nn.Linear(96, 40).to(torch.bfloat16)
-    layer = q4.Q4Linear(dense, kdir)
+    layer = q4.Q4Linear.dense(dense, kdir)
     x = torch.randn(2, 3, 96, dtype=torch.bfloat16)
     y = layer(x)
     assert y.shape == (2, 3, 40) and y.dtype == torch.bfloat16
     ref = dense(x).float()
     assert float((y.float() - ref.detach()).norm() / ref.detach().norm()) < 0.1
-    nobias = q4.Q4Linear(torch.nn.Linear(96, 40, bias=False), kdir)
-    assert nobias.bias is None and "bias=False" in repr(nobias)
+    nobias = q4.Q4Linear.dense(torch.nn.Linear(96, 40, bias=False), kdir)
+    assert nobias.bias is None and "bias=False" in repr(nobias) and "kinds=q4_k" in repr(nobias)
 
 
 def test_a_missing_compiler_is_named_with_the_fix(tmp_path, monkeypatch):
@@ -145,6 +217,16 @@ def test_a_build_is_reused(kdir):
 
 
 def test_tensors_off_the_cpu_are_refused_before_the_kernel_reads_them(kdir):
-    blocks = q4.pack(torch.randn(8, 256))
+    layer = q4.Q4Linear.dense(torch.nn.Linear(256, 8), kdir)
     with pytest.raises(ValueError, match="runs on the CPU"):
-        q4.linear(torch.randn(1, 256, device="meta"), blocks, 8, kdir)
+        q4.linear(torch.randn(1, 256, device="meta"), layer.blocks, layer.kind_ids, layer.rows, 256, kdir)
+
+
+@pytest.mark.parametrize("gguf_type,k", [("Q4_K", 512), ("Q6_K", 256), ("Q5_0", 96)])
+def test_dequantization_in_c_is_the_reference_bit_for_bit(kdir, gguf_type, k):
+    """The C dequantizer (embeddings, dense heads) gives gguf's float32 values, and torch's bf16 rounding of them."""
+    raw = random_gguf(gguf_type, 10, k, seed=3)
+    kind, rows = blocks.from_gguf(gguf_type, raw, k)
+    ref = torch.from_numpy(gguf_dequantize(raw, GGMLQuantizationType[gguf_type]).reshape(10, k))
+    assert torch.equal(q4.dequantize_rows(kind, rows, k, torch.float32, kdir), ref)
+    assert torch.equal(q4.dequantize_rows(kind, rows, k, torch.bfloat16, kdir), ref.to(torch.bfloat16))

@@ -1,20 +1,35 @@
-/* 4-bit weights times 8-bit activations on AVX2 (the Q4_1 x Q8_1 scheme of llama.cpp, in a layout of our own).
+/* Block-quantized weights times 8-bit activations: the GGUF file's own Q4_K, Q6_K and Q8_0 blocks, on AVX2.
 
-Weights: per output row, K/256 blocks of 8 groups of 32 input features; w = q * d + m, q in 0..15, with a
-scale d and a minimum m (fp16) per group. Activations are quantized per group of 32 to int8 with a scale
-dx (x = qx * dx) and sx = dx * sum(qx). A group's dot product is then d * dx * sum(q * qx) + m * sx, with the
-integer sum on _mm256_maddubs_epi16. The layouts (see wblock / xblock) interleave a block's 8 groups: in each
-32-byte vector, 4-byte lane l holds 4 elements of group l, so the 8 products' vectors of a block add up lane by lane
-(int16 sums stay below 8 * 2 * 15 * 127 = 30480) and one _mm256_madd_epi16 leaves group l's sum in lane l, beside
-its scales: no horizontal adds until a row's end.
+Weights come in kinds, each a superblock of 256 input features of one output row: Q4K (8 groups of 32,
+w = d*sc*q - dmin*m, q in 0..15, 6-bit sc and m, fp16 d and dmin: llama.cpp's Q4_K), Q6K (16 groups of 16,
+w = d*sc*(q - 32), q in 0..63, int8 sc, fp16 d: llama.cpp's Q6_K) and Q80 (8 groups of 32, w = d*q, int8 q, fp16 d:
+llama.cpp's Q8_0, 8 blocks side by side). Every value of the file is kept; only the order of the codes changes
+(``blocks.py`` writes these layouts). Activations are quantized per 256 features to int8 with one float scale dx
+(x = qx * dx) and the sums of qx per group of 32 (xblock, llama.cpp's Q8_K in our order).
 
-The AVX2 kernel is compiled for AVX2, FMA and F16C by function attribute and runs only where the CPU has them
-(q4_avx2(), checked once), so no caller executes an instruction its CPU lacks; elsewhere (other CPUs, other
-architectures) the same integer arithmetic runs in plain C, slowly.
+The order (issue 44's, kept): in each 32-byte vector j (j = 0..7) of a superblock, 4-byte lane l holds elements
+4j .. 4j + 3 of group l (group = 32 features), for weights and activations alike. _mm256_maddubs_epi16 of a weight
+vector with an activation vector leaves group l's partial sums in int16 lanes 2l, 2l + 1, so the products of
+several vectors add up lane by lane in int16 and one _mm256_madd_epi16 with the groups' scales (int16, lane pair l
+= group l's) finishes a superblock: per activation row, Q4K costs 8 maddubs and 1 madd per 256 weights (the
+natural order needs a madd per 32). Q4K's 4-bit codes times int8 sum to at most 8 * 2 * 15 * 127 = 30480 over the
+8 vectors; Q6K's codes are made signed (q - 32, |q - 32| <= 32) and multiplied by the sign trick (|w| times x
+with w's sign), 4 vectors (the first or second 16 of each group of 32) summing to at most 4 * 2 * 32 * 127 =
+32512, one madd with the even and one with the odd 16-group scales; Q80 (|w| <= 128) takes a madd per vector.
+A superblock's dot product is then integer sums times one float: dx * (d * sum_g sc_g * S_g - dmin * sum_g m_g *
+X_g) for Q4K (X_g the activations' group sum), dx * d * sum sc * S for Q6K, dx * sum_g d_g * S_g for Q80.
 
-q4_linear is the one entry: it reads float32 or bfloat16 activations, quantizes them into a scratch buffer, multiplies,
-adds the bias and writes float32 or bfloat16 (rounded to nearest even, as torch rounds), all in one call: a layer's
-step costs one foreign call and no tensor operations around it. */
+A matrix is a list of segments (consecutive output rows of one kind), so fused layers whose rows differ in kind
+(a Q4_K query beside a Q6_K value) are one call. Each weight superblock is decoded once per R <= 4 activation
+rows (verification multiplies up to k + 1 rows). Output rows are split over threads.
+
+The AVX2 kernels are compiled for AVX2, FMA and F16C by function attribute and run only where the CPU has them
+(q4_avx2(), checked once); elsewhere (other CPUs, other architectures) the same integer arithmetic runs in plain C,
+slowly, and gives the same result up to the order of float additions.
+
+q4_linear is the one entry: it reads float32 or bfloat16 activations, quantizes them into a scratch buffer,
+multiplies, adds the bias and writes float32 or bfloat16 (rounded to nearest even, as torch rounds), all in one
+call: a layer's step costs one foreign call and no tensor operations around it. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,13 +39,25 @@ step costs one foreign call and no tensor operations around it. */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
-/* 256 weights: byte 4l + e of qs[32p:32p+32] (p = 0..3) holds element 4p + e of group l in its low nibble and
-   element 16 + 4p + e in its high nibble. d, m per group. */
-typedef struct { uint8_t qs[128]; uint16_t d[8]; uint16_t m[8]; } wblock;
-/* 256 activations: qs[32j + 4l + e] is element 4j + e of group l (j = 0..7); d, s per group. */
-typedef struct { int8_t qs[256]; float d[8]; float s[8]; } xblock;
+enum { Q4K = 0, Q6K = 1, Q80 = 2, KINDS = 3 };
 
-/* 1 where the AVX2 kernel runs on this CPU, else 0. */
+/* Position of element t (0..31) of group l (0..7) in a superblock's 256 codes: vector t / 4, lane l. */
+#define AT(l, t) (32 * ((t) / 4) + 4 * (l) + (t) % 4)
+/* 256 weights: the code at position 32p + b (p = 0..3) is the low nibble of qs[32p + b], at 32(p + 4) + b its
+   high nibble; group l has scale d * sc[l] and minimum dmin * mn[l]. */
+typedef struct { uint16_t d, dmin; uint8_t sc[8], mn[8]; uint8_t qs[128]; } q4k_block;
+/* 256 weights, codes 0..63: position 32j + b has low 4 bits from ql as Q4K's qs (p = j % 4, high nibble for
+   j >= 4) and high 2 bits at bits 2(j / 2) of qh[32(j % 2) + b]; the first 16 of group l have scale d * sce[l],
+   the second 16 d * sco[l]. */
+typedef struct { uint8_t ql[128], qh[64]; int8_t sce[8], sco[8]; uint16_t d; } q6k_block;
+/* 256 weights: position AT(l, t) holds d[l] * qs[AT(l, t)]. */
+typedef struct { uint16_t d[8]; int8_t qs[256]; } q80_block;
+/* 256 activations: x = qs * d in the positions above; bsum[l] = the sum of group l's qs. */
+typedef struct { int8_t qs[256]; int16_t bsum[8]; float d; } xblock;
+
+static const int BLOCK_BYTES[KINDS] = {(int)sizeof(q4k_block), (int)sizeof(q6k_block), (int)sizeof(q80_block)};
+
+/* 1 where the AVX2 kernels run on this CPU, else 0. */
 int q4_avx2(void) {
 #if defined(__x86_64__)
     static int known = -1;
@@ -44,8 +71,11 @@ int q4_avx2(void) {
 #endif
 }
 
-int q4_wblock_bytes(void) { return (int)sizeof(wblock); }
-int q4_xblock_bytes(void) { return (int)sizeof(xblock); }
+/* Bytes of one superblock of ``kind`` (-1 for an unknown kind); of an activation block where kind is -1. */
+int q4_block_bytes(int kind) {
+    if (kind == -1) return (int)sizeof(xblock);
+    return kind >= 0 && kind < KINDS ? BLOCK_BYTES[kind] : -1;
+}
 
 static float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -62,6 +92,31 @@ static uint16_t float_to_bf16(float f) {
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+static float half_to_float(uint16_t h) {
+    int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float f = exp == 0 ? ldexpf((float)man, -24)
+              : exp == 31 ? (man ? NAN : INFINITY) : ldexpf((float)(man | 0x400), exp - 25);
+    return (h >> 15) ? -f : f;
+}
+
+/* One block of 256 activations (v, features past the input already zero) to int8: scale max|v| / 127, each
+   value times 127 / max|v| rounded to nearest even (lrintf, as _mm256_cvtps_epi32 rounds). */
+static void quantize_block(const float *v, xblock *o) {
+    float amax = 0.f;
+    for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(v[j]));
+    float id = amax > 0.f ? 127.f / amax : 0.f;
+    for (int l = 0; l < 8; l++) {
+        int s = 0;
+        for (int t = 0; t < 32; t++) {
+            int q = (int)lrintf(v[32 * l + t] * id);
+            o->qs[AT(l, t)] = (int8_t)q;
+            s += q;
+        }
+        o->bsum[l] = (int16_t)s;
+    }
+    o->d = amax / 127.f;
+}
+
 /* x [M, K_in] (float32, or bfloat16 where bf16) -> out [M, K/256] blocks; features K_in .. K are zeros. */
 static void q8_blocks(const void *x, int bf16, int64_t M, int64_t K_in, int64_t K, xblock *out, int threads) {
     int64_t nb = K / 256, n = M * nb;
@@ -73,21 +128,7 @@ static void q8_blocks(const void *x, int bf16, int64_t M, int64_t K_in, int64_t 
             int64_t c = first + j, at = row * K_in + c;
             v[j] = c >= K_in ? 0.f : bf16 ? bf16_to_float(((const uint16_t *)x)[at]) : ((const float *)x)[at];
         }
-        xblock *o = out + i;
-        for (int g = 0; g < 8; g++) {
-            const float *u = v + g * 32;
-            float amax = 0.f;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(u[j]));
-            float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-            int sum = 0;
-            for (int j = 0; j < 32; j++) {
-                int t = (int)lrintf(u[j] * id);
-                sum += t;
-                o->qs[32 * (j / 4) + 4 * g + j % 4] = (int8_t)t;
-            }
-            o->d[g] = d;
-            o->s[g] = d * (float)sum;
-        }
+        quantize_block(v, out + i);
     }
 }
 
@@ -100,6 +141,59 @@ static inline void put(const sink *o, int64_t r, int64_t n, float v) {
     else ((float *)o->y)[r * o->N + n] = v;
 }
 
+/* ---- plain C: one superblock of one weight row with one activation row ---- */
+
+/* Code at position i of a Q4K or Q6K superblock. */
+static int code_q4k(const q4k_block *w, int i) {
+    uint8_t byte = w->qs[32 * ((i / 32) % 4) + i % 32];
+    return i < 128 ? byte & 15 : byte >> 4;
+}
+
+static int code_q6k(const q6k_block *w, int i) {
+    int j = i / 32, b = i % 32;
+    uint8_t byte = w->ql[32 * (j % 4) + b];
+    return (j < 4 ? byte & 15 : byte >> 4) | (((w->qh[32 * (j % 2) + b] >> (2 * (j / 2))) & 3) << 4);
+}
+
+static float dot_q4k(const q4k_block *w, const xblock *x) {
+    int32_t sum = 0, mins = 0;
+    for (int l = 0; l < 8; l++) {
+        int32_t s = 0;
+        for (int t = 0; t < 32; t++) s += code_q4k(w, AT(l, t)) * x->qs[AT(l, t)];
+        sum += w->sc[l] * s;
+        mins += w->mn[l] * x->bsum[l];
+    }
+    return x->d * (half_to_float(w->d) * (float)sum - half_to_float(w->dmin) * (float)mins);
+}
+
+static float dot_q6k(const q6k_block *w, const xblock *x) {
+    int32_t sum = 0;
+    for (int l = 0; l < 8; l++)
+        for (int t = 0; t < 32; t++)
+            sum += (t < 16 ? w->sce[l] : w->sco[l]) * (code_q6k(w, AT(l, t)) - 32) * x->qs[AT(l, t)];
+    return x->d * half_to_float(w->d) * (float)sum;
+}
+
+static float dot_q80(const q80_block *w, const xblock *x) {
+    float acc = 0.f;
+    for (int l = 0; l < 8; l++) {
+        int32_t s = 0;
+        for (int t = 0; t < 32; t++) s += w->qs[AT(l, t)] * x->qs[AT(l, t)];
+        acc += half_to_float(w->d[l]) * (float)s;
+    }
+    return x->d * acc;
+}
+
+static float dot_portable(int kind, const uint8_t *w, const xblock *x, int64_t B) {
+    float acc = 0.f;
+    for (int64_t b = 0; b < B; b++) {
+        const uint8_t *wb = w + b * BLOCK_BYTES[kind];
+        acc += kind == Q4K ? dot_q4k((const q4k_block *)wb, x + b)
+               : kind == Q6K ? dot_q6k((const q6k_block *)wb, x + b) : dot_q80((const q80_block *)wb, x + b);
+    }
+    return acc;
+}
+
 #if defined(__x86_64__)
 AVX2 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -108,104 +202,206 @@ AVX2 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* int16 [16]: the 8 vectors' products of a block with one row's codes; lanes 2l, 2l+1 belong to group l. */
-#define PRODUCT(j) _mm256_maddubs_epi16(w[j], _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * (j))))
+#define XQ(r, j) _mm256_loadu_si256((const __m256i *)(x[(r) * B + b].qs + 32 * (j)))
 
-/* Result (r0 + r, n) = row r of x (R <= 4 rows, [R, B] blocks) . weight row n ([B] blocks). */
-AVX2 static inline void rows(const wblock *wr, const xblock *x, int64_t B, const sink *o, int64_t r0, int64_t n,
-                             const int R) {
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256 acc[4];  /* with w[8]: 12 of AVX2's 16 vector registers at R = 4 */
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+/* int16 [16]: v[0..7] each twice (lane pair l holds v[l]), zero- or sign-extended. */
+AVX2 static inline __m256i pairs_u8(const uint8_t *v) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)v);
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b));
+}
+AVX2 static inline __m256i pairs_i8(const int8_t *v) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)v);
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
+}
+
+/* acc[r] += weight row w ([B] Q4K blocks) . activation row r (x [R, B] blocks), per lane. */
+AVX2 static inline void rows_q4k(const q4k_block *w, const xblock *x, int64_t B, __m256 *acc, const int R) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < B; b++) {
-        const wblock *wb = wr + b;
-        __m256i w[8];  /* w[j]: codes of elements 4j .. 4j + 3 of every group, as xb->qs[32j:32j+32] */
+        const q4k_block *wb = w + b;
+        __m256i q[8];  /* q[j]: the codes of vector j */
         for (int p = 0; p < 4; p++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * p));
-            w[p] = _mm256_and_si256(raw, low);
-            w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+            q[p] = _mm256_and_si256(raw, low);
+            q[p + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
         }
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));
-        __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->m));
+        __m256i sc = pairs_u8(wb->sc);
+        __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)wb->mn));  /* int16 m_0 .. m_7 */
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d)), dmin = _mm256_set1_ps(_cvtsh_ss(wb->dmin));
         for (int r = 0; r < R; r++) {
             const xblock *xb = x + r * B + b;
             __m256i s = _mm256_add_epi16(
-                _mm256_add_epi16(_mm256_add_epi16(PRODUCT(0), PRODUCT(1)), _mm256_add_epi16(PRODUCT(2), PRODUCT(3))),
-                _mm256_add_epi16(_mm256_add_epi16(PRODUCT(4), PRODUCT(5)), _mm256_add_epi16(PRODUCT(6), PRODUCT(7))));
-            __m256 g = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));  /* [8]: group l's integer sum */
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_loadu_ps(xb->d)), g, acc[r]);
-            acc[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xb->s), acc[r]);
+                _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(q[0], XQ(r, 0)), _mm256_maddubs_epi16(q[1], XQ(r, 1))),
+                                 _mm256_add_epi16(_mm256_maddubs_epi16(q[2], XQ(r, 2)), _mm256_maddubs_epi16(q[3], XQ(r, 3)))),
+                _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(q[4], XQ(r, 4)), _mm256_maddubs_epi16(q[5], XQ(r, 5))),
+                                 _mm256_add_epi16(_mm256_maddubs_epi16(q[6], XQ(r, 6)), _mm256_maddubs_epi16(q[7], XQ(r, 7)))));
+            __m128i m = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));  /* [4]: sum is sum m_l X_l */
+            __m256 dx = _mm256_set1_ps(xb->d);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(s, sc)), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx),
+                                      _mm256_cvtepi32_ps(_mm256_set_m128i(_mm_setzero_si128(), m)), acc[r]);
         }
+    }
+}
+
+/* Signed codes (q - 32) of Q6K vector j = 4 * half + p from its low-nibble vector raw and high-bit vector qh. */
+#define Q6(raw, half, qh, shift) _mm256_sub_epi8(_mm256_or_si256( \
+    (half) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), low) : _mm256_and_si256(raw, low), \
+    _mm256_and_si256((shift) == 0 ? _mm256_slli_epi16(qh, 4) : (shift) == 2 ? _mm256_slli_epi16(qh, 2) \
+                     : (shift) == 4 ? (qh) : _mm256_srli_epi16(qh, 2), top)), off)
+
+/* acc[r] += weight row w ([B] Q6K blocks) . activation row r, per lane. */
+AVX2 static inline void rows_q6k(const q6k_block *w, const xblock *x, int64_t B, __m256 *acc, const int R) {
+    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+    for (int64_t b = 0; b < B; b++) {
+        const q6k_block *wb = w + b;
+        __m256i qh0 = _mm256_loadu_si256((const __m256i *)wb->qh), qh1 = _mm256_loadu_si256((const __m256i *)(wb->qh + 32));
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d));
+        for (int half = 0; half < 2; half++) {  /* vectors 4 half .. 4 half + 3: the first or second 16 of each group */
+            __m256i r0 = _mm256_loadu_si256((const __m256i *)wb->ql), r1 = _mm256_loadu_si256((const __m256i *)(wb->ql + 32));
+            __m256i r2 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64)), r3 = _mm256_loadu_si256((const __m256i *)(wb->ql + 96));
+            __m256i w0 = Q6(r0, half, qh0, 4 * half), w1 = Q6(r1, half, qh1, 4 * half);
+            __m256i w2 = Q6(r2, half, qh0, 4 * half + 2), w3 = Q6(r3, half, qh1, 4 * half + 2);
+            __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1), a2 = _mm256_abs_epi8(w2), a3 = _mm256_abs_epi8(w3);
+            __m256i sc = pairs_i8(half ? wb->sco : wb->sce);
+            for (int r = 0; r < R; r++) {
+                int j = 4 * half;
+                __m256i s = _mm256_add_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(XQ(r, j), w0)),
+                                     _mm256_maddubs_epi16(a1, _mm256_sign_epi8(XQ(r, j + 1), w1))),
+                    _mm256_add_epi16(_mm256_maddubs_epi16(a2, _mm256_sign_epi8(XQ(r, j + 2), w2)),
+                                     _mm256_maddubs_epi16(a3, _mm256_sign_epi8(XQ(r, j + 3), w3))));
+                __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(x[r * B + b].d));
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(s, sc)), acc[r]);
+            }
+        }
+    }
+}
+
+/* acc[r] += weight row w ([B] Q80 blocks) . activation row r, per lane. */
+AVX2 static inline void rows_q80(const q80_block *w, const xblock *x, int64_t B, __m256 *acc, const int R) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < B; b++) {
+        const q80_block *wb = w + b;
+        __m256i sum[4];
+        for (int r = 0; r < R; r++) sum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * j)), aq = _mm256_abs_epi8(q);
+            for (int r = 0; r < R; r++)
+                sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(XQ(r, j), q)), ones));
+        }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));  /* lane l: group l's scale */
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[r * B + b].d)), _mm256_cvtepi32_ps(sum[r]), acc[r]);
+    }
+}
+
+/* Results (r0 + r, n), r < R: weight row w (kind, [B] blocks) . activation rows x [R, B]. */
+AVX2 static inline void rows_avx2(int kind, const uint8_t *w, const xblock *x, int64_t B, const sink *o, int64_t r0,
+                                  int64_t n, const int R) {
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    switch (kind) {
+    case Q4K: rows_q4k((const q4k_block *)w, x, B, acc, R); break;
+    case Q6K: rows_q6k((const q6k_block *)w, x, B, acc, R); break;
+    default: rows_q80((const q80_block *)w, x, B, acc, R);
     }
     for (int r = 0; r < R; r++) put(o, r0 + r, n, hsum(acc[r]));
 }
 
-/* x @ W.T into o: w [N, K/256] blocks, x [M, K/256] blocks (q8_blocks); rows of W split over threads, 4
-   activation rows at a time per weight row. */
-AVX2 static void q4_matmul_avx2(const wblock *w, const xblock *x, int64_t M, int64_t N, int64_t K, const sink *o,
-                                int threads) {
-    int64_t B = K / 256;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const wblock *wn = w + n * B;
-        int64_t r = 0;
-        for (; r + 4 <= M; r += 4) rows(wn, x + r * B, B, o, r, n, 4);
-        switch (M - r) {
-        case 3: rows(wn, x + r * B, B, o, r, n, 3); break;
-        case 2: rows(wn, x + r * B, B, o, r, n, 2); break;
-        case 1: rows(wn, x + r * B, B, o, r, n, 1); break;
-        }
+AVX2 static void row_avx2(int kind, const uint8_t *w, const xblock *x, int64_t M, int64_t B, const sink *o, int64_t n) {
+    int64_t r = 0;
+    for (; r + 4 <= M; r += 4) rows_avx2(kind, w, x + r * B, B, o, r, n, 4);
+    switch (M - r) {
+    case 3: rows_avx2(kind, w, x + r * B, B, o, r, n, 3); break;
+    case 2: rows_avx2(kind, w, x + r * B, B, o, r, n, 2); break;
+    case 1: rows_avx2(kind, w, x + r * B, B, o, r, n, 1); break;
     }
 }
 #endif
 
-static float half_to_float(uint16_t h) {
-    int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float f = exp == 0 ? ldexpf((float)man, -24)
-              : exp == 31 ? (man ? NAN : INFINITY) : ldexpf((float)(man | 0x400), exp - 25);
-    return (h >> 15) ? -f : f;
+/* One superblock of kind to 256 floats in feature order, each computed as gguf.quants computes it:
+   (d * sc) * q - dmin * m for Q4K, (d * sc) * (q - 32) for Q6K, d * q for Q80 (float32, no fused multiply-add:
+   -std=c11 contracts nothing). */
+static void dequant_block(int kind, const uint8_t *w, float *v) {
+    for (int l = 0; l < 8; l++)
+        for (int t = 0; t < 32; t++) {
+            int i = AT(l, t);
+            if (kind == Q4K) {
+                const q4k_block *b = (const q4k_block *)w;
+                float scale = half_to_float(b->d) * (float)b->sc[l], minimum = half_to_float(b->dmin) * (float)b->mn[l];
+                v[32 * l + t] = scale * (float)code_q4k(b, i) - minimum;
+            } else if (kind == Q6K) {
+                const q6k_block *b = (const q6k_block *)w;
+                float scale = half_to_float(b->d) * (float)(t < 16 ? b->sce[l] : b->sco[l]);
+                v[32 * l + t] = scale * (float)(code_q6k(b, i) - 32);
+            } else {
+                const q80_block *b = (const q80_block *)w;
+                v[32 * l + t] = half_to_float(b->d[l]) * (float)b->qs[i];
+            }
+        }
 }
 
-/* What q4_matmul_avx2 computes, one group at a time in plain C (any CPU). */
-static void q4_matmul_portable(const wblock *w, const xblock *x, int64_t M, int64_t N, int64_t K, const sink *o,
-                               int threads) {
+/* out [N, K_out] (float32, or bfloat16 where bf16, rounded to nearest even) = the first K_out features of N rows of
+   kind (K/256 blocks each). Returns 0, or -2 for an unknown kind. */
+int q4_dequantize(int kind, const uint8_t *w, int64_t N, int64_t K, int64_t K_out, void *out, int bf16, int threads) {
+    if (kind < 0 || kind >= KINDS) return -2;
     int64_t B = K / 256;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        for (int64_t r = 0; r < M; r++) {
-            float acc = 0.f;
-            for (int64_t b = 0; b < B; b++) {
-                const wblock *wb = w + n * B + b;
-                const xblock *xb = x + r * B + b;
-                for (int g = 0; g < 8; g++) {
-                    int sum = 0;
-                    for (int j = 0; j < 32; j++) {
-                        uint8_t byte = wb->qs[32 * ((j % 16) / 4) + 4 * g + j % 4];
-                        sum += (j < 16 ? byte & 15 : byte >> 4) * xb->qs[32 * (j / 4) + 4 * g + j % 4];
-                    }
-                    acc += half_to_float(wb->d[g]) * xb->d[g] * (float)sum + half_to_float(wb->m[g]) * xb->s[g];
-                }
+        float v[256];
+        for (int64_t b = 0; b < B; b++) {
+            dequant_block(kind, w + (n * B + b) * BLOCK_BYTES[kind], v);
+            for (int e = 0; e < 256 && b * 256 + e < K_out; e++) {
+                int64_t at = n * K_out + b * 256 + e;
+                if (bf16) ((uint16_t *)out)[at] = float_to_bf16(v[e]);
+                else ((float *)out)[at] = v[e];
             }
-            put(o, r, n, acc);
         }
     }
+    return 0;
 }
 
-/* y [M, N] = x [M, K_in] @ W.T (+ bias [N] float32, or NULL): w [N, K/256] blocks (K a multiple of 256, K_in <= K);
-   x float32, or bfloat16 where x_bf16; y float32, or bfloat16 where y_bf16. The AVX2 kernel where the CPU has it
-   and portable is 0, else the plain-C one. Returns 0, or -1 where the scratch buffer cannot be allocated. */
-int q4_linear(const wblock *w, const void *x, int x_bf16, int64_t M, int64_t K_in, int64_t N, int64_t K,
-              const float *bias, void *y, int y_bf16, int portable, int threads) {
-    xblock *xq = malloc((size_t)(M * (K / 256)) * sizeof(xblock));
+/* y [M, N] = x [M, K_in] @ W.T (+ bias [N] float32, or NULL). W: nseg segments, segment s holding rows[s] output
+   rows of kinds[s] (K/256 blocks each, K a multiple of 256, K_in <= K), stored one after another from w.
+   x float32, or bfloat16 where x_bf16; y float32, or bfloat16 where y_bf16. The AVX2 kernels where the CPU has
+   them and portable is 0, else plain C. Returns 0; -1 where the scratch buffer cannot be allocated; -2 for an
+   unknown kind. */
+int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, const void *x, int x_bf16,
+              int64_t M, int64_t K_in, int64_t K, const float *bias, void *y, int y_bf16, int portable, int threads) {
+    enum { MAX_SEG = 16 };
+    int64_t B = K / 256, first[MAX_SEG + 1], N = 0;
+    const uint8_t *base[MAX_SEG];
+    if (nseg < 1 || nseg > MAX_SEG) return -2;
+    for (int s = 0; s < nseg; s++) {
+        if (kinds[s] < 0 || kinds[s] >= KINDS) return -2;
+        first[s] = N, base[s] = w;
+        N += rows[s];
+        w += rows[s] * B * BLOCK_BYTES[kinds[s]];
+    }
+    first[nseg] = N;
+    xblock *xq = malloc((size_t)(M * B) * sizeof(xblock));
     if (!xq) return -1;
     q8_blocks(x, x_bf16, M, K_in, K, xq, threads);
     sink o = {y, y_bf16, bias, N};
+    int fast = 0;
 #if defined(__x86_64__)
-    if (q4_avx2() && !portable)
-        q4_matmul_avx2(w, xq, M, N, K, &o, threads);
-    else
+    fast = q4_avx2() && !portable;
 #endif
-        q4_matmul_portable(w, xq, M, N, K, &o, threads);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        int s = 0;
+        while (n >= first[s + 1]) s++;
+        int kind = kinds[s];
+        const uint8_t *wn = base[s] + (n - first[s]) * B * BLOCK_BYTES[kind];
+#if defined(__x86_64__)
+        if (fast) {
+            row_avx2(kind, wn, xq, M, B, &o, n);
+            continue;
+        }
+#endif
+        for (int64_t r = 0; r < M; r++) put(&o, r, n, dot_portable(kind, wn, xq + r * B, B));
+    }
     free(xq);
     return 0;
 }

@@ -1,14 +1,14 @@
-"""4-bit weights, 8-bit activations: a linear layer whose matmul is our AVX2 kernel (``q4.c``).
+"""Block-quantized weights, 8-bit activations: a linear layer whose matmul is our AVX2 kernel (``q4.c``).
 
-Design (issue 44): on a CPU without AVX512-BF16 bitsandbytes' NF4 dequantizes every weight before multiplying
-and torch's int4 kernel (``_weight_int4pack_mm_for_cpu``) unpacks in float, so a 1-token forward of a 1.5B
-model is bound by arithmetic, not by memory. llama.cpp's answer is integer dot products of 4-bit weights with
-activations quantized to 8 bits per group of 32 (Q4_1 x Q8_1), which keeps a matrix-vector product near the
-memory's speed. ``q4.c`` does the same for torch tensors: ``pack`` quantizes a weight [N, K] to min–max 4 bits
-per group of 32 (fp16 scale and minimum; K padded with zero groups to a multiple of 256); ``linear`` quantizes
-the activations [M, K] (float32 or bfloat16, read in place) per group of 32 to int8 (round to nearest, scale
-max|x| / 127), multiplies, 4 activation rows per pass over a weight row, weight rows split over torch's threads,
-adds the bias and writes the activations' dtype — one foreign call per layer, no tensor operations around it.
+Design (issues 44, 56): on a CPU without AVX512-BF16 bitsandbytes' NF4 dequantizes every weight before multiplying
+and torch's int4 kernel unpacks in float, so a 1-token forward of a 1.5B model is bound by arithmetic, not by
+memory. llama.cpp's answer is integer dot products of its quantized blocks with activations quantized to 8 bits
+(Q4_K x Q8_K), which keeps a matrix-vector product near the memory's speed. ``q4.c`` does the same for torch
+tensors on the GGUF file's own blocks (``blocks``: Q4_K, Q6_K, Q8_0; dense weights quantized to Q4_K): ``linear``
+quantizes the activations [M, K] (float32 or bfloat16, read in place) per 256 features to int8, multiplies every
+weight superblock with up to 4 activation rows at a time, weight rows split over torch's threads, adds the bias
+and writes the activations' dtype: one foreign call per layer, no tensor operations around it. A matrix may hold
+rows of several kinds (``Q4Linear.segments``), so fused projections stay one call.
 
 The C source is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``<directory>/q4-<hash>.so`` (written atomically) and loaded with ``ctypes``; it shares torch's OpenMP runtime.
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
-GROUP = 32  # input features per scale/minimum
-BLOCK = 256  # input features per block (8 groups); K is padded to a multiple
+from .blocks import BLOCK_BYTES, KINDS, dequantize, padded, quantize_q4_k, row_bytes
+
 _SOURCE = Path(__file__).with_name("q4.c")
 _FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11")
-_P, _I = ctypes.c_void_p, ctypes.c_int64
+_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
 class KernelUnavailable(RuntimeError):
@@ -76,68 +76,38 @@ def build(directory: Path) -> Path:
     return path
 
 
+
 @functools.lru_cache(maxsize=None)
 def library(directory: Path) -> ctypes.CDLL:
     """The loaded kernel (built in ``directory`` if needed); ``q4_avx2()`` says whether ``q4_linear`` takes the
     AVX2 path on this CPU. Raises KernelUnavailable as ``build``."""
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
     lib = ctypes.CDLL(str(build(directory)))
-    _C = ctypes.c_int
-    lib.q4_linear.argtypes = [_P, _P, _C, _I, _I, _I, _I, _P, _P, _C, _C, _C]
-    if (lib.q4_wblock_bytes(), lib.q4_xblock_bytes()) != (160, 320):
+    lib.q4_linear.argtypes = [_P, _P, _P, _C, _P, _C, _I, _I, _I, _P, _P, _C, _C, _C]
+    lib.q4_dequantize.argtypes = [_C, _P, _I, _I, _I, _P, _C, _C]
+    sizes = [lib.q4_block_bytes(i) for i in range(len(KINDS))]
+    if sizes != [BLOCK_BYTES[kind] for kind in KINDS] or lib.q4_block_bytes(-1) != 276:
         raise KernelUnavailable("the q4 kernel was built with an unexpected struct layout; report this")
     return lib
-
-
-def padded(k: int) -> int:
-    """``k`` input features rounded up to a whole block (``BLOCK``)."""
-    return -(-k // BLOCK) * BLOCK
-
-
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """Weight [N, K] (K a multiple of ``GROUP``; any float dtype) → blocks uint8 [N, padded(K) / 256, 160]:
-    min–max 4-bit codes per group of 32 with fp16 scale and minimum (``q4.c``'s ``wblock``).
-    Raises ValueError when K is not a multiple of ``GROUP``."""
-    n, k = weight.shape
-    if k % GROUP:
-        raise ValueError(f"q4 packs weights whose input features are a multiple of {GROUP}, not {k}")
-    w = torch.nn.functional.pad(weight.detach().float(), (0, padded(k) - k)).view(n, -1, 8, GROUP)  # [N, B, 8, 32]
-    lo, hi = w.amin(-1), w.amax(-1)  # [N, B, 8]
-    scale = ((hi - lo) / 15).half()
-    minimum = lo.half()
-    inv = torch.where(scale.float() > 0, 1 / scale.float(), torch.zeros_like(lo))
-    q = ((w - minimum.float()[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8)
-    q = q.view(n, -1, 8, 2, 4, 4).permute(0, 1, 3, 4, 2, 5)  # [N, B, half, p, group, 4]: element 16 half + 4p + e
-    codes = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, -1, 128)  # [N, B, 128]: low nibble half 0, high half 1
-    return torch.cat([codes, scale.view(torch.uint8), minimum.view(torch.uint8)], -1).contiguous()  # [N, B, 160]
-
-
-def unpack(blocks: torch.Tensor, k: int) -> torch.Tensor:
-    """The float32 weight [N, k] that ``blocks`` (``pack``'s output) encode."""
-    n, nb, _ = blocks.shape
-    codes = blocks[..., :128].reshape(n, nb, 1, 4, 8, 4)  # [N, B, 1, p, group, 4]
-    halves = torch.cat([codes & 15, codes >> 4], dim=2)  # [N, B, half, p, group, 4]
-    q = halves.permute(0, 1, 4, 2, 3, 5).reshape(n, nb, 8, GROUP).float()  # [N, B, 8, 32]
-    scale = blocks[..., 128:144].contiguous().view(torch.float16).float()  # [N, B, 8]
-    minimum = blocks[..., 144:160].contiguous().view(torch.float16).float()
-    return (q * scale[..., None] + minimum[..., None]).reshape(n, -1)[:, :k]
 
 
 _NATIVE = (torch.float32, torch.bfloat16)  # activation dtypes the kernel reads and writes in place
 
 
-def linear(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, bias: torch.Tensor | None = None,
-           portable: bool = False) -> torch.Tensor:
-    """x [M, K'] (float32 or bfloat16 read as they are, other float dtypes via float32; K' ≤ the blocks' padded K,
-    the rest taken as zeros) @ W.T (+ bias [N], read as float32) → [M, N] in x's dtype (float32 for other dtypes), with W
-    packed as ``blocks`` [N, K/256, 160]; ``portable`` runs the plain-C path whatever the CPU. Raises
-    KernelUnavailable as ``library``; ValueError for tensors off the CPU (the kernel reads host memory) or a K'
-    wider than the blocks; MemoryError when the activations' scratch buffer cannot be allocated."""
+def linear(x: torch.Tensor, blocks: torch.Tensor, kinds: torch.Tensor, rows: torch.Tensor, k: int, directory: Path,
+           bias: torch.Tensor | None = None, portable: bool = False, n: int | None = None) -> torch.Tensor:
+    """x [M, K'] (float32 or bfloat16 read as they are, other float dtypes via float32; K' ≤ ``k``, the rest taken as
+    zeros) @ W.T (+ bias [N], read as float32) → [M, N] in x's dtype (float32 for other dtypes). W [N, k] is held
+    as segments: ``kinds`` int32 [S] (indices into ``blocks.KINDS``) of ``rows`` int64 [S] output rows each, their
+    ``blocks.row_bytes`` laid one after another in ``blocks`` (uint8, contiguous). ``portable`` runs the plain-C
+    path whatever the CPU; ``n``: the rows' sum, where the caller knows it. Raises KernelUnavailable as ``library``; ValueError for tensors off the CPU (the kernel
+    reads host memory), a K' wider than ``k``, or a layout the kernel refuses; MemoryError when the activations'
+    scratch buffer cannot be allocated."""
     if x.device.type != "cpu" or blocks.device.type != "cpu":
         raise ValueError(f"the q4 kernel runs on the CPU; got x on {x.device} and weights on {blocks.device}: "
                          "keep a q4 model on the CPU, or load another quantization for this device")
     lib = library(directory)  # a Path: its hash is cached, so this lookup is cheap on every call
-    m, k_in, k = x.shape[0], x.shape[1], blocks.shape[1] * BLOCK
+    m, k_in, n = x.shape[0], x.shape[1], int(rows.sum()) if n is None else n
     if k_in > k:
         raise ValueError(f"x has {k_in} input features but the packed weight holds {k}")
     if x.dtype not in _NATIVE:
@@ -149,25 +119,74 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, n: int, directory: Path, bias:
     if bias is not None and bias.dtype != torch.float32:  # a model cast after conversion casts the buffer too
         bias = bias.float()
     bf16 = x.dtype == torch.bfloat16
-    if lib.q4_linear(blocks.data_ptr(), x.data_ptr(), bf16, m, k_in, n, k, None if bias is None else bias.data_ptr(),
-                     y.data_ptr(), bf16, portable, torch.get_num_threads()):
+    done = lib.q4_linear(blocks.data_ptr(), kinds.data_ptr(), rows.data_ptr(), len(kinds), x.data_ptr(), bf16, m,
+                         k_in, padded(k), None if bias is None else bias.data_ptr(), y.data_ptr(), bf16, portable,
+                         torch.get_num_threads())
+    if done == -1:
         raise MemoryError(f"the q4 kernel could not allocate {m} x {k} activations' scratch")
+    if done:
+        raise ValueError(f"the q4 kernel refused the layout: kinds {kinds.tolist()}, rows {rows.tolist()}")
     return y
 
 
-class Q4Linear(torch.nn.Module):
-    """``nn.Linear`` for inference with 4-bit weights (``pack``) and 8-bit activations: y = x W^T + b computed by
-    ``linear``, returned in x's dtype. Input [..., in_features], output [..., out_features]. CPU only."""
+def dequantize_rows(kind: str, rows: torch.Tensor, k: int, dtype: torch.dtype, directory: Path) -> torch.Tensor:
+    """The weight [N, k] that ``rows`` (uint8 [N, row_bytes(kind, k)]) encode, in ``dtype`` (bfloat16 rounded to
+    nearest even from the float32 value; other dtypes via float32): ``blocks.dequantize``'s values, computed in
+    C. Raises KernelUnavailable as ``library``."""
+    lib = library(directory)
+    bf16 = dtype == torch.bfloat16
+    out = torch.empty(rows.shape[0], k, dtype=torch.bfloat16 if bf16 else torch.float32)
+    rows = rows.contiguous()
+    lib.q4_dequantize(KINDS.index(kind), rows.data_ptr(), rows.shape[0], padded(k), k, out.data_ptr(), bf16,
+                      torch.get_num_threads())
+    return out.to(dtype)
 
-    def __init__(self, linear: torch.nn.Linear, directory: Path):
+
+class Q4Linear(torch.nn.Module):
+    """``nn.Linear`` for inference with block-quantized weights (``blocks``) and 8-bit activations: y = x W^T + b
+    computed by ``linear``, returned in x's dtype. Input [..., in_features], output [..., out_features]. CPU only.
+
+    ``parts``: (kind, rows uint8 [N_i, blocks.row_bytes(kind, in_features)]) stacked in order (N = sum N_i): a
+    matrix of one kind, or fused projections whose rows differ in kind; ``bias`` [N] or None.
+    Raises ValueError for rows of another dtype or width than their kind's."""
+
+    def __init__(self, in_features: int, parts: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None,
+                 directory: Path):
         super().__init__()
-        self.in_features, self.out_features, self.directory = linear.in_features, linear.out_features, Path(directory)
-        self.register_buffer("blocks", pack(linear.weight))  # [N, K/256, 160]
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        for kind, block_rows in parts:
+            width = row_bytes(kind, in_features)
+            if block_rows.dtype != torch.uint8 or block_rows.dim() != 2 or block_rows.shape[1] != width:
+                raise ValueError(f"{kind} rows of {in_features} features are uint8 [N, {width}], "
+                                 f"not {block_rows.dtype} {list(block_rows.shape)}")
+        self.in_features, self.directory = in_features, Path(directory)
+        self.out_features = sum(int(r.shape[0]) for _, r in parts)
+        self.kinds = tuple(kind for kind, _ in parts)
+        flat = [r.reshape(-1) for _, r in parts]
+        self.register_buffer("blocks", (flat[0] if len(flat) == 1 else torch.cat(flat)).contiguous())  # [bytes]
+        self.register_buffer("kind_ids", torch.tensor([KINDS.index(k) for k in self.kinds], dtype=torch.int32))
+        self.register_buffer("rows", torch.tensor([r.shape[0] for _, r in parts], dtype=torch.int64))
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    @classmethod
+    def dense(cls, linear: torch.nn.Linear, directory: Path) -> Q4Linear:
+        """``linear``'s weight quantized to Q4_K (``blocks.quantize_q4_k``), its bias kept.
+        Raises ValueError when its input features are not a multiple of 32."""
+        return cls(linear.in_features, [("q4_k", quantize_q4_k(linear.weight))], linear.bias, directory)
+
+    def weight_float(self) -> torch.Tensor:
+        """The float32 weight [N, in_features] the blocks encode."""
+        parts, at = [], 0
+        for kind, n in zip(self.kinds, self.rows.tolist()):
+            size = n * row_bytes(kind, self.in_features)
+            parts.append(dequantize(kind, self.blocks[at:at + size].view(n, -1), self.in_features))
+            at += size
+        return torch.cat(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x.reshape(-1, self.in_features), self.blocks, self.out_features, self.directory, self.bias)
+        y = linear(x.reshape(-1, self.in_features), self.blocks, self.kind_ids, self.rows, self.in_features,
+                   self.directory, self.bias, n=self.out_features)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # [..., N]; .to copies only for other dtypes
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, kinds={'+'.join(self.kinds)}, "
+                f"bias={self.bias is not None}")

@@ -37,7 +37,7 @@ from ..files import read_json_verified, write_json_verified
 from ..kernels import q4
 from .assets import cache_dir
 from .format_quality import agreement, dense_reference
-from .formats import FORMATS, PROBED, load_weights, missing_kernel, probed_for
+from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, probed_for
 
 PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
 PROBE_K = 5  # the verification timed covers PROBE_K + 1 tokens
@@ -142,14 +142,15 @@ def keep_head(measures: tuple[FormatMeasure, ...], chosen: str) -> bool:
     return score(variant.ms_1, variant.ms_k) <= (1 - SWITCH_MARGIN) * score(body.ms_1, body.ms_k)
 
 
-def probe_key(name: str, source: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
+def probe_key(name: str, source: str | Source, dtype: str, device: str, quantize_lm_head: bool) -> dict:
     """What a format's speed depends on: the model (as asked and where it loads from), dtype, device, whether the
     output head is quantized, the formats there are to choose from on this device (``formats.probed_for``), the
     processor, torch's thread count and CPU kernel level, the q4 kernel's source, and library versions (those
     the formats tried need too)."""
     probed = probed_for(device)  # a CPU's key is what it was before the GPU formats (issue 59)
     libraries = sorted({lib for f in probed for lib in FORMATS[f].libraries})
-    return {"schema": SCHEMA, "model": name, "source": source, "dtype": dtype, "device": device,
+    where = source if isinstance(source, str) else str(source.gguf or source.path)
+    return {"schema": SCHEMA, "model": name, "source": where, "dtype": dtype, "device": device,
             "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT, "formats": list(probed),
             "processor": machine.processor_name(), "threads": torch.get_num_threads(),
             "aten_cpu": torch.backends.cpu.get_cpu_capability(), "q4_kernel": q4.source_tag(),
@@ -244,7 +245,7 @@ def measure_format(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, 
     return FormatMeasure(fmt, round(ms_1, 2), round(ms_k, 2), *quality, round(load_s, 1)), model
 
 
-def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: str = "cpu",
+def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", device: str = "cpu",
            quantize_lm_head: bool = False, timer: Timer | None = None, quality_tokens: int | None = None,
            formats: tuple[str, ...] = PROBED) -> tuple[FormatChoice, torch.nn.Module | None]:
     """The format ``auto`` loads for ``name`` (from ``source``) and, when it was measured now, that model
@@ -300,7 +301,7 @@ def choose(source: str, name: str, tokenizer, dtype: str = "bfloat16", device: s
     return choice, best_model if best_fmt == choice.chosen else None
 
 
-def _head_variant(source: str, name: str, fmt: str, dtype: str, device: str, timer: Timer, refs,
+def _head_variant(source: str | Source, name: str, fmt: str, dtype: str, device: str, timer: Timer, refs,
                   measures: list[FormatMeasure]) -> tuple[FormatMeasure, torch.nn.Module | None]:
     """``fmt`` loaded and measured with its output head quantized too (``FormatMeasure.head``), and that model."""
     body = next(m for m in measures if m.format == fmt and not m.head)

@@ -9,8 +9,10 @@ with AVX2. So a format is only a recipe; which one loads is decided by timing on
 
 - ``nf4``: bitsandbytes 4-bit NormalFloat, blocks of 64, compute in the model's dtype.
 - ``int8``: bitsandbytes LLM.int8().
-- ``q4``: our kernel (``kernels/q4``): min–max 4-bit weights per group of 32 times activations quantized to
-  8 bits per group of 32 (llama.cpp's Q4_1 x Q8_1), integer dot products on AVX2 (plain C elsewhere). CPU only.
+- ``q4``: our kernel (``kernels/q4``): block-quantized weights times activations quantized to 8 bits per 256
+  (llama.cpp's K-quants x Q8_K), integer dot products on AVX2 (plain C elsewhere). CPU only. A model from a GGUF
+  file keeps the file's own blocks (``gguf_weights``: Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 exact); dense weights are
+  quantized to Q4_K.
 - ``none``: dense weights in the requested dtype.
 - ``int4``, ``int4-torchao``, ``gemlite``: 4-bit formats for a GPU's small batches of rows (``cuda_formats``).
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -30,12 +33,35 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where a model loads from: ``path``, a folder or HF id ``from_pretrained`` reads (config, tokenizer and dense
+    weights); or, for a GGUF file, ``gguf``, with ``meta_path`` (a callable giving a folder of its config, tokenizer
+    and tensor index, ``gguf_weights.INDEX``) and ``dense_path`` (one giving a folder of its dequantized weights),
+    each made on its first call; ``has_dense``: that folder was there already."""
+
+    path: str = ""
+    gguf: Path | None = None
+    meta_path: Callable[[], str] | None = None
+    dense_path: Callable[[], str] | None = None
+    has_dense: bool = False
+
+    def dense(self) -> str:
+        """A folder or HF id with dense weights (and config and tokenizer) that ``from_pretrained`` reads."""
+        return self.dense_path() if self.dense_path is not None else self.path
+
+    def meta(self) -> str:
+        """A folder or HF id with the config and tokenizer."""
+        return self.meta_path() if self.meta_path is not None else self.path
+
+
+@dataclass(frozen=True)
 class WeightFormat:
     """How a format is made: ``config(dtype, quantize_lm_head)`` → the ``quantization_config`` for
     ``from_pretrained`` (None: a dense load), ``convert(model, quantize_lm_head)`` applied after loading
-    (None: nothing), the devices it runs on (None: any), and whether ``auto`` tries it (``probed``).
-    ``missing(device)``: None where its kernel runs on ``device``, else one line naming what is missing (None: it
-    always runs); ``libraries``: packages whose versions key a timed choice that tried it."""
+    (None: nothing), the devices it runs on (None: any), whether ``auto`` tries it (``probed``) and whether it
+    reads a GGUF source itself (``reads_gguf``: its blocks, or for ``none`` its values dequantized in memory; no dense
+    copy on disk needed). ``missing(device)``: None where its kernel runs on ``device``, else one line naming what
+    is missing (None: it always runs); ``libraries``: packages whose versions key a timed choice that tried it."""
 
     name: str
     summary: str
@@ -45,6 +71,7 @@ class WeightFormat:
     probed: bool = True
     missing: Callable[[str], str | None] | None = None
     libraries: tuple[str, ...] = ()
+    reads_gguf: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.summary:
@@ -68,31 +95,56 @@ def _dense(dtype: torch.dtype, quantize_lm_head: bool) -> None:
     return None
 
 
-def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
-    """Every linear layer whose input features are a multiple of 32 (the output head only with
-    ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear``, whose kernel
-    is built on first use under ``<cache>/kernels``. Raises KernelUnavailable (a RuntimeError) naming the fix
-    where the kernel cannot be built here."""
+def _kernel_dir() -> Path:
+    """Where the q4 kernel is built (``<cache>/kernels``), after building it. Raises KernelUnavailable (a
+    RuntimeError) naming the fix where it cannot be built here."""
     from ..kernels import q4
     from .assets import cache_dir
 
     directory = cache_dir() / "kernels"
     q4.library(directory)  # fails here, before any layer is replaced, where the kernel cannot be built
+    return directory
+
+
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read the same input
+
+
+def fuse_projections(model: torch.nn.Module, directory: Path) -> None:
+    """Each module's query/key/value and gate/up ``Q4Linear`` children (``FUSED``; same input width) to one kernel
+    call (``kernels.fused``); other layers are left as they are."""
+    from ..kernels import fused, q4
+
+    for module in list(model.modules()):
+        for names in FUSED:
+            layers = [getattr(module, name, None) for name in names]
+            if all(isinstance(layer, q4.Q4Linear) for layer in layers) and len({l.in_features for l in layers}) == 1:
+                for name, piece in zip(names, fused.fuse(layers, directory)):
+                    setattr(module, name, piece)
+
+
+def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
+    """Every linear layer whose input features are a multiple of 32 (the output head only with
+    ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear`` with Q4_K
+    blocks. Raises KernelUnavailable as ``_kernel_dir``."""
+    from ..kernels import q4
+
+    directory = _kernel_dir()
     head = model.get_output_embeddings()
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
-            if (isinstance(child, torch.nn.Linear) and child.in_features % q4.GROUP == 0
+            if (isinstance(child, torch.nn.Linear) and child.in_features % 32 == 0
                     and (quantize_lm_head or child is not head)):
-                setattr(module, child_name, q4.Q4Linear(child, directory))
+                setattr(module, child_name, q4.Q4Linear.dense(child, directory))
+    fuse_projections(model, directory)
 
 
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
     # int8: 2.5–7x the best format's step on both CPU paths measured (docs/experiments.md); loaded when asked for
     WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8, probed=False),
-    WeightFormat("q4", "4-bit weights x 8-bit activations on AVX2 (our kernel, groups of 32)", _dense, _q4,
-                 devices=("cpu",)),
-    WeightFormat("none", "dense", _dense),
+    WeightFormat("q4", "a GGUF file's own blocks (dense weights: Q4_K) x 8-bit activations on AVX2 (our kernel)",
+                 _dense, _q4, devices=("cpu",), reads_gguf=True),
+    WeightFormat("none", "dense", _dense, reads_gguf=True),
 )}
 FORMATS.update({f.name: f for f in (  # issue 59: 4-bit on a GPU's small batches (cuda_formats)
     WeightFormat("int4", "4-bit weights on torch's int4 kernel (tinygemm, groups of 128)", _dense,
@@ -182,15 +234,42 @@ def convert(model: torch.nn.Module, quantization: str, quantize_lm_head: bool) -
     return model
 
 
-def load_weights(source: str, name: str, quantization: str, dtype: str, device: str,
+def _from_gguf(source: Source, quantization: str, dtype: torch.dtype, device: str,
+               quantize_lm_head: bool) -> torch.nn.Module | None:
+    """``gguf_weights.build`` for a format that ``reads_gguf``, on ``device``; None where it refuses the architecture,
+    or for ``none`` where the kernel (its dequantizer) cannot be built. Raises KernelUnavailable for ``q4``."""
+    from ..kernels.q4 import KernelUnavailable
+    from .gguf_weights import build
+
+    try:
+        directory = _kernel_dir()
+    except KernelUnavailable:
+        if quantization != "none":
+            raise
+        return None
+    model = build(source.gguf, source.meta(), dtype, quantize_lm_head, directory, kernel=quantization != "none")
+    if model is not None and quantization != "none":
+        fuse_projections(model, directory)
+    return model.to(device) if model is not None and torch.device(device).type != "cpu" else model
+
+
+def load_weights(source: str | Source, name: str, quantization: str, dtype: str, device: str,
                  quantize_lm_head: bool) -> torch.nn.Module:
-    """The causal LM at ``source`` (a folder or HF id ``from_pretrained`` reads) in weight format
+    """The causal LM at ``source`` (a ``Source``, or a folder or HF id ``from_pretrained`` reads) in weight format
     ``quantization`` (not "auto"), named ``name`` (a cost profile's identity names the model as asked, not a
-    cache path); eval mode. Raises ValueError as ``model_kwargs``; ImportError for a format's missing library."""
+    cache path); eval mode. A format that ``reads_gguf`` builds a GGUF source from the file's blocks
+    (``gguf_weights.build``; its dense path where that refuses the architecture); the others load dense weights.
+    Raises ValueError as ``model_kwargs``; ImportError for a format's missing library; KernelUnavailable."""
     kwargs = model_kwargs(quantization, dtype, device, quantize_lm_head)
+    source = source if isinstance(source, Source) else Source(source)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    convert(model, quantization, quantize_lm_head)
+    model = None
+    reads = FORMATS[quantization].reads_gguf and not (quantization == "none" and source.has_dense)
+    if reads and source.gguf is not None:  # dense weights: the copy on disk where there is one (same values)
+        model = _from_gguf(source, quantization, kwargs["dtype"], device, quantize_lm_head)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(source.dense(), **kwargs)
+        convert(model, quantization, quantize_lm_head)
     model.config._name_or_path = name
     return model.eval()

@@ -1,10 +1,12 @@
 """Load a target or draft model: preset name, local GGUF file, local directory or HF id.
 
-Path for presets: assembled GGUF (``assets``) → transformers' GGUF loader with
-``GgufConfig(dequantize=True)`` → dense weights, cached once as safetensors (written to a temporary
-directory, renamed into place, stamped with each file's size and SHA-256 and checked against the stamp
-at every load: by size and mtime, or every byte with ``verify=True``; the assembled GGUF is then discarded, so a preset keeps one copy on disk beside its
-installed parts) → the weight format (``formats``: bitsandbytes NF4/int8, our q4 kernel, dense) applied at load.
+Path for presets and ``.gguf`` files (``source``): the assembled GGUF (``assets``), its config and tokenizer
+cached once in a small folder (``<cache>/meta``); the ``q4`` format reads the file's own blocks
+(``gguf_weights``), and only the formats that start from dense weights (NF4, int8, ``none``) need its dequantized
+copy: transformers' GGUF loader with ``GgufConfig(dequantize=True)``, cached as safetensors on first use
+(``<cache>/dense``). Both folders are written to a temporary directory, renamed into place, stamped with each
+file's size and SHA-256 and checked against the stamp at every load: by size and mtime, or every byte with
+``verify=True``.
 ``quantization="auto"`` (the default) loads the format that measured fastest on this machine within a quality
 tolerance (``format_choice``; measured at the first load, then cached).
 """
@@ -12,6 +14,8 @@ tolerance (``format_choice``; measured at the first load, then cached).
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -22,9 +26,9 @@ from urllib.parse import urlparse
 import torch
 
 from ..files import FileStamp, atomic_dir, check_files, sweep, write_stamp
-from . import format_choice
-from .assets import assemble, cache_dir, discard
-from .formats import DTYPES, check_options, fallback, load_weights
+from . import format_choice, gguf_weights
+from .assets import assemble, cache_dir
+from .formats import DTYPES, FORMATS, Source, check_options, fallback, load_weights
 from .presets import PRESETS
 
 _DONE = "ADASPEC_COMPLETE"
@@ -86,6 +90,21 @@ def _dense_from_gguf(gguf: Path, dest: Path, dtype: str) -> Path:
     return dest
 
 
+def _meta_from_gguf(gguf: Path, dest: Path) -> Path:
+    """The GGUF file's config, generation config and tokenizer (no weights) in a folder ``dest``, written and stamped
+    as ``_dense_from_gguf`` writes its copy."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    with atomic_dir(dest) as tmp, _gguf_parsed_once():
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        (tmp / gguf_weights.INDEX).write_text(json.dumps(gguf_weights.tensor_index(gguf)))
+        write_stamp(tmp / _DONE, [FileStamp.of(f) for f in sorted(tmp.iterdir()) if f.is_file()])
+    return dest
+
+
 def check_dense(dest: Path, full: bool = True) -> str | None:
     """Why the dense cache folder ``dest`` does not hold every file as written (``files.check_files``
     against its stamp; ``full``: every file hashed, not only those whose mtime moved), or None."""
@@ -140,31 +159,53 @@ def _check_name(name: str) -> None:
                          f"cache, and the hub cannot be reached ({reason}); use a preset or a local path")
 
 
-def resolve(name_or_path: str, dtype: str = "bfloat16", verify: bool = False) -> str:
-    """A directory or HF id that ``from_pretrained`` can load: presets and ``.gguf`` files are
-    dequantized into the cache first (again when the cached copy fails its stamp: by size and mtime, or
-    with ``verify`` by every file's SHA-256), temporaries of killed conversions are removed.
+def dense_dir(name_or_path: str, dtype: str) -> Path | None:
+    """Where the dequantized copy of a preset or ``.gguf`` file is cached (it may not exist); None for other
+    sources."""
+    if name_or_path in PRESETS:
+        return cache_dir() / "dense" / f"{name_or_path}-{dtype}"
+    if name_or_path.endswith(".gguf"):
+        return cache_dir() / "dense" / f"{Path(name_or_path).expanduser().resolve().stem}-{dtype}"
+    return None
+
+
+def source(name_or_path: str, dtype: str = "bfloat16", verify: bool = False) -> Source:
+    """Where ``name_or_path`` loads from: a preset or ``.gguf`` file as its GGUF file (assembled for a preset) with
+    its config and tokenizer folder (written on first use), and its dense copy made on demand (``resolve``); any
+    other name as itself. Cached entries failing their stamp (by size and mtime, or with ``verify`` by every file's
+    SHA-256) are made again; temporaries of killed conversions are removed.
 
     Raises:
         AssetError: a preset's model part is missing or fails its hash (names the pip command).
         FileNotFoundError, ValueError: as ``_check_name`` (no such path; unknown id while offline).
     """
-    dense = cache_dir() / "dense"
-    sweep(dense)
+    for folder in ("dense", "meta"):
+        sweep(cache_dir() / folder)
     if name_or_path in PRESETS:
-        asset, dest = PRESETS[name_or_path].asset, dense / f"{name_or_path}-{dtype}"
-        if not _dense_ok(dest, verify):
-            _dense_from_gguf(assemble(asset, verify=verify), dest, dtype)
-            discard(asset)
-        return str(dest)
-    if name_or_path.endswith(".gguf"):
+        gguf, stem = assemble(PRESETS[name_or_path].asset, verify=verify), name_or_path
+    elif name_or_path.endswith(".gguf"):
         gguf = Path(name_or_path).expanduser().resolve()
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF file not found: {gguf}")
-        dest = dense / f"{gguf.stem}-{dtype}"
-        return str(dest if _dense_ok(dest, verify) else _dense_from_gguf(gguf, dest, dtype))
-    _check_name(name_or_path)
-    return name_or_path
+        stem = gguf.stem
+    else:
+        _check_name(name_or_path)
+        return Source(name_or_path)
+    meta, dense = cache_dir() / "meta" / stem, dense_dir(name_or_path, dtype)
+
+    def make_meta() -> str:
+        return str(meta if _dense_ok(meta, verify) else _meta_from_gguf(gguf, meta))
+
+    def make_dense() -> str:
+        return str(dense if _dense_ok(dense, verify) else _dense_from_gguf(gguf, dense, dtype))
+
+    return Source(gguf=gguf, meta_path=make_meta, dense_path=make_dense, has_dense=dense.exists())
+
+
+def resolve(name_or_path: str, dtype: str = "bfloat16", verify: bool = False) -> str:
+    """A directory or HF id that ``from_pretrained`` can load with dense weights: presets and ``.gguf`` files are
+    dequantized into the cache first (``source``). Raises as ``source``."""
+    return source(name_or_path, dtype, verify).dense()
 
 
 def load(
@@ -198,10 +239,13 @@ def load(
     check_options(quantization, dtype)
     from transformers import AutoTokenizer
 
-    source = resolve(name_or_path, "float32" if dtype == "float32" else "bfloat16", verify)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    copy_dtype = "float32" if dtype == "float32" else "bfloat16"
+    origin = source(name_or_path, copy_dtype, verify)
+    dense = dense_dir(name_or_path, copy_dtype)
+    had_dense = dense is not None and dense.exists()
+    tokenizer = AutoTokenizer.from_pretrained(origin.dense() if had_dense else origin.meta())
     if quantization == "auto":
-        choice, model = format_choice.choose(source, name_or_path, tokenizer, dtype, device, quantize_lm_head)
+        choice, model = format_choice.choose(origin, name_or_path, tokenizer, dtype, device, quantize_lm_head)
         (log or _stderr)(choice.line(name_or_path))
         quantization, quantize_lm_head = choice.chosen, quantize_lm_head or choice.head
     else:
@@ -210,7 +254,9 @@ def load(
         if why is not None:
             (log or _stderr)(why)
     if model is None:
-        model = load_weights(source, name_or_path, quantization, dtype, device, quantize_lm_head)
+        model = load_weights(origin, name_or_path, quantization, dtype, device, quantize_lm_head)
+    if dense is not None and not had_dense and FORMATS[quantization].reads_gguf and dense.exists():
+        shutil.rmtree(dense, ignore_errors=True)  # made for the probe only: the chosen format reads the GGUF file
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, weight_format=quantization,
                        quantized_head=quantize_lm_head)
 

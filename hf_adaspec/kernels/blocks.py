@@ -1,0 +1,196 @@
+"""Weight layouts of the q4 kernel (``q4.c``): GGUF blocks read as they are, and dense weights quantized to Q4_K.
+
+Design (issue 56): the kernel multiplies the GGUF file's own blocks, so a model loaded from a Q4_K_M file is the
+file's model, not a requantization of it. Every kind is a superblock of 256 input features of one output row:
+
+- ``q4_k``: GGUF Q4_K (w = d·sc·q − dmin·m per group of 32, 4-bit q, 6-bit sc and m, fp16 d and dmin) with the
+  12 packed bytes of 6-bit scales unpacked to 8 + 8 bytes: 148 bytes, every bit of the file kept.
+- ``q6_k``: GGUF Q6_K (w = d·sc·(q − 32) per group of 16, 6-bit q, int8 sc, fp16 d), the 16 scales as the
+  even then the odd ones: 210 bytes.
+- ``q8_0``: 8 GGUF Q8_0 blocks of 32 (w = d·q, int8 q, fp16 d) side by side, scales first: 272 bytes; rows whose
+  width is not a multiple of 256 are padded with zero blocks.
+
+In every kind the 256 codes of a superblock are in the kernel's order (``q4.c``): position 32j + 4l + e holds
+element 4j + e of group l (``POSITION``), the 4-bit and the low 4 of the 6-bit codes as nibbles (position i < 128
+the low nibble of byte i, position 128 + i its high nibble), Q6_K's high 2 bits of position 32j + b at bits
+2(j // 2) of byte 32(j % 2) + b of its 64.
+
+A row of a weight [N, K] is ``padded(K) / 256`` superblocks; a matrix's rows are a uint8 tensor [N, bytes per row].
+Other GGUF block types are dequantized (``gguf.quants``) and stored as ``q8_0`` (8 bits: no bit of a 5- or 6-bit
+type is dropped), dense float weights quantized to ``q4_k`` (``quantize_q4_k``: min–max per group of 32, the
+group scales and minima on 6-bit grids of the superblock's d and dmin). ``dequantize`` is the float reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+BLOCK = 256  # input features per superblock
+KINDS = ("q4_k", "q6_k", "q8_0")  # index = the kernel's kind number
+BLOCK_BYTES = {"q4_k": 148, "q6_k": 210, "q8_0": 272}
+# GGUF block types held without any rounding: Q4_0 and Q5_0 (d·(q − 8), d·(q − 16) per group of 32) as q8_0
+GGUF_EXACT = {"Q4_K": "q4_k", "Q6_K": "q6_k", "Q8_0": "q8_0", "Q5_0": "q8_0", "Q4_0": "q8_0"}
+
+
+POSITION = np.array([32 * (t // 4) + 4 * g + t % 4 for g in range(8) for t in range(32)])  # element → position
+_ELEMENT = np.argsort(POSITION)  # position → element
+
+
+def _ordered(codes: np.ndarray) -> np.ndarray:
+    """Codes [..., 256] in feature order → the kernel's order."""
+    return codes[..., _ELEMENT]
+
+
+def _nibbles(codes: np.ndarray) -> np.ndarray:
+    """Codes 0..15 [..., 256] in the kernel's order → bytes [..., 128]: positions i and 128 + i."""
+    return (codes[..., :128] & 15) | ((codes[..., 128:] & 15) << 4)
+
+
+def padded(k: int) -> int:
+    """``k`` input features rounded up to whole superblocks."""
+    return -(-k // BLOCK) * BLOCK
+
+
+def row_bytes(kind: str, k: int) -> int:
+    """Bytes of one output row of ``kind`` over ``k`` input features."""
+    return padded(k) // BLOCK * BLOCK_BYTES[kind]
+
+
+def _q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF Q4_K's 12 bytes of scales [nb, 12] → (sc, m) [nb, 8] uint8: bytes 0–3 hold sc 0–3 (low 6 bits) and
+    the top 2 bits of sc 4–7, bytes 4–7 the same for m, bytes 8–11 the low 4 bits of sc 4–7 (low nibble) and m 4–7."""
+    a, b, c = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=1)
+    m = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=1)
+    return sc, m
+
+
+def _small_to_q8_0(gguf_type: str, raw: np.ndarray) -> np.ndarray:
+    """GGUF Q4_0 or Q5_0 rows [N, G * 18 or 22] → the same values as Q8_0 rows [N, G * 34] (d kept, q − 8 or
+    q − 16 as int8). Q4_0: d, 16 bytes (element j low nibble of byte j, j + 16 high); Q5_0: d, 32 high bits
+    (little-endian, bit j for element j), then Q4_0's 16 bytes."""
+    n = raw.shape[0]
+    size = {"Q4_0": 18, "Q5_0": 22}[gguf_type]
+    b = raw.reshape(n, -1, size)
+    nibbles = b[..., size - 16:]
+    q = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).astype(np.int16)  # [N, G, 32]
+    if gguf_type == "Q5_0":
+        bits = np.ascontiguousarray(b[..., 2:6]).view("<u4")  # [N, G, 1]
+        q |= (((bits >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int16)
+    q -= 8 if gguf_type == "Q4_0" else 16
+    return np.concatenate([b[..., :2], q.astype(np.int8).view(np.uint8)], axis=-1).reshape(n, -1)
+
+
+def from_gguf(gguf_type: str, raw: np.ndarray, k: int) -> tuple[str, torch.Tensor]:
+    """A GGUF tensor's rows of an exact type (``GGUF_EXACT``: its name, e.g. "Q4_K") as the kernel's layout.
+
+    raw: uint8 [N, bytes of a GGUF row] (``gguf.GGUFReader``'s ``tensor.data``); k: input features.
+    Returns (kind, uint8 [N, row_bytes(kind, k)]). Raises ValueError for a type outside ``GGUF_EXACT`` or a width
+    that does not fit its GGUF rows."""
+    if gguf_type not in GGUF_EXACT:
+        raise ValueError(f"GGUF {gguf_type} has no exact layout here; exact: {tuple(GGUF_EXACT)}")
+    kind, n = GGUF_EXACT[gguf_type], raw.shape[0]
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if gguf_type in ("Q4_0", "Q5_0"):
+        raw = _small_to_q8_0(gguf_type, raw)
+    if kind == "q4_k":
+        blocks = raw.reshape(-1, 144)  # d, dmin (fp16), 12 bytes of scales, 128 bytes of codes
+        sc, m = _q4_k_scales(blocks[:, 4:16])
+        chunks = blocks[:, 16:].reshape(-1, 4, 1, 32)  # byte i of chunk c: element 64c + i low, 64c + 32 + i high
+        codes = np.concatenate([chunks & 15, chunks >> 4], axis=2).reshape(-1, 256)
+        out = np.concatenate([blocks[:, 0:4], sc, m, _nibbles(_ordered(codes))], axis=1)
+    elif kind == "q6_k":
+        blocks = raw.reshape(-1, 210)  # ql 128, qh 64, int8 scales 16, fp16 d
+        ql, qh = blocks[:, :128].reshape(-1, 2, 1, 64), blocks[:, 128:192].reshape(-1, 2, 1, 32)
+        low = np.concatenate([ql & 15, ql >> 4], axis=2).reshape(-1, 256)  # feature order, as gguf.quants reads it
+        high = ((qh >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(-1, 256)
+        codes = _ordered(low | (high << 4))
+        top = ((codes >> 4) & 3).reshape(-1, 4, 2, 32)  # [.., i, h, b]: vector j = h + 2i
+        qh_ours = (top << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1, 1)).sum(axis=1, dtype=np.uint8)
+        out = np.concatenate([_nibbles(codes), qh_ours.reshape(-1, 64), blocks[:, 192:208:2], blocks[:, 193:208:2],
+                              blocks[:, 208:]], axis=1)
+    else:  # q8_0
+        groups = raw.reshape(n, -1, 34)  # [N, K/32, 34]: fp16 d, 32 int8
+        groups = np.pad(groups, ((0, 0), (0, padded(k) // 32 - groups.shape[1]), (0, 0)))  # zero blocks: d = 0
+        groups = groups.reshape(n, -1, 8, 34)
+        codes = _ordered(groups[..., 2:].reshape(n, -1, 256))
+        out = np.concatenate([groups[..., :2].reshape(n, -1, 16), codes], axis=2)
+    out = out.reshape(n, -1)
+    if out.shape[1] != row_bytes(kind, k):
+        raise ValueError(f"a {kind} row of {k} features holds {row_bytes(kind, k)} bytes, not {out.shape[1]}")
+    if not (out.flags.writeable and out.flags.c_contiguous):  # a view of the memory-mapped file: copy it
+        out = out.copy()
+    return kind, torch.from_numpy(out)
+
+
+def quantize_q4_k(weight: torch.Tensor) -> torch.Tensor:
+    """Dense weight [N, K] (K a multiple of 32, any float dtype; padded with zeros to whole superblocks) → ``q4_k``
+    rows uint8 [N, row_bytes("q4_k", K)]: per group of 32 the range [min(w, 0), max(w)] on 16 levels, the
+    group's step and −minimum rounded to 6-bit multiples of the superblock's largest / 63 (fp16 d, dmin).
+    Raises ValueError when K is not a multiple of 32."""
+    n, k = weight.shape
+    if k % 32:
+        raise ValueError(f"q4 packs weights whose input features are a multiple of 32, not {k}")
+    w = torch.nn.functional.pad(weight.detach().float(), (0, padded(k) - k)).view(n, -1, 8, 32)  # [N, B, 8, 32]
+    lo = w.amin(-1).clamp(max=0)  # [N, B, 8]: Q4_K's minimum is −dmin·m, m ≥ 0
+    step = (w.amax(-1) - lo) / 15
+    d = (step.amax(-1) / 63).half()  # [N, B]
+    dmin = (-lo.amin(-1) / 63).half()
+    sc = torch.where(d[..., None] > 0, step / d.float()[..., None], 0).round().clamp(0, 63)  # [N, B, 8]
+    m = torch.where(dmin[..., None] > 0, -lo / dmin.float()[..., None], 0).round().clamp(0, 63)
+    scale, minimum = d.float()[..., None] * sc, dmin.float()[..., None] * m  # what the kernel will use
+    inv = torch.where(scale > 0, 1 / scale, 0)
+    q = ((w + minimum[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8)  # [N, B, 8, 32]
+    codes = torch.from_numpy(_nibbles(_ordered(q.reshape(n, -1, 256).numpy())))  # [N, B, 128]
+    head = torch.cat([d[..., None].view(torch.uint8), dmin[..., None].view(torch.uint8),
+                      sc.to(torch.uint8), m.to(torch.uint8)], -1)  # [N, B, 20]
+    return torch.cat([head, codes], -1).reshape(n, -1).contiguous()
+
+
+def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """Dense weight [N, K] (K a multiple of 32) → ``q8_0`` rows [N, row_bytes("q8_0", K)]: per group of 32 an fp16
+    scale max|w| / 127 and int8 codes rounded to nearest. Raises ValueError when K is not a multiple of 32."""
+    n, k = weight.shape
+    if k % 32:
+        raise ValueError(f"q8_0 packs weights whose input features are a multiple of 32, not {k}")
+    w = torch.nn.functional.pad(weight.detach().float(), (0, padded(k) - k)).view(n, -1, 8, 32)
+    d = (w.abs().amax(-1) / 127).half()  # [N, B, 8]
+    inv = torch.where(d.float() > 0, 1 / d.float(), 0)
+    q = (w * inv[..., None]).round().clamp(-127, 127).to(torch.int8).view(torch.uint8).reshape(n, -1, 256)
+    q = torch.from_numpy(_ordered(q.numpy()))
+    return torch.cat([d.view(torch.uint8).reshape(n, -1, 16), q], -1).reshape(n, -1).contiguous()
+
+
+def dequantize(kind: str, rows: torch.Tensor, k: int) -> torch.Tensor:
+    """The float32 weight [N, k] that ``rows`` (uint8 [N, row_bytes(kind, k)]) of ``kind`` encode."""
+    n = rows.shape[0]
+    b = rows.reshape(n, -1, BLOCK_BYTES[kind])  # [N, B, bytes]
+
+    def half(lo: int, hi: int) -> torch.Tensor:
+        return b[..., lo:hi].contiguous().view(torch.float16).float()
+
+    at = torch.from_numpy(POSITION)  # feature order from the kernel's
+
+    def nibbles(lo: int, hi: int) -> torch.Tensor:
+        codes = b[..., lo:hi]
+        return torch.cat([codes & 15, codes >> 4], -1)  # [N, B, 256]: positions in the kernel's order
+
+    if kind == "q4_k":
+        d, dmin = half(0, 2), half(2, 4)  # [N, B, 1]
+        sc, m = b[..., 4:12].float(), b[..., 12:20].float()  # [N, B, 8]
+        q = nibbles(20, 148)[..., at].reshape(n, -1, 8, 32).float()
+        w = (d * sc)[..., None] * q - (dmin * m)[..., None]
+    elif kind == "q6_k":
+        qh = b[..., 128:192].reshape(n, -1, 1, 2, 32)
+        top = (qh >> (2 * torch.arange(4, dtype=torch.uint8)).view(1, 1, 4, 1, 1)) & 3  # [N, B, i, h, 32]
+        q = (nibbles(0, 128) | (top.reshape(n, -1, 256) << 4))[..., at].reshape(n, -1, 8, 2, 16).float() - 32
+        sc = torch.stack([b[..., 192:200], b[..., 200:208]], -1).contiguous().view(torch.int8).float()  # [N, B, 8, 2]
+        w = (half(208, 210)[..., None] * sc)[..., None] * q
+    elif kind == "q8_0":
+        d = half(0, 16)  # [N, B, 8]
+        q = b[..., 16:].contiguous().view(torch.int8)[..., at].reshape(n, -1, 8, 32).float()
+        w = d[..., None] * q
+    else:
+        raise ValueError(f"no layout {kind!r}; the kernel's kinds are {KINDS}")
+    return w.reshape(n, -1)[:, :k]
