@@ -75,9 +75,10 @@ def test_greedy_output_equals_plain_generate(models, assistants, plain_greedy, m
     prompts = PROMPTS[:batch]
     inputs = left_padded(prompts) if batch > 1 else {"input_ids": torch.tensor([prompts[0]])}
     draft = {} if drafter == "prompt_lookup" else {"assistant_model": assistants[drafter]}
+    # rest=False: resting reads measured decision times, so a loaded machine could rest through every step
     out = models["target"].generate(**inputs, **draft, **MODES[mode], speculation_costs=COSTS,
                                     speculation_state=SpeculationState(), max_new_tokens=NEW, do_sample=False,
-                                    return_dict_in_generate=True, kv_cache=kv_cache)
+                                    return_dict_in_generate=True, kv_cache=kv_cache, rest=False)
     width = inputs["input_ids"].shape[1]
     assert out.sequences.shape == (batch, width + NEW)
     assert torch.equal(out.sequences[:, :width], inputs["input_ids"])
