@@ -76,6 +76,15 @@ def read_tensors(gguf_path: Path, config_dir: str) -> tuple[str, dict[str, Tenso
     return index["architecture"], tensors
 
 
+def reads_exactly(gguf_path: Path, config_dir: str) -> bool:
+    """Whether ``build`` takes this file's linear layers from its own blocks: its architecture is one gguf names and
+    transformers does not reshape (``_REFUSED``)."""
+    import gguf
+
+    arch, _ = read_tensors(gguf_path, config_dir)
+    return arch not in _REFUSED and arch in gguf.MODEL_ARCH_NAMES.values()
+
+
 def _row_order(name: str, n: int, config) -> np.ndarray | None:
     """The row permutation that undoes llama.cpp's query/key interleaving for tensor ``name`` of ``n`` rows (row i
     of the model is row order[i] of the file), or None for any other tensor."""
