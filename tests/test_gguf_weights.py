@@ -134,6 +134,19 @@ def test_auto_on_a_gguf_file_does_not_requantize_it_once_q4_reads_its_blocks(wri
     assert "none 40/240 ms the quality reference" in choice.line("tiny")
 
 
+def test_a_q4_head_put_on_a_loaded_model_is_the_head_a_load_with_it_gives(written, private_cache):
+    """``auto`` measures q4's quantized-head variant by replacing the head of the q4 model it loaded."""
+    from hf_adaspec.models.formats import q4_head
+
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(4))
+    swapped = load_weights(_source(written), "tiny", "q4", "float32", "cpu", False)
+    dense_head = _logits(swapped, ids)
+    swapped.set_output_embeddings(q4_head(swapped, _source(written)))
+    loaded = load_weights(_source(written), "tiny", "q4", "float32", "cpu", True)
+    assert torch.equal(_logits(swapped, ids), _logits(loaded, ids))
+    assert not torch.equal(_logits(swapped, ids), dense_head)
+
+
 def test_a_file_whose_blocks_q4_cannot_read_keeps_the_other_formats(written, monkeypatch):
     _, path, folder, _ = written
     assert gguf_weights.reads_exactly(path, folder)
