@@ -115,6 +115,45 @@ def test_an_architecture_transformers_reshapes_is_refused(written, kernel_dir, m
     assert gguf_weights.build(path, folder, torch.float32, False, kernel_dir) is None
 
 
+def test_auto_on_a_gguf_file_does_not_requantize_it_once_q4_reads_its_blocks(written, private_cache):
+    """NF4 would load the file's dequantized copy (``_source`` fails any call for it) and requantize it: once q4,
+    which reads the file's own blocks, has loaded, NF4 is recorded as not tried, with the reason. Dense weights are
+    the quality reference, not scored against themselves."""
+    from conftest import build_tiny_tokenizer
+    from hf_adaspec.models import format_choice as fc
+
+    def timer(model, fmt, n):
+        return {"none": 40.0, "q4": 10.0}[fmt] * n
+
+    choice, model = fc.choose(_source(written), "tiny", build_tiny_tokenizer(), "float32", timer=timer,
+                              quality_tokens=8, formats=("nf4", "q4", "none"))
+    measures = {(m.format, m.head): m for m in choice.measures}
+    assert choice.chosen == "q4" and isinstance(model.model.layers[0].mlp.down_proj, q4.Q4Linear)
+    assert measures["nf4", False].error == "not tried: q4 runs the GGUF file's own blocks"
+    assert measures["none", False].top1 is None and measures["q4", False].top1 is not None
+    assert "none 40/240 ms the quality reference" in choice.line("tiny")
+
+
+def test_a_q4_head_put_on_a_loaded_model_is_the_head_a_load_with_it_gives(written, private_cache):
+    """``auto`` measures q4's quantized-head variant by replacing the head of the q4 model it loaded."""
+    from hf_adaspec.models.formats import q4_head
+
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(4))
+    swapped = load_weights(_source(written), "tiny", "q4", "float32", "cpu", False)
+    dense_head = _logits(swapped, ids)
+    swapped.set_output_embeddings(q4_head(swapped, _source(written)))
+    loaded = load_weights(_source(written), "tiny", "q4", "float32", "cpu", True)
+    assert torch.equal(_logits(swapped, ids), _logits(loaded, ids))
+    assert not torch.equal(_logits(swapped, ids), dense_head)
+
+
+def test_a_file_whose_blocks_q4_cannot_read_keeps_the_other_formats(written, monkeypatch):
+    _, path, folder, _ = written
+    assert gguf_weights.reads_exactly(path, folder)
+    monkeypatch.setattr(gguf_weights, "_REFUSED", ("llama",))
+    assert not gguf_weights.reads_exactly(path, folder)
+
+
 def test_fused_slices_give_each_layers_own_product_and_recompute_for_a_new_input(kernel_dir):
     torch.manual_seed(3)
     layers = [q4.Q4Linear.dense(torch.nn.Linear(64, n, bias=bias), kernel_dir) for n, bias in ((32, True), (16, False))]

@@ -34,12 +34,12 @@ GGUF_EXACT = {"Q4_K": "q4_k", "Q6_K": "q6_k", "Q8_0": "q8_0", "Q5_0": "q8_0", "Q
 
 
 POSITION = np.array([32 * (t // 4) + 4 * g + t % 4 for g in range(8) for t in range(32)])  # element → position
-_ELEMENT = np.argsort(POSITION)  # position → element
 
 
 def _ordered(codes: np.ndarray) -> np.ndarray:
-    """Codes [..., 256] in feature order → the kernel's order."""
-    return codes[..., _ELEMENT]
+    """Codes [..., 256] in feature order → the kernel's order: element 32g + 4j + e (group g) to position
+    32j + 4g + e (``POSITION``), a transpose of [8, 8, 4]."""
+    return np.ascontiguousarray(codes.reshape(*codes.shape[:-1], 8, 8, 4).swapaxes(-3, -2)).reshape(codes.shape)
 
 
 def _nibbles(codes: np.ndarray) -> np.ndarray:

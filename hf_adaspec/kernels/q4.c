@@ -324,22 +324,21 @@ AVX2 static void row_avx2(int kind, const uint8_t *w, const xblock *x, int64_t M
    (d * sc) * q - dmin * m for Q4K, (d * sc) * (q - 32) for Q6K, d * q for Q80 (float32, no fused multiply-add:
    -std=c11 contracts nothing). */
 static void dequant_block(int kind, const uint8_t *w, float *v) {
-    for (int l = 0; l < 8; l++)
-        for (int t = 0; t < 32; t++) {
-            int i = AT(l, t);
-            if (kind == Q4K) {
-                const q4k_block *b = (const q4k_block *)w;
-                float scale = half_to_float(b->d) * (float)b->sc[l], minimum = half_to_float(b->dmin) * (float)b->mn[l];
-                v[32 * l + t] = scale * (float)code_q4k(b, i) - minimum;
-            } else if (kind == Q6K) {
-                const q6k_block *b = (const q6k_block *)w;
-                float scale = half_to_float(b->d) * (float)(t < 16 ? b->sce[l] : b->sco[l]);
-                v[32 * l + t] = scale * (float)(code_q6k(b, i) - 32);
-            } else {
-                const q80_block *b = (const q80_block *)w;
-                v[32 * l + t] = half_to_float(b->d[l]) * (float)b->qs[i];
-            }
+    for (int l = 0; l < 8; l++) {  /* a group's scale and minimum once, its 32 codes after */
+        if (kind == Q4K) {
+            const q4k_block *b = (const q4k_block *)w;
+            float scale = half_to_float(b->d) * (float)b->sc[l], minimum = half_to_float(b->dmin) * (float)b->mn[l];
+            for (int t = 0; t < 32; t++) v[32 * l + t] = scale * (float)code_q4k(b, AT(l, t)) - minimum;
+        } else if (kind == Q6K) {
+            const q6k_block *b = (const q6k_block *)w;
+            float d = half_to_float(b->d), even = d * (float)b->sce[l], odd = d * (float)b->sco[l];
+            for (int t = 0; t < 32; t++) v[32 * l + t] = (t < 16 ? even : odd) * (float)(code_q6k(b, AT(l, t)) - 32);
+        } else {
+            const q80_block *b = (const q80_block *)w;
+            float d = half_to_float(b->d[l]);
+            for (int t = 0; t < 32; t++) v[32 * l + t] = d * (float)b->qs[AT(l, t)];
         }
+    }
 }
 
 /* out [N, K_out] (float32, or bfloat16 where bf16, rounded to nearest even) = the first K_out features of N rows of

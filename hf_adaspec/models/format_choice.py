@@ -3,9 +3,12 @@
 Design (issue 44): which format is fastest depends on the processor (``formats``), so it is measured, never
 read from CPU flags. At the first load of a model on a machine every format in ``formats.PROBED`` made for the
 device (``formats.probed_for``) whose kernel is there (``formats.missing_kernel``) and that loads is timed: the
-median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a ``PROBE_CONTEXT``-token cache (a plain step and a verification). Its quality is measured beside it
-(``format_quality``: top-1 agreement with the dense model's greedy tokens, teacher-forced, and the first
-divergence). A format is eligible when its top-1 agreement is at most
+median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a ``PROBE_CONTEXT``-token
+cache (a plain step and a verification). Its quality is measured beside it (``format_quality``: top-1 agreement
+with the dense model's greedy tokens, teacher-forced, and the first divergence; the dense model is the reference
+and is not scored against itself). From a GGUF file whose blocks a format reads itself (``q4`` on a CPU), the
+formats that would requantize the file's dequantized weights (NF4) are not tried once that format has loaded: they
+run another model than the file's and need its dense copy on disk. A format is eligible when its top-1 agreement is at most
 ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not load); the eligible
 format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen, except
 that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's. Unless the caller quantizes the output head
@@ -37,7 +40,7 @@ from ..files import read_json_verified, write_json_verified
 from ..kernels import q4
 from .assets import cache_dir
 from .format_quality import agreement, dense_reference
-from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, probed_for
+from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, probed_for, q4_head
 
 PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
 PROBE_K = 5  # the verification timed covers PROBE_K + 1 tokens
@@ -45,8 +48,8 @@ PROBE_REPS = 5  # timed forwards per width (medians); a format already twice the
 QUALITY_TOLERANCE = 0.02  # eligible: top-1 agreement ≥ NF4's − this
 SWITCH_MARGIN = 0.05  # another format replaces an eligible NF4 only when its score is this share below NF4's
 QUALITY_TOKENS = 64  # dense greedy tokens per prompt in the quality check of ``auto``
-SCHEMA = 4  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
-# 4: the chosen format's quantized-head variant measured too
+SCHEMA = 5  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
+# 4: the chosen format's quantized-head variant measured too; 5: NF4 not tried beside a format reading the GGUF file
 
 Timer = Callable[[torch.nn.Module, str, int], float]  # (model, format, new tokens) → one forward's ms
 
@@ -55,7 +58,8 @@ Timer = Callable[[torch.nn.Module, str, int], float]  # (model, format, new toke
 class FormatMeasure:
     """One format on this machine: median ms of a forward over 1 and over k + 1 tokens at ``PROBE_CONTEXT``,
     top-1 agreement with the dense model's greedy tokens (0–1), mean first divergence (tokens), load time (s);
-    quality None where its first timing was twice the best's (it cannot be chosen; NF4's is always measured);
+    quality None for dense weights (the reference) and where its first timing was twice the best's (it cannot be
+    chosen; NF4's is always measured);
     or the ``error`` that kept it from loading or running (all else None). ``head``: measured with the output
     head quantized too (``keep_head``'s candidate)."""
 
@@ -74,7 +78,8 @@ class FormatMeasure:
         label = f"{self.format} + quantized head" if self.head else self.format
         if self.error is not None:
             return f"{label} skipped ({self.error})"
-        quality = f"top-1 {self.top1:.3f}" if self.top1 is not None else "over twice the best: quality not measured"
+        quality = ("the quality reference" if self.format == "none" else f"top-1 {self.top1:.3f}"
+                   if self.top1 is not None else "over twice the best: quality not measured")
         return f"{label} {self.ms_1:.{digits}f}/{self.ms_k:.{digits}f} ms {quality}"
 
 
@@ -103,7 +108,7 @@ def eligible(measures: tuple[FormatMeasure, ...]) -> list[FormatMeasure]:
     """Loaded formats whose top-1 agreement is within ``QUALITY_TOLERANCE`` of NF4's (where NF4 did not load,
     of the best quantized format's; dense weights are always within). The bar comes from the formats with a dense
     output head; a quantized-head variant (``head``) is held to it too."""
-    loaded = [m for m in measures if m.error is None and m.top1 is not None]  # top1 None: too slow to be chosen
+    loaded = [m for m in measures if m.error is None and (m.top1 is not None or m.format == "none")]
     nf4 = [m.top1 for m in loaded if m.format == "nf4" and not m.head]
     quantized = [m.top1 for m in loaded if m.format != "none" and not m.head]
     bar = (nf4 or [max(quantized, default=1.0)])[0] - QUALITY_TOLERANCE
@@ -237,7 +242,8 @@ def measure_format(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, 
         model = load()
         load_s = time.perf_counter() - start
         ms_1, ms_k, contender = time_format(model, fmt, timer, best_ms)
-        top1, first = agreement(model, refs) if contender or fmt == "nf4" else (None, None)  # NF4 sets the bar
+        measured = fmt != "none" and (contender or fmt == "nf4")  # dense is the reference; NF4 sets the bar
+        top1, first = agreement(model, refs) if measured else (None, None)
     except Exception as e:  # noqa: BLE001 - any failure of an optional format is reported, not raised
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         return FormatMeasure(fmt, error=f"{type(e).__name__}: {reason}"), None
@@ -272,9 +278,13 @@ def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", 
     best_fmt, best_model = None, None
     kind = torch.device(device).type
     formats = tuple(f for f in formats if FORMATS[f].devices is None or kind in FORMATS[f].devices)
-    for fmt in ("none", *sorted((f for f in formats if f != "none"), key=lambda f: f != "nf4")):  # NF4 sets the bar
+    exact = _exact_source(source)
+    for fmt in ("none", *sorted((f for f in formats if f != "none"), key=_probe_order)):
         if (reason := missing_kernel(fmt, device)) is not None:  # not loaded: one line names what is missing
             measures.append(FormatMeasure(fmt, error=reason))
+            continue
+        if exact and not FORMATS[fmt].reads_gguf and (file_format := _read_the_file(measures)) is not None:
+            measures.append(FormatMeasure(fmt, error=f"not tried: {file_format} runs the GGUF file's own blocks"))
             continue
         bound = next((score(m.ms_1, m.ms_k) for m in measures if m.format == best_fmt), None)
         load = (lambda: dense) if fmt == "none" else (lambda f=fmt: load_weights(source, name, f, dtype, device,
@@ -289,7 +299,8 @@ def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", 
         gc.collect()
     chosen, head = pick(tuple(measures)), False
     if not quantize_lm_head and chosen != "none":
-        variant, model = _head_variant(source, name, chosen, dtype, device, timer, refs, measures)
+        variant, model = _head_variant(source, name, chosen, dtype, device, timer, refs, measures,
+                                       best_model if best_fmt == chosen else None)
         measures.append(variant)
         head = keep_head(tuple(measures), chosen)
         best_model = model if head else best_model
@@ -301,11 +312,50 @@ def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", 
     return choice, best_model if best_fmt == choice.chosen else None
 
 
+def _probe_order(fmt: str) -> tuple[bool, bool]:
+    """Formats that read a GGUF source's own blocks first, then NF4 (the quality bar where it is measured), then
+    the rest."""
+    return not FORMATS[fmt].reads_gguf, fmt != "nf4"
+
+
+def _exact_source(source: str | Source) -> bool:
+    """Whether ``source`` is a GGUF file whose linear layers a ``reads_gguf`` format loads from its own blocks."""
+    from .gguf_weights import reads_exactly
+
+    return isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta())
+
+
+def _read_the_file(measures: list[FormatMeasure]) -> str | None:
+    """A quantized format measured so far that reads the GGUF file's own blocks (``reads_gguf``), or None. Where one
+    loaded, formats that would requantize the file's dequantized weights (NF4, int8) are not tried: they run
+    another model than the file's, and they need its dense copy written to disk first."""
+    return next((m.format for m in measures if m.error is None and m.format != "none"
+                 and FORMATS[m.format].reads_gguf), None)
+
+
 def _head_variant(source: str | Source, name: str, fmt: str, dtype: str, device: str, timer: Timer, refs,
-                  measures: list[FormatMeasure]) -> tuple[FormatMeasure, torch.nn.Module | None]:
-    """``fmt`` loaded and measured with its output head quantized too (``FormatMeasure.head``), and that model."""
+                  measures: list[FormatMeasure],
+                  body_model: torch.nn.Module | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
+    """``fmt`` measured with its output head quantized too (``FormatMeasure.head``), and that model. For ``q4`` the
+    head of ``body_model`` (``fmt`` loaded with a dense head; None: not kept) is replaced in place
+    (``formats.q4_head``) instead of loading the model again, and put back where the variant is not kept
+    (``keep_head``); other formats are loaded again."""
     body = next(m for m in measures if m.format == fmt and not m.head)
-    with _quiet("bitsandbytes"):
-        measure, model = measure_format(fmt, lambda: load_weights(source, name, fmt, dtype, device, True), timer,
-                                        refs, score(body.ms_1, body.ms_k))
-    return replace(measure, head=True), model
+    if fmt != "q4" or body_model is None:
+        with _quiet("bitsandbytes"):
+            measure, model = measure_format(fmt, lambda: load_weights(source, name, fmt, dtype, device, True), timer,
+                                            refs, score(body.ms_1, body.ms_k))
+        return replace(measure, head=True), model
+    dense_head = body_model.get_output_embeddings()
+
+    def swap() -> torch.nn.Module:
+        body_model.set_output_embeddings(q4_head(body_model, source))
+        if body_model in _PREFILLED:
+            _PREFILLED[body_model][2].clear()  # each width runs untimed once more with the new head
+        return body_model
+
+    measure, model = measure_format(fmt, swap, timer, refs, score(body.ms_1, body.ms_k))
+    measure = replace(measure, head=True)
+    if model is None or not keep_head((*measures, measure), fmt):
+        body_model.set_output_embeddings(dense_head)
+    return measure, model

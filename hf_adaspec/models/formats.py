@@ -234,6 +234,24 @@ def convert(model: torch.nn.Module, quantization: str, quantize_lm_head: bool) -
     return model
 
 
+def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
+    """``model``'s output head as ``load_weights(..., "q4", ..., quantize_lm_head=True)`` makes it, for a model already
+    loaded with a dense head: a ``kernels.q4.Q4Linear`` on the GGUF file's own blocks where ``source`` is a file
+    that ``q4`` reads (``gguf_weights.reads_exactly``), else on its dense weight quantized to Q4_K.
+    Raises KernelUnavailable as ``_kernel_dir``; ValueError for a head whose input features are not a multiple
+    of 32."""
+    from ..kernels.q4 import Q4Linear
+    from .gguf_weights import head_rows, reads_exactly
+
+    head, directory = model.get_output_embeddings(), _kernel_dir()
+    if head.in_features % 32:
+        raise ValueError(f"an output head over {head.in_features} features has no q4 layout (a multiple of 32)")
+    if isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta()):
+        return Q4Linear(head.in_features, [head_rows(source.gguf, source.meta(), head.in_features)], head.bias,
+                        directory)
+    return Q4Linear.dense(head, directory)
+
+
 def _from_gguf(source: Source, quantization: str, dtype: torch.dtype, device: str,
                quantize_lm_head: bool) -> torch.nn.Module | None:
     """``gguf_weights.build`` for a format that ``reads_gguf``, on ``device``; None where it refuses the architecture,

@@ -76,6 +76,23 @@ def read_tensors(gguf_path: Path, config_dir: str) -> tuple[str, dict[str, Tenso
     return index["architecture"], tensors
 
 
+def reads_exactly(gguf_path: Path, config_dir: str) -> bool:
+    """Whether ``build`` takes this file's linear layers from its own blocks: its architecture is one gguf names and
+    transformers does not reshape (``_REFUSED``)."""
+    import gguf
+
+    arch, _ = read_tensors(gguf_path, config_dir)
+    return arch not in _REFUSED and arch in gguf.MODEL_ARCH_NAMES.values()
+
+
+def head_rows(gguf_path: Path, config_dir: str, k: int) -> tuple[str, torch.Tensor]:
+    """The output head's (kind, rows uint8 [V, bytes]) as ``build`` makes them with ``quantize_lm_head``: the file's
+    ``output.weight``, or its token embedding where the head is tied to it; ``k``: the head's input features."""
+    _, tensors = read_tensors(gguf_path, config_dir)
+    tensor = tensors["output.weight"] if "output.weight" in tensors else tensors["token_embd.weight"]
+    return _linear_rows(tensor, None, k, Counter())
+
+
 def _row_order(name: str, n: int, config) -> np.ndarray | None:
     """The row permutation that undoes llama.cpp's query/key interleaving for tensor ``name`` of ``n`` rows (row i
     of the model is row order[i] of the file), or None for any other tensor."""
