@@ -225,7 +225,9 @@ def _generate(models, mode: str, drafter: str = "noisy_copy", **kwargs):
 
 @pytest.mark.usefixtures("one_thread", "private_cache")
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("drafter", ["other_seed", "noisy_copy", "same_model"])
+# fast: the perturbed copy (0 < α < 1: stops, acceptances and rejections); the drafts at α ≈ 0 and α = 1 are slow
+@pytest.mark.parametrize("drafter", [pytest.param("other_seed", marks=pytest.mark.slow), "noisy_copy",
+                                     pytest.param("same_model", marks=pytest.mark.slow)])
 def test_confidence_modes_greedy_equal_plain(models, mode, drafter):
     plain = models["target"].generate(PROMPT, max_new_tokens=40, do_sample=False)
     out = _generate(models, mode, drafter, max_new_tokens=40)

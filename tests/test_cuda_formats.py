@@ -146,7 +146,9 @@ def test_the_int4_layer_runs_torchs_kernel_as_its_dequantized_weight_would(bias)
         int4.Int4Linear(torch.nn.Linear(96, 64))
 
 
-@pytest.mark.parametrize("kwargs", [{"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 4}])
+# fast: fixed k = 4, k + 1 rows through the int4 kernel at every step; adaptive is slow
+@pytest.mark.parametrize("kwargs", [pytest.param({"speculation": "adaptive"}, marks=pytest.mark.slow),
+                                    {"speculation": "fixed", "num_speculative_tokens": 4}])
 def test_int4_speculative_greedy_equals_its_own_plain_or_diverges_at_a_near_tie(tiny_dir, monkeypatch, kwargs):
     """Verifications over k + 1 rows through torch's int4 kernel (its CPU variant here) against 1-row plain steps."""
     monkeypatch.setitem(formats.FORMATS, "int4", dataclasses.replace(formats.FORMATS["int4"], devices=None,

@@ -10,6 +10,9 @@
   preallocated arena a GPU uses (its recordings re-run on the CPU).
 - Families whose layers keep a recurrent state get one clear error naming the reason.
 Every case compares with each prompt's own batch-1 plain greedy ``generate`` (transformers' sliding caches).
+
+The fast suite runs one family of each kind (``FAST_FULL``, ``FAST_WINDOWED``); the rest of the matrix is marked
+``slow`` (``make test`` and CI run it all).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ FULL = {
                                 "n_group": 1, "topk_group": 1},
     "glm4": {}, "helium": {}, "ernie4_5": {}, "seed_oss": {}, "apertus": {}, "arcee": {},
 }
+# in the fast suite: the reference Llama, GPT-2 (learned absolute positions, its own attention and cache code) and
+# DeepSeek-V3 (multi-head latent attention, mixture of experts); the other full-attention families are slow
+FAST_FULL = ("llama", "gpt2", "deepseek_v3")
 SLIDING = ["sliding_attention", "full_attention"]
 UNTIED = {"tie_word_embeddings": False}  # Gemma's scaled tied embedding makes a tiny model repeat its last token
 WINDOWED = {
@@ -62,6 +68,16 @@ WINDOWED = {
                                        "full_attention"], "intermediate_size_mlp": 64, "num_local_experts": 2,
                                        "interleave_moe_layer_step": 2, "no_rope_layers": [1, 0]}),
 }
+
+
+# in the fast suite: Gemma 3, sliding-window layers mixed with full ones (a hybrid cache: the hardest window case,
+# and a preset's family); the other windowed families (sliding-only, chunked) are slow
+FAST_WINDOWED = ("gemma3_text",)
+
+
+def _params(names, fast):
+    """``names`` as pytest params, those outside ``fast`` marked slow."""
+    return [pytest.param(n, marks=() if n in fast else pytest.mark.slow) for n in sorted(names)]
 
 
 def _tiny(model_type: str, seed: int, **extra) -> torch.nn.Module:
@@ -98,7 +114,7 @@ def _check(out, prompts: list[list[int]], plain: dict, rejections: bool) -> None
         assert any(s.accepted < s.k for s in drafted), "no drafted token was rejected"
 
 
-@pytest.mark.parametrize("family", sorted(FULL))
+@pytest.mark.parametrize("family", _params(FULL, FAST_FULL))
 def test_full_attention_families_equal_plain_greedy(family):
     target, other = _tiny(family, 0, **FULL[family]), _tiny(family, 1, **FULL[family])
     plain = {tuple(LONG): _plain(target, LONG)}
@@ -107,7 +123,7 @@ def test_full_attention_families_equal_plain_greedy(family):
     _check(_speculate(target, inputs, other, speculation="fixed", num_speculative_tokens=3), [LONG], plain, True)
 
 
-@pytest.fixture(scope="module", params=sorted(WINDOWED))
+@pytest.fixture(scope="module", params=_params(WINDOWED, FAST_WINDOWED))
 def windowed(request):
     """(target, a draft of the same family with other weights, plain greedy by prompt) for one windowed family.
     The window matters: the same weights with a window wider than the sequence generate other tokens."""

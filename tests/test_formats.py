@@ -232,7 +232,12 @@ def test_formats_refuse_what_they_cannot_do():
         load_architecture("smollm2-135m", quantization="auto")
 
 
-@pytest.mark.parametrize("fmt", sorted(f for f, w in FORMATS.items() if w.devices is None or "cpu" in w.devices))
+# the fast suite keeps q4 (our own kernel) and none (the dense reference); bitsandbytes' nf4 and int8 are slow
+CPU_FORMATS = [pytest.param(f, marks=() if f in ("q4", "none") else pytest.mark.slow)
+               for f in sorted(f for f, w in FORMATS.items() if w.devices is None or "cpu" in w.devices)]
+
+
+@pytest.mark.parametrize("fmt", CPU_FORMATS)
 def test_each_format_speculative_greedy_equals_its_own_plain_or_diverges_at_a_near_tie(tiny_dir, fmt):
     """Each format made for a CPU (the GPU formats: test_cuda_formats, through torch's CPU int4 kernel)."""
     target = hf_adaspec.enable(load_weights(tiny_dir, "tiny", fmt, "float32", "cpu", False))

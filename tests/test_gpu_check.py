@@ -223,6 +223,8 @@ def test_the_7bs_4bit_profile_is_held_to_the_verification_and_step_bars(tmp_path
 
 def test_the_format_step_names_a_missing_kernel_and_chooses_among_the_4bit_formats_that_load(tmp_path, monkeypatch):
     monkeypatch.setattr(quantized, "probed_for", lambda device: ("nf4", "none", "int4"))
+    # injected timings (the choice here does not hang on them: nf4 is the only 4-bit format that loads)
+    monkeypatch.setattr(quantized.fc, "forward_ms", lambda model, fmt, n: {"none": 40.0}.get(fmt, 30.0) * n)
     check = cs.Check("cpu", True, tmp_path)
     entry = quantized.formats_7b(check)
     rows = {m["format"]: m for m in entry["measures"]}
