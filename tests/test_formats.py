@@ -155,11 +155,10 @@ def test_auto_quantizes_the_chosen_formats_head_where_that_is_faster(tiny_dir, m
 
 
 def test_a_q4_head_put_on_a_loaded_dense_source_model_is_the_head_a_load_with_it_gives(tiny_dir):
-    from hf_adaspec.models.formats import q4_head
 
     ids = torch.randint(1, 64, (2, 10), generator=torch.Generator().manual_seed(5))
     swapped = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)
-    swapped.set_output_embeddings(q4_head(swapped, tiny_dir))
+    swapped.set_output_embeddings(FORMATS["q4"].quantize_head(swapped, tiny_dir))
     loaded = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", True)
     with torch.inference_mode():
         assert torch.equal(swapped(ids).logits, loaded(ids).logits) and _head_quantized(swapped)

@@ -13,7 +13,7 @@ import transformers
 
 from hf_adaspec.kernels import fused, q4
 from hf_adaspec.models import gguf_weights
-from hf_adaspec.models.formats import Source, load_weights
+from hf_adaspec.models.formats import FORMATS, Source, load_weights
 
 TYPES = {"attn_q": "Q8_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q5_1", "ffn_gate": "Q8_0",
          "ffn_up": "Q5_0", "ffn_down": "Q8_0", "output": "Q8_0", "token_embd": "Q8_0"}
@@ -136,12 +136,11 @@ def test_auto_on_a_gguf_file_does_not_requantize_it_once_q4_reads_its_blocks(wri
 
 def test_a_q4_head_put_on_a_loaded_model_is_the_head_a_load_with_it_gives(written, private_cache):
     """``auto`` measures q4's quantized-head variant by replacing the head of the q4 model it loaded."""
-    from hf_adaspec.models.formats import q4_head
 
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(4))
     swapped = load_weights(_source(written), "tiny", "q4", "float32", "cpu", False)
     dense_head = _logits(swapped, ids)
-    swapped.set_output_embeddings(q4_head(swapped, _source(written)))
+    swapped.set_output_embeddings(FORMATS["q4"].quantize_head(swapped, _source(written)))
     loaded = load_weights(_source(written), "tiny", "q4", "float32", "cpu", True)
     assert torch.equal(_logits(swapped, ids), _logits(loaded, ids))
     assert not torch.equal(_logits(swapped, ids), dense_head)

@@ -40,7 +40,7 @@ from ..files import read_json_verified, write_json_verified
 from ..kernels import q4
 from .assets import cache_dir
 from .format_quality import agreement, dense_reference
-from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, probed_for, q4_head
+from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, probed_for
 
 PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
 PROBE_K = 5  # the verification timed covers PROBE_K + 1 tokens
@@ -336,12 +336,13 @@ def _read_the_file(measures: list[FormatMeasure]) -> str | None:
 def _head_variant(source: str | Source, name: str, fmt: str, dtype: str, device: str, timer: Timer, refs,
                   measures: list[FormatMeasure],
                   body_model: torch.nn.Module | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
-    """``fmt`` measured with its output head quantized too (``FormatMeasure.head``), and that model. For ``q4`` the
-    head of ``body_model`` (``fmt`` loaded with a dense head; None: not kept) is replaced in place
-    (``formats.q4_head``) instead of loading the model again, and put back where the variant is not kept
-    (``keep_head``); other formats are loaded again."""
+    """``fmt`` measured with its output head quantized too (``FormatMeasure.head``), and that model. For a format
+    with a ``quantize_head`` the head of ``body_model`` (``fmt`` loaded with a dense head; None: not kept) is replaced
+    in place instead of loading the model again, and put back where the variant is not kept (``keep_head``); other
+    formats are loaded again."""
     body = next(m for m in measures if m.format == fmt and not m.head)
-    if fmt != "q4" or body_model is None:
+    quantize_head = FORMATS[fmt].quantize_head
+    if quantize_head is None or body_model is None:
         with _quiet("bitsandbytes"):
             measure, model = measure_format(fmt, lambda: load_weights(source, name, fmt, dtype, device, True), timer,
                                             refs, score(body.ms_1, body.ms_k))
@@ -349,7 +350,7 @@ def _head_variant(source: str | Source, name: str, fmt: str, dtype: str, device:
     dense_head = body_model.get_output_embeddings()
 
     def swap() -> torch.nn.Module:
-        body_model.set_output_embeddings(q4_head(body_model, source))
+        body_model.set_output_embeddings(quantize_head(body_model, source))
         if body_model in _PREFILLED:
             _PREFILLED[body_model][2].clear()  # each width runs untimed once more with the new head
         return body_model

@@ -61,7 +61,9 @@ class WeightFormat:
     (None: nothing), the devices it runs on (None: any), whether ``auto`` tries it (``probed``) and whether it
     reads a GGUF source itself (``reads_gguf``: its blocks, or for ``none`` its values dequantized in memory; no dense
     copy on disk needed). ``missing(device)``: None where its kernel runs on ``device``, else one line naming what
-    is missing (None: it always runs); ``libraries``: packages whose versions key a timed choice that tried it."""
+    is missing (None: it always runs); ``libraries``: packages whose versions key a timed choice that tried it;
+    ``quantize_head(model, source)``: a loaded model's output head as a load with ``quantize_lm_head`` makes it, for
+    a model loaded with a dense head (None: the format's head variant is loaded again)."""
 
     name: str
     summary: str
@@ -72,6 +74,7 @@ class WeightFormat:
     missing: Callable[[str], str | None] | None = None
     libraries: tuple[str, ...] = ()
     reads_gguf: bool = False
+    quantize_head: Callable[[torch.nn.Module, Source], torch.nn.Module] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.summary:
@@ -138,12 +141,30 @@ def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
     fuse_projections(model, directory)
 
 
+def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
+    """``model``'s output head as ``load_weights(..., "q4", ..., quantize_lm_head=True)`` makes it, for a model already
+    loaded with a dense head: a ``kernels.q4.Q4Linear`` on the GGUF file's own blocks where ``source`` is a file
+    that ``q4`` reads (``gguf_weights.reads_exactly``), else on its dense weight quantized to Q4_K.
+    Raises KernelUnavailable as ``_kernel_dir``; ValueError for a head whose input features are not a multiple
+    of 32."""
+    from ..kernels.q4 import Q4Linear
+    from .gguf_weights import head_rows, reads_exactly
+
+    head, directory = model.get_output_embeddings(), _kernel_dir()
+    if head.in_features % 32:
+        raise ValueError(f"an output head over {head.in_features} features has no q4 layout (a multiple of 32)")
+    if isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta()):
+        return Q4Linear(head.in_features, [head_rows(source.gguf, source.meta(), head.in_features)], head.bias,
+                        directory)
+    return Q4Linear.dense(head, directory)
+
+
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
     # int8: 2.5–7x the best format's step on both CPU paths measured (docs/experiments.md); loaded when asked for
     WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8, probed=False),
     WeightFormat("q4", "a GGUF file's own blocks (dense weights: Q4_K) x 8-bit activations on AVX2 (our kernel)",
-                 _dense, _q4, devices=("cpu",), reads_gguf=True),
+                 _dense, _q4, devices=("cpu",), reads_gguf=True, quantize_head=q4_head),
     WeightFormat("none", "dense", _dense, reads_gguf=True),
 )}
 FORMATS.update({f.name: f for f in (  # issue 59: 4-bit on a GPU's small batches (cuda_formats)
@@ -232,24 +253,6 @@ def convert(model: torch.nn.Module, quantization: str, quantize_lm_head: bool) -
     if fmt.convert is not None:
         fmt.convert(model, quantize_lm_head)
     return model
-
-
-def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
-    """``model``'s output head as ``load_weights(..., "q4", ..., quantize_lm_head=True)`` makes it, for a model already
-    loaded with a dense head: a ``kernels.q4.Q4Linear`` on the GGUF file's own blocks where ``source`` is a file
-    that ``q4`` reads (``gguf_weights.reads_exactly``), else on its dense weight quantized to Q4_K.
-    Raises KernelUnavailable as ``_kernel_dir``; ValueError for a head whose input features are not a multiple
-    of 32."""
-    from ..kernels.q4 import Q4Linear
-    from .gguf_weights import head_rows, reads_exactly
-
-    head, directory = model.get_output_embeddings(), _kernel_dir()
-    if head.in_features % 32:
-        raise ValueError(f"an output head over {head.in_features} features has no q4 layout (a multiple of 32)")
-    if isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta()):
-        return Q4Linear(head.in_features, [head_rows(source.gguf, source.meta(), head.in_features)], head.bias,
-                        directory)
-    return Q4Linear.dense(head, directory)
 
 
 def _from_gguf(source: Source, quantization: str, dtype: torch.dtype, device: str,

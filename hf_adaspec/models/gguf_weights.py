@@ -76,13 +76,17 @@ def read_tensors(gguf_path: Path, config_dir: str) -> tuple[str, dict[str, Tenso
     return index["architecture"], tensors
 
 
-def reads_exactly(gguf_path: Path, config_dir: str) -> bool:
-    """Whether ``build`` takes this file's linear layers from its own blocks: its architecture is one gguf names and
-    transformers does not reshape (``_REFUSED``)."""
+def _readable(arch: str) -> bool:
+    """Whether ``build`` reads architecture ``arch``: one gguf names and transformers does not reshape (``_REFUSED``)."""
     import gguf
 
-    arch, _ = read_tensors(gguf_path, config_dir)
     return arch not in _REFUSED and arch in gguf.MODEL_ARCH_NAMES.values()
+
+
+def reads_exactly(gguf_path: Path, config_dir: str) -> bool:
+    """Whether ``build`` takes this file's linear layers from its own blocks (``_readable``)."""
+    arch, _ = read_tensors(gguf_path, config_dir)
+    return _readable(arch)
 
 
 def head_rows(gguf_path: Path, config_dir: str, k: int) -> tuple[str, torch.Tensor]:
@@ -160,9 +164,9 @@ def build(gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     arch, tensors = read_tensors(gguf_path, config_dir)
-    config = AutoConfig.from_pretrained(config_dir)
-    if arch in _REFUSED:
+    if not _readable(arch):
         return None
+    config = AutoConfig.from_pretrained(config_dir)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
     state = skeleton.state_dict()  # meta tensors: names, shapes
