@@ -195,8 +195,9 @@ def test_the_cache_key_holds_the_machine_and_a_bad_cache_file_is_measured_again(
 
 
 def test_a_changed_q4_kernel_measures_its_choice_and_its_costs_again(tiny_dir, monkeypatch):
-    """The kernel's source is in the probe's key and in the cost identity of a pair with q4 layers (only there:
-    profiles of other formats stay valid), so a new kernel is never priced with the old one's times."""
+    """The kernel's source (and, in the cost identity, its code path) is in the probe's key and in the cost identity
+    of a pair with q4 layers (only there: profiles of other formats stay valid), so a new kernel is never priced with
+    the old one's times."""
     from hf_adaspec.costs.table import pair_identity
     from hf_adaspec.kernels import q4
 
@@ -209,6 +210,8 @@ def test_a_changed_q4_kernel_measures_its_choice_and_its_costs_again(tiny_dir, m
     assert fc.cache_path(fc.probe_key("m", "src", "bfloat16", "cpu", False)) != fc.cache_path(key)
     assert pair_identity(dense, q4_model) == {**with_q4, "q4_kernel": "another kernel"}
     assert pair_identity(dense, None) == without
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # the path is in the identity: plain C is timed apart
+    assert pair_identity(dense, q4_model)["q4_path"] == "portable" and "q4_path" not in without
 
 
 def test_explicit_formats_are_honoured_without_a_probe(tiny_dir, monkeypatch):

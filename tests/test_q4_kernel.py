@@ -73,29 +73,44 @@ def _layer(parts, k, kdir, bias=None):
     return q4.Q4Linear(k, parts, bias, kdir)
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["this-cpu", "portable"])
+@pytest.mark.parametrize("ceiling", q4.PATHS)
 @pytest.mark.parametrize("gguf_type,k", [("Q4_K", 512), ("Q6_K", 256), ("Q8_0", 96), ("Q5_0", 288)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
-def test_matmul_equals_its_emulation(kdir, gguf_type, k, m, portable):
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 9, 17])
+def test_matmul_equals_its_emulation(kdir, gguf_type, k, m, ceiling):
     torch.manual_seed(m * 1000 + k)
     kind, rows = gguf_rows(gguf_type, 24, k, seed=m + k)
     x = torch.randn(m, k)
     y = q4.linear(x, rows.reshape(-1), torch.tensor([blocks.KINDS.index(kind)], dtype=torch.int32),
-                  torch.tensor([24]), k, kdir, portable=portable)  # [M, N]
+                  torch.tensor([24]), k, kdir, ceiling=ceiling)  # [M, N]
     ref = _emulated(x, blocks.dequantize(kind, rows, k))
     assert y.shape == (m, 24) and y.dtype == torch.float32
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
 
 
-def test_plain_c_and_avx2_agree_within_float_rounding(kdir):
-    """The two paths differ only in the order of float additions (tests must not depend on the processor)."""
+@pytest.mark.parametrize("ceiling", q4.PATHS[1:])
+def test_plain_c_and_the_vector_paths_agree_within_float_rounding(kdir, ceiling):
+    """The paths differ only in the order of float additions; each runs where the CPU has it, else the best path
+    below it (tests must not depend on the processor)."""
     torch.manual_seed(7)
     k = 768
     parts = [gguf_rows(t, 20, k, seed=i) for i, t in enumerate(("Q4_K", "Q6_K", "Q8_0"))]
-    layer, x = _layer(parts, k, kdir), torch.randn(6, k)
-    fast = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir)
-    plain = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir, portable=True)
+    layer, x = _layer(parts, k, kdir), torch.randn(11, k)
+    fast = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir, ceiling=ceiling)
+    plain = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir, ceiling="portable")
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5 * float(plain.abs().max()))
+
+
+def test_the_path_follows_the_cpu_capped_by_aten_cpu_capability_and_the_ceiling(kdir, monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    best = q4.path(kdir)
+    assert best in q4.PATHS and q4.path(kdir, "portable") == "portable"
+    assert q4.path(kdir, "avx2") == min(best, "avx2", key=q4.PATHS.index)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert q4.path(kdir) == min(best, "avx2", key=q4.PATHS.index)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert q4.path(kdir) == "portable"
+    with pytest.raises(ValueError, match="no q4 kernel path 'avx3': choose one of portable, avx2, avx512_vnni"):
+        q4.path(kdir, "avx3")
 
 
 def test_segments_of_several_kinds_are_the_separate_products_side_by_side(kdir):
@@ -111,19 +126,19 @@ def test_segments_of_several_kinds_are_the_separate_products_side_by_side(kdir):
                                rtol=1e-4, atol=1e-4 * float(fused.abs().max()))
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["this-cpu", "portable"])
-def test_bfloat16_in_and_out_with_bias_is_the_float_result_rounded_once(kdir, portable):
+@pytest.mark.parametrize("ceiling", q4.PATHS)
+def test_bfloat16_in_and_out_with_bias_is_the_float_result_rounded_once(kdir, ceiling):
     """bf16 activations are read in place and the bias is added before the one rounding to bf16: bit for bit what
     the float32 path plus the bias, then torch's rounding, gives."""
     torch.manual_seed(3)
     bias, x = torch.randn(40), torch.randn(5, 544).to(torch.bfloat16)
     layer = q4.Q4Linear.dense(torch.nn.Linear(544, 40), kdir)
     args = (layer.blocks, layer.kind_ids, layer.rows, 544, kdir)
-    y = q4.linear(x, *args, bias=bias, portable=portable)  # [5, 40]
-    ref = q4.linear(x.float(), *args, portable=portable) + bias
+    y = q4.linear(x, *args, bias=bias, ceiling=ceiling)  # [5, 40]
+    ref = q4.linear(x.float(), *args, ceiling=ceiling) + bias
     assert y.dtype == torch.bfloat16 and y.shape == (5, 40)
     assert torch.equal(y, ref.to(torch.bfloat16))
-    assert not torch.equal(y, q4.linear(x, *args, portable=portable))  # the bias was added
+    assert not torch.equal(y, q4.linear(x, *args, ceiling=ceiling))  # the bias was added
 
 
 def test_other_dtypes_go_through_float32_and_too_wide_inputs_are_refused(kdir):

@@ -3,7 +3,8 @@
 On PYTHONPATH together with ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels):
 ``bitsandbytes.functional.has_avx512bf16`` returns False from the moment that module is imported, before
 bitsandbytes' CPU backend binds it, so NF4 takes the dequantize-then-multiply path it takes on most consumer
-CPUs. Nothing else changes. Usage: ``PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 hf-adaspec generate``.
+CPUs; ``ATEN_CPU_CAPABILITY=avx2`` also caps our q4 kernel at its AVX2 path (``hf_adaspec.kernels.q4.path``).
+Nothing else changes. Usage: ``PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 hf-adaspec generate``.
 """
 
 import importlib.abc

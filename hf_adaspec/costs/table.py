@@ -82,14 +82,15 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
     (``config.KV_CACHES``) gives the target a preallocated arena (``backend.stores.store_kind``), that its
     steps are recorded graphs ("kv": "static"), the widths recorded after ``torch.compile``
     (``api.compile_steps``) of either model ("compiled"), and where either model has q4 layers, the q4 kernel's
-    source (``kernels.q4.source_tag``)."""
+    source (``kernels.q4.source_tag``) and the code path it takes here (``kernels.q4.path``)."""
     import transformers
 
     compiled = {role: sorted(static_kv.compiled_widths(m)) for role, m in (("target", target), ("draft", draft))
                 if isinstance(m, torch.nn.Module) and static_kv.compiled_widths(m)}
     models = {"target": hf_compat.model_identity(target),
               "draft": hf_compat.model_identity(draft) if draft is not None else None}
-    q4_layers = any(q4.Q4Linear.__name__ in ident.get("weights", ()) for ident in models.values() if ident)
+    q4_layers = [m for model in (target, draft) if isinstance(model, torch.nn.Module) for m in model.modules()
+                 if isinstance(m, q4.Q4Linear)]
     return {
         **models,
         "torch": torch.__version__,
@@ -98,7 +99,7 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
         "threads": torch.get_num_threads(),
         **({"kv": "static"} if store_kind(target, kv_cache) == "static" else {}),
         **({"compiled": compiled} if compiled else {}),
-        **({"q4_kernel": q4.source_tag()} if q4_layers else {}),
+        **({"q4_kernel": q4.source_tag(), "q4_path": q4.path(q4_layers[0].directory)} if q4_layers else {}),
     }
 
 

@@ -23,9 +23,21 @@ A matrix is a list of segments (consecutive output rows of one kind), so fused l
 (a Q4_K query beside a Q6_K value) are one call. Each weight superblock is decoded once per R <= 4 activation
 rows (verification multiplies up to k + 1 rows). Output rows are split over threads.
 
-The AVX2 kernels are compiled for AVX2, FMA and F16C by function attribute and run only where the CPU has them
-(q4_avx2(), checked once); elsewhere (other CPUs, other architectures) the same integer arithmetic runs in plain C,
-slowly, and gives the same result up to the order of float additions.
+The VNNI path (AVX512F/BW/VL + AVX512-VNNI: Xeon since Ice Lake, Zen 4 and later) multiplies with vpdpbusd,
+which sums four u8 x s8 products into an int32 lane in one instruction, on 512-bit vectors: a zmm holds vectors
+p and p + 4 of a superblock (lanes 0..7 group l's elements 4p..4p+3, lanes 8..15 its elements 16+4p..16+4p+3), so
+4 vpdpbusd per row leave group l's sums in int32 lanes l and 8 + l, one scale vector per superblock ([d sc_l] twice
+for Q4K, [d sce_l, d sco_l] for Q6K, [d_l] twice for Q80) finishes it in float. Activations are stored in that
+pair order for this path (``pairs`` in q8_blocks). vpdpbusd takes unsigned weights: Q6K's codes stay 0..63 and
+Q80's are offset by 128, and each activation block carries its half-group sums (hs, 16 per 256 features) so that
+32 hs (Q6K) or 128 hs (Q80) is subtracted per row: one int32 vector operation, no sign trick. Rows are taken 8
+at a time (verification multiplies k + 1 <= 9 rows), so a weight superblock is decoded once per 8 activation rows.
+
+The vector kernels are compiled by function attribute and run only where the CPU has their instructions (q4_isa(),
+checked once: 2 VNNI, 1 AVX2 + FMA + F16C, 0 neither); q4_linear runs the best path at most its isa argument
+(0 plain C, 1 AVX2, 2 VNNI), so one CPU reproduces the older paths. Elsewhere (other CPUs, other architectures) the
+same integer arithmetic runs in plain C, slowly; every path gives the same result up to the order of float
+additions.
 
 q4_linear is the one entry: it reads float32 or bfloat16 activations, quantizes them into a scratch buffer,
 multiplies, adds the bias and writes float32 or bfloat16 (rounded to nearest even, as torch rounds), all in one
@@ -37,12 +49,18 @@ call: a layer's step costs one foreign call and no tensor operations around it. 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+/* inlined into each row count's caller, so that R is a constant and acc[] stays in registers */
+#define VNNI_INLINE VNNI __attribute__((always_inline))
 #endif
 
 enum { Q4K = 0, Q6K = 1, Q80 = 2, KINDS = 3 };
 
 /* Position of element t (0..31) of group l (0..7) in a superblock's 256 codes: vector t / 4, lane l. */
 #define AT(l, t) (32 * ((t) / 4) + 4 * (l) + (t) % 4)
+/* The VNNI path's activation order: vector j = t / 4 stored in slot 2 (j % 4) + j / 4, so vectors p and p + 4 are
+   one 64-byte load. */
+#define AT_PAIRS(l, t) (32 * (2 * (((t) / 4) % 4) + (t) / 16) + 4 * (l) + (t) % 4)
 /* 256 weights: the code at position 32p + b (p = 0..3) is the low nibble of qs[32p + b], at 32(p + 4) + b its
    high nibble; group l has scale d * sc[l] and minimum dmin * mn[l]. */
 typedef struct { uint16_t d, dmin; uint8_t sc[8], mn[8]; uint8_t qs[128]; } q4k_block;
@@ -52,18 +70,22 @@ typedef struct { uint16_t d, dmin; uint8_t sc[8], mn[8]; uint8_t qs[128]; } q4k_
 typedef struct { uint8_t ql[128], qh[64]; int8_t sce[8], sco[8]; uint16_t d; } q6k_block;
 /* 256 weights: position AT(l, t) holds d[l] * qs[AT(l, t)]. */
 typedef struct { uint16_t d[8]; int8_t qs[256]; } q80_block;
-/* 256 activations: x = qs * d in the positions above; bsum[l] = the sum of group l's qs. */
-typedef struct { int8_t qs[256]; int16_t bsum[8]; float d; } xblock;
+/* 256 activations: x = qs * d in the positions above (AT_PAIRS on the VNNI path); bsum[l] = the sum of group l's
+   qs, dsum[l] = d * bsum[l]; hs[l] and hs[8 + l] the sums of its first and second 16. */
+typedef struct { int8_t qs[256]; int32_t hs[16]; float dsum[8]; int16_t bsum[8]; float d; } xblock;
 
 static const int BLOCK_BYTES[KINDS] = {(int)sizeof(q4k_block), (int)sizeof(q6k_block), (int)sizeof(q80_block)};
 
-/* 1 where the AVX2 kernels run on this CPU, else 0. */
-int q4_avx2(void) {
+/* The best path this CPU runs: 2 VNNI (AVX512F, BW, VL and VNNI), 1 AVX2 (with FMA and F16C), 0 plain C. */
+int q4_isa(void) {
 #if defined(__x86_64__)
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        int vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                   && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+        known = avx2 ? 1 + vnni : 0;
     }
     return known;
 #else
@@ -100,25 +122,29 @@ static float half_to_float(uint16_t h) {
 }
 
 /* One block of 256 activations (v, features past the input already zero) to int8: scale max|v| / 127, each
-   value times 127 / max|v| rounded to nearest even (lrintf, as _mm256_cvtps_epi32 rounds). */
-static void quantize_block(const float *v, xblock *o) {
+   value times 127 / max|v| rounded to nearest even (lrintf, as _mm256_cvtps_epi32 rounds); in pair order (AT_PAIRS)
+   where pairs. */
+static void quantize_block(const float *v, xblock *o, int pairs) {
     float amax = 0.f;
     for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(v[j]));
     float id = amax > 0.f ? 127.f / amax : 0.f;
     for (int l = 0; l < 8; l++) {
-        int s = 0;
+        int s[2] = {0, 0};
         for (int t = 0; t < 32; t++) {
             int q = (int)lrintf(v[32 * l + t] * id);
-            o->qs[AT(l, t)] = (int8_t)q;
-            s += q;
+            o->qs[pairs ? AT_PAIRS(l, t) : AT(l, t)] = (int8_t)q;
+            s[t / 16] += q;
         }
-        o->bsum[l] = (int16_t)s;
+        o->hs[l] = s[0], o->hs[8 + l] = s[1];
+        o->bsum[l] = (int16_t)(s[0] + s[1]);
     }
     o->d = amax / 127.f;
+    for (int l = 0; l < 8; l++) o->dsum[l] = o->d * (float)o->bsum[l];
 }
 
 /* x [M, K_in] (float32, or bfloat16 where bf16) -> out [M, K/256] blocks; features K_in .. K are zeros. */
-static void q8_blocks(const void *x, int bf16, int64_t M, int64_t K_in, int64_t K, xblock *out, int threads) {
+static void q8_blocks(const void *x, int bf16, int64_t M, int64_t K_in, int64_t K, xblock *out, int pairs,
+                      int threads) {
     int64_t nb = K / 256, n = M * nb;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n > 64)
     for (int64_t i = 0; i < n; i++) {
@@ -128,7 +154,7 @@ static void q8_blocks(const void *x, int bf16, int64_t M, int64_t K_in, int64_t 
             int64_t c = first + j, at = row * K_in + c;
             v[j] = c >= K_in ? 0.f : bf16 ? bf16_to_float(((const uint16_t *)x)[at]) : ((const float *)x)[at];
         }
-        quantize_block(v, out + i);
+        quantize_block(v, out + i, pairs);
     }
 }
 
@@ -318,6 +344,122 @@ AVX2 static void row_avx2(int kind, const uint8_t *w, const xblock *x, int64_t M
     case 1: rows_avx2(kind, w, x + r * B, B, o, r, n, 1); break;
     }
 }
+
+/* ---- VNNI: 512-bit vpdpbusd, activations in pair order, up to 8 rows a pass ---- */
+
+#define XP(r, p) _mm512_loadu_si512((const void *)(x[(r) * B + b].qs + 64 * (p)))
+
+/* The 64 bytes v[0..31] twice, the upper copy shifted right by 4 bits per byte then both masked to 4 bits: the
+   low nibbles (vector p) in the lower half, the high nibbles (vector p + 4) in the upper. */
+VNNI_INLINE static inline __m512i nibbles(const uint8_t *v) {
+    const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)v));
+    return _mm512_and_si512(_mm512_srlv_epi64(raw, shift), _mm512_set1_epi8(0x0F));
+}
+
+/* float [16]: v[0..7] (uint8 or int8 by sign) twice, times d. */
+VNNI_INLINE static inline __m512 twice(const void *v, int sign, float d) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)v);
+    b = _mm_unpacklo_epi64(b, b);
+    return _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b)));
+}
+
+VNNI_INLINE static inline __m512i dot4(const __m512i *q, const xblock *x, int64_t B, int64_t b, int r) {
+    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], XP(r, 0));
+    s = _mm512_dpbusd_epi32(s, q[1], XP(r, 1));
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s, q[2], XP(r, 2)), q[3], XP(r, 3));
+}
+
+/* acc[r] += weight row w ([B] Q4K blocks) . activation row r, per lane; mins[r] += its minimum terms (dmin m_l
+   times the activations' d X_l, lane l). */
+VNNI_INLINE static inline void vrows_q4k(const q4k_block *w, const xblock *x, int64_t B, __m512 *acc, __m256 *mins,
+                                  const int R) {
+    for (int64_t b = 0; b < B; b++) {
+        const q4k_block *wb = w + b;
+        __m512i q[4];
+        for (int p = 0; p < 4; p++) q[p] = nibbles(wb->qs + 32 * p);
+        __m512 scale = twice(wb->sc, 0, _cvtsh_ss(wb->d));
+        __m256 dm = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(wb->dmin)),  /* dmin m_0 .. dmin m_7 */
+                                  _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)wb->mn))));
+        for (int r = 0; r < R; r++) {
+            const xblock *xb = x + r * B + b;
+            __m512i s = dot4(q, x, B, b, r);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, _mm512_set1_ps(xb->d)), acc[r]);
+            mins[r] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xb->dsum), mins[r]);
+        }
+    }
+}
+
+/* acc[r] += weight row w ([B] Q6K blocks) . activation row r, per lane: codes 0..63 unsigned, 32 hs subtracted. */
+VNNI_INLINE static inline void vrows_q6k(const q6k_block *w, const xblock *x, int64_t B, __m512 *acc, const int R) {
+    const __m512i top = _mm512_set1_epi8(0x30);
+    for (int64_t b = 0; b < B; b++) {
+        const q6k_block *wb = w + b;
+        __m512i q[4];
+        for (int p = 0; p < 4; p++) {  /* vector j's high 2 bits: bits 2 (j / 2) of qh[32 (j % 2) + .] */
+            const __m512i shift = _mm512_set_epi64(2 * (p / 2) + 4, 2 * (p / 2) + 4, 2 * (p / 2) + 4, 2 * (p / 2) + 4,
+                                                   2 * (p / 2), 2 * (p / 2), 2 * (p / 2), 2 * (p / 2));
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb->qh + 32 * (p % 2))));
+            __m512i high = _mm512_and_si512(_mm512_slli_epi64(_mm512_srlv_epi64(qh, shift), 4), top);
+            q[p] = _mm512_or_si512(nibbles(wb->ql + 32 * p), high);
+        }
+        __m512 scale = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(wb->d)),  /* sce_0..7, sco_0..7 */
+                                     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wb->sce))));
+        for (int r = 0; r < R; r++) {
+            const xblock *xb = x + r * B + b;
+            __m512i s = _mm512_sub_epi32(dot4(q, x, B, b, r), _mm512_slli_epi32(_mm512_loadu_si512(xb->hs), 5));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, _mm512_set1_ps(xb->d)), acc[r]);
+        }
+    }
+}
+
+/* acc[r] += weight row w ([B] Q80 blocks) . activation row r, per lane: codes offset to unsigned, 128 hs
+   subtracted. */
+VNNI_INLINE static inline void vrows_q80(const q80_block *w, const xblock *x, int64_t B, __m512 *acc, const int R) {
+    const __m512i offset = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < B; b++) {
+        const q80_block *wb = w + b;
+        __m512i q[4];
+        for (int p = 0; p < 4; p++)
+            q[p] = _mm512_xor_si512(offset, _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wb->qs + 32 * p))),
+                _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * (p + 4))), 1));
+        __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));
+        __m512 scale = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(d8)));  /* d_0..7 twice */
+        for (int r = 0; r < R; r++) {
+            const xblock *xb = x + r * B + b;
+            __m512i s = _mm512_sub_epi32(dot4(q, x, B, b, r), _mm512_slli_epi32(_mm512_loadu_si512(xb->hs), 7));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, _mm512_set1_ps(xb->d)), acc[r]);
+        }
+    }
+}
+
+VNNI_INLINE static inline void rows_vnni(int kind, const uint8_t *w, const xblock *x, int64_t B, const sink *o, int64_t r0,
+                                  int64_t n, const int R) {
+    __m512 acc[8];
+    __m256 mins[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), mins[r] = _mm256_setzero_ps();
+    switch (kind) {
+    case Q4K: vrows_q4k((const q4k_block *)w, x, B, acc, mins, R); break;
+    case Q6K: vrows_q6k((const q6k_block *)w, x, B, acc, R); break;
+    default: vrows_q80((const q80_block *)w, x, B, acc, R);
+    }
+    for (int r = 0; r < R; r++) put(o, r0 + r, n, _mm512_reduce_add_ps(acc[r]) - hsum(mins[r]));
+}
+
+VNNI static void row_vnni(int kind, const uint8_t *w, const xblock *x, int64_t M, int64_t B, const sink *o, int64_t n) {
+    int64_t r = 0;
+    for (; r + 8 <= M; r += 8) rows_vnni(kind, w, x + r * B, B, o, r, n, 8);
+    switch (M - r) {
+    case 7: rows_vnni(kind, w, x + r * B, B, o, r, n, 7); break;
+    case 6: rows_vnni(kind, w, x + r * B, B, o, r, n, 6); break;
+    case 5: rows_vnni(kind, w, x + r * B, B, o, r, n, 5); break;
+    case 4: rows_vnni(kind, w, x + r * B, B, o, r, n, 4); break;
+    case 3: rows_vnni(kind, w, x + r * B, B, o, r, n, 3); break;
+    case 2: rows_vnni(kind, w, x + r * B, B, o, r, n, 2); break;
+    case 1: rows_vnni(kind, w, x + r * B, B, o, r, n, 1); break;
+    }
+}
 #endif
 
 /* One superblock of kind to 256 floats in feature order, each computed as gguf.quants computes it:
@@ -363,11 +505,10 @@ int q4_dequantize(int kind, const uint8_t *w, int64_t N, int64_t K, int64_t K_ou
 
 /* y [M, N] = x [M, K_in] @ W.T (+ bias [N] float32, or NULL). W: nseg segments, segment s holding rows[s] output
    rows of kinds[s] (K/256 blocks each, K a multiple of 256, K_in <= K), stored one after another from w.
-   x float32, or bfloat16 where x_bf16; y float32, or bfloat16 where y_bf16. The AVX2 kernels where the CPU has
-   them and portable is 0, else plain C. Returns 0; -1 where the scratch buffer cannot be allocated; -2 for an
-   unknown kind. */
+   x float32, or bfloat16 where x_bf16; y float32, or bfloat16 where y_bf16. The best path the CPU has, at most isa
+   (q4_isa's numbering). Returns 0; -1 where the scratch buffer cannot be allocated; -2 for an unknown kind. */
 int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, const void *x, int x_bf16,
-              int64_t M, int64_t K_in, int64_t K, const float *bias, void *y, int y_bf16, int portable, int threads) {
+              int64_t M, int64_t K_in, int64_t K, const float *bias, void *y, int y_bf16, int isa, int threads) {
     enum { MAX_SEG = 16 };
     int64_t B = K / 256, first[MAX_SEG + 1], N = 0;
     const uint8_t *base[MAX_SEG];
@@ -381,12 +522,9 @@ int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int n
     first[nseg] = N;
     xblock *xq = malloc((size_t)(M * B) * sizeof(xblock));
     if (!xq) return -1;
-    q8_blocks(x, x_bf16, M, K_in, K, xq, threads);
+    int path = q4_isa() < isa ? q4_isa() : isa;
+    q8_blocks(x, x_bf16, M, K_in, K, xq, path == 2, threads);
     sink o = {y, y_bf16, bias, N};
-    int fast = 0;
-#if defined(__x86_64__)
-    fast = q4_avx2() && !portable;
-#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         int s = 0;
@@ -394,7 +532,11 @@ int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int n
         int kind = kinds[s];
         const uint8_t *wn = base[s] + (n - first[s]) * B * BLOCK_BYTES[kind];
 #if defined(__x86_64__)
-        if (fast) {
+        if (path == 2) {
+            row_vnni(kind, wn, xq, M, B, &o, n);
+            continue;
+        }
+        if (path == 1) {
             row_avx2(kind, wn, xq, M, B, &o, n);
             continue;
         }

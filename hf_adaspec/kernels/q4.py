@@ -12,8 +12,10 @@ rows of several kinds (``Q4Linear.segments``), so fused projections stay one cal
 
 The C source is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``<directory>/q4-<hash>.so`` (written atomically) and loaded with ``ctypes``; it shares torch's OpenMP runtime.
-On a CPU without AVX2, FMA and F16C (or not x86-64) the same arithmetic runs in plain C, slowly: ``auto`` then
-times it out of the choice. Nothing is built or loaded at import. ``KernelUnavailable`` says why the kernel
+The code path is chosen at run time from the processor's flags (``PATHS``): 512-bit vpdpbusd where the CPU has
+AVX512-VNNI (with AVX512F/BW/VL), else AVX2 ``maddubs``, else plain C, slowly (``auto`` then times it out of the
+choice). ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``), torch's own switch, caps it at AVX2 (or plain C), so one
+processor reproduces an older one's path; ``path`` says which runs. Nothing is built or loaded at import. ``KernelUnavailable`` says why the kernel
 cannot be built here (no compiler, a failed build), naming the fix.
 """
 
@@ -35,6 +37,9 @@ from .blocks import BLOCK_BYTES, KINDS, dequantize, padded, quantize_q4_k, row_b
 _SOURCE = Path(__file__).with_name("q4.c")
 _FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11")
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+PATHS = ("portable", "avx2", "avx512_vnni")  # the kernel's code paths, q4_isa's numbering (q4.c)
+_CAPS = {"default": "portable", "avx2": "avx2"}  # ATEN_CPU_CAPABILITY values that cap the path
+_XBLOCK_BYTES = 372  # q4.c's xblock: 256 codes, 16 int32 half-group sums, 8 float and 8 int16 group sums, a scale
 
 
 class KernelUnavailable(RuntimeError):
@@ -79,30 +84,41 @@ def build(directory: Path) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def library(directory: Path) -> ctypes.CDLL:
-    """The loaded kernel (built in ``directory`` if needed); ``q4_avx2()`` says whether ``q4_linear`` takes the
-    AVX2 path on this CPU. Raises KernelUnavailable as ``build``."""
+    """The loaded kernel (built in ``directory`` if needed). Raises KernelUnavailable as ``build``."""
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
     lib = ctypes.CDLL(str(build(directory)))
     lib.q4_linear.argtypes = [_P, _P, _P, _C, _P, _C, _I, _I, _I, _P, _P, _C, _C, _C]
     lib.q4_dequantize.argtypes = [_C, _P, _I, _I, _I, _P, _C, _C]
     sizes = [lib.q4_block_bytes(i) for i in range(len(KINDS))]
-    if sizes != [BLOCK_BYTES[kind] for kind in KINDS] or lib.q4_block_bytes(-1) != 276:
+    if sizes != [BLOCK_BYTES[kind] for kind in KINDS] or lib.q4_block_bytes(-1) != _XBLOCK_BYTES:
         raise KernelUnavailable("the q4 kernel was built with an unexpected struct layout; report this")
     return lib
+
+
+def path(directory: Path, ceiling: str | None = None) -> str:
+    """The code path (one of ``PATHS``) ``linear`` takes here: the best this CPU runs, at most ``ceiling`` and at most
+    what ``ATEN_CPU_CAPABILITY`` allows (``avx2``: AVX2; ``default``: plain C). Raises KernelUnavailable as
+    ``library``; ValueError for a ``ceiling`` not in ``PATHS``."""
+    if ceiling is not None and ceiling not in PATHS:
+        raise ValueError(f"no q4 kernel path {ceiling!r}: choose one of {', '.join(PATHS)}")
+    best = library(directory).q4_isa()
+    cap = _CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), PATHS[-1])
+    return PATHS[min(best, PATHS.index(cap), PATHS.index(ceiling or PATHS[-1]))]
 
 
 _NATIVE = (torch.float32, torch.bfloat16)  # activation dtypes the kernel reads and writes in place
 
 
 def linear(x: torch.Tensor, blocks: torch.Tensor, kinds: torch.Tensor, rows: torch.Tensor, k: int, directory: Path,
-           bias: torch.Tensor | None = None, portable: bool = False, n: int | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, ceiling: str | None = None, n: int | None = None) -> torch.Tensor:
     """x [M, K'] (float32 or bfloat16 read as they are, other float dtypes via float32; K' ≤ ``k``, the rest taken as
     zeros) @ W.T (+ bias [N], read as float32) → [M, N] in x's dtype (float32 for other dtypes). W [N, k] is held
     as segments: ``kinds`` int32 [S] (indices into ``blocks.KINDS``) of ``rows`` int64 [S] output rows each, their
-    ``blocks.row_bytes`` laid one after another in ``blocks`` (uint8, contiguous). ``portable`` runs the plain-C
-    path whatever the CPU; ``n``: the rows' sum, where the caller knows it. Raises KernelUnavailable as ``library``; ValueError for tensors off the CPU (the kernel
-    reads host memory), a K' wider than ``k``, or a layout the kernel refuses; MemoryError when the activations'
-    scratch buffer cannot be allocated."""
+    ``blocks.row_bytes`` laid one after another in ``blocks`` (uint8, contiguous). ``ceiling``: the fastest path
+    (``PATHS``) to take (``path``; "portable" runs plain C whatever the CPU); ``n``: the rows' sum, where the caller
+    knows it. Raises KernelUnavailable as ``library``; ValueError for tensors off the CPU (the kernel reads host
+    memory), a K' wider than ``k``, an unknown ``ceiling``, or a layout the kernel refuses; MemoryError when the
+    activations' scratch buffer cannot be allocated."""
     if x.device.type != "cpu" or blocks.device.type != "cpu":
         raise ValueError(f"the q4 kernel runs on the CPU; got x on {x.device} and weights on {blocks.device}: "
                          "keep a q4 model on the CPU, or load another quantization for this device")
@@ -118,15 +134,22 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, kinds: torch.Tensor, rows: tor
         return y
     if bias is not None and bias.dtype != torch.float32:  # a model cast after conversion casts the buffer too
         bias = bias.float()
-    bf16 = x.dtype == torch.bfloat16
+    bf16, isa = x.dtype == torch.bfloat16, _isa(directory, ceiling)
     done = lib.q4_linear(blocks.data_ptr(), kinds.data_ptr(), rows.data_ptr(), len(kinds), x.data_ptr(), bf16, m,
-                         k_in, padded(k), None if bias is None else bias.data_ptr(), y.data_ptr(), bf16, portable,
+                         k_in, padded(k), None if bias is None else bias.data_ptr(), y.data_ptr(), bf16, isa,
                          torch.get_num_threads())
     if done == -1:
         raise MemoryError(f"the q4 kernel could not allocate {m} x {k} activations' scratch")
     if done:
         raise ValueError(f"the q4 kernel refused the layout: kinds {kinds.tolist()}, rows {rows.tolist()}")
     return y
+
+
+@functools.lru_cache(maxsize=None)
+def _isa(directory: Path, ceiling: str | None) -> int:
+    """``path``'s index in ``PATHS``, the number q4_linear takes; looked up once per directory, ceiling and process
+    (the environment is read at the first call)."""
+    return PATHS.index(path(directory, ceiling))
 
 
 def dequantize_rows(kind: str, rows: torch.Tensor, k: int, dtype: torch.dtype, directory: Path) -> torch.Tensor:

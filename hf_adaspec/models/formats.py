@@ -2,15 +2,15 @@
 
 Design: the fastest format depends on the processor, not on the model (issue 44): bitsandbytes' NF4 runs its
 fused 4-bit kernel only where the CPU has AVX512-BF16 and dequantizes every weight before multiplying
-elsewhere, while our q4 kernel (integer dot products on AVX2) and dense bf16 matmuls run on any x86-64 CPU
-with AVX2. So a format is only a recipe; which one loads is decided by timing on the running machine
+elsewhere, while our q4 kernel (integer dot products on AVX512-VNNI or AVX2) and dense bf16 matmuls run on any
+x86-64 CPU with AVX2. So a format is only a recipe; which one loads is decided by timing on the running machine
 (``format_choice``). Each ``WeightFormat`` gives the ``quantization_config`` handed to ``from_pretrained``
 (bitsandbytes) and/or a conversion applied after a dense load (``q4``: its layers replace ``nn.Linear``).
 
 - ``nf4``: bitsandbytes 4-bit NormalFloat, blocks of 64, compute in the model's dtype.
 - ``int8``: bitsandbytes LLM.int8().
 - ``q4``: our kernel (``kernels/q4``): block-quantized weights times activations quantized to 8 bits per 256
-  (llama.cpp's K-quants x Q8_K), integer dot products on AVX2 (plain C elsewhere). CPU only. A model from a GGUF
+  (llama.cpp's K-quants x Q8_K), integer dot products on AVX512-VNNI or AVX2 (plain C elsewhere). CPU only. A model from a GGUF
   file keeps the file's own blocks (``gguf_weights``: Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 exact); dense weights are
   quantized to Q4_K.
 - ``none``: dense weights in the requested dtype.
@@ -163,7 +163,7 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
     # int8: 2.5–7x the best format's step on both CPU paths measured (docs/experiments.md); loaded when asked for
     WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8, probed=False),
-    WeightFormat("q4", "a GGUF file's own blocks (dense weights: Q4_K) x 8-bit activations on AVX2 (our kernel)",
+    WeightFormat("q4", "a GGUF file's own blocks (dense weights: Q4_K) x 8-bit activations, VNNI/AVX2 (our kernel)",
                  _dense, _q4, devices=("cpu",), reads_gguf=True, quantize_head=q4_head),
     WeightFormat("none", "dense", _dense, reads_gguf=True),
 )}
