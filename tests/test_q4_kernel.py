@@ -100,6 +100,20 @@ def test_plain_c_and_the_vector_paths_agree_within_float_rounding(kdir, ceiling)
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5 * float(plain.abs().max()))
 
 
+@pytest.mark.parametrize("ceiling", q4.PATHS)
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kdir, ceiling):
+    """Verification multiplies k + 1 rows where a plain step multiplies one: each row's result is bit for bit its
+    result alone, on every path and every row count (rows go 4 or 8 at a time)."""
+    torch.manual_seed(9)
+    k = 768
+    parts = [gguf_rows(t, 20, k, seed=i) for i, t in enumerate(("Q4_K", "Q6_K", "Q8_0"))]
+    layer, x = _layer(parts, k, kdir), torch.randn(11, k).to(torch.bfloat16)
+    args = (layer.blocks, layer.kind_ids, layer.rows, k, kdir)
+    together = q4.linear(x, *args, ceiling=ceiling)  # [11, 60]
+    for i in range(11):
+        assert torch.equal(together[i:i + 1], q4.linear(x[i:i + 1], *args, ceiling=ceiling))
+
+
 def test_the_path_follows_the_cpu_capped_by_aten_cpu_capability_and_the_ceiling(kdir, monkeypatch):
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     best = q4.path(kdir)

@@ -4,7 +4,10 @@ On PYTHONPATH together with ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels):
 ``bitsandbytes.functional.has_avx512bf16`` returns False from the moment that module is imported, before
 bitsandbytes' CPU backend binds it, so NF4 takes the dequantize-then-multiply path it takes on most consumer
 CPUs; ``ATEN_CPU_CAPABILITY=avx2`` also caps our q4 kernel at its AVX2 path (``hf_adaspec.kernels.q4.path``).
-Nothing else changes. Usage: ``PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 hf-adaspec generate``.
+Nothing else changes. Not on a CPU with AMX: there torch 2.13's bfloat16 flash attention over 64 or more queries
+raises "pack_vnni2 is only supported when avx512 is supported" under ``ATEN_CPU_CAPABILITY=avx2`` (a prefill fails);
+compare the kernel's paths there with ``benchmarks/verify_curve.py``.
+Usage: ``PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 hf-adaspec generate``.
 """
 
 import importlib.abc
