@@ -15,8 +15,8 @@ The C source is compiled on first use with the machine's C compiler (``$CC``, el
 The code path is chosen at run time from the processor's flags (``PATHS``): 512-bit vpdpbusd where the CPU has
 AVX512-VNNI (with AVX512F/BW/VL), else AVX2 ``maddubs``, else plain C, slowly (``auto`` then times it out of the
 choice). ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``), torch's own switch, caps it at AVX2 (or plain C), so one
-processor reproduces an older one's path; ``path`` says which runs. Nothing is built or loaded at import. ``KernelUnavailable`` says why the kernel
-cannot be built here (no compiler, a failed build), naming the fix.
+processor reproduces an older one's path; ``path`` says which runs. Nothing is built or loaded at import.
+``KernelUnavailable`` says why the kernel cannot be built here (no compiler, a failed build), naming the fix.
 """
 
 from __future__ import annotations
