@@ -23,7 +23,7 @@ A matrix is a list of segments (consecutive output rows of one kind), so fused l
 (a Q4_K query beside a Q6_K value) are one call. Each weight superblock is decoded once per R <= 4 activation
 rows (verification multiplies up to k + 1 rows). Output rows are split over threads.
 
-The VNNI path (AVX512F/BW/VL + AVX512-VNNI: Xeon since Ice Lake, Zen 4 and later) multiplies with vpdpbusd,
+The VNNI path (AVX512F/BW/VL + AVX512-VNNI: Xeon since Cascade Lake, Zen 4 and later) multiplies with vpdpbusd,
 which sums four u8 x s8 products into an int32 lane in one instruction, on 512-bit vectors: a zmm holds vectors
 p and p + 4 of a superblock (lanes 0..7 group l's elements 4p..4p+3, lanes 8..15 its elements 16+4p..16+4p+3), so
 4 vpdpbusd per row leave group l's sums in int32 lanes l and 8 + l, one scale vector per superblock ([d sc_l] twice
@@ -349,7 +349,7 @@ AVX2 static void row_avx2(int kind, const uint8_t *w, const xblock *x, int64_t M
 
 #define XP(r, p) _mm512_loadu_si512((const void *)(x[(r) * B + b].qs + 64 * (p)))
 
-/* The 64 bytes v[0..31] twice, the upper copy shifted right by 4 bits per byte then both masked to 4 bits: the
+/* The 32 bytes v[0..31] in both halves, the upper copy shifted right by 4 bits per byte, both masked to 4 bits: the
    low nibbles (vector p) in the lower half, the high nibbles (vector p + 4) in the upper. */
 VNNI_INLINE static inline __m512i nibbles(const uint8_t *v) {
     const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
@@ -357,11 +357,10 @@ VNNI_INLINE static inline __m512i nibbles(const uint8_t *v) {
     return _mm512_and_si512(_mm512_srlv_epi64(raw, shift), _mm512_set1_epi8(0x0F));
 }
 
-/* float [16]: v[0..7] (uint8 or int8 by sign) twice, times d. */
-VNNI_INLINE static inline __m512 twice(const void *v, int sign, float d) {
+/* float [16]: the uint8 v[0..7] twice, times d. */
+VNNI_INLINE static inline __m512 twice(const uint8_t *v, float d) {
     __m128i b = _mm_loadl_epi64((const __m128i *)v);
-    b = _mm_unpacklo_epi64(b, b);
-    return _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b)));
+    return _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(b, b))));
 }
 
 VNNI_INLINE static inline __m512i dot4(const __m512i *q, const xblock *x, int64_t B, int64_t b, int r) {
@@ -378,7 +377,7 @@ VNNI_INLINE static inline void vrows_q4k(const q4k_block *w, const xblock *x, in
         const q4k_block *wb = w + b;
         __m512i q[4];
         for (int p = 0; p < 4; p++) q[p] = nibbles(wb->qs + 32 * p);
-        __m512 scale = twice(wb->sc, 0, _cvtsh_ss(wb->d));
+        __m512 scale = twice(wb->sc, _cvtsh_ss(wb->d));
         __m256 dm = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(wb->dmin)),  /* dmin m_0 .. dmin m_7 */
                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)wb->mn))));
         for (int r = 0; r < R; r++) {
