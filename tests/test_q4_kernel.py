@@ -251,11 +251,13 @@ def test_tensors_off_the_cpu_are_refused_before_the_kernel_reads_them(kdir):
         q4.linear(torch.randn(1, 256, device="meta"), layer.blocks, layer.kind_ids, layer.rows, 256, kdir)
 
 
-@pytest.mark.parametrize("gguf_type,k", [("Q4_K", 512), ("Q6_K", 256), ("Q5_0", 96)])
-def test_dequantization_in_c_is_the_reference_bit_for_bit(kdir, gguf_type, k):
-    """The C dequantizer (embeddings, dense heads) gives gguf's float32 values, and torch's bf16 rounding of them."""
+@pytest.mark.parametrize("ceiling", q4.PATHS)
+@pytest.mark.parametrize("gguf_type,k", [("Q4_K", 512), ("Q6_K", 256), ("Q5_0", 96), ("Q8_0", 288)])
+def test_dequantization_in_c_is_the_reference_bit_for_bit(kdir, gguf_type, k, ceiling):
+    """The C dequantizer (embeddings, dense heads, the dense route) gives gguf's float32 values, and torch's bf16
+    rounding of them, on every path (a width that ends inside a superblock included)."""
     raw = random_gguf(gguf_type, 10, k, seed=3)
     kind, rows = blocks.from_gguf(gguf_type, raw, k)
     ref = torch.from_numpy(gguf_dequantize(raw, GGMLQuantizationType[gguf_type]).reshape(10, k))
-    assert torch.equal(q4.dequantize_rows(kind, rows, k, torch.float32, kdir), ref)
-    assert torch.equal(q4.dequantize_rows(kind, rows, k, torch.bfloat16, kdir), ref.to(torch.bfloat16))
+    assert torch.equal(q4.dequantize_rows(kind, rows, k, torch.float32, kdir, ceiling), ref)
+    assert torch.equal(q4.dequantize_rows(kind, rows, k, torch.bfloat16, kdir, ceiling), ref.to(torch.bfloat16))

@@ -82,7 +82,8 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
     (``config.KV_CACHES``) gives the target a preallocated arena (``backend.stores.store_kind``), that its
     steps are recorded graphs ("kv": "static"), the widths recorded after ``torch.compile``
     (``api.compile_steps``) of either model ("compiled"), and where either model has q4 layers, the q4 kernel's
-    source (``kernels.q4.source_tag``) and the code path it takes here (``kernels.q4.path``)."""
+    source (``kernels.q4.source_tag``), the code path it takes here (``kernels.q4.path``) and the row counts from
+    which its layers take the dense route (``kernels.route``; 0: never)."""
     import transformers
 
     compiled = {role: sorted(static_kv.compiled_widths(m)) for role, m in (("target", target), ("draft", draft))
@@ -99,7 +100,8 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
         "threads": torch.get_num_threads(),
         **({"kv": "static"} if store_kind(target, kv_cache) == "static" else {}),
         **({"compiled": compiled} if compiled else {}),
-        **({"q4_kernel": q4.source_tag(), "q4_path": q4.path(q4_layers[0].directory)} if q4_layers else {}),
+        **({"q4_kernel": q4.source_tag(), "q4_path": q4.path(q4_layers[0].directory),
+            "q4_dense_rows": sorted({m.dense_rows or 0 for m in q4_layers})} if q4_layers else {}),
     }
 
 

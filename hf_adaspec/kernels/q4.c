@@ -482,20 +482,132 @@ static void dequant_block(int kind, const uint8_t *w, float *v) {
     }
 }
 
+#if defined(__x86_64__)
+/* ---- AVX2 dequantization: the same floats as dequant_block, 8 at a time ---- */
+
+/* Rows of 8 32-bit units transposed: unit l of r[j] becomes unit j of r[l]. Applied to a superblock's codes in
+   position order (vector j, unit l: group l's elements 4j..4j+3) it leaves group l's 32 codes in order in r[l]. */
+AVX2 static inline void transpose8(__m256i r[8]) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm256_unpacklo_ps(_mm256_castsi256_ps(r[2 * i]), _mm256_castsi256_ps(r[2 * i + 1]));
+        a[2 * i + 1] = _mm256_unpackhi_ps(_mm256_castsi256_ps(r[2 * i]), _mm256_castsi256_ps(r[2 * i + 1]));
+    }
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 2; h++) {
+            b[4 * i + 2 * h] = _mm256_shuffle_ps(a[4 * i + h], a[4 * i + 2 + h], 0x44);
+            b[4 * i + 2 * h + 1] = _mm256_shuffle_ps(a[4 * i + h], a[4 * i + 2 + h], 0xEE);
+        }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_castps_si256(_mm256_permute2f128_ps(b[i], b[4 + i], 0x20));
+        r[4 + i] = _mm256_castps_si256(_mm256_permute2f128_ps(b[i], b[4 + i], 0x31));
+    }
+}
+
+/* A superblock's 256 codes in position order, 32 a vector (Q6K's 0..63, Q80's as int8 bytes). */
+AVX2 static inline void codes_avx2(int kind, const uint8_t *w, __m256i c[8]) {
+    const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
+    for (int p = 0; p < 4; p++) {
+        if (kind == Q80) {
+            c[p] = _mm256_loadu_si256((const __m256i *)(((const q80_block *)w)->qs + 32 * p));
+            c[p + 4] = _mm256_loadu_si256((const __m256i *)(((const q80_block *)w)->qs + 32 * (p + 4)));
+            continue;
+        }
+        const uint8_t *qs = kind == Q4K ? ((const q4k_block *)w)->qs : ((const q6k_block *)w)->ql;
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+        c[p] = _mm256_and_si256(v, low);
+        c[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    if (kind != Q6K) return;
+    const uint8_t *qh = ((const q6k_block *)w)->qh;
+    for (int j = 0; j < 8; j++) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * (j % 2)));
+        h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * (j / 2))), two);
+        c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(h, 4));
+    }
+}
+
+/* One superblock of kind to 256 floats in feature order: dequant_block's values (multiply, then subtract). */
+AVX2 static void dequant_block_avx2(int kind, const uint8_t *w, float *v) {
+    __m256i c[8];
+    codes_avx2(kind, w, c);
+    transpose8(c);
+    for (int l = 0; l < 8; l++) {
+        float scale[2], minimum = 0.f;
+        if (kind == Q4K) {
+            const q4k_block *b = (const q4k_block *)w;
+            scale[0] = scale[1] = half_to_float(b->d) * (float)b->sc[l];
+            minimum = half_to_float(b->dmin) * (float)b->mn[l];
+        } else if (kind == Q6K) {
+            const q6k_block *b = (const q6k_block *)w;
+            float d = half_to_float(b->d);
+            scale[0] = d * (float)b->sce[l], scale[1] = d * (float)b->sco[l];
+        } else {
+            scale[0] = scale[1] = half_to_float(((const q80_block *)w)->d[l]);
+        }
+        __m128i half[2] = {_mm256_castsi256_si128(c[l]), _mm256_extracti128_si256(c[l], 1)};
+        for (int q = 0; q < 4; q++) {  /* elements 8q..8q+7 */
+            __m128i bytes = q % 2 ? _mm_srli_si128(half[q / 2], 8) : half[q / 2];
+            __m256i n = kind == Q80 ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+            if (kind == Q6K) n = _mm256_sub_epi32(n, _mm256_set1_epi32(32));
+            __m256 f = _mm256_mul_ps(_mm256_set1_ps(scale[q / 2]), _mm256_cvtepi32_ps(n));
+            _mm256_storeu_ps(v + 32 * l + 8 * q, _mm256_sub_ps(f, _mm256_set1_ps(minimum)));
+        }
+    }
+}
+
+/* 8 floats to bfloat16 as float_to_bf16 rounds (nearest even, NaN to 0x7FC0). */
+AVX2 static inline void put_bf16x8(const float *v, uint16_t *out) {
+    __m256 f = _mm256_loadu_ps(v);
+    __m256i u = _mm256_castps_si256(f);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)out, _mm256_castsi256_si128(packed));
+}
+
+AVX2 static void dequant_row_avx2(int kind, const uint8_t *w, int64_t B, int64_t K_out, void *out, int bf16) {
+    float v[256];
+    for (int64_t b = 0; b < B && b * 256 < K_out; b++) {
+        dequant_block_avx2(kind, w + b * BLOCK_BYTES[kind], v);
+        int64_t e = 0, first = b * 256, end = K_out - first < 256 ? K_out - first : 256;
+        for (; e + 8 <= end; e += 8) {
+            if (bf16) put_bf16x8(v + e, (uint16_t *)out + first + e);
+            else _mm256_storeu_ps((float *)out + first + e, _mm256_loadu_ps(v + e));
+        }
+        for (; e < end; e++) {
+            if (bf16) ((uint16_t *)out)[first + e] = float_to_bf16(v[e]);
+            else ((float *)out)[first + e] = v[e];
+        }
+    }
+}
+#endif
+
 /* out [N, K_out] (float32, or bfloat16 where bf16, rounded to nearest even) = the first K_out features of N rows of
-   kind (K/256 blocks each). Returns 0, or -2 for an unknown kind. */
-int q4_dequantize(int kind, const uint8_t *w, int64_t N, int64_t K, int64_t K_out, void *out, int bf16, int threads) {
+   kind (K/256 blocks each); with AVX2 where the CPU has it and isa (q4_isa's numbering) is at least 1, the same
+   values. Returns 0, or -2 for an unknown kind. */
+int q4_dequantize(int kind, const uint8_t *w, int64_t N, int64_t K, int64_t K_out, void *out, int bf16, int isa,
+                  int threads) {
     if (kind < 0 || kind >= KINDS) return -2;
     int64_t B = K / 256;
+    int vector = q4_isa() >= 1 && isa >= 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
+        const uint8_t *wn = w + n * B * BLOCK_BYTES[kind];
+        void *row = bf16 ? (void *)((uint16_t *)out + n * K_out) : (void *)((float *)out + n * K_out);
+#if defined(__x86_64__)
+        if (vector) {
+            dequant_row_avx2(kind, wn, B, K_out, row, bf16);
+            continue;
+        }
+#endif
         float v[256];
         for (int64_t b = 0; b < B; b++) {
-            dequant_block(kind, w + (n * B + b) * BLOCK_BYTES[kind], v);
+            dequant_block(kind, wn + b * BLOCK_BYTES[kind], v);
             for (int e = 0; e < 256 && b * 256 + e < K_out; e++) {
-                int64_t at = n * K_out + b * 256 + e;
-                if (bf16) ((uint16_t *)out)[at] = float_to_bf16(v[e]);
-                else ((float *)out)[at] = v[e];
+                if (bf16) ((uint16_t *)row)[b * 256 + e] = float_to_bf16(v[e]);
+                else ((float *)row)[b * 256 + e] = v[e];
             }
         }
     }

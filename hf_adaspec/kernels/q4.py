@@ -88,7 +88,7 @@ def library(directory: Path) -> ctypes.CDLL:
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
     lib = ctypes.CDLL(str(build(directory)))
     lib.q4_linear.argtypes = [_P, _P, _P, _C, _P, _C, _I, _I, _I, _P, _P, _C, _C, _C]
-    lib.q4_dequantize.argtypes = [_C, _P, _I, _I, _I, _P, _C, _C]
+    lib.q4_dequantize.argtypes = [_C, _P, _I, _I, _I, _P, _C, _C, _C]
     sizes = [lib.q4_block_bytes(i) for i in range(len(KINDS))]
     if sizes != [BLOCK_BYTES[kind] for kind in KINDS] or lib.q4_block_bytes(-1) != _XBLOCK_BYTES:
         raise KernelUnavailable("the q4 kernel was built with an unexpected struct layout; report this")
@@ -152,26 +152,36 @@ def _isa(directory: Path, ceiling: str | None) -> int:
     return PATHS.index(path(directory, ceiling))
 
 
-def dequantize_rows(kind: str, rows: torch.Tensor, k: int, dtype: torch.dtype, directory: Path) -> torch.Tensor:
+def dequantize_rows(kind: str, rows: torch.Tensor, k: int, dtype: torch.dtype, directory: Path,
+                    ceiling: str | None = None) -> torch.Tensor:
     """The weight [N, k] that ``rows`` (uint8 [N, row_bytes(kind, k)]) encode, in ``dtype`` (bfloat16 rounded to
     nearest even from the float32 value; other dtypes via float32): ``blocks.dequantize``'s values, computed in
-    C. Raises KernelUnavailable as ``library``."""
+    C (8 at a time on the AVX2 and VNNI paths; ``ceiling`` as ``linear``'s, the same values on every path).
+    Raises KernelUnavailable as ``library``; ValueError for an unknown ``ceiling``."""
     lib = library(directory)
     bf16 = dtype == torch.bfloat16
     out = torch.empty(rows.shape[0], k, dtype=torch.bfloat16 if bf16 else torch.float32)
     rows = rows.contiguous()
     lib.q4_dequantize(KINDS.index(kind), rows.data_ptr(), rows.shape[0], padded(k), k, out.data_ptr(), bf16,
-                      torch.get_num_threads())
+                      _isa(directory, ceiling), torch.get_num_threads())
     return out.to(dtype)
+
+
+DENSE_TILE_BYTES = 16 << 20  # the dense route dequantizes this much weight at a time, then multiplies it
 
 
 class Q4Linear(torch.nn.Module):
     """``nn.Linear`` for inference with block-quantized weights (``blocks``) and 8-bit activations: y = x W^T + b
     computed by ``linear``, returned in x's dtype. Input [..., in_features], output [..., out_features]. CPU only.
+    From ``dense_rows`` activation rows on (None: never; set by ``kernels.route``) the product takes the dense
+    route instead (``dense_product``: the weight dequantized, torch's matmul), which a long prompt's prefill can
+    make faster.
 
     ``parts``: (kind, rows uint8 [N_i, blocks.row_bytes(kind, in_features)]) stacked in order (N = sum N_i): a
     matrix of one kind, or fused projections whose rows differ in kind; ``bias`` [N] or None.
     Raises ValueError for rows of another dtype or width than their kind's."""
+
+    dense_rows: int | None = None
 
     def __init__(self, in_features: int, parts: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None,
                  directory: Path):
@@ -206,10 +216,35 @@ class Q4Linear(torch.nn.Module):
         return torch.cat(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x.reshape(-1, self.in_features), self.blocks, self.kind_ids, self.rows, self.in_features,
-                   self.directory, self.bias, n=self.out_features)
+        flat = x.reshape(-1, self.in_features)  # [M, K]
+        if self.dense_rows is not None and flat.shape[0] >= self.dense_rows:
+            y = self.dense_product(flat)
+        else:
+            y = linear(flat, self.blocks, self.kind_ids, self.rows, self.in_features, self.directory, self.bias,
+                       n=self.out_features)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # [..., N]; .to copies only for other dtypes
+
+    def dense_product(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, in_features] @ W.T + b → [M, out_features] through dense weights: ``DENSE_TILE_BYTES`` of W at a
+        time dequantized (``dequantize_rows``) into bfloat16 for bfloat16 x (float32 otherwise) and multiplied by
+        torch (``F.linear``, bias rounded to that dtype: the dense model's arithmetic), in that dtype.
+        Raises KernelUnavailable as ``library``."""
+        dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+        x = x.to(dtype)
+        y = torch.empty(x.shape[0], self.out_features, dtype=dtype)  # [M, N]
+        tile = max(1, DENSE_TILE_BYTES // (self.in_features * x.element_size()))
+        at, first = 0, 0
+        for kind, n in zip(self.kinds, self.rows.tolist()):
+            width = row_bytes(kind, self.in_features)
+            part = self.blocks[at:at + n * width].view(n, width)  # [n, row bytes]
+            for lo in range(0, n, tile):
+                w = dequantize_rows(kind, part[lo:lo + tile], self.in_features, dtype, self.directory)  # [t, K]
+                cols = slice(first + lo, first + lo + w.shape[0])
+                b = None if self.bias is None else self.bias[cols].to(dtype)
+                y[:, cols] = torch.nn.functional.linear(x, w, b)  # [M, t]
+            at, first = at + n * width, first + n
+        return y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, kinds={'+'.join(self.kinds)}, "
-                f"bias={self.bias is not None}")
+                f"bias={self.bias is not None}, dense_rows={self.dense_rows}")

@@ -112,10 +112,12 @@ def _kernel_dir() -> Path:
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read the same input
 
 
-def fuse_projections(model: torch.nn.Module, directory: Path) -> None:
+def finish_q4(model: torch.nn.Module, directory: Path) -> None:
     """Each module's query/key/value and gate/up ``Q4Linear`` children (``FUSED``; same input width) to one kernel
-    call (``kernels.fused``); other layers are left as they are."""
+    call (``kernels.fused``), other layers left as they are; then every q4 layer's dense route set
+    (``route_choice.apply``: measured at the first load on this machine)."""
     from ..kernels import fused, q4
+    from .route_choice import apply
 
     for module in list(model.modules()):
         for names in FUSED:
@@ -123,6 +125,7 @@ def fuse_projections(model: torch.nn.Module, directory: Path) -> None:
             if all(isinstance(layer, q4.Q4Linear) for layer in layers) and len({l.in_features for l in layers}) == 1:
                 for name, piece in zip(names, fused.fuse(layers, directory)):
                     setattr(module, name, piece)
+    apply(model)
 
 
 def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
@@ -138,7 +141,7 @@ def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
             if (isinstance(child, torch.nn.Linear) and child.in_features % 32 == 0
                     and (quantize_lm_head or child is not head)):
                 setattr(module, child_name, q4.Q4Linear.dense(child, directory))
-    fuse_projections(model, directory)
+    finish_q4(model, directory)
 
 
 def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
@@ -148,15 +151,19 @@ def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
     Raises KernelUnavailable as ``_kernel_dir``; ValueError for a head whose input features are not a multiple
     of 32."""
     from ..kernels.q4 import Q4Linear
+    from ..kernels.route import layers
     from .gguf_weights import head_rows, reads_exactly
 
     head, directory = model.get_output_embeddings(), _kernel_dir()
     if head.in_features % 32:
         raise ValueError(f"an output head over {head.in_features} features has no q4 layout (a multiple of 32)")
     if isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta()):
-        return Q4Linear(head.in_features, [head_rows(source.gguf, source.meta(), head.in_features)], head.bias,
-                        directory)
-    return Q4Linear.dense(head, directory)
+        layer = Q4Linear(head.in_features, [head_rows(source.gguf, source.meta(), head.in_features)], head.bias,
+                         directory)
+    else:
+        layer = Q4Linear.dense(head, directory)
+    layer.dense_rows = next((m.dense_rows for m in layers(model)), None)  # the body's route (``finish_q4``)
+    return layer
 
 
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
@@ -270,7 +277,7 @@ def _from_gguf(source: Source, quantization: str, dtype: torch.dtype, device: st
         return None
     model = build(source.gguf, source.meta(), dtype, quantize_lm_head, directory, kernel=quantization != "none")
     if model is not None and quantization != "none":
-        fuse_projections(model, directory)
+        finish_q4(model, directory)
     return model.to(device) if model is not None and torch.device(device).type != "cpu" else model
 
 

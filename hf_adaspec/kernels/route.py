@@ -1,0 +1,79 @@
+"""The dense route: from how many activation rows a q4 layer is multiplied faster through dense weights.
+
+Design (issue 56): the q4 kernel's cost grows with the rows it multiplies (each row's dot products are its own), so a
+long prompt's prefill costs it about as much per token as a decode step does. Dequantizing a layer's weight (in
+C, a tile at a time) and handing it to torch's matmul (``Q4Linear.dense_product``) costs a fixed dequantization plus a
+matmul that, on a CPU with bfloat16 matrix instructions, grows slowly with the rows. Which is faster from how many
+rows depends on the processor (a CPU without a fast bfloat16 matmul may never gain), so it is measured, not read
+from CPU flags (``measure``; ``models.route_choice`` caches the decision per machine): each of ``ROWS`` multiplied
+both ways, interleaved, medians of ``REPS``; the route starts at the least of ``ROWS`` from which the dense product
+was faster at every count measured (``crossover``). ``ROWS`` start at 64 so that verification (k + 1 rows) and a
+plain step stay on the kernel: the two multiply the same way, so greedy speculation still equals plain greedy.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .q4 import Q4Linear
+
+ROWS = (64, 128, 256, 512)  # activation rows at which the two products are timed
+REPS = 3  # timed products per row count and way (after one untimed each)
+
+
+def layers(model: torch.nn.Module) -> list[Q4Linear]:
+    """``model``'s q4 layers (fused ones counted once)."""
+    return [m for m in model.modules() if isinstance(m, Q4Linear)]
+
+
+def largest(model: torch.nn.Module) -> Q4Linear | None:
+    """``model``'s q4 layer with the most weight bytes, its output head left out unless it is the only one; None
+    where it has none."""
+    found = layers(model)
+    head = model.get_output_embeddings()
+    return max((m for m in found if m is not head), key=lambda m: m.blocks.numel(), default=next(iter(found), None))
+
+
+def set_rows(model: torch.nn.Module, rows: int | None) -> None:
+    """Every q4 layer of ``model`` takes the dense route from ``rows`` activation rows (None: never)."""
+    for layer in layers(model):
+        layer.dense_rows = rows
+
+
+def crossover(rows: tuple[int, ...], kernel_ms: list[float], dense_ms: list[float]) -> int | None:
+    """The least of ``rows`` (ascending) from which ``dense_ms`` is below ``kernel_ms`` at it and at every larger
+    count; None where the dense product is not faster at the largest."""
+    start = None
+    for m, kernel, dense in zip(reversed(rows), reversed(kernel_ms), reversed(dense_ms)):
+        if dense >= kernel:
+            break
+        start = m
+    return start
+
+
+def measure(layer: Q4Linear, dtype: torch.dtype) -> tuple[list[float], list[float]]:
+    """Median ms of ``layer``'s product over each of ``ROWS`` random rows of ``dtype``: by the kernel and by the
+    dense route (``Q4Linear.dense_product``), interleaved, ``REPS`` each after one untimed call."""
+    gen = torch.Generator().manual_seed(0)
+    kernel_ms, dense_ms = [], []
+    saved, layer.dense_rows = layer.dense_rows, None
+    try:
+        with torch.inference_mode():
+            for m in ROWS:
+                x = torch.randn(m, layer.in_features, generator=gen).to(dtype)  # [M, K]
+                ways = (lambda: layer(x), lambda: layer.dense_product(x))
+                times: tuple[list[float], list[float]] = ([], [])
+                for rep in range(REPS + 1):
+                    for way, out in zip(ways, times):
+                        start = time.perf_counter()
+                        way()
+                        if rep:
+                            out.append((time.perf_counter() - start) * 1e3)
+                kernel_ms.append(round(statistics.median(times[0]), 3))
+                dense_ms.append(round(statistics.median(times[1]), 3))
+    finally:
+        layer.dense_rows = saved
+    return kernel_ms, dense_ms

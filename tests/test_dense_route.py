@@ -1,0 +1,145 @@
+"""The dense route (issue 56): a q4 layer's product over many rows through its dequantized weight, where it starts
+(measured once per machine and cached), and that decoding, and so greedy output, does not depend on it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_adaspec
+from hf_adaspec.bench.bench import divergence_gap
+from hf_adaspec.kernels import blocks, q4, route
+from hf_adaspec.models import route_choice
+from hf_adaspec.models.format_quality import agreement, greedy_reference
+from hf_adaspec.models.formats import FORMATS, load_weights
+
+from test_q4_kernel import gguf_rows
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def kdir(kernel_dir):
+    return kernel_dir
+
+
+def _fused(kdir, bias: bool) -> q4.Q4Linear:
+    """A 512-wide layer of three kinds (fused projections), 40 output rows."""
+    parts = [gguf_rows("Q4_K", 16, 512, 1), gguf_rows("Q6_K", 8, 512, 2), gguf_rows("Q8_0", 16, 512, 3)]
+    return q4.Q4Linear(512, parts, torch.randn(40, generator=torch.Generator().manual_seed(4)) if bias else None,
+                       kdir)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_dense_route_is_the_dense_weights_product(kdir, dtype, bias):
+    """One tile: exactly F.linear on the dequantized weight (in the activations' dtype, bias rounded to it), the
+    arithmetic of the dense model the file dequantizes to."""
+    layer = _fused(kdir, bias)
+    x = torch.randn(70, 512, generator=torch.Generator().manual_seed(5)).to(dtype)  # [M, K]
+    weight = layer.weight_float().to(dtype)  # [40, 512]
+    want = torch.nn.functional.linear(x, weight, None if layer.bias is None else layer.bias.to(dtype))
+    assert torch.equal(layer.dense_product(x), want)
+
+
+def test_tiles_give_the_whole_matrix_product(kdir, monkeypatch):
+    layer = _fused(kdir, True)
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(6))  # [M, K]
+    whole = layer.dense_product(x)
+    monkeypatch.setattr(q4, "DENSE_TILE_BYTES", 7 * 512 * 4)  # 7 rows a tile: tiles inside and across the kinds
+    tiled = layer.dense_product(x)
+    assert tiled.shape == (9, 40) and torch.allclose(tiled, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_takes_the_dense_route_from_its_dense_rows(kdir):
+    layer = _fused(kdir, True)
+    x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(7))  # [B, T, K]: 6 rows
+    flat = x.reshape(6, 512)
+    kernel = q4.linear(flat, layer.blocks, layer.kind_ids, layer.rows, 512, kdir, layer.bias)
+    assert torch.equal(layer(x).reshape(6, 40), kernel)  # no route set
+    layer.dense_rows = 7
+    assert torch.equal(layer(x).reshape(6, 40), kernel)
+    layer.dense_rows = 6
+    assert torch.equal(layer(x).reshape(6, 40), layer.dense_product(flat))
+    assert not torch.equal(layer.dense_product(flat), kernel)  # the two differ: the route was taken
+
+
+def test_the_route_starts_where_the_dense_product_stays_faster():
+    rows = (64, 128, 256, 512)
+    assert route.crossover(rows, [10, 20, 40, 80], [15, 18, 20, 30]) == 128
+    assert route.crossover(rows, [10, 20, 40, 80], [5, 25, 20, 30]) == 256  # faster at 64, slower at 128
+    assert route.crossover(rows, [10, 20, 40, 80], [5, 10, 20, 90]) is None  # slower at the largest
+    assert route.crossover(rows, [10, 20, 40, 80], [10, 20, 40, 80]) is None  # a tie is not faster
+
+
+def test_the_route_is_measured_once_per_machine_and_cached(tiny_dir, monkeypatch, tmp_path):
+    calls = []
+
+    def fake(layer, dtype):
+        calls.append(dtype)
+        return [10.0, 20.0, 40.0, 80.0], [30.0, 15.0, 20.0, 30.0]
+
+    monkeypatch.setattr(route, "measure", fake)
+    model = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)
+    assert calls == [torch.float32] and {m.dense_rows for m in route.layers(model)} == {128}
+    assert route_choice.apply(load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)) == 128
+    assert len(calls) == 1  # read back
+    for path in (tmp_path / "routes").iterdir():
+        path.write_text(path.read_text().replace("128", "64"))  # the digest no longer matches
+    route_choice.apply(model)
+    assert len(calls) == 2  # measured again
+    load_weights(tiny_dir, "tiny", "q4", "bfloat16", "cpu", False)
+    assert calls[-1] == torch.bfloat16  # another dtype, another decision
+
+
+def test_a_quantized_head_takes_the_body_s_route(tiny_dir):
+    model = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)
+    route.set_rows(model, 9)
+    head = FORMATS["q4"].quantize_head(model, tiny_dir)
+    assert head.dense_rows == 9
+
+
+def test_speculative_greedy_equals_plain_with_the_prefill_on_the_dense_route(tiny_dir):
+    """The prompt (20 tokens) is prefilled through dense weights, every step and verification (k + 1 = 5 rows)
+    through the kernel: both methods decode the same way, so in float32 their outputs are the same."""
+    target = hf_adaspec.enable(load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False))
+    route.set_rows(target, 16)
+    draft = load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
+    prompt = torch.randint(1, 64, (1, 20), generator=torch.Generator().manual_seed(8))
+    plain = target.generate(prompt, max_new_tokens=30, do_sample=False)
+    spec = target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=draft, speculation="fixed",
+                           num_speculative_tokens=4, speculation_costs=hf_adaspec.CostTable(
+                               verify_ms=tuple(10.0 + n for n in range(9)), draft_ms=1.0))
+    assert divergence_gap(target, plain, spec) is None
+
+
+def test_agreement_reads_the_continuation_at_the_width_asked(tiny_dir):
+    """The quality check scores the decoding path: the prompt in one forward, then at most ``width`` tokens a
+    forward; a model agrees with its own greedy continuation at every width."""
+    model = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)
+    refs = greedy_reference(model, [torch.arange(3, 15)], 13)
+    widths = []
+    model.register_forward_pre_hook(lambda mod, args: widths.append(args[0].shape[1]))
+    for width in (1, 5):
+        widths.clear()
+        assert agreement(model, refs, width) == (1.0, 13)
+        assert widths == [12, *([width] * (12 // width)), *([12 % width] if 12 % width else [])]
+
+
+@pytest.fixture
+def tiny_dir(tmp_path, private_cache):
+    """A tiny Llama (64 wide: every linear fits q4's groups of 32) and its tokenizer, saved."""
+    from conftest import save_tiny_llama
+
+    return save_tiny_llama(tmp_path / "tiny", 64)
+
+
+def test_the_route_is_in_the_cost_identity(tiny_dir):
+    """A cost table timed with one route is not reused with another (batched verifications can reach it)."""
+    from hf_adaspec.costs.table import pair_identity
+
+    model = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)
+    route.set_rows(model, None)
+    never = pair_identity(model, None)
+    route.set_rows(model, 128)
+    assert never["q4_dense_rows"] == [0] and pair_identity(model, None) == {**never, "q4_dense_rows": [128]}
