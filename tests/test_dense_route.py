@@ -13,6 +13,7 @@ from hf_adaspec.models import route_choice
 from hf_adaspec.models.format_quality import agreement, greedy_reference
 from hf_adaspec.models.formats import FORMATS, load_weights
 
+from conftest import save_tiny_llama
 from test_q4_kernel import gguf_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,9 +24,16 @@ def kdir(kernel_dir):
     return kernel_dir
 
 
+@pytest.fixture
+def tiny_dir(tmp_path, private_cache):
+    """A tiny Llama (64 wide: every linear fits q4's groups of 32) and its tokenizer, saved."""
+    return save_tiny_llama(tmp_path / "tiny", 64)
+
+
 def _fused(kdir, bias: bool) -> q4.Q4Linear:
     """A 512-wide layer of three kinds (fused projections), 40 output rows."""
-    parts = [gguf_rows("Q4_K", 16, 512, 1), gguf_rows("Q6_K", 8, 512, 2), gguf_rows("Q8_0", 16, 512, 3)]
+    parts = [gguf_rows("Q4_K", 16, 512, 1, kdir), gguf_rows("Q6_K", 8, 512, 2, kdir),
+             gguf_rows("Q8_0", 16, 512, 3, kdir)]
     return q4.Q4Linear(512, parts, torch.randn(40, generator=torch.Generator().manual_seed(4)) if bias else None,
                        kdir)
 
@@ -113,25 +121,22 @@ def test_speculative_greedy_equals_plain_with_the_prefill_on_the_dense_route(tin
     assert divergence_gap(target, plain, spec) is None
 
 
-def test_agreement_reads_the_continuation_at_the_width_asked(tiny_dir):
-    """The quality check scores the decoding path: the prompt in one forward, then at most ``width`` tokens a
-    forward; a model agrees with its own greedy continuation at every width."""
+def test_the_quality_check_reads_through_the_kernel_whatever_the_route(tiny_dir, monkeypatch):
+    """Agreement is scored on the decoding path: with the route from 4 rows, the teacher-forced forward (25 rows)
+    still multiplies on the kernel, and the route is back after."""
     model = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)
     refs = greedy_reference(model, [torch.arange(3, 15)], 13)
-    widths = []
-    model.register_forward_pre_hook(lambda mod, args: widths.append(args[0].shape[1]))
-    for width in (1, 5):
-        widths.clear()
-        assert agreement(model, refs, width) == (1.0, 13)
-        assert widths == [12, *([width] * (12 // width)), *([12 % width] if 12 % width else [])]
-
-
-@pytest.fixture
-def tiny_dir(tmp_path, private_cache):
-    """A tiny Llama (64 wide: every linear fits q4's groups of 32) and its tokenizer, saved."""
-    from conftest import save_tiny_llama
-
-    return save_tiny_llama(tmp_path / "tiny", 64)
+    route.set_rows(model, None)
+    on_kernel = agreement(model, refs)
+    dense_calls = []
+    product = q4.Q4Linear.dense_product
+    monkeypatch.setattr(q4.Q4Linear, "dense_product", lambda self, x: dense_calls.append(x.shape) or product(self, x))
+    route.set_rows(model, 4)
+    assert agreement(model, refs) == on_kernel and on_kernel[0] == 1.0 and not dense_calls
+    assert {m.dense_rows for m in route.layers(model)} == {4}
+    with torch.inference_mode():
+        model(torch.arange(3, 15)[None])
+    assert dense_calls  # outside the check the route is taken
 
 
 def test_the_route_is_in_the_cost_identity(tiny_dir):

@@ -40,16 +40,17 @@ def random_gguf(gguf_type: str, n: int, k: int, seed: int) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
-def gguf_rows(gguf_type: str, n: int, k: int, seed: int) -> tuple[str, torch.Tensor]:
-    """(kind, rows) of random GGUF rows (``random_gguf``) in the kernel's layout."""
-    return blocks.from_gguf(gguf_type, random_gguf(gguf_type, n, k, seed), k)
+def gguf_rows(gguf_type: str, n: int, k: int, seed: int, directory) -> tuple[str, torch.Tensor]:
+    """(kind, rows) of random GGUF rows (``random_gguf``) in the kernel's layout (converted by the kernel built in
+    ``directory``)."""
+    return q4.from_gguf(gguf_type, random_gguf(gguf_type, n, k, seed), k, directory)
 
 
 @pytest.mark.parametrize("gguf_type,k", [("Q4_K", 512), ("Q6_K", 768), ("Q8_0", 96), ("Q8_0", 512), ("Q5_0", 896),
                                          ("Q4_0", 64)])
-def test_gguf_blocks_dequantize_bit_for_bit_as_gguf_does(gguf_type, k):
+def test_gguf_blocks_dequantize_bit_for_bit_as_gguf_does(kdir, gguf_type, k):
     raw = random_gguf(gguf_type, 12, k, seed=k)
-    kind, rows = blocks.from_gguf(gguf_type, raw, k)
+    kind, rows = q4.from_gguf(gguf_type, raw, k, kdir)
     assert rows.shape == (12, blocks.row_bytes(kind, k)) and rows.dtype == torch.uint8
     ours = blocks.dequantize(kind, rows, k)
     theirs = torch.from_numpy(gguf_dequantize(raw, GGMLQuantizationType[gguf_type]).reshape(12, k))
@@ -78,7 +79,7 @@ def _layer(parts, k, kdir, bias=None):
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 9, 17])
 def test_matmul_equals_its_emulation(kdir, gguf_type, k, m, ceiling):
     torch.manual_seed(m * 1000 + k)
-    kind, rows = gguf_rows(gguf_type, 24, k, seed=m + k)
+    kind, rows = gguf_rows(gguf_type, 24, k, m + k, kdir)
     x = torch.randn(m, k)
     y = q4.linear(x, rows.reshape(-1), torch.tensor([blocks.KINDS.index(kind)], dtype=torch.int32),
                   torch.tensor([24]), k, kdir, ceiling=ceiling)  # [M, N]
@@ -93,7 +94,7 @@ def test_plain_c_and_the_vector_paths_agree_within_float_rounding(kdir, ceiling)
     below it (tests must not depend on the processor)."""
     torch.manual_seed(7)
     k = 768
-    parts = [gguf_rows(t, 20, k, seed=i) for i, t in enumerate(("Q4_K", "Q6_K", "Q8_0"))]
+    parts = [gguf_rows(t, 20, k, i, kdir) for i, t in enumerate(("Q4_K", "Q6_K", "Q8_0"))]
     layer, x = _layer(parts, k, kdir), torch.randn(11, k)
     fast = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir, ceiling=ceiling)
     plain = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir, ceiling="portable")
@@ -106,7 +107,7 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kdir, ceiling):
     result alone, on every path and every row count (rows go 4 or 8 at a time)."""
     torch.manual_seed(9)
     k = 768
-    parts = [gguf_rows(t, 20, k, seed=i) for i, t in enumerate(("Q4_K", "Q6_K", "Q8_0"))]
+    parts = [gguf_rows(t, 20, k, i, kdir) for i, t in enumerate(("Q4_K", "Q6_K", "Q8_0"))]
     layer, x = _layer(parts, k, kdir), torch.randn(11, k).to(torch.bfloat16)
     args = (layer.blocks, layer.kind_ids, layer.rows, k, kdir)
     together = q4.linear(x, *args, ceiling=ceiling)  # [11, 60]
@@ -131,7 +132,7 @@ def test_segments_of_several_kinds_are_the_separate_products_side_by_side(kdir):
     """A fused matrix (a Q4_K query beside a Q6_K value) gives, row for row, each part's own product."""
     torch.manual_seed(8)
     k = 512
-    parts = [gguf_rows("Q4_K", 16, k, 1), gguf_rows("Q6_K", 8, k, 2), gguf_rows("Q4_K", 4, k, 3)]
+    parts = [gguf_rows("Q4_K", 16, k, 1, kdir), gguf_rows("Q6_K", 8, k, 2, kdir), gguf_rows("Q4_K", 4, k, 3, kdir)]
     x = torch.randn(5, k)
     fused = _layer(parts, k, kdir)(x)  # [5, 28]
     alone = torch.cat([_layer([p], k, kdir)(x) for p in parts], -1)
@@ -208,7 +209,9 @@ def test_widths_that_are_not_whole_groups_and_wrong_layouts_are_refused(kdir):
     with pytest.raises(ValueError, match=r"q6_k rows of 256 features are uint8 \[N, 210\]"):
         q4.Q4Linear(256, [("q6_k", torch.zeros(2, 148, dtype=torch.uint8))], None, kdir)
     with pytest.raises(ValueError, match="GGUF Q5_K has no exact layout"):
-        blocks.from_gguf("Q5_K", np.zeros((1, 176), np.uint8), 256)
+        q4.from_gguf("Q5_K", np.zeros((1, 176), np.uint8), 256, kdir)
+    with pytest.raises(ValueError, match="rows of 140 bytes do not hold 256 features"):
+        q4.from_gguf("Q4_K", np.zeros((1, 140), np.uint8), 256, kdir)
 
 
 def test_q4_linear_keeps_shape_dtype_and_bias_and_approximates_the_dense_layer(kdir):
@@ -257,7 +260,7 @@ def test_dequantization_in_c_is_the_reference_bit_for_bit(kdir, gguf_type, k, ce
     """The C dequantizer (embeddings, dense heads, the dense route) gives gguf's float32 values, and torch's bf16
     rounding of them, on every path (a width that ends inside a superblock included)."""
     raw = random_gguf(gguf_type, 10, k, seed=3)
-    kind, rows = blocks.from_gguf(gguf_type, raw, k)
+    kind, rows = q4.from_gguf(gguf_type, raw, k, kdir)
     ref = torch.from_numpy(gguf_dequantize(raw, GGMLQuantizationType[gguf_type]).reshape(10, k))
     assert torch.equal(q4.dequantize_rows(kind, rows, k, torch.float32, kdir, ceiling), ref)
     assert torch.equal(q4.dequantize_rows(kind, rows, k, torch.bfloat16, kdir, ceiling), ref.to(torch.bfloat16))

@@ -57,16 +57,7 @@ def row_bytes(kind: str, k: int) -> int:
     return padded(k) // BLOCK * BLOCK_BYTES[kind]
 
 
-def _q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """GGUF Q4_K's 12 bytes of scales [nb, 12] → (sc, m) [nb, 8] uint8: bytes 0–3 hold sc 0–3 (low 6 bits) and
-    the top 2 bits of sc 4–7, bytes 4–7 the same for m, bytes 8–11 the low 4 bits of sc 4–7 (low nibble) and m 4–7."""
-    a, b, c = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
-    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=1)
-    m = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=1)
-    return sc, m
-
-
-def _small_to_q8_0(gguf_type: str, raw: np.ndarray) -> np.ndarray:
+def small_to_q8_0(gguf_type: str, raw: np.ndarray) -> np.ndarray:
     """GGUF Q4_0 or Q5_0 rows [N, G * 18 or 22] → the same values as Q8_0 rows [N, G * 34] (d kept, q − 8 or
     q − 16 as int8). Q4_0: d, 16 bytes (element j low nibble of byte j, j + 16 high); Q5_0: d, 32 high bits
     (little-endian, bit j for element j), then Q4_0's 16 bytes."""
@@ -80,48 +71,6 @@ def _small_to_q8_0(gguf_type: str, raw: np.ndarray) -> np.ndarray:
         q |= (((bits >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int16)
     q -= 8 if gguf_type == "Q4_0" else 16
     return np.concatenate([b[..., :2], q.astype(np.int8).view(np.uint8)], axis=-1).reshape(n, -1)
-
-
-def from_gguf(gguf_type: str, raw: np.ndarray, k: int) -> tuple[str, torch.Tensor]:
-    """A GGUF tensor's rows of an exact type (``GGUF_EXACT``: its name, e.g. "Q4_K") as the kernel's layout.
-
-    raw: uint8 [N, bytes of a GGUF row] (``gguf.GGUFReader``'s ``tensor.data``); k: input features.
-    Returns (kind, uint8 [N, row_bytes(kind, k)]). Raises ValueError for a type outside ``GGUF_EXACT`` or a width
-    that does not fit its GGUF rows."""
-    if gguf_type not in GGUF_EXACT:
-        raise ValueError(f"GGUF {gguf_type} has no exact layout here; exact: {tuple(GGUF_EXACT)}")
-    kind, n = GGUF_EXACT[gguf_type], raw.shape[0]
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if gguf_type in ("Q4_0", "Q5_0"):
-        raw = _small_to_q8_0(gguf_type, raw)
-    if kind == "q4_k":
-        blocks = raw.reshape(-1, 144)  # d, dmin (fp16), 12 bytes of scales, 128 bytes of codes
-        sc, m = _q4_k_scales(blocks[:, 4:16])
-        chunks = blocks[:, 16:].reshape(-1, 4, 1, 32)  # byte i of chunk c: element 64c + i low, 64c + 32 + i high
-        codes = np.concatenate([chunks & 15, chunks >> 4], axis=2).reshape(-1, 256)
-        out = np.concatenate([blocks[:, 0:4], sc, m, _nibbles(_ordered(codes))], axis=1)
-    elif kind == "q6_k":
-        blocks = raw.reshape(-1, 210)  # ql 128, qh 64, int8 scales 16, fp16 d
-        ql, qh = blocks[:, :128].reshape(-1, 2, 1, 64), blocks[:, 128:192].reshape(-1, 2, 1, 32)
-        low = np.concatenate([ql & 15, ql >> 4], axis=2).reshape(-1, 256)  # feature order, as gguf.quants reads it
-        high = ((qh >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(-1, 256)
-        codes = _ordered(low | (high << 4))
-        top = ((codes >> 4) & 3).reshape(-1, 4, 2, 32)  # [.., i, h, b]: vector j = h + 2i
-        qh_ours = (top << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1, 1)).sum(axis=1, dtype=np.uint8)
-        out = np.concatenate([_nibbles(codes), qh_ours.reshape(-1, 64), blocks[:, 192:208:2], blocks[:, 193:208:2],
-                              blocks[:, 208:]], axis=1)
-    else:  # q8_0
-        groups = raw.reshape(n, -1, 34)  # [N, K/32, 34]: fp16 d, 32 int8
-        groups = np.pad(groups, ((0, 0), (0, padded(k) // 32 - groups.shape[1]), (0, 0)))  # zero blocks: d = 0
-        groups = groups.reshape(n, -1, 8, 34)
-        codes = _ordered(groups[..., 2:].reshape(n, -1, 256))
-        out = np.concatenate([groups[..., :2].reshape(n, -1, 16), codes], axis=2)
-    out = out.reshape(n, -1)
-    if out.shape[1] != row_bytes(kind, k):
-        raise ValueError(f"a {kind} row of {k} features holds {row_bytes(kind, k)} bytes, not {out.shape[1]}")
-    if not (out.flags.writeable and out.flags.c_contiguous):  # a view of the memory-mapped file: copy it
-        out = out.copy()
-    return kind, torch.from_numpy(out)
 
 
 def quantize_q4_k(weight: torch.Tensor) -> torch.Tensor:

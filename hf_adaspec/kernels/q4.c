@@ -614,6 +614,73 @@ int q4_dequantize(int kind, const uint8_t *w, int64_t N, int64_t K, int64_t K_ou
     return 0;
 }
 
+/* ---- GGUF blocks to the kernel's layouts (blocks.py's description), every bit kept ---- */
+
+/* Element x = 32g + 4j + e (group g) of a superblock sits at position 32j + 4g + e. */
+#define POS(x) (32 * (((x) % 32) / 4) + 4 * ((x) / 32) + (x) % 4)
+
+static void put_nibble(uint8_t *qs, int p, int code) { qs[p % 128] |= (uint8_t)((code & 15) << (p < 128 ? 0 : 4)); }
+
+/* GGUF Q4_K (fp16 d, dmin; 12 bytes of 6-bit scales and minima; 128 bytes: element 64c + i low nibble of byte
+   32c + i, 64c + 32 + i its high nibble) to q4k_block. */
+static void from_q4k(const uint8_t *g, q4k_block *o) {
+    const uint8_t *a = g + 4, *b = g + 8, *c = g + 12, *qs = g + 16;
+    memcpy(&o->d, g, 2), memcpy(&o->dmin, g + 2, 2);
+    for (int l = 0; l < 4; l++) {
+        o->sc[l] = a[l] & 63, o->sc[4 + l] = (uint8_t)((c[l] & 15) | ((a[l] >> 6) << 4));
+        o->mn[l] = b[l] & 63, o->mn[4 + l] = (uint8_t)((c[l] >> 4) | ((b[l] >> 6) << 4));
+    }
+    memset(o->qs, 0, sizeof o->qs);
+    for (int x = 0; x < 256; x++) {
+        int r = x % 64, byte = qs[32 * (x / 64) + r % 32];
+        put_nibble(o->qs, POS(x), r < 32 ? byte & 15 : byte >> 4);
+    }
+}
+
+/* GGUF Q6_K (ql 128, qh 64, int8 scales 16, fp16 d; element 128h + 32s + i: low 4 bits of ql[64h + 32(s % 2) + i]
+   (high nibble for s >= 2), high 2 bits at bits 2s of qh[32h + i]) to q6k_block. */
+static void from_q6k(const uint8_t *g, q6k_block *o) {
+    const uint8_t *ql = g, *qh = g + 128;
+    const int8_t *scales = (const int8_t *)(g + 192);
+    memset(o->ql, 0, sizeof o->ql), memset(o->qh, 0, sizeof o->qh);
+    for (int x = 0; x < 256; x++) {
+        int h = x / 128, s = (x % 128) / 32, i = x % 32;
+        int low = (ql[64 * h + 32 * (s % 2) + i] >> (4 * (s / 2))) & 15, high = (qh[32 * h + i] >> (2 * s)) & 3;
+        int p = POS(x), j = p / 32;
+        put_nibble(o->ql, p, low);
+        o->qh[32 * (j % 2) + p % 32] |= (uint8_t)(high << (2 * (j / 2)));
+    }
+    for (int l = 0; l < 8; l++) o->sce[l] = scales[2 * l], o->sco[l] = scales[2 * l + 1];
+    memcpy(&o->d, g + 208, 2);
+}
+
+/* Up to 8 GGUF Q8_0 blocks of 34 bytes (fp16 d, 32 int8) to q80_block; missing ones are zero (d = 0). */
+static void from_q80(const uint8_t *g, int count, q80_block *o) {
+    memset(o, 0, sizeof *o);
+    for (int l = 0; l < count; l++) {
+        memcpy(&o->d[l], g + 34 * l, 2);
+        for (int t = 0; t < 32; t++) o->qs[POS(32 * l + t)] = (int8_t)g[34 * l + 2 + t];
+    }
+}
+
+/* out [N, padded(K) / 256 superblocks of kind] = N GGUF rows of K features (Q4_K, Q6_K: K / 256 blocks; Q8_0: K / 32
+   blocks of 34 bytes, the last superblock padded with zero blocks). Returns 0, or -2 for an unknown kind. */
+int q4_from_gguf(int kind, const uint8_t *raw, int64_t N, int64_t K, uint8_t *out, int threads) {
+    if (kind < 0 || kind >= KINDS) return -2;
+    int64_t B = (K + 255) / 256, in_row = kind == Q80 ? K / 32 * 34 : K / 256 * (kind == Q4K ? 144 : 210);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *g = raw + n * in_row;
+        uint8_t *o = out + n * B * BLOCK_BYTES[kind];
+        for (int64_t b = 0; b < B; b++, o += BLOCK_BYTES[kind]) {
+            if (kind == Q4K) from_q4k(g + 144 * b, (q4k_block *)o);
+            else if (kind == Q6K) from_q6k(g + 210 * b, (q6k_block *)o);
+            else from_q80(g + 34 * 8 * b, (int)(K / 32 - 8 * b < 8 ? K / 32 - 8 * b : 8), (q80_block *)o);
+        }
+    }
+    return 0;
+}
+
 /* y [M, N] = x [M, K_in] @ W.T (+ bias [N] float32, or NULL). W: nseg segments, segment s holding rows[s] output
    rows of kinds[s] (K/256 blocks each, K a multiple of 256, K_in <= K), stored one after another from w.
    x float32, or bfloat16 where x_bf16; y float32, or bfloat16 where y_bf16. The best path the CPU has, at most isa

@@ -30,9 +30,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from .blocks import BLOCK_BYTES, KINDS, dequantize, padded, quantize_q4_k, row_bytes
+from .blocks import BLOCK_BYTES, GGUF_EXACT, KINDS, dequantize, padded, quantize_q4_k, row_bytes, small_to_q8_0
 
 _SOURCE = Path(__file__).with_name("q4.c")
 _FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11")
@@ -89,6 +90,7 @@ def library(directory: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build(directory)))
     lib.q4_linear.argtypes = [_P, _P, _P, _C, _P, _C, _I, _I, _I, _P, _P, _C, _C, _C]
     lib.q4_dequantize.argtypes = [_C, _P, _I, _I, _I, _P, _C, _C, _C]
+    lib.q4_from_gguf.argtypes = [_C, _P, _I, _I, _P, _C]
     sizes = [lib.q4_block_bytes(i) for i in range(len(KINDS))]
     if sizes != [BLOCK_BYTES[kind] for kind in KINDS] or lib.q4_block_bytes(-1) != _XBLOCK_BYTES:
         raise KernelUnavailable("the q4 kernel was built with an unexpected struct layout; report this")
@@ -165,6 +167,30 @@ def dequantize_rows(kind: str, rows: torch.Tensor, k: int, dtype: torch.dtype, d
     lib.q4_dequantize(KINDS.index(kind), rows.data_ptr(), rows.shape[0], padded(k), k, out.data_ptr(), bf16,
                       _isa(directory, ceiling), torch.get_num_threads())
     return out.to(dtype)
+
+
+_GGUF_ROW = {"q4_k": (256, 144), "q6_k": (256, 210), "q8_0": (32, 34)}  # GGUF block: (features, bytes)
+
+
+def from_gguf(gguf_type: str, raw: np.ndarray, k: int, directory: Path) -> tuple[str, torch.Tensor]:
+    """A GGUF tensor's rows of an exact type (``blocks.GGUF_EXACT``: its name, e.g. "Q4_K") in the kernel's layout
+    (``blocks``), converted in C (Q4_0 and Q5_0 first to Q8_0 rows, ``blocks.small_to_q8_0``).
+
+    raw: uint8 [N, bytes of a GGUF row] (``gguf.GGUFReader``'s ``tensor.data``); k: input features.
+    Returns (kind, uint8 [N, blocks.row_bytes(kind, k)]). Raises ValueError for a type outside ``GGUF_EXACT`` or a
+    width that does not fit its GGUF rows; KernelUnavailable as ``library``."""
+    if gguf_type not in GGUF_EXACT:
+        raise ValueError(f"GGUF {gguf_type} has no exact layout here; exact: {tuple(GGUF_EXACT)}")
+    kind, n = GGUF_EXACT[gguf_type], raw.shape[0]
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if gguf_type in ("Q4_0", "Q5_0"):
+        raw = small_to_q8_0(gguf_type, raw)
+    features, size = _GGUF_ROW[kind]
+    if k % features or raw.shape[1] != k // features * size:
+        raise ValueError(f"GGUF {gguf_type} rows of {raw.shape[1]} bytes do not hold {k} features")
+    out = torch.empty(n, row_bytes(kind, k), dtype=torch.uint8)  # [N, bytes]
+    library(directory).q4_from_gguf(KINDS.index(kind), raw.ctypes.data, n, k, out.data_ptr(), torch.get_num_threads())
+    return kind, out
 
 
 DENSE_TILE_BYTES = 16 << 20  # the dense route dequantizes this much weight at a time, then multiplies it

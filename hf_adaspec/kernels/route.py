@@ -13,8 +13,10 @@ plain step stay on the kernel: the two multiply the same way, so greedy speculat
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -41,6 +43,20 @@ def set_rows(model: torch.nn.Module, rows: int | None) -> None:
     """Every q4 layer of ``model`` takes the dense route from ``rows`` activation rows (None: never)."""
     for layer in layers(model):
         layer.dense_rows = rows
+
+
+@contextlib.contextmanager
+def kernel_only(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` with every q4 layer on the kernel inside the block, however many rows (its route restored after):
+    a forward over many tokens then multiplies each row as a decode step or a verification does."""
+    saved = [(layer, layer.dense_rows) for layer in layers(model)]
+    try:
+        for layer, _ in saved:
+            layer.dense_rows = None
+        yield model
+    finally:
+        for layer, rows in saved:
+            layer.dense_rows = rows
 
 
 def crossover(rows: tuple[int, ...], kernel_ms: list[float], dense_ms: list[float]) -> int | None:

@@ -243,7 +243,7 @@ def measure_format(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, 
         load_s = time.perf_counter() - start
         ms_1, ms_k, contender = time_format(model, fmt, timer, best_ms)
         measured = fmt != "none" and (contender or fmt == "nf4")  # dense is the reference; NF4 sets the bar
-        top1, first = agreement(model, refs, PROBE_K + 1) if measured else (None, None)
+        top1, first = agreement(model, refs) if measured else (None, None)
     except Exception as e:  # noqa: BLE001 - any failure of an optional format is reported, not raised
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         return FormatMeasure(fmt, error=f"{type(e).__name__}: {reason}"), None

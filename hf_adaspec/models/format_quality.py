@@ -1,10 +1,9 @@
 """The quality side of ``quantization="auto"`` (``format_choice``): how closely a weight format follows the dense model.
 
 The dense model's greedy continuations of ``QUALITY_PROMPTS`` are the reference; a format reads them
-teacher-forced as decoding would (the prompt in one forward, the continuation a verification's width at a time on
-its cache, so a format whose product depends on the row count, q4's dense route, is scored on its decoding path)
-and is scored by its top-1 agreement (the share of reference tokens that are its own argmax) and its first
-divergence (where its free-running greedy output would leave the dense one).
+teacher-forced, one forward per prompt, on its decoding path (q4 layers on the kernel, not the dense route a long
+prefill takes), and is scored by its top-1 agreement (the share of reference tokens that are its own argmax) and
+its first divergence (where its free-running greedy output would leave the dense one).
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ from __future__ import annotations
 import statistics
 
 import torch
+
+from ..kernels.route import kernel_only
 
 QUALITY_PROMPTS = (
     "The history of the printing press begins",
@@ -41,20 +42,16 @@ def greedy_reference(model: torch.nn.Module, prompts: list[torch.Tensor],
     return [(p, out[row, width:].cpu()) for row, p in enumerate(prompts)]
 
 
-def agreement(model: torch.nn.Module, refs: list[tuple[torch.Tensor, torch.Tensor]],
-              width: int = 1) -> tuple[float, float]:
+def agreement(model: torch.nn.Module, refs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
     """(top-1 agreement, mean first divergence in tokens) of ``model`` on the dense greedy continuations
-    ``refs``, teacher-forced as decoding reads them: one forward over each prompt (the prefill), then its
-    continuation ``width`` tokens a forward on the cache (a verification's width; 1: plain steps)."""
+    ``refs``, teacher-forced: one forward over each prompt and its continuation, q4 layers on the kernel
+    (``kernels.route.kernel_only``: each row multiplied as decoding multiplies it)."""
     hits, firsts = [], []
-    with torch.inference_mode():
+    with torch.inference_mode(), kernel_only(model):
         for prompt, new in refs:
-            out = model(prompt[None].to(model.device), use_cache=True)
-            logits, cache, rest = [out.logits[0, -1:]], out.past_key_values, new[:-1].to(model.device)
-            for lo in range(0, len(rest), width):
-                out = model(rest[None, lo:lo + width], past_key_values=cache, use_cache=True)
-                logits.append(out.logits[0])  # [≤ width, V]
-            same = torch.cat(logits).argmax(-1).cpu() == new  # [G]: the prediction of each new token
+            seq = torch.cat([prompt, new[:-1]])[None].to(model.device)  # [1, T + G - 1]
+            logits = model(seq).logits[0, len(prompt) - 1:]  # [G, V]: the prediction of each new token
+            same = logits.argmax(-1).cpu() == new  # [G]
             hits.append(same.float())
             firsts.append(len(same) if bool(same.all()) else int(same.logical_not().nonzero()[0]))
     return float(torch.cat(hits).mean()), statistics.mean(firsts)

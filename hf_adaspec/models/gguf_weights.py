@@ -2,7 +2,7 @@
 
 Design: transformers' GGUF loader dequantizes every tensor; requantizing that to our 4-bit layout dropped two bits
 of each Q6_K tensor and moved a fifth of Q4_K's groups to another grid. Here each linear layer's GGUF tensor is
-handed to the kernel as it is (``kernels.blocks.from_gguf``: Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 exact); other block types
+handed to the kernel as it is (``kernels.q4.from_gguf``: Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 exact); other block types
 are dequantized and stored as 8-bit ``q8_0`` (float tensors quantized to ``q4_k``), with a line on stderr saying
 so. Everything else (embeddings, norms, biases) is dequantized into the model's dtype, as transformers does.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..kernels.blocks import GGUF_EXACT, from_gguf, quantize_q4_k, quantize_q8_0
-from ..kernels.q4 import Q4Linear, dequantize_rows
+from ..kernels.blocks import GGUF_EXACT, quantize_q4_k, quantize_q8_0
+from ..kernels.q4 import Q4Linear, dequantize_rows, from_gguf
 
 _PERMUTED = ("llama",)  # query/key rows interleaved per head by llama.cpp's converter
 _NORM_PLUS_ONE = ("gemma2", "gemma3")  # norm weights stored as w + 1
@@ -89,12 +89,13 @@ def reads_exactly(gguf_path: Path, config_dir: str) -> bool:
     return _readable(arch)
 
 
-def head_rows(gguf_path: Path, config_dir: str, k: int) -> tuple[str, torch.Tensor]:
+def head_rows(gguf_path: Path, config_dir: str, k: int, kernel_dir: Path) -> tuple[str, torch.Tensor]:
     """The output head's (kind, rows uint8 [V, bytes]) as ``build`` makes them with ``quantize_lm_head``: the file's
-    ``output.weight``, or its token embedding where the head is tied to it; ``k``: the head's input features."""
+    ``output.weight``, or its token embedding where the head is tied to it; ``k``: the head's input features;
+    ``kernel_dir``: where the q4 kernel is built (it converts the blocks)."""
     _, tensors = read_tensors(gguf_path, config_dir)
     tensor = tensors["output.weight"] if "output.weight" in tensors else tensors["token_embd.weight"]
-    return _linear_rows(tensor, None, k, Counter())
+    return _linear_rows(tensor, None, k, Counter(), kernel_dir)
 
 
 def _row_order(name: str, n: int, config) -> np.ndarray | None:
@@ -134,20 +135,21 @@ def _dense(tensor: Tensor, order: np.ndarray | None, shape: torch.Size, dtype: t
 
     raw = tensor.data if order is None else tensor.data[order]
     if tensor.type in GGUF_EXACT and len(shape) == 2 and shape[1] % 32 == 0:
-        kind, rows = from_gguf(tensor.type, raw, shape[1])
+        kind, rows = from_gguf(tensor.type, raw, shape[1], kernel_dir)
         return dequantize_rows(kind, rows, shape[1], dtype, kernel_dir)
     value = np.array(dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[tensor.type]))  # a copy: not the map
     return torch.from_numpy(value).reshape(shape).to(dtype)
 
 
-def _linear_rows(tensor: Tensor, order: np.ndarray | None, k: int, notes: Counter) -> tuple[str, torch.Tensor]:
+def _linear_rows(tensor: Tensor, order: np.ndarray | None, k: int, notes: Counter,
+                 kernel_dir: Path) -> tuple[str, torch.Tensor]:
     """(kind, rows) of a linear layer's GGUF tensor: its own blocks where the type is exact, else dequantized and
     stored as q8_0 (float types: quantized to q4_k); ``notes`` counts what was not exact, by GGUF type."""
     from gguf import GGMLQuantizationType, dequantize
 
     raw = tensor.data if order is None else tensor.data[order]  # [N, bytes]
     if tensor.type in GGUF_EXACT and k % 32 == 0:
-        return from_gguf(tensor.type, raw, k)
+        return from_gguf(tensor.type, raw, k, kernel_dir)
     notes[tensor.type] += 1
     value = np.array(dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[tensor.type]))
     dense = torch.from_numpy(value).reshape(-1, k)
@@ -186,13 +188,13 @@ def build(gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head
         order = _row_order(name, tensor.data.shape[0], config) if arch in _PERMUTED else None
         shape = state[hf].shape
         if hf in linears:
-            parts[linears[hf]] = _linear_rows(tensor, order, shape[1], notes)
+            parts[linears[hf]] = _linear_rows(tensor, order, shape[1], notes, kernel_dir)
             weights[hf] = torch.empty(shape, dtype=dtype)  # never read: the layer is replaced
             continue
         value = _dense(tensor, order, shape, dtype, kernel_dir)
         weights[hf] = value - 1 if arch in _NORM_PLUS_ONE and "norm.weight" in name else value
         if tied_head and name == "token_embd.weight":
-            parts["lm_head"] = _linear_rows(tensor, None, shape[1], notes)
+            parts["lm_head"] = _linear_rows(tensor, None, shape[1], notes, kernel_dir)
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in state and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights.get(to_hf.get("token_embd.weight", ""))
     missing = sorted(k for k in state if weights.get(k) is None)
