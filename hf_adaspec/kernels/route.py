@@ -7,8 +7,9 @@ matmul that, on a CPU with bfloat16 matrix instructions, grows slowly with the r
 rows depends on the processor (a CPU without a fast bfloat16 matmul may never gain), so it is measured, not read
 from CPU flags (``measure``; ``models.route_choice`` caches the decision per machine): each of ``ROWS`` multiplied
 both ways, interleaved, medians of ``REPS``; the route starts at the least of ``ROWS`` from which the dense product
-was faster at every count measured (``crossover``). ``ROWS`` start at 64 so that verification (k + 1 rows) and a
-plain step stay on the kernel: the two multiply the same way, so greedy speculation still equals plain greedy.
+was faster at every count measured (``crossover``). ``ROWS`` start at 64 so that plain steps and verifications of
+fewer rows (B·(k + 1) < 64; the default largest k is 8) stay on the kernel: both multiply each row the same way, so
+greedy speculation still equals plain greedy, whatever the route.
 """
 
 from __future__ import annotations
