@@ -57,22 +57,6 @@ def row_bytes(kind: str, k: int) -> int:
     return padded(k) // BLOCK * BLOCK_BYTES[kind]
 
 
-def small_to_q8_0(gguf_type: str, raw: np.ndarray) -> np.ndarray:
-    """GGUF Q4_0 or Q5_0 rows [N, G * 18 or 22] → the same values as Q8_0 rows [N, G * 34] (d kept, q − 8 or
-    q − 16 as int8). Q4_0: d, 16 bytes (element j low nibble of byte j, j + 16 high); Q5_0: d, 32 high bits
-    (little-endian, bit j for element j), then Q4_0's 16 bytes."""
-    n = raw.shape[0]
-    size = {"Q4_0": 18, "Q5_0": 22}[gguf_type]
-    b = raw.reshape(n, -1, size)
-    nibbles = b[..., size - 16:]
-    q = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).astype(np.int16)  # [N, G, 32]
-    if gguf_type == "Q5_0":
-        bits = np.ascontiguousarray(b[..., 2:6]).view("<u4")  # [N, G, 1]
-        q |= (((bits >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.int16)
-    q -= 8 if gguf_type == "Q4_0" else 16
-    return np.concatenate([b[..., :2], q.astype(np.int8).view(np.uint8)], axis=-1).reshape(n, -1)
-
-
 def quantize_q4_k(weight: torch.Tensor) -> torch.Tensor:
     """Dense weight [N, K] (K a multiple of 32, any float dtype; padded with zeros to whole superblocks) → ``q4_k``
     rows uint8 [N, row_bytes("q4_k", K)]: per group of 32 the range [min(w, 0), max(w)] on 16 levels, the

@@ -654,20 +654,43 @@ static void from_q6k(const uint8_t *g, q6k_block *o) {
     memcpy(&o->d, g + 208, 2);
 }
 
-/* Up to 8 GGUF Q8_0 blocks of 34 bytes (fp16 d, 32 int8) to q80_block; missing ones are zero (d = 0). */
-static void from_q80(const uint8_t *g, int count, q80_block *o) {
-    memset(o, 0, sizeof *o);
-    for (int l = 0; l < count; l++) {
-        memcpy(&o->d[l], g + 34 * l, 2);
-        for (int t = 0; t < 32; t++) o->qs[POS(32 * l + t)] = (int8_t)g[34 * l + 2 + t];
+/* GGUF blocks of 32 read as Q8_0: Q8_0 (fp16 d, 32 int8), Q5_0 (fp16 d, 32 high bits little-endian, 16 bytes: element
+   j the low nibble of byte j, j + 16 its high nibble; q - 16) and Q4_0 (fp16 d, 16 bytes as Q5_0's; q - 8). */
+enum { SRC_Q80 = 2, SRC_Q50 = 3, SRC_Q40 = 4 };
+static const int GROUP_BYTES[5] = {0, 0, 34, 22, 18};
+
+static void group_codes(int src, const uint8_t *g, int8_t *q) {
+    if (src == SRC_Q80) {
+        memcpy(q, g + 2, 32);
+        return;
+    }
+    const uint8_t *qs = g + (src == SRC_Q50 ? 6 : 2);
+    uint32_t high = 0;
+    if (src == SRC_Q50) memcpy(&high, g + 2, 4);
+    for (int j = 0; j < 32; j++) {
+        int code = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
+        q[j] = (int8_t)(src == SRC_Q50 ? (code | (int)(((high >> j) & 1) << 4)) - 16 : code - 8);
     }
 }
 
-/* out [N, padded(K) / 256 superblocks of kind] = N GGUF rows of K features (Q4_K, Q6_K: K / 256 blocks; Q8_0: K / 32
-   blocks of 34 bytes, the last superblock padded with zero blocks). Returns 0, or -2 for an unknown kind. */
-int q4_from_gguf(int kind, const uint8_t *raw, int64_t N, int64_t K, uint8_t *out, int threads) {
-    if (kind < 0 || kind >= KINDS) return -2;
-    int64_t B = (K + 255) / 256, in_row = kind == Q80 ? K / 32 * 34 : K / 256 * (kind == Q4K ? 144 : 210);
+/* Up to 8 GGUF blocks of 32 (src: SRC_Q80, SRC_Q50, SRC_Q40) to q80_block; missing ones are zero (d = 0). */
+static void from_groups(int src, const uint8_t *g, int count, q80_block *o) {
+    memset(o, 0, sizeof *o);
+    for (int l = 0; l < count; l++, g += GROUP_BYTES[src]) {
+        int8_t q[32];
+        memcpy(&o->d[l], g, 2);
+        group_codes(src, g, q);
+        for (int t = 0; t < 32; t++) o->qs[POS(32 * l + t)] = q[t];
+    }
+}
+
+/* out [N, ceil(K / 256) superblocks] = N GGUF rows of K features of type src (0 Q4_K, 1 Q6_K: K / 256 blocks, to
+   q4k / q6k; SRC_Q80, SRC_Q50, SRC_Q40: K / 32 blocks, to q80, the last superblock padded with zero blocks).
+   Returns 0, or -2 for an unknown src. */
+int q4_from_gguf(int src, const uint8_t *raw, int64_t N, int64_t K, uint8_t *out, int threads) {
+    if (src < 0 || src > SRC_Q40) return -2;
+    int kind = src < Q80 ? src : Q80;
+    int64_t B = (K + 255) / 256, in_row = kind == Q80 ? K / 32 * GROUP_BYTES[src] : K / 256 * (kind == Q4K ? 144 : 210);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *g = raw + n * in_row;
@@ -675,7 +698,8 @@ int q4_from_gguf(int kind, const uint8_t *raw, int64_t N, int64_t K, uint8_t *ou
         for (int64_t b = 0; b < B; b++, o += BLOCK_BYTES[kind]) {
             if (kind == Q4K) from_q4k(g + 144 * b, (q4k_block *)o);
             else if (kind == Q6K) from_q6k(g + 210 * b, (q6k_block *)o);
-            else from_q80(g + 34 * 8 * b, (int)(K / 32 - 8 * b < 8 ? K / 32 - 8 * b : 8), (q80_block *)o);
+            else from_groups(src, g + GROUP_BYTES[src] * 8 * b, (int)(K / 32 - 8 * b < 8 ? K / 32 - 8 * b : 8),
+                             (q80_block *)o);
         }
     }
     return 0;

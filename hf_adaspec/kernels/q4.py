@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .blocks import BLOCK_BYTES, GGUF_EXACT, KINDS, dequantize, padded, quantize_q4_k, row_bytes, small_to_q8_0
+from .blocks import BLOCK_BYTES, GGUF_EXACT, KINDS, dequantize, padded, quantize_q4_k, row_bytes
 
 _SOURCE = Path(__file__).with_name("q4.c")
 _FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11")
@@ -155,26 +155,33 @@ def _isa(directory: Path, ceiling: str | None) -> int:
 
 
 def dequantize_rows(kind: str, rows: torch.Tensor, k: int, dtype: torch.dtype, directory: Path,
-                    ceiling: str | None = None) -> torch.Tensor:
+                    ceiling: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The weight [N, k] that ``rows`` (uint8 [N, row_bytes(kind, k)]) encode, in ``dtype`` (bfloat16 rounded to
     nearest even from the float32 value; other dtypes via float32): ``blocks.dequantize``'s values, computed in
     C (8 at a time on the AVX2 and VNNI paths; ``ceiling`` as ``linear``'s, the same values on every path).
-    Raises KernelUnavailable as ``library``; ValueError for an unknown ``ceiling``."""
+    ``out``: a contiguous [N, k] bfloat16 (for bfloat16) or float32 tensor to write them into.
+    Raises KernelUnavailable as ``library``; ValueError for an unknown ``ceiling`` or an ``out`` that does not fit."""
     lib = library(directory)
     bf16 = dtype == torch.bfloat16
-    out = torch.empty(rows.shape[0], k, dtype=torch.bfloat16 if bf16 else torch.float32)
+    want = torch.bfloat16 if bf16 else torch.float32
+    if out is None:
+        out = torch.empty(rows.shape[0], k, dtype=want)
+    elif out.shape != (rows.shape[0], k) or out.dtype != want or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {want} [{rows.shape[0]}, {k}] tensor, not {out.dtype} "
+                         f"{list(out.shape)}")
     rows = rows.contiguous()
     lib.q4_dequantize(KINDS.index(kind), rows.data_ptr(), rows.shape[0], padded(k), k, out.data_ptr(), bf16,
                       _isa(directory, ceiling), torch.get_num_threads())
     return out.to(dtype)
 
 
-_GGUF_ROW = {"q4_k": (256, 144), "q6_k": (256, 210), "q8_0": (32, 34)}  # GGUF block: (features, bytes)
+_GGUF_SOURCES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q5_0": (32, 22), "Q4_0": (32, 18)}
+# q4_from_gguf's source numbering is this order; each: (features, bytes) of a GGUF block
 
 
 def from_gguf(gguf_type: str, raw: np.ndarray, k: int, directory: Path) -> tuple[str, torch.Tensor]:
     """A GGUF tensor's rows of an exact type (``blocks.GGUF_EXACT``: its name, e.g. "Q4_K") in the kernel's layout
-    (``blocks``), converted in C (Q4_0 and Q5_0 first to Q8_0 rows, ``blocks.small_to_q8_0``).
+    (``blocks``), converted in C (Q4_0 and Q5_0 to q8_0: the same values as int8 codes).
 
     raw: uint8 [N, bytes of a GGUF row] (``gguf.GGUFReader``'s ``tensor.data``); k: input features.
     Returns (kind, uint8 [N, blocks.row_bytes(kind, k)]). Raises ValueError for a type outside ``GGUF_EXACT`` or a
@@ -183,13 +190,12 @@ def from_gguf(gguf_type: str, raw: np.ndarray, k: int, directory: Path) -> tuple
         raise ValueError(f"GGUF {gguf_type} has no exact layout here; exact: {tuple(GGUF_EXACT)}")
     kind, n = GGUF_EXACT[gguf_type], raw.shape[0]
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if gguf_type in ("Q4_0", "Q5_0"):
-        raw = small_to_q8_0(gguf_type, raw)
-    features, size = _GGUF_ROW[kind]
+    features, size = _GGUF_SOURCES[gguf_type]
     if k % features or raw.shape[1] != k // features * size:
         raise ValueError(f"GGUF {gguf_type} rows of {raw.shape[1]} bytes do not hold {k} features")
     out = torch.empty(n, row_bytes(kind, k), dtype=torch.uint8)  # [N, bytes]
-    library(directory).q4_from_gguf(KINDS.index(kind), raw.ctypes.data, n, k, out.data_ptr(), torch.get_num_threads())
+    library(directory).q4_from_gguf(list(_GGUF_SOURCES).index(gguf_type), raw.ctypes.data, n, k, out.data_ptr(),
+                                    torch.get_num_threads())
     return kind, out
 
 

@@ -127,6 +127,9 @@ def _hf_names(arch: str, state: dict[str, torch.Tensor], layers: int) -> dict[st
     return out
 
 
+_CHUNK_ROWS = 256  # rows of a GGUF tensor converted to the kernel's layout at a time on the way to dense values
+
+
 def _dense(tensor: Tensor, order: np.ndarray | None, shape: torch.Size, dtype: torch.dtype,
            kernel_dir: Path) -> torch.Tensor:
     """A GGUF tensor's values in ``dtype`` and ``shape`` (rows in ``order``): exact types dequantized in C, others by
@@ -135,8 +138,11 @@ def _dense(tensor: Tensor, order: np.ndarray | None, shape: torch.Size, dtype: t
 
     raw = tensor.data if order is None else tensor.data[order]
     if tensor.type in GGUF_EXACT and len(shape) == 2 and shape[1] % 32 == 0:
-        kind, rows = from_gguf(tensor.type, raw, shape[1], kernel_dir)
-        return dequantize_rows(kind, rows, shape[1], dtype, kernel_dir)
+        out = torch.empty(shape, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+        for lo in range(0, shape[0], _CHUNK_ROWS):  # converted a chunk at a time: no copy of the whole tensor
+            kind, rows = from_gguf(tensor.type, raw[lo:lo + _CHUNK_ROWS], shape[1], kernel_dir)
+            dequantize_rows(kind, rows, shape[1], dtype, kernel_dir, out=out[lo:lo + _CHUNK_ROWS])
+        return out.to(dtype)
     value = np.array(dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[tensor.type]))  # a copy: not the map
     return torch.from_numpy(value).reshape(shape).to(dtype)
 
