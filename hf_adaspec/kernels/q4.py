@@ -8,7 +8,10 @@ tensors on the GGUF file's own blocks (``blocks``: Q4_K, Q6_K, Q8_0; dense weigh
 quantizes the activations [M, K] (float32 or bfloat16, read in place) per 256 features to int8, multiplies every
 weight superblock with up to 4 activation rows at a time, weight rows split over torch's threads, adds the bias
 and writes the activations' dtype: one foreign call per layer, no tensor operations around it. A matrix may hold
-rows of several kinds (``Q4Linear.segments``), so fused projections stay one call.
+rows of several kinds (``Q4Linear.segments``), so fused projections stay one call. The kernel's cost grows with the
+rows, so a long prefill can take the dense route instead (``Q4Linear.dense_product``: the weight dequantized in C a
+tile at a time, torch's matmul; where it starts: ``kernels.route``). GGUF blocks are put in these layouts in C as
+well (``from_gguf``).
 
 The C source is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``<directory>/q4-<hash>.so`` (written atomically) and loaded with ``ctypes``; it shares torch's OpenMP runtime.
