@@ -25,7 +25,7 @@ from ..backend.caches import open_cache, open_head_cache
 from ..backend.graphs import timed_ms
 from ..backend.static_kv import capacity_for
 from ..backend.stores import store_kind
-from ..kernels import q4
+from ..kernels import q4, route
 from ..machine import processor_name
 from ..models.eagle3 import Eagle3Head
 
@@ -90,8 +90,7 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
                 if isinstance(m, torch.nn.Module) and static_kv.compiled_widths(m)}
     models = {"target": hf_compat.model_identity(target),
               "draft": hf_compat.model_identity(draft) if draft is not None else None}
-    q4_layers = [m for model in (target, draft) if isinstance(model, torch.nn.Module) for m in model.modules()
-                 if isinstance(m, q4.Q4Linear)]
+    q4_layers = [m for model in (target, draft) if isinstance(model, torch.nn.Module) for m in route.layers(model)]
     return {
         **models,
         "torch": torch.__version__,

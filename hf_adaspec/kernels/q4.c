@@ -616,8 +616,8 @@ int q4_dequantize(int kind, const uint8_t *w, int64_t N, int64_t K, int64_t K_ou
 
 /* ---- GGUF blocks to the kernel's layouts (blocks.py's description), every bit kept ---- */
 
-/* Element x = 32g + 4j + e (group g) of a superblock sits at position 32j + 4g + e. */
-#define POS(x) (32 * (((x) % 32) / 4) + 4 * ((x) / 32) + (x) % 4)
+/* Element x of a superblock (group x / 32, its element x % 32) sits at position POS(x). */
+#define POS(x) AT((x) / 32, (x) % 32)
 
 static void put_nibble(uint8_t *qs, int p, int code) { qs[p % 128] |= (uint8_t)((code & 15) << (p < 128 ? 0 : 4)); }
 

@@ -158,8 +158,8 @@ def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
     if head.in_features % 32:
         raise ValueError(f"an output head over {head.in_features} features has no q4 layout (a multiple of 32)")
     if isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta()):
-        layer = Q4Linear(head.in_features, [head_rows(source.gguf, source.meta(), head.in_features, directory)], head.bias,
-                         directory)
+        rows = head_rows(source.gguf, source.meta(), head.in_features, directory)
+        layer = Q4Linear(head.in_features, [rows], head.bias, directory)
     else:
         layer = Q4Linear.dense(head, directory)
     layer.dense_rows = next((m.dense_rows for m in layers(model)), None)  # the body's route (``finish_q4``)
