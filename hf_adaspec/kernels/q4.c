@@ -21,7 +21,8 @@ X_g) for Q4K (X_g the activations' group sum), dx * d * sum sc * S for Q6K, dx *
 
 A matrix is a list of segments (consecutive output rows of one kind), so fused layers whose rows differ in kind
 (a Q4_K query beside a Q6_K value) are one call. Each weight superblock is decoded once per R <= 4 activation
-rows (verification multiplies up to k + 1 rows). Output rows are split over threads.
+rows (verification multiplies up to k + 1 rows). Output rows are split over threads; each thread requests its
+weights a few kilobytes ahead of the superblock it multiplies (PREFETCH).
 
 The VNNI path (AVX512F/BW/VL + AVX512-VNNI: Xeon since Cascade Lake, Zen 4 and later) multiplies with vpdpbusd,
 which sums four u8 x s8 products into an int32 lane in one instruction, on 512-bit vectors: a zmm holds vectors
@@ -228,6 +229,13 @@ AVX2 static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Each thread reads its output rows' weights as one forward stream, and a product over few activation rows waits on
+   that stream: every superblock's bytes AHEAD bytes further on are requested into L2 (_MM_HINT_T1) as it is
+   multiplied, which the hardware prefetcher alone does not keep up with. */
+#define AHEAD 4096
+#define PREFETCH(wb) do { for (int o_ = 0; o_ < (int)sizeof(*(wb)); o_ += 64) \
+    _mm_prefetch((const char *)(wb) + AHEAD + o_, _MM_HINT_T1); } while (0)
+
 #define XQ(r, j) _mm256_loadu_si256((const __m256i *)(x[(r) * B + b].qs + 32 * (j)))
 
 /* int16 [16]: v[0..7] each twice (lane pair l holds v[l]), zero- or sign-extended. */
@@ -245,6 +253,7 @@ AVX2 static inline void rows_q4k(const q4k_block *w, const xblock *x, int64_t B,
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < B; b++) {
         const q4k_block *wb = w + b;
+        PREFETCH(wb);
         __m256i q[8];  /* q[j]: the codes of vector j */
         for (int p = 0; p < 4; p++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * p));
@@ -281,6 +290,7 @@ AVX2 static inline void rows_q6k(const q6k_block *w, const xblock *x, int64_t B,
     const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < B; b++) {
         const q6k_block *wb = w + b;
+        PREFETCH(wb);
         __m256i qh0 = _mm256_loadu_si256((const __m256i *)wb->qh), qh1 = _mm256_loadu_si256((const __m256i *)(wb->qh + 32));
         __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d));
         for (int half = 0; half < 2; half++) {  /* vectors 4 half .. 4 half + 3: the first or second 16 of each group */
@@ -309,6 +319,7 @@ AVX2 static inline void rows_q80(const q80_block *w, const xblock *x, int64_t B,
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < B; b++) {
         const q80_block *wb = w + b;
+        PREFETCH(wb);
         __m256i sum[4];
         for (int r = 0; r < R; r++) sum[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -375,6 +386,7 @@ VNNI_INLINE static inline void vrows_q4k(const q4k_block *w, const xblock *x, in
                                   const int R) {
     for (int64_t b = 0; b < B; b++) {
         const q4k_block *wb = w + b;
+        PREFETCH(wb);
         __m512i q[4];
         for (int p = 0; p < 4; p++) q[p] = nibbles(wb->qs + 32 * p);
         __m512 scale = twice(wb->sc, _cvtsh_ss(wb->d));
@@ -394,6 +406,7 @@ VNNI_INLINE static inline void vrows_q6k(const q6k_block *w, const xblock *x, in
     const __m512i top = _mm512_set1_epi8(0x30);
     for (int64_t b = 0; b < B; b++) {
         const q6k_block *wb = w + b;
+        PREFETCH(wb);
         __m512i q[4];
         for (int p = 0; p < 4; p++) {  /* vector j's high 2 bits: bits 2 (j / 2) of qh[32 (j % 2) + .] */
             const __m512i shift = _mm512_set_epi64(2 * (p / 2) + 4, 2 * (p / 2) + 4, 2 * (p / 2) + 4, 2 * (p / 2) + 4,
@@ -418,6 +431,7 @@ VNNI_INLINE static inline void vrows_q80(const q80_block *w, const xblock *x, in
     const __m512i offset = _mm512_set1_epi8((char)0x80);
     for (int64_t b = 0; b < B; b++) {
         const q80_block *wb = w + b;
+        PREFETCH(wb);
         __m512i q[4];
         for (int p = 0; p < 4; p++)
             q[p] = _mm512_xor_si512(offset, _mm512_inserti64x4(
