@@ -4,38 +4,64 @@ On PYTHONPATH together with ``ATEN_CPU_CAPABILITY=avx2`` (torch's own kernels):
 ``bitsandbytes.functional.has_avx512bf16`` returns False from the moment that module is imported, before
 bitsandbytes' CPU backend binds it, so NF4 takes the dequantize-then-multiply path it takes on most consumer
 CPUs; ``ATEN_CPU_CAPABILITY=avx2`` also caps our q4 kernel at its AVX2 path (``hf_adaspec.kernels.q4.path``).
-Nothing else changes. Not on a CPU with AMX: there torch 2.13's bfloat16 flash attention over 64 or more queries
-raises "pack_vnni2 is only supported when avx512 is supported" under ``ATEN_CPU_CAPABILITY=avx2`` (a prefill fails);
-compare the kernel's paths there with ``benchmarks/verify_curve.py``.
-Usage: ``PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 hf-adaspec generate``.
+On a CPU with AMX, torch 2.13's bfloat16 flash attention over 64 or more queries raises "pack_vnni2 is only
+supported when avx512 is supported" under ``ATEN_CPU_CAPABILITY=avx2`` (every prefill of 64 tokens or more
+fails): there, and only for such calls (bfloat16 on the CPU, at least 64 queries), ``scaled_dot_product_attention``
+runs in float32 and casts its output back to bfloat16. Decoding steps (1 to k + 1 queries) are untouched, so a
+timed generation differs from an AVX2-only CPU's only in the attention of a long prefill.
+Usage: ``PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 hf-adaspec generate`` (the last
+caps oneDNN, whose bf16 matmul the dense prefill route calls, at AVX2 too).
 """
 
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
 
-_MODULE = "bitsandbytes.functional"
+_FLASH_QUERIES = 64  # from this many queries torch's bf16 CPU flash attention packs with AVX-512 (pack_vnni2)
+
+
+def _no_avx512bf16(module) -> None:
+    module.has_avx512bf16 = lambda: False
+
+
+def _attention_in_float32_from_64_queries(module) -> None:
+    sdpa = module.scaled_dot_product_attention
+
+    @functools.wraps(sdpa)
+    def attention(query, key, value, attn_mask=None, *args, **kwargs):
+        import torch
+
+        if query.dtype != torch.bfloat16 or query.device.type != "cpu" or query.shape[-2] < _FLASH_QUERIES:
+            return sdpa(query, key, value, attn_mask, *args, **kwargs)
+        mask = attn_mask.float() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
+        return sdpa(query.float(), key.float(), value.float(), mask, *args, **kwargs).to(torch.bfloat16)
+
+    module.scaled_dot_product_attention = attention
+
+
+_PATCHES = {"bitsandbytes.functional": _no_avx512bf16, "torch.nn.functional": _attention_in_float32_from_64_queries}
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader):
-        self.loader = loader
+    def __init__(self, loader, patch):
+        self.loader, self.patch = loader, patch
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        module.has_avx512bf16 = lambda: False
+        self.patch(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != _MODULE:
+        if name not in _PATCHES:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None:
-            spec.loader = _PatchingLoader(spec.loader)
+            spec.loader = _PatchingLoader(spec.loader, _PATCHES[name])
         return spec
 
 
