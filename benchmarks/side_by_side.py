@@ -51,14 +51,14 @@ def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int,
                                                return_dict=True)
     methods = {"plain": {}, "plain-again": {}, "adaptive": {"assistant_model": drf.model, "speculation": "adaptive"}}
     names = list(methods) + (["llama.cpp"] if llama_bin else [])
+    text = tgt.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    gguf = _gguf("qwen2.5-coder-1.5b") if llama_bin else None
     rates: dict[str, list[float]] = {m: [] for m in names}
     outputs: dict[str, torch.Tensor] = {}
     for rnd in range(repeats):
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # rotated: drift hits every method alike
             if name == "llama.cpp":
-                text = tgt.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-                rates[name].append(round(_plain(llama_bin, _gguf("qwen2.5-coder-1.5b"), text, max_new_tokens,
-                                                torch.get_num_threads()), 3))
+                rates[name].append(round(_plain(llama_bin, gguf, text, max_new_tokens, torch.get_num_threads()), 3))
                 print(f"{name}: {rates[name][-1]:.2f} tokens/s", flush=True)
                 continue
             kwargs = dict(methods[name])

@@ -26,12 +26,12 @@ def _no_avx512bf16(module) -> None:
 
 
 def _attention_in_float32_from_64_queries(module) -> None:
+    import torch  # being initialised: its torch.nn.functional is what is patched here; dtypes are read at call time
+
     sdpa = module.scaled_dot_product_attention
 
     @functools.wraps(sdpa)
     def attention(query, key, value, attn_mask=None, *args, **kwargs):
-        import torch
-
         if query.dtype != torch.bfloat16 or query.device.type != "cpu" or query.shape[-2] < _FLASH_QUERIES:
             return sdpa(query, key, value, attn_mask, *args, **kwargs)
         mask = attn_mask.float() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
