@@ -189,6 +189,7 @@ def _speculative_entry(original, state: SpeculationState, speculation=None, **kw
     draft = kwargs.pop("assistant_model", None)
     if assistant_kind(draft) == "model":
         hf_compat.use_packed_attention(draft)
+        hf_compat.use_lean_attention(draft)
     request = SpeculationRequest(config, given or state, draft, kwargs.get("streamer"),
                                  kwargs.pop("speculation_costs", None), kwargs.pop("speculation_callback", None),
                                  kwargs.pop("speculation_profile", None))
@@ -217,7 +218,8 @@ def enable(model) -> Any:
     """Let ``model.generate`` take ``speculation="adaptive"`` or ``"fixed"`` (``assistant_model`` is the
     draft). Idempotent; returns the model. Without ``speculation`` generate is transformers' own; the model's
     "sdpa" attention becomes ``hf_compat.use_packed_attention``'s (the same SDPA computation, its grouped-query
-    heads packed on a CPU; a draft model passed as ``assistant_model`` is switched alike). What the model
+    heads packed on a CPU) and a q4 model's attention modules ``hf_compat.use_lean_attention``'s (the same values,
+    the rotary embedding in one C call); a draft model passed as ``assistant_model`` is switched alike. What the model
     learns across requests (α per drafter, the confidence calibration, request lengths, the draft's
     recent caches) lives in one ``SpeculationState`` per model.
 
@@ -244,6 +246,7 @@ def enable(model) -> Any:
     model.generate = generate
     model._adaspec_enabled = True
     hf_compat.use_packed_attention(model)
+    hf_compat.use_lean_attention(model)
     return model
 
 

@@ -7,7 +7,8 @@ several kinds stay one matrix: ``q4.c``'s segments) and puts a ``Q4Slice`` in ea
 model's own forward code is unchanged: the first slice called with an input computes every sibling's output in one
 call, and each slice returns its columns (a view). The shared result is kept only until every sibling has taken
 its columns, and is computed again for any other input (an input is recognised by identity), so a slice called
-alone still gives its own product.
+alone still gives its own product. A gated MLP whose forward is known (``models.lean_layer``) is replaced whole
+by ``GatedMLP``, which calls its stacked gate/up directly: no slice modules, no shared-result bookkeeping.
 """
 
 from __future__ import annotations
@@ -56,13 +57,23 @@ class Q4Slice(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._group.output(x, self.index)
 
+    @property
+    def layer(self) -> Q4Linear:
+        """The fused ``Q4Linear`` this slice reads its columns from."""
+        return self._group.layer
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """This slice's output columns [lo, hi) in ``layer``'s output."""
+        return self._group.bounds[self.index]
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, index={self.index}"
 
 
-def fuse(layers: list[Q4Linear], directory: Path) -> list[Q4Slice]:
-    """``layers`` (same in_features) as one ``Q4Linear`` whose rows are theirs in order, and one ``Q4Slice`` per
-    layer to put in its place. Raises ValueError for layers of different input widths."""
+def stack(layers: list[Q4Linear], directory: Path) -> tuple[Q4Linear, list[tuple[int, int]]]:
+    """``layers`` (same in_features) as one ``Q4Linear`` whose rows are theirs in order, and each layer's output
+    columns [lo, hi) in it. Raises ValueError for layers of different input widths."""
     if len({layer.in_features for layer in layers}) != 1:
         raise ValueError("fused projections read the same input: their in_features differ")
     parts, biases, bounds, at = [], [], [], 0
@@ -76,8 +87,31 @@ def fuse(layers: list[Q4Linear], directory: Path) -> list[Q4Slice]:
         bounds.append((at, at + layer.out_features))
         at += layer.out_features
     bias = torch.cat(biases) if any(layer.bias is not None for layer in layers) else None
-    group = _Group(Q4Linear(layers[0].in_features, _merged(parts), bias, directory), bounds)
+    return Q4Linear(layers[0].in_features, _merged(parts), bias, directory), bounds
+
+
+def fuse(layers: list[Q4Linear], directory: Path) -> list[Q4Slice]:
+    """``layers`` (same in_features) as one ``Q4Linear`` (``stack``), and one ``Q4Slice`` per layer to put in its
+    place. Raises ValueError for layers of different input widths."""
+    group = _Group(*stack(layers, directory))
     return [Q4Slice(group, i) for i in range(len(layers))]
+
+
+class GatedMLP(torch.nn.Module):
+    """A gated MLP, down(act(gate(x)) · up(x)) (Shazeer 2020, "GLU Variants Improve Transformer", eq. 6 with the
+    model's activation: SwiGLU for SiLU), with gate and up as one kernel call (``gate_up``: ``stack`` of the two)
+    and no slice modules: the same values as the model's MLP module over its fused siblings. Input
+    [..., in_features] → [..., down_proj.out_features]."""
+
+    def __init__(self, gate: Q4Linear, up: Q4Linear, down: torch.nn.Module, act_fn: torch.nn.Module, directory: Path):
+        super().__init__()
+        self.gate_up, bounds = stack([gate, up], directory)
+        self.intermediate = bounds[0][1]
+        self.down_proj, self.act_fn = down, act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.gate_up(x)  # [..., 2·I]: gate's columns, then up's
+        return self.down_proj(self.act_fn(y[..., :self.intermediate]) * y[..., self.intermediate:])  # [..., H]
 
 
 def _merged(parts: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

@@ -28,37 +28,20 @@ import ctypes
 import functools
 import hashlib
 import os
-import secrets
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import cbuild
 from .blocks import BLOCK_BYTES, GGUF_EXACT, KINDS, dequantize, padded, quantize_q4_k, row_bytes
 
 _SOURCE = Path(__file__).with_name("q4.c")
-_FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11")
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 PATHS = ("portable", "avx2", "avx512_vnni")  # the kernel's code paths, q4_isa's numbering (q4.c)
 _CAPS = {"default": "portable", "avx2": "avx2"}  # ATEN_CPU_CAPABILITY values that cap the path
 _XBLOCK_BYTES = 372  # q4.c's xblock: 256 codes, 16 int32 half-group sums, 8 float and 8 int16 group sums, a scale
-
-
-class KernelUnavailable(RuntimeError):
-    """The q4 kernel cannot be built or run on this machine; the message names the fix."""
-
-
-def _compiler() -> str:
-    """``$CC`` if set, else ``cc`` or ``gcc``: its path. Raises KernelUnavailable when there is none."""
-    wanted = os.environ.get("CC")
-    cc = shutil.which(wanted) if wanted else (shutil.which("cc") or shutil.which("gcc"))
-    if not cc:
-        what = f"$CC={wanted}" if wanted else "no C compiler"
-        raise KernelUnavailable(f"the q4 kernel is compiled on first use and {what} was not found: install one "
-                                "(Debian/Ubuntu: apt install gcc) or set $CC to it")
-    return cc
+KernelUnavailable = cbuild.KernelUnavailable
 
 
 @functools.cache
@@ -68,22 +51,9 @@ def source_tag() -> str:
 
 
 def build(directory: Path) -> Path:
-    """The kernel's shared library in ``directory``, compiled now unless a build of this source and these flags is
-    there. Raises KernelUnavailable: no C compiler, or the compiler failed (its message)."""
-    cc = _compiler()
-    tag = hashlib.sha256(_SOURCE.read_bytes() + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
-    path = Path(directory) / f"q4-{tag}.so"
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")  # files.sweep's pattern
-    done = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise KernelUnavailable(f"{cc} could not build the q4 kernel: {done.stderr.strip()[-400:]}")
-    os.replace(tmp, path)
-    return path
-
+    """The kernel's shared library in ``directory`` (``cbuild.build`` of ``q4.c``). Raises KernelUnavailable: no C
+    compiler, or the compiler failed (its message)."""
+    return cbuild.build(_SOURCE, directory)
 
 
 @functools.lru_cache(maxsize=None)

@@ -113,12 +113,15 @@ FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings t
 
 
 def finish_q4(model: torch.nn.Module, directory: Path) -> None:
-    """Each module's query/key/value and gate/up ``Q4Linear`` children (``FUSED``; same input width) to one kernel
-    call (``kernels.fused``), other layers left as they are; then every q4 layer's dense route set
-    (``route_choice.apply``: measured at the first load on this machine)."""
+    """The modules around the kernel calls made lean where their forward is known (``lean_layer``: RMSNorm, a gated
+    MLP with its gate and up as one call); each remaining module's query/key/value and gate/up ``Q4Linear``
+    children (``FUSED``; same input width) to one kernel call (``kernels.fused``), other layers left as they are;
+    then every q4 layer's dense route set (``route_choice.apply``: measured at the first load on this machine)."""
     from ..kernels import fused, q4
+    from .lean_layer import lean
     from .route_choice import apply
 
+    lean(model, directory)
     for module in list(model.modules()):
         for names in FUSED:
             layers = [getattr(module, name, None) for name in names]

@@ -1,6 +1,6 @@
 """Every touch of transformers internals lives in this package: what a model is (``model_facts``), its KV cache
-layers and their operations (``cache_layers``), attention masks for rows with holes and windowed layers
-(``masks``), calling the model (``model_calls``), and the ``generate`` keywords the custom_generate path reads or
+layers and their operations (``cache_layers``), a q4 model's lean attention (``lean_attention``), attention masks
+for rows with holes and windowed layers (``masks``), calling the model (``model_calls``), and the ``generate`` keywords the custom_generate path reads or
 drops (``generate_options``). The rest of hf-adaspec imports only the names below (``hf_compat.new_cache``, …).
 
 Tested against transformers 5.x (see pyproject's pin). The engine calls only these functions, so a transformers
@@ -11,6 +11,7 @@ from .cache_layers import (cache_length, cache_tensors, column_cache, copy_cache
                            rollback, select_rows, synthetic_cache)
 from .generate_options import (ASSISTED_GENERATION_OPTIONS, assisted_generation_options, eos_token_ids,
                                pad_token_id, stop_strings_as_criteria)
+from .lean_attention import use_lean_attention
 from .masks import layer_masks
 from .model_calls import PACKED_SDPA, forward, forward_logits, raw_forward, use_packed_attention
 from .model_facts import (ATTENTION_TYPES, kv_shape, layer_types, model_identity, readout, speculation_reason,
@@ -21,5 +22,5 @@ __all__ = [
     "cache_tensors", "column_cache", "copy_cache", "dynamic_cache_of", "eos_token_ids", "forward", "forward_logits",
     "kv_shape", "layer_masks", "layer_types", "model_identity", "new_cache", "pad_token_id", "raw_forward", "readout",
     "rollback", "select_rows", "speculation_reason", "static_kv_reason", "stop_strings_as_criteria",
-    "synthetic_cache", "use_packed_attention", "vocab_size",
+    "synthetic_cache", "use_lean_attention", "use_packed_attention", "vocab_size",
 ]

@@ -1,0 +1,97 @@
+"""A q4 model's attention made lean: one module that splits the fused query/key/value output into heads and
+rotates them in one C call (``kernels.layer_ops.rope_split``), in place of transformers' views, transposes and
+rotary operations (issue 56).
+
+Design: on a CPU a q4 model's 1-token step spends a few percent in the rotary embedding's fourteen small tensor
+operations per layer and in the three projection slices. ``LeanAttention`` replaces an attention module of a
+family whose forward is known (``ATTENTIONS``, by the qualified name of its transformers class; a test compares
+each with its replacement) and whose query/key/value are the three slices of one fused ``Q4Linear``
+(``kernels.fused``). Everything else is transformers' own: the cache's ``update``, the attention function of
+the model's implementation (``ALL_ATTENTION_FUNCTIONS``), called with the original module (the attributes it
+reads: grouped heads, causality, scaling) and the same keywords as its forward passes, then ``o_proj``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ...kernels.fused import Q4Slice
+from ...kernels.layer_ops import rope_split
+
+
+def _no_keywords(attention: torch.nn.Module) -> dict:
+    return {}
+
+
+def _own_window(attention: torch.nn.Module) -> dict:
+    return {"sliding_window": attention.sliding_window}
+
+
+def _config_window(attention: torch.nn.Module) -> dict:
+    return {"sliding_window": getattr(attention.config, "sliding_window", None)}
+
+
+# qualified class name → the keywords its forward passes to the attention function beyond dropout and scaling
+ATTENTIONS: dict[str, Callable[[torch.nn.Module], dict]] = {
+    "transformers.models.llama.modeling_llama.LlamaAttention": _no_keywords,
+    "transformers.models.qwen2.modeling_qwen2.Qwen2Attention": _own_window,
+    "transformers.models.mistral.modeling_mistral.MistralAttention": _config_window,
+}
+
+
+class LeanAttention(torch.nn.Module):
+    """``attention``'s forward (a class of ``ATTENTIONS``) with its fused query/key/value split and rotated in one
+    call. Takes and returns what transformers' module does: hidden_states [B, n, hidden], position_embeddings
+    (cos, sin) [B or 1, n, D], the mask and cache → (output [B, n, hidden], attention weights or None)."""
+
+    def __init__(self, attention: torch.nn.Module, keywords: Callable[[torch.nn.Module], dict]):
+        super().__init__()
+        self.inner, self.qkv, self.o_proj = attention, attention.q_proj.layer, attention.o_proj
+        self.heads = attention.q_proj.out_features // attention.head_dim
+        self.kv_heads = attention.k_proj.out_features // attention.head_dim
+        self.keywords = keywords(attention)
+        self.eager = sys.modules[type(attention).__module__].eager_attention_forward  # its forward's default
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, n = hidden_states.shape[:2]
+        cos, sin = position_embeddings  # [B or 1, n, D]
+        q, k, v = rope_split(self.qkv(hidden_states), cos, sin, self.heads, self.kv_heads, self.qkv.directory)
+        inner = self.inner
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, inner.layer_idx)  # [B, H_kv, L, D]
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(inner.config._attn_implementation, self.eager)
+        out, weights = attend(inner, q, k, v, attention_mask, dropout=inner.attention_dropout if self.training
+                              else 0.0, scaling=inner.scaling, **self.keywords, **kwargs)  # out [B, n, H, D]
+        return self.o_proj(out.reshape(b, n, -1).contiguous()), weights
+
+
+def _fused_qkv(attention: torch.nn.Module) -> bool:
+    """``attention``'s q/k/v projections are the three slices, in order, of one fused layer that holds nothing else."""
+    parts = [attention.q_proj, attention.k_proj, attention.v_proj]
+    if not all(isinstance(p, Q4Slice) for p in parts) or len({id(p.layer) for p in parts}) != 1:
+        return False
+    bounds = [p.bounds for p in parts]
+    return (bounds[0][0] == 0 and bounds[0][1] == bounds[1][0] and bounds[1][1] == bounds[2][0]
+            and bounds[2][1] == parts[0].layer.out_features)
+
+
+def use_lean_attention(model: torch.nn.Module) -> int:
+    """Replace ``model``'s attention modules of a class in ``ATTENTIONS`` whose q/k/v are one fused q4 layer by
+    ``LeanAttention``, in place (idempotent: a replaced module is not replaced again); return how many were
+    replaced. Raises KernelUnavailable where the C library cannot be built (at the first forward)."""
+    replaced = 0
+    for parent in list(model.modules()):
+        if isinstance(parent, LeanAttention):
+            continue
+        for name, child in list(parent.named_children()):
+            kind = f"{type(child).__module__}.{type(child).__qualname__}"
+            if kind in ATTENTIONS and _fused_qkv(child):
+                setattr(parent, name, LeanAttention(child, ATTENTIONS[kind]))
+                replaced += 1
+    return replaced
