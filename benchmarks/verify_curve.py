@@ -2,7 +2,8 @@
 controller prices), t(n) and t(n)/t(1), for each code path of ``hf_adaspec/kernels/q4.c`` this CPU runs, with an
 A/A (the first path timed twice).
 
-One process, one model loaded in q4 with its head quantized. Each round times, per width, every path in an order
+One process, one model loaded in q4 with its head quantized and enabled (its lean attention, as ``generate`` runs
+it). Each round times, per width, every path in an order
 that alternates between rounds; medians over rounds (the first 2 dropped). ``llama-bench -p 1,2,3,5,9`` gives
 llama.cpp's own curve on the same file (``--llama-bench``). Last line: one JSON object.
 
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("--llama-bench", default=None, help="llama-bench binary for llama.cpp's curve (optional)")
     args = parser.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
-    model = hf_adaspec.load(args.model, quantization="q4", quantize_lm_head=True).model
+    model = hf_adaspec.enable(hf_adaspec.load(args.model, quantization="q4", quantize_lm_head=True).model)  # as decoded
     directory = next(m for m in model.modules() if isinstance(m, q4.Q4Linear)).directory
     paths = [p for p in q4.PATHS[1:] if q4.path(directory, p) == p]
     variants = {p: _forward_on(p) for p in paths} | {f"{paths[0]}_again": _forward_on(paths[0])}
