@@ -93,8 +93,8 @@ def test_each_family_s_modules_equal_their_lean_replacements(family, dtype, kern
                 assert torch.equal(lean(x), module(x))  # the same kernel calls and activation: the same bits
                 mlps += 1
     assert mlps == BASE["num_hidden_layers"]
-    assert norms == (0 if family.startswith("gemma") else 2 * BASE["num_hidden_layers"] + 1 + (
-        2 * BASE["num_hidden_layers"] if family == "qwen3" else 0))  # Gemma's norm is another formula; Qwen3's q/k norms
+    layers = BASE["num_hidden_layers"]  # Gemma's norm is another formula; Qwen3 adds q/k norms per layer
+    assert norms == (0 if family.startswith("gemma") else 2 * layers + 1 + (2 * layers if family == "qwen3" else 0))
 
 
 def test_q4_models_of_known_families_load_lean_and_others_do_not():

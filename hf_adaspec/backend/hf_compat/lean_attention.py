@@ -2,8 +2,8 @@
 rotates them in one C call (``kernels.layer_ops.rope_split``), in place of transformers' views, transposes and
 rotary operations (issue 56).
 
-Design: on a CPU a q4 model's 1-token step spends a few percent in the rotary embedding's fourteen small tensor
-operations per layer and in the three projection slices. ``LeanAttention`` replaces an attention module of a
+Design: on a CPU a q4 model's 1-token step pays, per layer, for the rotary embedding's fourteen small tensor
+operations and the three projection slices. ``LeanAttention`` replaces an attention module of a
 family whose forward is known (``ATTENTIONS``, by the qualified name of its transformers class; a test compares
 each with its replacement) and whose query/key/value are the three slices of one fused ``Q4Linear``
 (``kernels.fused``). Everything else is transformers' own: the cache's ``update``, the attention function of
