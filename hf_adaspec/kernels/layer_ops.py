@@ -65,8 +65,9 @@ class RMSNorm(torch.nn.Module):
             return rms_norm_reference(x, w, self.eps)
         x, w = x.contiguous(), w.contiguous()
         y = torch.empty_like(x)  # [..., H]
-        library(self.directory).ops_rms_norm(x.data_ptr(), w.data_ptr(), x.numel() // h, h, self.eps, y.data_ptr(),
-                               x.dtype == torch.bfloat16, torch.get_num_threads())
+        if library(self.directory).ops_rms_norm(x.data_ptr(), w.data_ptr(), x.numel() // h, h, self.eps,
+                                                y.data_ptr(), x.dtype == torch.bfloat16, torch.get_num_threads()):
+            raise ValueError(f"layer_ops.c refused a row of {h} features")
         return y
 
     def extra_repr(self) -> str:
@@ -105,7 +106,8 @@ def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     q = torch.empty(b, heads, n, d, dtype=qkv.dtype)  # [B, H, n, D]
     k = torch.empty(b, kv_heads, n, d, dtype=qkv.dtype)  # [B, H_kv, n, D]
     v = torch.empty(b, kv_heads, n, d, dtype=qkv.dtype)  # [B, H_kv, n, D]
-    library(directory).ops_rope_split(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                      0 if cos.shape[0] == 1 else n * d, b, n, heads, kv_heads, d,
-                                      q.data_ptr(), k.data_ptr(), v.data_ptr(), qkv.dtype == torch.bfloat16)
+    if library(directory).ops_rope_split(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                         0 if cos.shape[0] == 1 else n * d, b, n, heads, kv_heads, d,
+                                         q.data_ptr(), k.data_ptr(), v.data_ptr(), qkv.dtype == torch.bfloat16):
+        raise ValueError(f"layer_ops.c refused a head width of {d}")
     return q, k, v

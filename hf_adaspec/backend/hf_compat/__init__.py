@@ -1,7 +1,8 @@
 """Every touch of transformers internals lives in this package: what a model is (``model_facts``), its KV cache
 layers and their operations (``cache_layers``), a q4 model's lean attention (``lean_attention``), attention masks
-for rows with holes and windowed layers (``masks``), calling the model (``model_calls``), and the ``generate`` keywords the custom_generate path reads or
-drops (``generate_options``). The rest of hf-adaspec imports only the names below (``hf_compat.new_cache``, …).
+for rows with holes and windowed layers (``masks``), calling the model (``model_calls``), and the ``generate``
+keywords the custom_generate path reads or drops (``generate_options``). The rest of hf-adaspec imports only the
+names below (``hf_compat.new_cache``, …).
 
 Tested against transformers 5.x (see pyproject's pin). The engine calls only these functions, so a transformers
 upgrade that moves an internal breaks this package alone.

@@ -21,6 +21,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ...kernels.fused import Q4Slice
 from ...kernels.layer_ops import rope_split
+from ...models.lean_layer import qualified_name
 
 
 def _no_keywords(attention: torch.nn.Module) -> dict:
@@ -90,7 +91,7 @@ def use_lean_attention(model: torch.nn.Module) -> int:
         if isinstance(parent, LeanAttention):
             continue
         for name, child in list(parent.named_children()):
-            kind = f"{type(child).__module__}.{type(child).__qualname__}"
+            kind = qualified_name(child)
             if kind in ATTENTIONS and _fused_qkv(child):
                 setattr(parent, name, LeanAttention(child, ATTENTIONS[kind]))
                 replaced += 1
