@@ -41,13 +41,24 @@ def _fused(kdir, bias: bool) -> q4.Q4Linear:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_dense_route_is_the_dense_weights_product(kdir, dtype, bias):
-    """One tile: exactly F.linear on the dequantized weight (in the activations' dtype, bias rounded to it), the
-    arithmetic of the dense model the file dequantizes to."""
+    """Each tile (here one per kind: 16, 8 and 16 rows) is exactly F.linear on the dequantized weight's rows (in the
+    activations' dtype, bias rounded to it), the arithmetic of the dense model the file dequantizes to. Like is
+    compared with like: a product of another shape (the whole [40, 512] weight) may be blocked otherwise by the
+    CPU's BLAS, so it is held to float rounding only: 64 float32 units in the last place of its largest value, plus
+    one unit of the dtype."""
     layer = _fused(kdir, bias)
     x = torch.randn(70, 512, generator=torch.Generator().manual_seed(5)).to(dtype)  # [M, K]
+    assert q4.DENSE_TILE_BYTES // (512 * x.element_size()) >= max(layer.rows.tolist())  # a kind fits one tile
     weight = layer.weight_float().to(dtype)  # [40, 512]
-    want = torch.nn.functional.linear(x, weight, None if layer.bias is None else layer.bias.to(dtype))
-    assert torch.equal(layer.dense_product(x), want)
+    b = None if layer.bias is None else layer.bias.to(dtype)  # [40]
+    got = layer.dense_product(x)  # [70, 40]
+    bounds = [0, *torch.cumsum(layer.rows, 0).tolist()]  # [0, 16, 24, 40]
+    for lo, hi in zip(bounds, bounds[1:]):
+        tile = torch.nn.functional.linear(x, weight[lo:hi], None if b is None else b[lo:hi])  # [70, hi - lo]
+        assert torch.equal(got[:, lo:hi], tile), (lo, hi)
+    whole = torch.nn.functional.linear(x, weight, b)  # [70, 40]
+    atol = 64 * torch.finfo(torch.float32).eps * float(whole.abs().max())
+    torch.testing.assert_close(got, whole, rtol=torch.finfo(dtype).eps, atol=atol)
 
 
 def test_tiles_give_the_whole_matrix_product(kdir, monkeypatch):
