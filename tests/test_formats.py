@@ -9,6 +9,7 @@ import torch
 import hf_adaspec
 from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.models import format_choice as fc
+from hf_adaspec.models import format_probe as fp
 from hf_adaspec.models.format_choice import FormatMeasure
 from hf_adaspec.models.formats import FORMATS, format_of, load_weights
 
@@ -91,11 +92,11 @@ def test_a_format_twice_the_best_is_timed_once():
         calls.append(n)
         return 100.0 * n
 
-    assert fc.time_format(None, "x", timer, best_ms=90.0) == (100.0, 600.0, False)  # score 200 > 2 × 90
-    assert calls == [1, fc.PROBE_K + 1]
+    assert fp.time_format(None, "x", timer, best_ms=90.0) == (100.0, 600.0, False)  # score 200 > 2 × 90
+    assert calls == [1, fp.PROBE_K + 1]
     calls.clear()
-    fc.time_format(None, "x", timer, best_ms=1000.0)
-    assert len(calls) == 2 * fc.PROBE_REPS
+    fp.time_format(None, "x", timer, best_ms=1000.0)
+    assert len(calls) == 2 * fp.PROBE_REPS
 
 
 @pytest.fixture
@@ -259,7 +260,11 @@ def test_the_probe_prefills_once_per_model_and_crops_back_after_each_timed_forwa
     widths = []
     model.register_forward_pre_hook(lambda mod, args, kwargs: widths.append((args or [kwargs.get("input_ids")])[0]
                                                                              .shape[1]), with_kwargs=True)
-    times = [fc.forward_ms(model, "none", n) for n in (1, fc.PROBE_K + 1, 1, fc.PROBE_K + 1)]
+    times = [fp.forward_ms(model, "none", n) for n in (1, fp.PROBE_K + 1, 1, fp.PROBE_K + 1)]
     assert all(t > 0 for t in times)
-    assert widths == [fc.PROBE_CONTEXT, 1, 1, fc.PROBE_K + 1, fc.PROBE_K + 1, 1, fc.PROBE_K + 1]
-    assert fc._PREFILLED[model][1].get_seq_length() == fc.PROBE_CONTEXT
+    assert widths == [fp.PROBE_CONTEXT, 1, 1, fp.PROBE_K + 1, fp.PROBE_K + 1, 1, fp.PROBE_K + 1]
+    assert fp._PREFILLED[model][1].get_seq_length() == fp.PROBE_CONTEXT
+    widths.clear()
+    fp.rewarm(model)  # a module replaced (the quantized head): each width runs untimed once more
+    fp.forward_ms(model, "none", 1)
+    assert widths == [1, 1]

@@ -4,7 +4,7 @@ Design (issue 44): which format is fastest depends on the processor (``formats``
 read from CPU flags. At the first load of a model on a machine every format in ``formats.PROBED`` made for the
 device (``formats.probed_for``) whose kernel is there (``formats.missing_kernel``) and that loads is timed: the
 median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a ``PROBE_CONTEXT``-token
-cache (a plain step and a verification). Its quality is measured beside it (``format_quality``: top-1 agreement
+cache (a plain step and a verification; ``format_probe``). Its quality is measured beside it (``format_quality``: top-1 agreement
 with the dense model's greedy tokens, teacher-forced, and the first divergence; the dense model is the reference
 and is not scored against itself). From a GGUF file whose blocks a format reads itself (``q4`` on a CPU), the
 formats that would requantize the file's dequantized weights (NF4) are not tried once that format has loaded: they
@@ -26,9 +26,7 @@ import contextlib
 import gc
 import json
 import logging
-import statistics
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -39,48 +37,15 @@ from .. import machine
 from ..files import read_json_verified, write_json_verified
 from ..kernels import q4
 from .assets import cache_dir
-from .format_quality import agreement, dense_reference
+from .format_probe import PROBE_CONTEXT, PROBE_K, FormatMeasure, Timer, forward_ms, measure_format, rewarm, score
+from .format_quality import dense_reference
 from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, probed_for
 
-PROBE_CONTEXT = 128  # tokens in the cache the timed forwards extend
-PROBE_K = 5  # the verification timed covers PROBE_K + 1 tokens
-PROBE_REPS = 5  # timed forwards per width (medians); a format already twice the best's time stops after 1
 QUALITY_TOLERANCE = 0.02  # eligible: top-1 agreement ≥ NF4's − this
 SWITCH_MARGIN = 0.05  # another format replaces an eligible NF4 only when its score is this share below NF4's
 QUALITY_TOKENS = 64  # dense greedy tokens per prompt in the quality check of ``auto``
 SCHEMA = 5  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
 # 4: the chosen format's quantized-head variant measured too; 5: NF4 not tried beside a format reading the GGUF file
-
-Timer = Callable[[torch.nn.Module, str, int], float]  # (model, format, new tokens) → one forward's ms
-
-
-@dataclass(frozen=True)
-class FormatMeasure:
-    """One format on this machine: median ms of a forward over 1 and over k + 1 tokens at ``PROBE_CONTEXT``,
-    top-1 agreement with the dense model's greedy tokens (0–1), mean first divergence (tokens), load time (s);
-    quality None for dense weights (the reference) and where its first timing was twice the best's (it cannot be
-    chosen; NF4's is always measured);
-    or the ``error`` that kept it from loading or running (all else None). ``head``: measured with the output
-    head quantized too (``keep_head``'s candidate)."""
-
-    format: str
-    ms_1: float | None = None
-    ms_k: float | None = None
-    top1: float | None = None
-    first_divergence: float | None = None
-    load_s: float | None = None
-    error: str | None = None
-    head: bool = False
-
-    def text(self, digits: int = 0) -> str:
-        """The format, its ms over 1 / k + 1 tokens (``digits`` decimals) and top-1 agreement, or why it was
-        skipped."""
-        label = f"{self.format} + quantized head" if self.head else self.format
-        if self.error is not None:
-            return f"{label} skipped ({self.error})"
-        quality = ("the quality reference" if self.format == "none" else f"top-1 {self.top1:.3f}"
-                   if self.top1 is not None else "over twice the best: quality not measured")
-        return f"{label} {self.ms_1:.{digits}f}/{self.ms_k:.{digits}f} ms {quality}"
 
 
 @dataclass(frozen=True)
@@ -113,12 +78,6 @@ def eligible(measures: tuple[FormatMeasure, ...]) -> list[FormatMeasure]:
     quantized = [m.top1 for m in loaded if m.format != "none" and not m.head]
     bar = (nf4 or [max(quantized, default=1.0)])[0] - QUALITY_TOLERANCE
     return [m for m in loaded if (m.format == "none" and not m.head) or m.top1 >= bar]
-
-
-def score(ms_1: float, ms_k: float) -> float:
-    """ms of a plain step plus ms per token of a (k + 1)-token verification: the cost of ``adaptive``'s floor (a
-    plain step, which is also a draft model's step) and of its speculative path, per token."""
-    return ms_1 + ms_k / (PROBE_K + 1)
 
 
 def pick(measures: tuple[FormatMeasure, ...]) -> str:
@@ -182,44 +141,6 @@ def read_choice(path: Path, key: dict) -> FormatChoice | None:
     return FormatChoice(doc["chosen"], measures, path, True, doc["probe_s"], bool(doc["head"]))
 
 
-_PREFILLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (ids, cache, widths run once)
-
-
-def forward_ms(model: torch.nn.Module, fmt: str, n: int) -> float:
-    """One forward over ``n`` random tokens on a ``PROBE_CONTEXT``-token cache, in ms. The cache is prefilled at a
-    model's first call and cropped back to ``PROBE_CONTEXT`` after every forward; a forward of each width
-    runs once untimed first (kernel set-up)."""
-    vocab = model.get_input_embeddings().num_embeddings
-    with torch.inference_mode():
-        if model not in _PREFILLED:
-            ids = torch.randint(vocab, (1, PROBE_CONTEXT + PROBE_K + 1), generator=torch.Generator().manual_seed(0))
-            ids = ids.to(model.device)
-            _PREFILLED[model] = (ids, model(ids[:, :PROBE_CONTEXT], use_cache=True).past_key_values, set())
-        ids, cache, warm = _PREFILLED[model]
-        step = ids[:, PROBE_CONTEXT:PROBE_CONTEXT + n]  # [1, n]
-        if n not in warm:
-            model(step, past_key_values=cache)
-            cache.crop(-n)
-            warm.add(n)
-        start = time.perf_counter()
-        model(step, past_key_values=cache)
-        elapsed = (time.perf_counter() - start) * 1e3
-        cache.crop(-n)  # back to PROBE_CONTEXT
-        return elapsed
-
-
-def time_format(model: torch.nn.Module, fmt: str, timer: Timer, best_ms: float | None) -> tuple[float, float, bool]:
-    """Median ms over 1 and k + 1 tokens, interleaved, ``PROBE_REPS`` each, and True; one each and False when the
-    first pair's ``score`` is already twice ``best_ms`` (the best format's score: this one cannot be chosen)."""
-    one, wide = [], []
-    for rep in range(PROBE_REPS):
-        one.append(timer(model, fmt, 1))
-        wide.append(timer(model, fmt, PROBE_K + 1))
-        if rep == 0 and best_ms is not None and score(one[0], wide[0]) > 2 * best_ms:
-            return one[0], wide[0], False
-    return statistics.median(one), statistics.median(wide), True
-
-
 @contextlib.contextmanager
 def _quiet(name: str) -> Iterator[None]:
     """Only errors from logger ``name`` (and its children) inside the block."""
@@ -230,25 +151,6 @@ def _quiet(name: str) -> Iterator[None]:
         yield
     finally:
         log.setLevel(level)
-
-
-def measure_format(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs,
-                   best_ms: float | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
-    """Load ``fmt`` with ``load`` and measure it against the dense greedy references ``refs`` (``time_format``,
-    ``format_quality.agreement``; ``best_ms``: the best score so far), and that model; an exception while loading
-    or running it becomes its ``error`` (and the model None)."""
-    start = time.perf_counter()
-    try:
-        model = load()
-        load_s = time.perf_counter() - start
-        ms_1, ms_k, contender = time_format(model, fmt, timer, best_ms)
-        measured = fmt != "none" and (contender or fmt == "nf4")  # dense is the reference; NF4 sets the bar
-        top1, first = agreement(model, refs) if measured else (None, None)
-    except Exception as e:  # noqa: BLE001 - any failure of an optional format is reported, not raised
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        return FormatMeasure(fmt, error=f"{type(e).__name__}: {reason}"), None
-    quality = (round(top1, 4), round(first, 2)) if top1 is not None else (None, None)
-    return FormatMeasure(fmt, round(ms_1, 2), round(ms_k, 2), *quality, round(load_s, 1)), model
 
 
 def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", device: str = "cpu",
@@ -351,8 +253,7 @@ def _head_variant(source: str | Source, name: str, fmt: str, dtype: str, device:
 
     def swap() -> torch.nn.Module:
         body_model.set_output_embeddings(quantize_head(body_model, source))
-        if body_model in _PREFILLED:
-            _PREFILLED[body_model][2].clear()  # each width runs untimed once more with the new head
+        rewarm(body_model)  # each width runs untimed once more with the new head
         return body_model
 
     measure, model = measure_format(fmt, swap, timer, refs, score(body.ms_1, body.ms_k))
