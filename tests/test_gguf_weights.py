@@ -115,22 +115,53 @@ def test_an_architecture_transformers_reshapes_is_refused(written, kernel_dir, m
     assert gguf_weights.build(path, folder, torch.float32, False, kernel_dir) is None
 
 
-def test_auto_on_a_gguf_file_does_not_requantize_it_once_q4_reads_its_blocks(written, private_cache):
-    """NF4 would load the file's dequantized copy (``_source`` fails any call for it) and requantize it: once q4,
-    which reads the file's own blocks, has loaded, NF4 is recorded as not tried, with the reason. Dense weights are
-    the quality reference, not scored against themselves."""
+def test_auto_on_a_gguf_file_q4_reads_times_q4_alone_and_loads_no_dense_weights(written, private_cache, monkeypatch):
+    """Where q4 reads the file's own blocks here, it is the only format loaded: dense weights are not (nor the
+    dense copy NF4 would requantize: ``_source`` fails any call for it), nothing is scored, the others are recorded
+    as not tried, a progress line names each stage, and q4's quantized head (the file's blocks too) is kept by time
+    alone."""
     from conftest import build_tiny_tokenizer
     from hf_adaspec.models import format_choice as fc
 
+    loads, lines, real_load = [], [], fc.load_weights
+    monkeypatch.setattr(fc, "load_weights", lambda source, name, fmt, *rest: loads.append(fmt)
+                        or real_load(source, name, fmt, *rest))
+
     def timer(model, fmt, n):
-        return {"none": 40.0, "q4": 10.0}[fmt] * n
+        return {"none": 40.0, "q4": 10.0}[fmt] * n * (0.5 if isinstance(model.lm_head, q4.Q4Linear) else 1.0)
 
     choice, model = fc.choose(_source(written), "tiny", build_tiny_tokenizer(), "float32", timer=timer,
-                              quality_tokens=8, formats=("nf4", "q4", "none"))
+                              formats=("nf4", "q4", "none"), progress=lines.append)
     measures = {(m.format, m.head): m for m in choice.measures}
-    assert choice.chosen == "q4" and isinstance(model.model.layers[0].mlp.down_proj, q4.Q4Linear)
-    assert measures["nf4", False].error == "not tried: q4 runs the GGUF file's own blocks"
-    assert measures["none", False].top1 is None and measures["q4", False].top1 is not None
+    assert loads == ["q4"] and choice.chosen == "q4" and choice.head
+    assert isinstance(model.model.layers[0].mlp.down_proj, q4.Q4Linear) and isinstance(model.lm_head, q4.Q4Linear)
+    for fmt in ("none", "nf4"):
+        assert measures[fmt, False].error == "not tried: q4 runs the GGUF file's own blocks"
+    assert all(m.exact and m.top1 is None for m in (measures["q4", False], measures["q4", True]))
+    assert "q4 10/60 ms the GGUF file's own blocks, not scored" in choice.line("tiny")
+    assert [line.rpartition(": ")[2] for line in lines] == ["q4 on the GGUF file's own blocks (dense weights not "
+                                                            "loaded)", "q4 + quantized head"]
+    assert all(line.startswith("hf-adaspec: tiny: timing the weight formats") for line in lines)
+
+
+def test_auto_on_a_gguf_file_probes_every_format_where_q4_does_not_run(written, private_cache):
+    """A q4 that fails (here at its first timed forward) is recorded once with its error; dense weights are then
+    loaded as the quality reference and the other formats probed as on any other source."""
+    from conftest import build_tiny_tokenizer
+    from hf_adaspec.models import format_choice as fc
+
+    timed = []
+
+    def timer(model, fmt, n):
+        timed.append(fmt)
+        if fmt == "q4":
+            raise RuntimeError("no kernel here")
+        return 40.0 * n
+
+    choice, model = fc.choose(_source(written), "tiny", build_tiny_tokenizer(), "float32", timer=timer,
+                              quality_tokens=8, formats=("q4", "none"))
+    assert choice.chosen == "none" and not choice.head and timed.count("q4") == 1
+    assert [(m.format, m.error) for m in choice.measures] == [("q4", "RuntimeError: no kernel here"), ("none", None)]
     assert "none 40/240 ms the quality reference" in choice.line("tiny")
 
 

@@ -4,17 +4,20 @@ Design (issue 44): which format is fastest depends on the processor (``formats``
 read from CPU flags. At the first load of a model on a machine every format in ``formats.PROBED`` made for the
 device (``formats.probed_for``) whose kernel is there (``formats.missing_kernel``) and that loads is timed: the
 median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a ``PROBE_CONTEXT``-token
-cache (a plain step and a verification; ``format_probe``). Its quality is measured beside it (``format_quality``: top-1 agreement
-with the dense model's greedy tokens, teacher-forced, and the first divergence; the dense model is the reference
-and is not scored against itself). From a GGUF file whose blocks a format reads itself (``q4`` on a CPU), the
-formats that would requantize the file's dequantized weights (NF4) are not tried once that format has loaded: they
-run another model than the file's and need its dense copy on disk. A format is eligible when its top-1 agreement is at most
-``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not load); the eligible
-format with the least ``score`` (a plain step's ms plus a verification's ms per verified token) is chosen, except
-that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's. Unless the caller quantizes the output head
-itself, the chosen format is then measured once more with its output head quantized too (the head over the whole
-vocabulary is a large share of a small model's step), and that variant is loaded when it is eligible and its
-score is ``SWITCH_MARGIN`` below the dense head's (``keep_head``).
+cache (a plain step and a verification; ``format_probe``). Its quality is measured beside it
+(``format_quality``: top-1 agreement with the dense model's greedy tokens, teacher-forced, and the first
+divergence; the dense model is the reference and is not scored against itself). A format is eligible when its
+top-1 agreement is at most ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not
+load); the eligible format with the least ``score`` (a plain step's ms plus a verification's ms per verified
+token) is chosen, except that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's.
+From a GGUF file whose blocks a format reads itself here (``q4`` on a CPU; issue 71), that format alone is
+loaded and timed, and not scored: it runs the file's own model (its kernel's exactness is the test suite's),
+dense weights would only rank last, and the formats that would requantize the file's dequantized weights (NF4)
+run another model and need its dense copy on disk. Where it does not load, the others are probed as above.
+Unless the caller quantizes the output head itself, the chosen format is then measured once more with its output
+head quantized too (the head over the whole vocabulary is a large share of a small model's step), and that
+variant is loaded when it is eligible and its score is ``SWITCH_MARGIN`` below the dense head's (``keep_head``).
+While it runs, a progress line names each stage (``choose``'s ``progress``).
 The choice and every measurement are cached under ``<cache>/formats/<key>.json`` (atomic, with a digest) per
 model, dtype, device, processor, torch's thread count and kernel level and library versions; a later load reads
 it and loads the chosen format only.
@@ -44,8 +47,9 @@ from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, prob
 QUALITY_TOLERANCE = 0.02  # eligible: top-1 agreement ≥ NF4's − this
 SWITCH_MARGIN = 0.05  # another format replaces an eligible NF4 only when its score is this share below NF4's
 QUALITY_TOKENS = 64  # dense greedy tokens per prompt in the quality check of ``auto``
-SCHEMA = 5  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
-# 4: the chosen format's quantized-head variant measured too; 5: NF4 not tried beside a format reading the GGUF file
+SCHEMA = 6  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
+# 4: the chosen format's quantized-head variant measured too; 5: NF4 not tried beside a format reading the GGUF file;
+# 6: where a format reads the GGUF file here, it alone is timed (dense weights not loaded, nothing scored)
 
 
 @dataclass(frozen=True)
@@ -71,13 +75,14 @@ class FormatChoice:
 
 def eligible(measures: tuple[FormatMeasure, ...]) -> list[FormatMeasure]:
     """Loaded formats whose top-1 agreement is within ``QUALITY_TOLERANCE`` of NF4's (where NF4 did not load,
-    of the best quantized format's; dense weights are always within). The bar comes from the formats with a dense
-    output head; a quantized-head variant (``head``) is held to it too."""
-    loaded = [m for m in measures if m.error is None and (m.top1 is not None or m.format == "none")]
+    of the best quantized format's; dense weights, and a format that ran the GGUF file's own blocks unscored
+    (``exact``), are always within). The bar comes from the formats with a dense output head; a quantized-head
+    variant (``head``) is held to it too."""
+    loaded = [m for m in measures if m.error is None and (m.top1 is not None or m.format == "none" or m.exact)]
     nf4 = [m.top1 for m in loaded if m.format == "nf4" and not m.head]
-    quantized = [m.top1 for m in loaded if m.format != "none" and not m.head]
+    quantized = [m.top1 for m in loaded if m.format != "none" and not m.head and m.top1 is not None]
     bar = (nf4 or [max(quantized, default=1.0)])[0] - QUALITY_TOLERANCE
-    return [m for m in loaded if (m.format == "none" and not m.head) or m.top1 >= bar]
+    return [m for m in loaded if (m.format == "none" and not m.head) or m.exact or m.top1 >= bar]
 
 
 def pick(measures: tuple[FormatMeasure, ...]) -> str:
@@ -153,17 +158,40 @@ def _quiet(name: str) -> Iterator[None]:
         log.setLevel(level)
 
 
+@dataclass(frozen=True)
+class _Probe:
+    """What one probe loads and how it times and reports: ``source`` as ``name`` in ``dtype`` on ``device``, its head
+    quantized where ``quantize_lm_head``; ``timer`` one forward's ms; ``say`` a progress line."""
+
+    source: str | Source
+    name: str
+    dtype: str
+    device: str
+    quantize_lm_head: bool
+    timer: Timer
+    say: Callable[[str], None]
+
+    def load(self, fmt: str, head: bool = False) -> torch.nn.Module:
+        """Format ``fmt`` of the source, its output head quantized where ``head`` or ``quantize_lm_head``."""
+        return load_weights(self.source, self.name, fmt, self.dtype, self.device, self.quantize_lm_head or head)
+
+
 def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", device: str = "cpu",
            quantize_lm_head: bool = False, timer: Timer | None = None, quality_tokens: int | None = None,
-           formats: tuple[str, ...] = PROBED) -> tuple[FormatChoice, torch.nn.Module | None]:
+           formats: tuple[str, ...] = PROBED,
+           progress: Callable[[str], None] | None = None) -> tuple[FormatChoice, torch.nn.Module | None]:
     """The format ``auto`` loads for ``name`` (from ``source``) and, when it was measured now, that model
     already loaded (None when read from the cache: load it with ``formats.load_weights``, its output head quantized
-    where ``FormatChoice.head``). Dense weights are loaded first (the quality reference), then each other format;
-    only the best so far stays in memory; then, unless ``quantize_lm_head`` (the head already quantized), the
-    chosen format with its head quantized (``keep_head``). ``timer``: one forward's ms (default ``forward_ms``);
-    ``quality_tokens``: dense greedy tokens per prompt (default ``QUALITY_TOKENS``); ``formats``: the formats tried
-    besides dense (those for another kind of device are left out; one whose kernel is missing here is recorded
-    with the line naming it, not loaded).
+    where ``FormatChoice.head``). Where ``source`` is a GGUF file whose blocks a format of ``formats`` reads itself
+    on this device (``q4`` on a CPU), that format is loaded first and, once it loads, is the only one timed, not
+    scored (``FormatMeasure.exact``: it runs the file's own blocks; its kernel's exactness is the test suite's), and
+    neither dense weights nor the formats that would requantize the file are loaded. Otherwise dense weights are
+    loaded first (the quality reference), then each other format; only the best so far stays in memory. Then,
+    unless ``quantize_lm_head`` (the head already quantized), the chosen format with its head quantized
+    (``keep_head``). ``timer``: one forward's ms (default ``forward_ms``); ``quality_tokens``: dense greedy tokens
+    per prompt (default ``QUALITY_TOKENS``); ``formats``: the formats tried besides dense (those for another kind of
+    device are left out; one whose kernel is missing here is recorded with the line naming it, not loaded);
+    ``progress``: given a line as each format starts (default: none).
 
     Raises:
         ValueError: no format loaded (each one's error named).
@@ -173,36 +201,20 @@ def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", 
     cached = read_choice(path, key)
     if cached is not None:
         return cached, None
-    start, timer = time.perf_counter(), timer or forward_ms
-    dense = load_weights(source, name, "none", dtype, device, quantize_lm_head)  # the quality reference
-    refs = dense_reference(dense, tokenizer, quality_tokens or QUALITY_TOKENS)
-    measures: list[FormatMeasure] = []
-    best_fmt, best_model = None, None
+    start, report = time.perf_counter(), progress or _silent
+    probe = _Probe(source, name, dtype, device, quantize_lm_head, timer or forward_ms, lambda what: report(
+        f"hf-adaspec: {name}: timing the weight formats (first load on this machine, then cached): {what}"))
     kind = torch.device(device).type
     formats = tuple(f for f in formats if FORMATS[f].devices is None or kind in FORMATS[f].devices)
-    exact = _exact_source(source)
-    for fmt in ("none", *sorted((f for f in formats if f != "none"), key=_probe_order)):
-        if (reason := missing_kernel(fmt, device)) is not None:  # not loaded: one line names what is missing
-            measures.append(FormatMeasure(fmt, error=reason))
-            continue
-        if exact and not FORMATS[fmt].reads_gguf and (file_format := _read_the_file(measures)) is not None:
-            measures.append(FormatMeasure(fmt, error=f"not tried: {file_format} runs the GGUF file's own blocks"))
-            continue
-        bound = next((score(m.ms_1, m.ms_k) for m in measures if m.format == best_fmt), None)
-        load = (lambda: dense) if fmt == "none" else (lambda f=fmt: load_weights(source, name, f, dtype, device,
-                                                                                   quantize_lm_head))
-        with _quiet("bitsandbytes"):  # bnb int8 logs its fp16 cast at every call
-            measure, model = measure_format(fmt, load, timer, refs, bound)
-        dense = None
-        measures.append(measure)
-        if model is not None and pick(tuple(measures)) == fmt:
-            best_fmt, best_model = fmt, model  # the previous best is released here
-        model = None
-        gc.collect()
+    measures, best_model = _file_blocks(probe, formats)
+    if best_model is not None:
+        best_fmt, refs = measures[0].format, None
+    else:
+        refs, best_fmt, best_model = _every_format(probe, formats, tokenizer, quality_tokens, measures)
     chosen, head = pick(tuple(measures)), False
     if not quantize_lm_head and chosen != "none":
-        variant, model = _head_variant(source, name, chosen, dtype, device, timer, refs, measures,
-                                       best_model if best_fmt == chosen else None)
+        probe.say(f"{chosen} + quantized head")
+        variant, model = _head_variant(probe, chosen, refs, measures, best_model if best_fmt == chosen else None)
         measures.append(variant)
         head = keep_head(tuple(measures), chosen)
         best_model = model if head else best_model
@@ -212,6 +224,58 @@ def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", 
     write_json_verified(path, {"key": key, "chosen": choice.chosen, "head": head, "probe_s": choice.probe_s,
                                "measures": [asdict(m) for m in measures]})
     return choice, best_model if best_fmt == choice.chosen else None
+
+
+def _silent(line: str) -> None:
+    """No progress lines (``choose``'s default)."""
+
+
+def _file_blocks(probe: _Probe, formats: tuple[str, ...]) -> tuple[list[FormatMeasure], torch.nn.Module | None]:
+    """Where the probe's source is a GGUF file whose blocks a format of ``formats`` reads itself with a kernel here
+    (``q4`` on a CPU): that format loaded and timed, not scored (``FormatMeasure.exact``), dense weights and every
+    other format recorded as not tried (they would run another model than the file's, the requantizing ones from a
+    dense copy written to disk first), and its model. Where it does not load: [its error] and None (the others are
+    then probed as before); elsewhere [] and None."""
+    reader = next((f for f in sorted(formats, key=_probe_order) if f != "none" and FORMATS[f].reads_gguf
+                   and missing_kernel(f, probe.device) is None), None)
+    if reader is None or not _exact_source(probe.source):
+        return [], None
+    probe.say(f"{reader} on the GGUF file's own blocks (dense weights not loaded)")
+    measure, model = measure_format(reader, lambda: probe.load(reader), probe.timer, None, None)
+    if model is None:
+        return [measure], None
+    others = ("none", *sorted((f for f in formats if f not in ("none", reader)), key=_probe_order))
+    return ([replace(measure, exact=True)]
+            + [FormatMeasure(f, error=f"not tried: {reader} runs the GGUF file's own blocks") for f in others]), model
+
+
+def _every_format(probe: _Probe, formats: tuple[str, ...], tokenizer, quality_tokens: int | None,
+                  measures: list[FormatMeasure]) -> tuple[list, str | None, torch.nn.Module | None]:
+    """Dense weights loaded (the quality reference: their greedy tokens, ``format_quality.dense_reference``), then
+    each format of ``formats`` not in ``measures`` yet (which gets each one's measure) timed and scored; only the
+    best so far stays in memory. → (the dense greedy references, the best format, its model)."""
+    probe.say("dense weights (the quality reference) and their greedy tokens")
+    dense = probe.load("none")
+    refs = dense_reference(dense, tokenizer, quality_tokens or QUALITY_TOKENS)
+    best_fmt, best_model = None, None
+    for fmt in ("none", *sorted((f for f in formats if f != "none"), key=_probe_order)):
+        if any(m.format == fmt for m in measures):  # a reader of the file that did not load (``_file_blocks``)
+            continue
+        if (reason := missing_kernel(fmt, probe.device)) is not None:  # not loaded: one line names what is missing
+            measures.append(FormatMeasure(fmt, error=reason))
+            continue
+        bound = next((score(m.ms_1, m.ms_k) for m in measures if m.format == best_fmt), None)
+        load = (lambda: dense) if fmt == "none" else (lambda f=fmt: probe.load(f))
+        probe.say(fmt)
+        with _quiet("bitsandbytes"):  # bnb int8 logs its fp16 cast at every call
+            measure, model = measure_format(fmt, load, probe.timer, refs, bound)
+        dense = None
+        measures.append(measure)
+        if model is not None and pick(tuple(measures)) == fmt:
+            best_fmt, best_model = fmt, model  # the previous best is released here
+        model = None
+        gc.collect()
+    return refs, best_fmt, best_model
 
 
 def _probe_order(fmt: str) -> tuple[bool, bool]:
@@ -227,37 +291,29 @@ def _exact_source(source: str | Source) -> bool:
     return isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta())
 
 
-def _read_the_file(measures: list[FormatMeasure]) -> str | None:
-    """A quantized format measured so far that reads the GGUF file's own blocks (``reads_gguf``), or None. Where one
-    loaded, formats that would requantize the file's dequantized weights (NF4, int8) are not tried: they run
-    another model than the file's, and they need its dense copy written to disk first."""
-    return next((m.format for m in measures if m.error is None and m.format != "none"
-                 and FORMATS[m.format].reads_gguf), None)
-
-
-def _head_variant(source: str | Source, name: str, fmt: str, dtype: str, device: str, timer: Timer, refs,
-                  measures: list[FormatMeasure],
+def _head_variant(probe: _Probe, fmt: str, refs, measures: list[FormatMeasure],
                   body_model: torch.nn.Module | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
-    """``fmt`` measured with its output head quantized too (``FormatMeasure.head``), and that model. For a format
-    with a ``quantize_head`` the head of ``body_model`` (``fmt`` loaded with a dense head; None: not kept) is replaced
-    in place instead of loading the model again, and put back where the variant is not kept (``keep_head``); other
-    formats are loaded again."""
+    """``fmt`` measured with its output head quantized too (``FormatMeasure.head``; ``exact`` as its body's:
+    where that ran the file's own blocks, so does the head), and that model; ``refs``: the dense greedy
+    references (None: not scored). For a format with a ``quantize_head`` the head of ``body_model`` (``fmt``
+    loaded with a dense head; None: not kept) is replaced in place instead of loading the model again, and put back
+    where the variant is not kept (``keep_head``); other formats are loaded again."""
     body = next(m for m in measures if m.format == fmt and not m.head)
     quantize_head = FORMATS[fmt].quantize_head
     if quantize_head is None or body_model is None:
         with _quiet("bitsandbytes"):
-            measure, model = measure_format(fmt, lambda: load_weights(source, name, fmt, dtype, device, True), timer,
-                                            refs, score(body.ms_1, body.ms_k))
-        return replace(measure, head=True), model
+            measure, model = measure_format(fmt, lambda: probe.load(fmt, head=True), probe.timer, refs,
+                                            score(body.ms_1, body.ms_k))
+        return replace(measure, head=True, exact=body.exact and measure.error is None), model
     dense_head = body_model.get_output_embeddings()
 
     def swap() -> torch.nn.Module:
-        body_model.set_output_embeddings(quantize_head(body_model, source))
+        body_model.set_output_embeddings(quantize_head(body_model, probe.source))
         rewarm(body_model)  # each width runs untimed once more with the new head
         return body_model
 
-    measure, model = measure_format(fmt, swap, timer, refs, score(body.ms_1, body.ms_k))
-    measure = replace(measure, head=True)
+    measure, model = measure_format(fmt, swap, probe.timer, refs, score(body.ms_1, body.ms_k))
+    measure = replace(measure, head=True, exact=body.exact and measure.error is None)
     if model is None or not keep_head((*measures, measure), fmt):
         body_model.set_output_embeddings(dense_head)
     return measure, model

@@ -33,7 +33,9 @@ class FormatMeasure:
     quality None for dense weights (the reference) and where its first timing was twice the best's (it cannot be
     chosen; NF4's is always measured);
     or the ``error`` that kept it from loading or running (all else None). ``head``: measured with the output
-    head quantized too (``keep_head``'s candidate)."""
+    head quantized too (``keep_head``'s candidate). ``exact``: it ran the GGUF file's own blocks where dense
+    weights were not loaded (``format_choice.choose``), so its quality was not scored (the file's; the kernel's
+    exactness is the test suite's)."""
 
     format: str
     ms_1: float | None = None
@@ -43,6 +45,7 @@ class FormatMeasure:
     load_s: float | None = None
     error: str | None = None
     head: bool = False
+    exact: bool = False
 
     def text(self, digits: int = 0) -> str:
         """The format, its ms over 1 / k + 1 tokens (``digits`` decimals) and top-1 agreement, or why it was
@@ -51,7 +54,8 @@ class FormatMeasure:
         if self.error is not None:
             return f"{label} skipped ({self.error})"
         quality = ("the quality reference" if self.format == "none" else f"top-1 {self.top1:.3f}"
-                   if self.top1 is not None else "over twice the best: quality not measured")
+                   if self.top1 is not None else "the GGUF file's own blocks, not scored" if self.exact
+                   else "over twice the best: quality not measured")
         return f"{label} {self.ms_1:.{digits}f}/{self.ms_k:.{digits}f} ms {quality}"
 
 
@@ -108,14 +112,15 @@ def time_format(model: torch.nn.Module, fmt: str, timer: Timer, best_ms: float |
 def measure_format(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs,
                    best_ms: float | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
     """Load ``fmt`` with ``load`` and measure it against the dense greedy references ``refs`` (``time_format``,
-    ``format_quality.agreement``; ``best_ms``: the best score so far), and that model; an exception while loading
-    or running it becomes its ``error`` (and the model None)."""
+    ``format_quality.agreement``; ``refs`` None: timed only; ``best_ms``: the best score so far), and that model;
+    an exception while loading or running it becomes its ``error`` (and the model None)."""
     start = time.perf_counter()
     try:
         model = load()
         load_s = time.perf_counter() - start
         ms_1, ms_k, contender = time_format(model, fmt, timer, best_ms)
-        measured = fmt != "none" and (contender or fmt == "nf4")  # dense is the reference; NF4 sets the bar
+        # dense weights are the reference; NF4 sets the bar, so it is scored however slow
+        measured = refs is not None and fmt != "none" and (contender or fmt == "nf4")
         top1, first = agreement(model, refs) if measured else (None, None)
     except Exception as e:  # noqa: BLE001 - any failure of an optional format is reported, not raised
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]

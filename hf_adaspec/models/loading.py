@@ -219,7 +219,8 @@ def load(
 ) -> LoadedModel:
     """Load a causal LM and tokenizer. ``quantization``: "auto" (the fastest weight format on this machine
     within the quality tolerance, ``format_choice``: measured at the first load, which takes seconds to
-    minutes, then cached; ``log`` gets its one-line report, default stderr) or a format of ``formats.FORMATS``
+    minutes, with a progress line to stderr as each format starts, then cached; ``log`` gets its one-line
+    report, default stderr) or a format of ``formats.FORMATS``
     (nf4 | int8 | q4 | none | int4 | int4-torchao | gemlite; a GPU format whose kernel or library is missing
     here loads NF4, with one line to ``log`` naming what is missing). ``dtype``: the weight/compute dtype.
     ``quantize_lm_head`` also quantizes the output head (kept dense by default): worth it for a draft model, whose
@@ -245,7 +246,8 @@ def load(
     had_dense = dense is not None and dense.exists()
     tokenizer = AutoTokenizer.from_pretrained(origin.dense() if had_dense else origin.meta())
     if quantization == "auto":
-        choice, model = format_choice.choose(origin, name_or_path, tokenizer, dtype, device, quantize_lm_head)
+        choice, model = format_choice.choose(origin, name_or_path, tokenizer, dtype, device, quantize_lm_head,
+                                             progress=_stderr)
         (log or _stderr)(choice.line(name_or_path))
         quantization, quantize_lm_head = choice.chosen, quantize_lm_head or choice.head
     else:
