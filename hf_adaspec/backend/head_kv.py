@@ -1,18 +1,17 @@
 """A draft head's keys and values on an arena (``static_kv.Arena``), its drafted column a recorded step.
 
-Design: what ``stores.StaticStore`` is for the target and the draft model, ``StaticHeadCache`` is for an
-EAGLE-3 head (``models.eagle3``): one request's view of the head's arena, an ``Arena`` of one layer (keys and
-values [B_cap, kv_heads, L_cap, d] at fixed addresses, a row mask [B_cap, L_cap] on the head's device; batch
-row i is arena row i). The host keeps what ``HeadCache`` keeps (each row's entries as a mask [b, W] over the W
-columns written, and lengths), so rollback, rows leaving and what each column sees are the same. A block of m
-entries (a draft's first column, which ingests what the target confirmed) runs eagerly on the arena; a
-drafted column (one entry per row: the token just drafted with the head's own output) replays the arena's
-recording of width 1, whose static inputs are the tokens, hidden states and positions [B_cap, 1] and the
-column it writes [1], the visibility built inside from the row mask, and whose outputs are the pre-norm
-outputs and the draft-vocabulary logits. It is recorded at the arena's first drafted column and reused by
-later requests. A request that runs out of columns moves to an arena twice as wide (the held columns copied
-over), which records its own; a later request starts on the widest. One request per arena at a time: a later
-request takes it over.
+Design: what ``stores.StaticStore`` is for the target and the draft model, ``StaticHeadCache`` is for an EAGLE-3
+head (``models.eagle3``): one request's view of the head's arena, an ``Arena`` of one layer (keys and values [B_cap,
+kv_heads, L_cap, d] at fixed addresses, a row mask [B_cap, L_cap] on the head's device; batch row i is arena row i).
+The host keeps what ``HeadCache`` keeps (each row's entries as a mask [b, W] over the W columns written, and
+lengths), so rollback, rows leaving and what each column sees are the same. A block of m entries (a draft's first
+column, which ingests what the target confirmed) runs eagerly on the arena; a drafted column (one entry per row: the
+token just drafted with the head's own output) replays the arena's recording of width 1, whose static inputs are the
+tokens, hidden states and positions [B_cap, 1] and the column it writes [1], the visibility built inside from the
+row mask, and whose outputs are the pre-norm outputs and the draft-vocabulary logits. It is recorded at the arena's
+first drafted column and reused by later requests (a capture that fails leaves the column eager: ``Arena.record``).
+A request that runs out of columns moves to an arena twice as wide (the held columns copied over), which records its
+own; a later request starts on the widest. One request per arena at a time: a later request takes it over.
 """
 
 from __future__ import annotations
@@ -138,9 +137,15 @@ class StaticHeadCache:
         inputs.hidden[:b] = hidden.to(arena.device, inputs.hidden.dtype)
         inputs.positions[:b] = (self.lengths + 1)[:, None].to(arena.device)
         inputs.column.fill_(start)
-        recording = arena.recordings.get(COLUMN) or arena.record(COLUMN, _column_step(head, arena, inputs))
-        recording.captured.replay()
-        out, draft = recording.out
+        step = _column_step(head, arena, inputs)
+        if COLUMN not in arena.recordings:
+            arena.record(COLUMN, step)
+        recording = arena.recordings[COLUMN]
+        if recording is None:  # its capture failed: the same step, eagerly
+            out, draft = step()
+        else:
+            recording.captured.replay()
+            out, draft = recording.out
         self.mask = torch.cat([self.mask, torch.ones(b, 1, dtype=torch.bool)], dim=1)
         self.lengths = self.lengths + 1
         return out[:b].clone(), head.widen(draft[:b])

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import hf_compat
+from . import graphs, hf_compat
 from .graphs import Capture, capture_for, timed_ms
 
 CAPACITY_FLOOR = 256  # the smallest arena, in columns
@@ -118,7 +118,8 @@ class CaptureRecord:
     """One recording: the arena's rows and columns, its width n and feature layers, whether it went through
     ``torch.compile``, what capturing took (ms; the warm-up runs and any compilation included) and the eager
     forward's and the replay's ms measured then (None where the arena does not choose by time: neither is
-    run), and whether the replay was kept."""
+    run), whether the replay was kept, and the error of a capture that failed (``error``; not kept, the step
+    runs eagerly for the rest of the process: ``graphs.remember_failure``)."""
 
     batch: int
     capacity: int
@@ -129,6 +130,7 @@ class CaptureRecord:
     eager_ms: float | None
     replay_ms: float | None
     kept: bool
+    error: str | None = None
 
 
 def keep_compiled(plain: CaptureRecord, compiled: CaptureRecord) -> bool:
@@ -166,7 +168,7 @@ class Arena:
     def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture,
                  choose_by_time: bool, pad: bool = False, shape: KVShape | None = None) -> None:
         layers, heads, dim, dtype = shape or hf_compat.kv_shape(model)
-        self.device, self.batch, self.capacity = model.device, batch, capacity
+        self.device, self.batch, self.capacity, self.owner = model.device, batch, capacity, weakref.ref(model)
         shape = (batch, heads, capacity, dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
@@ -247,6 +249,9 @@ class Arena:
         the faster replay is kept (compiling is kept only where it measures faster); elsewhere compiled only."""
         ref, (n, layers) = weakref.ref(model), key
         compiled = n in compiled_widths(model)
+        if graphs.failed(model, key):
+            self.recordings[key] = None
+            return None
 
         def fn(through_compile: bool = compiled) -> tuple:
             return self._step(ref(), inputs, n, layers, through_compile)
@@ -255,6 +260,8 @@ class Arena:
         if not (compiled and self.choose_by_time):
             return self.record(key, fn, eager, compiled)
         plain = self.record(key, lambda: fn(False), eager)
+        if graphs.failed(model, key):
+            return None
         self.record(key, fn, eager, True)
         first, second = self.records[-2], self.records[-1]  # the plain recording's, the compiled one's
         if keep_compiled(first, second):
@@ -269,10 +276,22 @@ class Arena:
         """Capture ``fn`` (a step that reads only this arena's tensors and the static inputs kept in
         ``inputs[key]``; → its outputs) as ``recordings[key]``, with what capturing took in ``records``. With
         ``eager`` (the same step run eagerly) that and one replay are timed too, and the recording is dropped
-        (None: the step runs eagerly) unless its replay (median of ``REPLAY_TIMINGS``) measures faster."""
+        (None: the step runs eagerly) unless its replay (median of ``REPLAY_TIMINGS``) measures faster. A capture
+        that raises (or failed before in this process) leaves None too: the step runs eagerly, the error said once
+        (``graphs.remember_failure``), and the request goes on."""
+        if graphs.failed(self.owner(), key):
+            self.recordings[key] = None
+            return None
         eager_ms = timed_ms(eager, self.device) if eager is not None else None
         made: list[tuple] = []
-        capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
+        try:
+            capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
+        except Exception as e:  # noqa: BLE001 - whatever breaks a recording, the step runs eagerly instead
+            error = graphs.remember_failure(self.owner(), key, f"step of width {key[0]}", e)
+            self.records.append(CaptureRecord(self.batch, self.capacity, key[0], key[1], compiled, 0.0,
+                                              None if eager_ms is None else round(eager_ms, 3), None, False, error))
+            self.recordings[key] = None
+            return None
         captured, static_out = made[0]
         replay_ms = (statistics.median(timed_ms(captured.replay, self.device) for _ in range(REPLAY_TIMINGS))
                      if eager is not None else None)
