@@ -231,3 +231,26 @@ def test_the_format_step_names_a_missing_kernel_and_chooses_among_the_4bit_forma
     assert rows["int4"]["error"] == "torch's int4 kernel: CUDA only, not cpu" and rows["int4"]["ms_1"] is None
     assert entry["chosen_4bit"] == "nf4" == check.facts[quantized.FOUR_BIT] and entry["passed"]
     assert rows["none"]["top1"] is None and "int4 skipped (torch's int4 kernel" in entry["summary"]
+
+
+def test_isolated_steps_each_run_in_a_process_of_their_own_and_a_dead_one_is_recorded(tmp_path, monkeypatch):
+    """--isolation process: the environment step runs in a child process that merges its entry (with the run's
+    provenance) into the results; a step whose process dies without recording is that step's error, and the
+    run goes on."""
+    real = gpu_check.processes.child_command
+
+    def command(device, out, name, budget_s, kv_cache, tiny):
+        if name == "sampling":
+            return [sys.executable, "-c", "import sys; sys.exit(3)"]  # as a process a CUDA fault kills
+        return real(device, out, name, budget_s, kv_cache, tiny)
+
+    monkeypatch.setattr(gpu_check.processes, "child_command", command)
+    monkeypatch.setenv(gpu_check.processes.COMMIT_ENV, "abc1234")
+    status = gpu_check.main(["--device", "cpu", "--tiny", "--isolation", "process", "--out", str(tmp_path),
+                             "--steps", "environment,sampling"])
+    doc = json.loads((tmp_path / RESULTS).read_text())
+    env, dead = doc["steps"]["environment"], doc["steps"]["sampling"]
+    assert status == 1 and doc["finished"] and env["status"] == "ok" and dead["status"] == "error"
+    assert "exited with status 3 without recording the step" in dead["error"]
+    assert env["commit"] == doc["provenance"]["commit"] == "abc1234"
+    assert {"torch", "cuda", "driver", "transformers"} <= set(doc["provenance"]) and env["torch"] == torch.__version__

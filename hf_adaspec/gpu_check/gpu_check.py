@@ -8,21 +8,25 @@ too) and seeded random weights. ``--tiny``: shrunk configs and grids (tests/test
 ``--kv-cache``: where speculation keeps its caches (default auto: arenas whose narrow forwards replay CUDA
 graphs on a GPU; the CPU test passes static, whose recordings are re-run there).
 ``--steps a,b``: only those, merged into an existing results file (e.g. ``--steps replay`` on a CPU, from
-the profiles a GPU run left: the replay is CPU work, skipped on a GPU).
+the profiles a GPU run left: the replay is CPU work, skipped on a GPU). ``--isolation process`` (the default on a
+GPU): each step runs in a process of its own (``processes``), so one step's CUDA error cannot poison the next.
+The results record the run's ``provenance`` (commit: ``$HF_ADASPEC_COMMIT`` on a checkout without git, torch,
+CUDA, driver, transformers, Python).
 
-Steps: environment (versions, the GPU; NF4 only if bitsandbytes' kernels load, else every NF4 step records
-the bf16 fallback); graphs (``graphs``: replayed recordings against eager forwards, capture costs);
-sampling (``sampling``: chi-square test of lossless sampling); per quantization (bf16, NF4) greedy
-(speculative greedy = plain greedy or a near-tie), self-draft (acceptance away from near-ties), the shipped
-pair's profile, speed (``speed``; wall clock, interleaved: transformers' eager and compiled plain,
-hf-adaspec's plain, fixed and adaptive; ``adaptive`` with the self-draft within 3% of ``fixed``), never-loses
-(``adaptive`` with the random-weight draft within 3% of hf-adaspec's plain, timed for that bar alone, with its
-A/A); compile-draft (the draft's step recorded after torch.compile, timed); the 7B target's profiles with the
-0.5B draft; engine (the engine's own ms per step, wall less the forwards) and engine-profile (where that time
-goes, by function); formats-7b and profile-7b-4bit (``quantized``: the 7B's 4-bit format chosen as ``auto``
-chooses, and its profile against the issue-59 bars); compile-target (``speed.compile_target``: the target's
-recorded widths compiled, against plain recordings and transformers' static-compiled plain); replay
-(``profiles``: projections on every profile, batch 1, 2, 4, 8, and per workload at batch 1).
+Steps: environment (versions, the GPU; NF4 only if bitsandbytes' kernels load, else every NF4 step records the bf16
+fallback); graphs (``graphs``: replayed recordings against eager forwards, capture costs; capture-recovery: a
+capture made to fail fails no request and leaves nothing behind); sampling (``sampling``: chi-square test of
+lossless sampling); per quantization (bf16, NF4) greedy (speculative greedy = plain greedy or a near-tie),
+self-draft (acceptance away from near-ties), the shipped pair's profile, speed (``speed``; wall clock, interleaved:
+transformers' eager and compiled plain, hf-adaspec's plain, fixed and adaptive; ``adaptive`` with the self-draft
+within 3% of ``fixed``), never-loses (``adaptive`` with the random-weight draft within 3% of hf-adaspec's plain,
+timed for that bar alone, with its A/A); compile-draft (the draft's step recorded after torch.compile, timed); the
+7B target's profiles with the 0.5B draft; engine (the engine's own ms per step, wall less the forwards) and
+engine-profile (where that time goes, by function); formats-7b and profile-7b-4bit (``quantized``: the 7B's 4-bit
+format chosen as ``auto`` chooses, and its profile against the issue-59 bars); compile-target
+(``speed.compile_target``: the target's recorded widths compiled, against plain recordings and transformers'
+static-compiled plain); replay (``profiles``: projections on every profile, batch 1, 2, 4, 8, and per workload at
+batch 1).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import re
 import time
 import traceback
@@ -43,8 +46,9 @@ from .. import machine
 from ..config import KV_CACHES
 from ..costs.table import processor_name
 from ..models.formats import FORMATS, missing_kernel, probed_for
+from . import processes
 from . import steps as cs
-from .graphs import compile_draft, graphs, head_graphs
+from .graphs import capture_recovery, compile_draft, graphs, head_graphs
 from .plain_speed import compile_target, engine_profile
 from .profiles import FOUR_BIT_PROFILE, profile_pair, replay
 from .quantized import FOUR_BIT, formats_7b, profile_7b_4bit
@@ -61,8 +65,7 @@ def environment(check: Check) -> dict:
     import transformers
 
     gpu = torch.cuda.get_device_name(0) if check.device.startswith("cuda") else None
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-            "python": platform.python_version(), "device": check.device, "gpu": gpu, "cpu": processor_name(),
+    info = {**processes.provenance(), "device": check.device, "gpu": gpu, "cpu": processor_name(),
             "kv_cache": check.kv_cache,
             "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if gpu else None}
     try:
@@ -102,7 +105,7 @@ def plan() -> list[Step]:
     engine's own time and where it goes, the 7B's bf16 profile, its 4-bit formats and its profile in the chosen one,
     the target's recorded widths compiled, the draft's compiled step; then NF4; the replay last (CPU work)."""
     return [Step("environment", environment), Step("graphs", graphs, 15), Step("head-graphs", head_graphs, 15),
-            Step("sampling", sampling, 20),
+            Step("sampling", sampling, 20), Step("capture-recovery", capture_recovery, 15),
             Step("greedy-bf16", lambda c: cs.greedy_matrix(c, "none"), 40),
             Step("self-draft-bf16", lambda c: cs.self_draft(c, "none"), 15),
             Step("profile-1.5b-bf16", lambda c: profile_pair(c, TARGET, "none"), 40),
@@ -151,17 +154,39 @@ def carried_facts(steps: dict) -> dict:
     return facts
 
 
-def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = False) -> dict:
-    """Run ``steps`` in order within ``budget_s`` seconds, rewriting the results after each; ``merge``: into
-    the existing results file (whose facts, ``carried_facts``, later steps use: the replay its engine overheads)."""
-    old = check.out / RESULTS
-    doc = json.loads(old.read_text()) if merge and old.is_file() else {"steps": {}}
-    for fact, value in carried_facts(doc["steps"]).items():
+def _carry(check: Check, steps: dict) -> None:
+    """Give ``check`` what a results file's ``steps`` established: ``carried_facts``, and NF4's fallback where the
+    environment step found bitsandbytes unusable."""
+    for fact, value in carried_facts(steps).items():
         check.facts.setdefault(fact, value)
+    nf4 = str(steps.get("environment", {}).get("nf4", ""))
+    if nf4.startswith("FALLBACK"):
+        check.quantizations, check.fallback = ("none",), nf4
+
+
+def _isolated(check: Check, step: Step, left: float, doc: dict) -> dict:
+    """``step`` run in a process of its own (``processes``), its entry read back from the results file."""
+    doc["steps"].pop(step.name, None)
+    write_results(check.out, doc)
+    command = processes.child_command(check.device, check.out, step.name, left, check.kv_cache, check.tiny)
+    return processes.run_in_child(command, check.out / RESULTS, step.name, left)
+
+
+def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = False, isolated: bool = False,
+              child: bool = False) -> dict:
+    """Run ``steps`` in order within ``budget_s`` seconds, rewriting the results after each; ``merge``: into
+    the existing results file (whose facts, ``carried_facts``, later steps use: the replay its engine overheads);
+    ``isolated``: each step in a process of its own (``processes``: one step's CUDA error cannot reach the next);
+    ``child``: this process is one such step's (the run's provenance is its parent's)."""
+    old = check.out / RESULTS
+    doc = json.loads(old.read_text()) if (merge or child) and old.is_file() else {"steps": {}}
+    _carry(check, doc["steps"])
     label = check.facts.get("gpu") or check.device
     if "device" not in doc:  # a merged run keeps the labels of the run it adds to
         doc.update(check="hf-adaspec gpu-check (issue 36)", device=check.device, device_label=label, tiny=check.tiny,
                    budget_s=budget_s)
+    if not child:
+        doc["provenance"] = processes.provenance()
     doc["finished"] = False
     write_results(check.out, doc)
     start = time.perf_counter()
@@ -172,12 +197,15 @@ def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = Fa
                      f"hf_adaspec.gpu_check --device cpu --steps {step.name} --out {check.out}"}
         elif left <= 0 or (check.device != "cpu" and left < step.needs_s):
             entry = {"status": "skipped: budget", "seconds": 0, "left_s": round(left, 1)}
+        elif isolated:
+            entry = _isolated(check, step, left, doc)
         else:
             entry = _run_one(check, step)
         doc["steps"][step.name] = {**entry, "ran_on": label}
         write_results(check.out, doc)
-        print(f"[gpu-check] {step.name}: {entry['status']} ({entry['seconds']} s) "
-              f"{entry.get('summary', entry.get('error', ''))}", flush=True)
+        if not isolated:  # an isolated step's process printed its line
+            print(f"[gpu-check] {step.name}: {entry['status']} ({entry['seconds']} s) "
+                  f"{entry.get('summary', entry.get('error', ''))}", flush=True)
     doc["finished"] = True
     write_results(check.out, doc)
     return doc
@@ -193,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="", help="comma-separated step names, merged into the results file")
     parser.add_argument("--kv-cache", default="auto", choices=KV_CACHES,
                         help="where speculation keeps its caches (auto: recorded CUDA graphs on a GPU)")
+    parser.add_argument("--isolation", choices=("process", "none"),
+                        help="process: each step in a process of its own (the default on a GPU); none: one process")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one step of an isolated run
     args = parser.parse_args(argv)
     wanted, names = [s for s in args.steps.split(",") if s], [s.name for s in plan()]
     if set(wanted) - set(names):
@@ -205,11 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     check, threads = Check(args.device, args.tiny, out, args.kv_cache, facts={"gpu": gpu}), torch.get_num_threads()
     if args.tiny and args.device == "cpu":
         torch.set_num_threads(1)  # tiny tensors: thread spin-up would dominate
+    isolated = (args.isolation or ("none" if args.device == "cpu" else "process")) == "process" and not args.child
     try:
-        doc = run_steps(check, [s for s in plan() if not wanted or s.name in wanted], args.budget_s, bool(wanted))
+        doc = run_steps(check, [s for s in plan() if not wanted or s.name in wanted], args.budget_s, bool(wanted),
+                        isolated, args.child)
     finally:
         torch.set_num_threads(threads)
     bad = [n for n, e in doc["steps"].items() if e["status"] in ("failed", "error")]
-    print(json.dumps({"results": str(out / RESULTS), "summary": str(out / SUMMARY), "failed": bad}), flush=True)
+    if not args.child:
+        print(json.dumps({"results": str(out / RESULTS), "summary": str(out / SUMMARY), "failed": bad}), flush=True)
     return 1 if bad else 0
 

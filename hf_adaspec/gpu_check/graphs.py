@@ -1,7 +1,9 @@
 """The GPU check's steps about recorded forwards (``backend.static_kv``, ``backend.head_kv``): a replayed
 CUDA graph against the eager forward of the dynamic cache on the same tokens, with what each width's recording
 cost; an EAGLE-3 head's drafted column replayed against its eager step; and whether the draft's 1-token step
-recorded after ``torch.compile`` beats the plain recording (the faster is kept for the rest of the check)."""
+recorded after ``torch.compile`` beats the plain recording (the faster is kept for the rest of the check); and
+that a capture made to fail (a synchronisation inside it, as the check's own clock did on 2026-11-28) fails no
+request and leaves nothing behind (``capture_recovery``)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ import time
 
 import torch
 
+from ..backend import graphs as recorded
 from ..backend import static_kv
 from ..backend.caches import open_cache, open_head_cache
 from ..costs.table import ForwardProbe, HeadProbe
 from ..models.eagle3_format import random_head
+from . import steps as cs
 from .steps import BIG, DRAFT, NEAR_TIE, TARGET, Check
 
 PROMPT, WIDTHS = 24, (1, 4, 9)  # on a GPU width 4 runs padded to 5 (static_kv.run_width)
@@ -118,3 +122,33 @@ def compile_draft(check: Check, repeats: int = 20) -> dict:
             "compile_first_use_s": round(first_s, 1), "records": records, "target_7b_n1_ms": big,
             "summary": f"draft token at batch 1, context {context}: recorded {plain_ms:.3f} ms, recorded after "
                        f"torch.compile {compiled_ms:.3f} ms (first use, compiling, {first_s:.1f} s){versus}"}
+
+
+@torch.no_grad()
+def capture_recovery(check: Check, new: int = 16) -> dict:
+    """A request whose target synchronises inside every capture (a forward pre-hook, as the check's clock did on
+    2026-11-28): it completes, each of its widths recorded as failed (they run eagerly); then, the hook removed and
+    the model's arenas dropped, the same request records every width, and a random draw outside captures works
+    (the failed captures' pool and generator state were released). On a CPU nothing synchronises: it passes."""
+    tgt = check.model(TARGET, "none")
+    prompt = cs.check_prompts(tgt.config.vocab_size, seed=9)[0]
+    clock = tgt.register_forward_pre_hook(lambda module, args: torch.cuda.synchronize() if tgt.device.type == "cuda"
+                                          else None)
+    static_kv.drop_arenas(tgt)
+    try:
+        hooked = cs.generate(tgt, prompt, new, check.spec(speculation="adaptive", rest=False))
+        failed = [r.error for r in static_kv.capture_records(tgt) if r.error is not None]
+    finally:
+        clock.remove()
+        static_kv.drop_arenas(tgt)
+        recorded.forget_failures(tgt)
+    again = cs.generate(tgt, prompt, new, check.spec(speculation="adaptive", rest=False))
+    records = static_kv.capture_records(tgt)
+    torch.randn(4, device=tgt.device)
+    cuda = tgt.device.type == "cuda"
+    passed = hooked.sequences.shape == again.sequences.shape and all(r.error is None for r in records) and (
+        bool(failed) or not cuda)
+    return {"passed": passed, "failed_captures": len(failed), "first_error": failed[0] if failed else None,
+            "recorded_after": len(records), "same_tokens": torch.equal(hooked.sequences, again.sequences),
+            "summary": f"{len(failed)} captures failed under a synchronising hook (request completed, eager); "
+                       f"then {len(records)} recorded cleanly" + ("" if cuda else " (a CPU: nothing synchronises)")}

@@ -296,9 +296,16 @@ def self_draft(check: Check, quantization: str) -> dict:
     return {**_summarize(cases, {"draft_model"}, line), "ties": t}
 
 
+def capturing(model) -> bool:
+    """Whether a CUDA graph is being captured on the current stream (the model's forward is then being
+    recorded, e.g. as a request opens an arena: nothing may synchronise, and no clock means anything)."""
+    return model.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def sync(model) -> None:
-    """Wait for the model's device (queued GPU work must not count where a clock is read)."""
-    if model.device.type == "cuda":
+    """Wait for the model's device (queued GPU work must not count where a clock is read); never inside a
+    capture (``capturing``), where a synchronisation invalidates it."""
+    if model.device.type == "cuda" and not capturing(model):
         torch.cuda.synchronize(model.device)
 
 
@@ -307,7 +314,9 @@ def forward_timer(models) -> Iterator[dict[int, list[float]]]:
     """``with forward_timer(models) as ms:`` ``ms[id(model)]`` lists the ms of each forward of each model, its
     device synchronised before and after: the engine's (every ``RaggedCache`` append, a replayed CUDA graph
     included, which no module hook sees) and transformers' own generate's (top-level module calls outside
-    the engine's appends)."""
+    the engine's appends). Forwards under a graph capture (an arena recording its widths as a request opens it,
+    outside any append) are neither synchronised nor timed: on 2026-11-28 this clock's synchronisation inside
+    such a capture failed it."""
     ms: dict[int, list[float]] = {id(m): [] for m in models}
     start, inside = [0.0], [False]
     append = RaggedCache.append_features
@@ -323,12 +332,12 @@ def forward_timer(models) -> Iterator[dict[int, list[float]]]:
             ms.setdefault(id(cache.model), []).append((time.perf_counter() - begin) * 1000.0)
 
     def before(module, args) -> None:
-        if not inside[0]:  # inside an append the forward may be under graph capture, where nothing may sync
+        if not inside[0] and not capturing(module):  # an append is timed whole; a capture is not a forward
             sync(module)
             start[0] = time.perf_counter()
 
     def after(module, args, output) -> None:
-        if not inside[0]:
+        if not inside[0] and not capturing(module):
             sync(module)
             ms[id(module)].append((time.perf_counter() - start[0]) * 1000.0)
 
