@@ -197,3 +197,19 @@ def test_a_failed_capture_of_the_heads_column_drafts_eagerly(monkeypatch, models
     assert torch.equal(_generate(target, tiny_head, "static", False).sequences, expected)
     assert [r.error is not None for r in static_kv.capture_records(tiny_head)] == [True]
     assert sum("hf-adaspec" in line for line in capsys.readouterr().err.splitlines()) == 1
+
+
+def test_the_installed_torch_is_in_the_supported_range_and_has_what_a_failed_capture_is_released_with():
+    """pyproject's torch range holds this torch, which has the calls ``graphs.CudaGraphs`` releases a failed capture
+    with (their names differ outside the range)."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    spec = next(d.removeprefix("torch") for d in project["dependencies"] if d.startswith("torch"))
+    assert Version(Version(torch.__version__).base_version) in SpecifierSet(spec)
+    assert callable(torch._C._cuda_endAllocateToPool) and callable(torch._C._cuda_releasePool)
+    assert callable(torch.Generator.clone_state) and callable(torch.Generator.graphsafe_set_state)
