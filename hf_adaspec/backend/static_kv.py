@@ -249,9 +249,6 @@ class Arena:
         the faster replay is kept (compiling is kept only where it measures faster); elsewhere compiled only."""
         ref, (n, layers) = weakref.ref(model), key
         compiled = n in compiled_widths(model)
-        if graphs.failed(model, key):
-            self.recordings[key] = None
-            return None
 
         def fn(through_compile: bool = compiled) -> tuple:
             return self._step(ref(), inputs, n, layers, through_compile)
