@@ -13,9 +13,12 @@ index), a ``TorchFunctionMode`` refuses the host copies that never reach aten on
 ``cpu``, ``.to("cpu")``), and tensors made without a device land on the ``meta`` device, which the dispatch mode
 refuses (0-dim ones too, which a GPU would take as host scalars: stricter than a capture needs). Not seen:
 ``.to(torch.device("cpu"))`` (on a CPU that is a tensor's own device), and calls that are not tensor ops
-(``torch.cuda.synchronize``, a hook's clock).
-Why not a tracer: ``make_fx(tracing_mode="fake")`` and ``torch.compile(fullgraph=True)`` turn ``.item()``,
-``nonzero`` and boolean indexing into unbacked symbols and pass them (torch 2.13), and see no host tensor on a CPU.
+(``torch.cuda.synchronize``, a hook's clock, a C kernel called through ctypes).
+
+Why not a tracer: on torch 2.13 ``make_fx(tracing_mode="fake")`` passed ``.item()``, ``.tolist()``, ``nonzero``,
+boolean-mask indexing and a host ``arange`` (it stopped only at ``int(t)``), and ``torch.compile(fullgraph=True)``
+passed all of them but ``.tolist()``: both turn values into unbacked symbols, and neither tells a host tensor on a
+CPU from a device one.
 """
 
 from __future__ import annotations
