@@ -48,7 +48,8 @@ playground: install
 # every step). It needs no model files and no install: where this python lacks transformers >= 5.20,
 # bitsandbytes, torchao or gemlite (a lent GPU machine: transformers 5.17, none of the others, no network), the
 # wheels in .whl/ (make gpu-wheels) are installed into GPU_SITE first. GPU_ARGS: e.g. --budget-s 300,
-# --steps formats-7b, --out DIR.
+# --steps formats-7b, --out DIR. Each step runs in a process of its own; HF_ADASPEC_COMMIT=<sha> names the commit
+# in the results where the checkout has no .git (a lent machine's copy).
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 GPU_SITE ?= /tmp/hf-adaspec-site
 GPU_ARGS ?=

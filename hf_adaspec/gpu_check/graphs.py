@@ -132,17 +132,18 @@ def capture_recovery(check: Check, new: int = 16) -> dict:
     (the failed captures' pool and generator state were released). On a CPU nothing synchronises: it passes."""
     tgt = check.model(TARGET, "none")
     prompt = cs.check_prompts(tgt.config.vocab_size, seed=9)[0]
+    kwargs = check.spec(speculation="adaptive", rest=False, speculation_costs=cs.COSTS)  # no calibration under the hook
     clock = tgt.register_forward_pre_hook(lambda module, args: torch.cuda.synchronize() if tgt.device.type == "cuda"
                                           else None)
     static_kv.drop_arenas(tgt)
     try:
-        hooked = cs.generate(tgt, prompt, new, check.spec(speculation="adaptive", rest=False))
+        hooked = cs.generate(tgt, prompt, new, kwargs)
         failed = [r.error for r in static_kv.capture_records(tgt) if r.error is not None]
     finally:
         clock.remove()
         static_kv.drop_arenas(tgt)
         recorded.forget_failures(tgt)
-    again = cs.generate(tgt, prompt, new, check.spec(speculation="adaptive", rest=False))
+    again = cs.generate(tgt, prompt, new, kwargs)
     records = static_kv.capture_records(tgt)
     torch.randn(4, device=tgt.device)
     cuda = tgt.device.type == "cuda"
