@@ -13,6 +13,7 @@ the rest of the process, and a later request's recordings made as usual.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import pytest
@@ -27,7 +28,7 @@ from hf_adaspec.backend.capture_check import CaptureUnsafe, refusing_host_reads
 from hf_adaspec.backend.head_kv import COLUMN
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
-COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # cheap drafts: every step speculates
+COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # given: no calibration (its probes would record too)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 3, 4] * 3, [11, 12, 13, 14, 15]]  # 24 and 5 tokens: past and inside a window of 8
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, max_position_embeddings=256, initializer_range=0.5,
@@ -67,10 +68,13 @@ def _forget_failures(monkeypatch) -> None:
 
 
 def _generate(target, assistant, kv_cache: str, sample: bool, new: int = 16, prompts=PROMPTS):
+    """k = 8 from ``assistant`` every step (whatever a policy would choose): verifications 9 wide, recordings of
+    the widths 1, 2, 3, 5, 9 where arenas pad."""
     torch.manual_seed(3)
-    return target.generate(**left_padded(prompts), assistant_model=assistant, speculation="adaptive",
-                           speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=new,
-                           do_sample=sample, kv_cache=kv_cache, rest=False, return_dict_in_generate=True)
+    return target.generate(**left_padded(prompts), assistant_model=assistant, speculation="fixed",
+                           num_speculative_tokens=8, speculation_costs=COSTS, speculation_state=SpeculationState(),
+                           max_new_tokens=new,
+                           do_sample=sample, kv_cache=kv_cache, return_dict_in_generate=True)
 
 
 def _unsafe(records) -> list[str]:
@@ -213,3 +217,59 @@ def test_the_installed_torch_is_in_the_supported_range_and_has_what_a_failed_cap
     assert Version(Version(torch.__version__).base_version) in SpecifierSet(spec)
     assert callable(torch._C._cuda_endAllocateToPool) and callable(torch._C._cuda_releasePool)
     assert callable(torch.Generator.clone_state) and callable(torch.Generator.graphsafe_set_state)
+
+
+@pytest.mark.parametrize("invalidated", [True, False], ids=["invalidated", "ended-cleanly"])
+def test_a_failed_cuda_capture_releases_the_pool_and_the_generator_and_the_next_capture_gets_a_new_pool(
+        monkeypatch, invalidated):
+    """``graphs.CudaGraphs`` on stand-ins for torch's CUDA calls (no GPU here): ``fn`` raises inside the capture.
+    An invalidated capture (its ``capture_end`` raises, as torch's does before it ends the allocator's recording):
+    the recording ended and the pool released, the generator given a state outside capture, the graph reset. A
+    capture that still ended cleanly: only the graph reset (it releases itself). Either way the caller gets fn's
+    error and the next capture goes to a new pool."""
+    log, pools = [], iter(range(2, 9))
+
+    class Graph:
+        def capture_begin(self, pool):
+            log.append(("begin", pool))
+
+        def capture_end(self):
+            log.append("end")
+            if invalidated and fail[0]:
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+        def reset(self):
+            log.append("reset")
+
+    class Generator:
+        def clone_state(self):
+            return "fresh state"
+
+        def graphsafe_set_state(self, state):
+            log.append(("generator", state))
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    for name, value in {"Stream": Stream, "stream": lambda s: contextlib.nullcontext(), "current_stream": Stream,
+                        "synchronize": lambda: None, "CUDAGraph": Graph, "current_device": lambda: 0,
+                        "default_generators": (Generator(),), "graph_pool_handle": lambda: next(pools)}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda device, pool: log.append(("end pool", pool)))
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda device, pool: log.append(("release", pool)))
+    capture, fail = graphs.CudaGraphs(pool=1, warmup=1), [True]
+
+    def fn():
+        if fail[0] and ("begin", 1) in log:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return (torch.zeros(1),)
+
+    with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
+        capture(fn)
+    released = [("end pool", 1), ("release", 1), ("generator", "fresh state")] if invalidated else []
+    assert log == [("begin", 1), "end", *released, "reset"] and capture.pool == 2
+    log.clear()
+    fail[0] = False
+    graph, out = capture(fn)
+    assert log == [("begin", 2), "end"] and isinstance(graph, Graph) and torch.equal(out[0], torch.zeros(1))
