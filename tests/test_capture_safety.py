@@ -73,8 +73,7 @@ def _generate(target, assistant, kv_cache: str, sample: bool, new: int = 16, pro
     torch.manual_seed(3)
     return target.generate(**left_padded(prompts), assistant_model=assistant, speculation="fixed",
                            num_speculative_tokens=8, speculation_costs=COSTS, speculation_state=SpeculationState(),
-                           max_new_tokens=new,
-                           do_sample=sample, kv_cache=kv_cache, return_dict_in_generate=True)
+                           max_new_tokens=new, do_sample=sample, kv_cache=kv_cache, return_dict_in_generate=True)
 
 
 def _unsafe(records) -> list[str]:
