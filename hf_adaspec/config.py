@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 
 ADAPTIVE, FIXED = "adaptive", "fixed"
 SPECULATION_MODES = (ADAPTIVE, FIXED)  # what each does: ``policy.modes.MODES``
 KV_CACHES = ("auto", "dynamic", "static")  # where keys and values live: ``backend.stores``
+DEFAULT_MAX_SLOWDOWN = 0.02  # ε: a request may decode at most 2% slower than plain (plus one step)
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,12 @@ class SpeculationConfig:
     adapt_threads: on a CPU, let the engine pick torch's thread count per step (torch's count or 1) from
     realized step times (``engine.threads``); False: torch's count as set.
     rest: "adaptive" only: in a run of plain decisions skip deciding for a few steps where a decision's
-    measured time is over 1% of the plain steps' (``policy.rest``); False: decide every step, so decisions
-    (and seeded sampled outputs) depend on the costs and the learned state alone, not on the engine's timing.
+    measured time is over 1% of the plain steps' (``policy.rest``); False: decide every step and book each
+    step in the slowdown ledger at its predicted time, so decisions (and seeded sampled outputs) depend on
+    the costs and the learned state alone, not on the engine's timing.
+    max_slowdown: "adaptive" only: ε, the share by which a request may decode slower than plain decoding (plus
+    one step) while speculation explores (``policy.ledger``: a speculative step is taken only where its
+    pessimistic outcome keeps the request within it); 0.02 by default, math.inf for no bound.
     kv_cache: "auto" (a preallocated cache whose narrow forwards replay captured CUDA graphs on a GPU, a
     transformers ``DynamicCache`` elsewhere), "dynamic" or "static" (on a CPU, the static path's bookkeeping
     with each recording re-run instead of replayed: a check, not a speed-up).
@@ -46,6 +52,7 @@ class SpeculationConfig:
     draft_p_min: float | None = None
     adapt_threads: bool = True
     rest: bool = True
+    max_slowdown: float = DEFAULT_MAX_SLOWDOWN
     kv_cache: str = "auto"
 
     def __post_init__(self) -> None:
@@ -74,6 +81,7 @@ class SpeculationConfig:
         for name in ("adapt_threads", "rest"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_slowdown(self.max_slowdown)
         if self.tpot_slo_ms is not None and not self.tpot_slo_ms > 0:
             raise ValueError(f"tpot_slo_ms must be > 0 ms per token (or None for no SLO), got {self.tpot_slo_ms}")
 
@@ -90,3 +98,10 @@ def _check_integer(name: str, value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
         raise ValueError(f"{name} must be an integer (a number of tokens), got {value!r} of type "
                          f"{type(value).__name__}")
+
+
+def check_slowdown(epsilon: object) -> None:
+    """Raise ValueError unless ε (``max_slowdown``) is a number >= 0 (math.inf: no bound)."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or math.isnan(epsilon) or epsilon < 0:
+        raise ValueError(f"max_slowdown must be a number >= 0 (a share of plain decoding's time, e.g. 0.02; "
+                         f"math.inf for no bound), got {epsilon!r}")

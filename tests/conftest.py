@@ -94,6 +94,9 @@ class PlainController:
     def observe(self, outcome) -> None:
         self.outcomes.append(outcome)
 
+    def account(self, elapsed_ms, emitted, plain, predicted_ms):
+        pass
+
     def price(self, outcome):
         return float("nan")
 

@@ -1,6 +1,8 @@
 """Draft prefix reuse (always on at batch size 1 with a draft model): the store's seeds, their caches, and
 generate's use of them."""
 
+import math
+
 import pytest
 import torch
 from transformers import LogitsProcessorList
@@ -82,7 +84,9 @@ def test_remember_keeps_grown_caches_and_forgets_the_oldest(models, one_thread):
         hf_compat.copy_cache(prefilled(draft, prompts[0]), 4)
 
 
-MODES = {"adaptive": {"speculation": "adaptive"}, "fixed": {"speculation": "fixed", "num_speculative_tokens": 3}}
+# adaptive without the slowdown bound: a fresh pair's draft must draft within 16 tokens, whatever it costs
+MODES = {"adaptive": {"speculation": "adaptive", "max_slowdown": math.inf},
+         "fixed": {"speculation": "fixed", "num_speculative_tokens": 3}}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -112,7 +116,7 @@ def test_the_whole_prompt_is_reused_and_the_grown_cache_stored(tiny_factory, one
     def run() -> tuple[int, int]:
         out = target.generate(prompt, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
                               speculation_state=state, max_new_tokens=12, do_sample=False,
-                              return_dict_in_generate=True)
+                              return_dict_in_generate=True, max_slowdown=math.inf)  # drafts from the first step
         assert torch.equal(out.sequences, plain)
         return out.speculation.draft_prefix_tokens, len(state.draft_prefixes.entries)
 
@@ -124,7 +128,7 @@ def test_batches_neither_reuse_nor_store_draft_prefixes(tiny_factory, one_thread
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(1)
     state, prompt = hf_adaspec.SpeculationState(), torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
     kwargs = dict(assistant_model=draft, speculation="adaptive", speculation_costs=COSTS, speculation_state=state,
-                  max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
+                  max_new_tokens=6, do_sample=False, return_dict_in_generate=True, max_slowdown=math.inf)
     assert target.generate(prompt, **kwargs).speculation.draft_prefix_tokens == 0
     assert len(state.draft_prefixes.entries) == 1
     batch = target.generate(prompt.repeat(2, 1), **kwargs)  # shares all 8 tokens with the stored request

@@ -88,6 +88,7 @@ def test_every_config_field_is_a_generate_keyword(target):
                "draft_p_min": {"speculation": "fixed", "num_speculative_tokens": 2, "draft_p_min": -0.5},
                "adapt_threads": {"speculation": "adaptive", "adapt_threads": "yes"},
                "rest": {"speculation": "adaptive", "rest": 1},
+               "max_slowdown": {"speculation": "adaptive", "max_slowdown": -0.1},
                "kv_cache": {"speculation": "adaptive", "kv_cache": "paged"}}
     assert set(invalid) == {f.name for f in dataclasses.fields(SpeculationConfig)} - {"speculation"}
     for name, kwargs in invalid.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pytest
 import torch
 from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
@@ -60,7 +61,7 @@ def _first_k(target, draft) -> int:
     """k of the first step of a fresh request (no prompt prefix to reuse)."""
     out = target.generate(PROMPT, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
                           max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
-                          speculation_state=hf_adaspec.SpeculationState())
+                          speculation_state=hf_adaspec.SpeculationState(), max_slowdown=math.inf)  # goodput alone
     return out.speculation.steps[0].k, out.speculation
 
 

@@ -14,6 +14,7 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteri
 from hf_adaspec import SpeculationConfig, SpeculationState
 from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.config import SPECULATION_MODES
+from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
 from hf_adaspec.engine.run import build_run
 from hf_adaspec.policy.modes import (
@@ -117,7 +118,7 @@ def test_build_run_takes_drafters_and_prices_from_the_registry(models):
             return RaggedCache(models["noisy_copy"], batch, seed.cache if seed is not None else None)
 
     run = build_run(SpeculationConfig(), state, PROMPT, torch.ones_like(PROMPT), models["noisy_copy"], Caches(),
-                    lambda b: None, settings)
+                    lambda b: CostTable((10.0, 11.0), 2.0), settings)
     assert run.specs == MODES["adaptive"].drafters(models["noisy_copy"]) and run.seed is not None
     assert run.seed.length == 0 and run.parts.feature_layers == ()
     assert [type(d) for d in run.parts.drafters] == [DraftModelProposer, PromptLookupProposer, SuffixProposer]

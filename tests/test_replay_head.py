@@ -25,17 +25,24 @@ from hf_adaspec.replay.trace import Trace, head_along, load_trace, save_trace, t
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 TABLE = CostTable((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0), 1.0, draft_catchup_ms=0.1)
+# what _profile(1.0, head=True, chunk_ms=CHUNK_MS) prices (a catch-up of next to nothing): decisions depend on
+# the slowdown ledger's booked times, which a real run with rest=False books as its costs predict a step and a
+# replay as its clock prices the step's forwards (the head's catch-up of accepted positions included)
+CHUNK_MS = 1e-3
+PRICED = CostTable(TABLE.verify_ms, 1.0, draft_catchup_ms=CHUNK_MS / 32)
 PROMPTS = (HEAD_PROMPTS[0], HEAD_PROMPTS[2], HEAD_PROMPTS[4][:8])
 NEW = 20
 META = {"versions": {}, "machine": "m", "cpu": "c", "threads": 1, "created": "2025-01-01T00:00:00+00:00",
         "command": "test", "grid": {}}
 
 
-def _profile(draft_ms: float, head: bool):
-    """Flat costs: verification 10 ms + 0.5 ms per token; the drafter (a head when ``head``) ``draft_ms``."""
+def _profile(draft_ms: float, head: bool, chunk_ms: float | None = None):
+    """Flat costs: verification 10 ms + 0.5 ms per token; the drafter (a head when ``head``) ``draft_ms``, its
+    32-column catch-up ``chunk_ms`` (default 8 × draft_ms)."""
+    chunk = 8 * draft_ms if chunk_ms is None else chunk_ms
     cells = {"target": [ProfileCell(b, c, n, 10.0 + 0.5 * (n - 1))
                         for b in (1, 2) for c in (16, 64) for n in (1, 4, 9)],
-             "draft": [ProfileCell(b, c, n, draft_ms * (1 if n == 1 else 8)) for b in (1, 2) for c in (16, 64)
+             "draft": [ProfileCell(b, c, n, draft_ms if n == 1 else chunk) for b in (1, 2) for c in (16, 64)
                        for n in (1, 32)],
              "held_out_target": [ProfileCell(1, 40, 2, 10.5)], "held_out_draft": [ProfileCell(1, 40, 1, draft_ms)]}
     identity = {"target": "tiny", "draft": {"name": "Eagle3Head" if head else "tiny-draft"}}
@@ -84,7 +91,7 @@ def test_the_traced_chain_is_what_the_head_drafts(models, tiny_head, traces):
 
 def _real(models, head, prompt, kwargs):
     out = models["target"].generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
-                                    return_dict_in_generate=True, speculation_costs=TABLE,
+                                    return_dict_in_generate=True, speculation_costs=PRICED,
                                     speculation_state=SpeculationState(), assistant_model=head, rest=False, **kwargs)
     return out.speculation.steps, out.sequences[0].tolist()
 
@@ -100,7 +107,8 @@ def test_replay_with_the_virtual_head_takes_the_real_runs_decisions(models, tiny
     for trace, prompt in zip(traces, PROMPTS, strict=True):
         steps, sequence = _real(models, tiny_head, prompt, kwargs)
         assert sequence == list(trace.tokens)
-        run = replay_request([trace], method, SpeculationState(), _clock(), lambda b, c: TABLE)
+        clock = Clock(_profile(2.0, head=False), head_profile=_profile(1.0, head=True, chunk_ms=CHUNK_MS))
+        run = replay_request([trace], method, SpeculationState(), clock, lambda b, c: PRICED)
         assert run.matches_trace and "draft_head" in run.drafter_histogram
         assert [(s.drafter, s.k, s.accepted) for s in run.stats.steps] == [(s.drafter, s.k, s.accepted) for s in steps]
         assert [s.predicted_goodput for s in run.stats.steps] == pytest.approx([s.predicted_goodput for s in steps],

@@ -27,7 +27,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..backend import hf_compat, static_kv
 from ..config import SpeculationConfig
 from ..costs.table import CostTable
-from ..engine.loop import DecodeSettings
+from ..engine.loop import DecodeSettings, predicted_time
 from ..engine.run import SpeculationState, run_request
 from ..engine.stats import SpeculationStats, StepRecord
 from ..policy.modes import assistant_kind
@@ -111,12 +111,14 @@ def _check_outputs(gen_config) -> None:
 def _settings(model, request: SpeculationRequest, logits_processor, stopping_criteria, gen_config
               ) -> DecodeSettings:
     """What the loop takes from the generation config and the request (on a CPU with ``adapt_threads``, the
-    state's thread chooser; with ``rest=False``, decisions priced at no time)."""
+    state's thread chooser; with ``rest=False``, decisions priced at no time and steps booked at their
+    predicted time, so that no decision depends on the engine's timing)."""
     chooser = request.state.threads if request.config.adapt_threads and model.device.type == "cpu" else None
     return DecodeSettings(logits_processor, stopping_criteria, gen_config.max_length, gen_config.do_sample,
                           hf_compat.pad_token_id(gen_config), hf_compat.eos_token_ids(gen_config),
                           hf_compat.vocab_size(model), request.streamer, on_step=request.on_step, threads=chooser,
-                          decision_ms=None if request.config.rest else 0.0)
+                          decision_ms=None if request.config.rest else 0.0,
+                          step_ms=None if request.config.rest else predicted_time)
 
 
 def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,

@@ -8,14 +8,16 @@ lossless speculative sampling keeps n_i ≤ k_i tokens plus a bonus/correction t
 cache and every drafter commit the confirmed tokens per row (``RaggedCache``: rejected positions become
 masked holes, cropped when no row needs them), and rows that stop (EOS, max_new_tokens, a stopping
 criterion) leave the batch; the controller learns from the outcome, a costless drafter's whole offer
-scored in hindsight against the emitted tokens. k_i = 0 is a plain step; a step the controller rests is one
-with no offers, decision, hindsight or observation.
+scored in hindsight against the emitted tokens, and every step's time (rested ones too) is booked in the
+controller's slowdown ledger (``Controller.account``). k_i = 0 is a plain step; a step the controller rests is
+one with no offers, decision, hindsight or observation.
 Invariant: the target cache holds every token of a row but its last. Greedy rows equal their plain
 greedy output where the forward is shape-stable; sampling is lossless per row.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +41,9 @@ class DecodeSettings:
     has its logits padded to it; 0: not given), and at batch size 1 the streamer and the step callback
     ``on_step(record, tokens [m])``; ``threads``: the chooser of torch's thread count per step (None: left
     as set; the caller restores it); ``decision_ms``: what the controller hears a decision cost (ms; None:
-    the offers, decision and hindsight as timed)."""
+    the offers, decision and hindsight as timed); ``step_ms``: a step's time as the controller books it,
+    (measured ms, decided, predicted ms) → ms (None: as measured; ``predicted_time``: as the controller's
+    costs price it; a replay prices its forwards)."""
 
     logits_processor: object
     stopping_criteria: object
@@ -54,6 +58,7 @@ class DecodeSettings:
     horizon: Callable[[int, int], int] = lindy_horizon  # (generated, tokens left) → tokens still to come
     threads: ThreadChooser | None = None  # picks torch's thread count per step; None: left as set
     decision_ms: float | None = None  # a decision's engine time as priced (a replay); None: measured
+    step_ms: Callable[[float, bool, float], float] | None = None  # a step's booked time; None: measured
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,7 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         prompt = None if features is None else [features[i][attention_mask[i].bool()] for i in range(batch)]
         _commit(parts, finished, held, [held] * len(parts.drafters), prompt)  # prompt: B × [T_i, F]
     _leave(parts, rows, finished)
-    step = 0
+    step, last = 0, time.perf_counter()
     while rows.active:
         current, rest, mark = rows.current(), parts.controller.rests(), time.perf_counter()
         offers, view, decision = ((), None, Decision.plain(len(rows.active))) if rest else _decide(rows, current, parts)
@@ -256,6 +261,8 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
                                 predicted_ms=predicted_ms, decided=not rest)
             stats.steps.append(record)
             _stream(settings, rows.views[i][lengths[s]:], record)
+        emitted = min(rows.views[i].shape[0] - lengths[s] for s, i in enumerate(rows.active))
+        last = _account(parts.controller, settings, last, (not rest, predicted_ms), emitted, not any(ks))
         _leave(parts, rows, finished)
         step += 1
     if settings.streamer is not None:
@@ -264,6 +271,23 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     stats.row_tokens = tuple(int(v.shape[0]) - input_ids.shape[1] for v in rows.views)
     stats.finish_ms = tuple(rows.finish_ms)
     return DecodeResult(_pad_right(rows.views, settings.pad_token_id), stats)
+
+
+def predicted_time(measured_ms: float, decided: bool, predicted_ms: float) -> float:
+    """A step booked at its predicted time (ms; as measured where it was not predicted): decisions that
+    depend on the costs and the learned state alone, not on the engine's timing."""
+    return measured_ms if math.isnan(predicted_ms) else predicted_ms
+
+
+def _account(controller: Controller, settings: DecodeSettings, last: float, how: tuple[bool, float], emitted: int,
+             plain: bool) -> float:
+    """Book the step that ran since ``last`` (perf_counter seconds) with the controller, as measured or as
+    ``settings.step_ms`` prices it (``how``: whether it was decided, its predicted ms); returns the new mark."""
+    mark = time.perf_counter()
+    elapsed_ms = (mark - last) * 1000.0
+    controller.account(elapsed_ms if settings.step_ms is None else settings.step_ms(elapsed_ms, *how), emitted,
+                       plain, how[1])
+    return mark
 
 
 def _set_threads(chooser: ThreadChooser | None) -> int | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .confidence import ConfidenceCalibrator, RunningMean, prefix_confidences
+from .confidence import PESSIMISM, ConfidenceCalibrator, RunningMean, prefix_confidences, shifted_rate
 from .match import MatchAcceptance
 
 
@@ -85,6 +85,12 @@ class IIDAcceptance:
         alpha = self.rows[i].alpha
         return tuple(alpha ** j for j in range(1, upper + 1))
 
+    def floor(self, i: int, upper: int) -> tuple[float, ...]:
+        """Lower confidence bounds of row i's (P_1..P_upper): α less ``PESSIMISM`` standard errors, to the j."""
+        row = self.rows[i]
+        low = shifted_rate(row.alpha, row.prior.strength + row.trials, -PESSIMISM)
+        return tuple(low ** j for j in range(1, upper + 1))
+
     def alpha(self, i: int) -> float:
         return self.rows[i].alpha
 
@@ -113,16 +119,24 @@ class ConfidenceAcceptance:
         c = self.c_bar[i].value
         return tuple(self.calibrator.predict(c ** j) for j in range(1, upper + 1))
 
+    def floor(self, i: int, upper: int) -> tuple[float, ...]:
+        """Lower confidence bounds of row i's (P_1..P_upper) before drafting, along ĉ_j = c̄^j."""
+        c = self.c_bar[i].value
+        return tuple(self.calibrator.predict_lower(c ** j) for j in range(1, upper + 1))
+
     def alpha(self, i: int) -> float:
         return self.calibrator.predict(self.c_bar[i].value)
 
-    def drafted(self, confidences: tuple[float, ...]) -> list[float]:
-        """Calibrated P_1..P_j of the tokens drafted so far, from their q(x_u)."""
-        return [self.calibrator.predict(c) for c in prefix_confidences(confidences)]
+    def drafted(self, confidences: tuple[float, ...], lower: bool = False) -> list[float]:
+        """Calibrated P_1..P_j of the tokens drafted so far, from their q(x_u) (``lower``: their lower
+        confidence bounds)."""
+        predict = self.calibrator.predict_lower if lower else self.calibrator.predict
+        return [predict(c) for c in prefix_confidences(confidences)]
 
-    def next_prob(self, i: int, confidences: tuple[float, ...]) -> float:
-        """Predicted P_{j+1} of row i: calibrated(c_j·c̄)."""
-        return self.calibrator.predict(min(1.0, math.prod(confidences) * self.c_bar[i].value))
+    def next_prob(self, i: int, confidences: tuple[float, ...], lower: bool = False) -> float:
+        """Predicted P_{j+1} of row i: calibrated(c_j·c̄) (``lower``: its lower confidence bound)."""
+        predict = self.calibrator.predict_lower if lower else self.calibrator.predict
+        return predict(min(1.0, math.prod(confidences) * self.c_bar[i].value))
 
     def observe(self, i: int, drafted: int, accepted: int, confidences: tuple[float, ...]) -> None:
         """Fold a verified draft into the pooled calibration and row i's c̄; a plain step leaves both."""

@@ -36,6 +36,16 @@ def isotonic(values: Sequence[float], weights: Sequence[float]) -> tuple[float, 
     return tuple(mean for mean, _, count in blocks for _ in range(count))
 
 
+PESSIMISM = 4.0  # a lower confidence bound is the rate less this many standard errors (the slowdown ledger's)
+
+
+def shifted_rate(rate: float, trials: float, z: float) -> float:
+    """rate + z·√(rate(1 − rate)/(trials + 1)), clamped to [0, 1]: an upper (z > 0) or lower (z < 0)
+    confidence bound on a Bernoulli rate seen over ``trials``."""
+    rate = min(1.0, max(0.0, rate))
+    return min(1.0, max(0.0, rate + z * math.sqrt(rate * (1.0 - rate) / (trials + 1.0))))
+
+
 def prefix_confidences(confidences: Sequence[float]) -> tuple[float, ...]:
     """c_j = Π_{u≤j} q(x_u) for j = 1..k, from the per-token confidences q(x_1..x_k)."""
     return tuple(math.prod(confidences[: j + 1]) for j in range(len(confidences)))
@@ -75,6 +85,7 @@ class ConfidenceCalibrator:
             raise ValueError(f"need n_bins >= 1, prior_strength > 0, token_mean in [0, 1], optimism >= 0; "
                              f"got {n_bins}, {prior_strength}, {token_mean}, {optimism}")
         self.centres = tuple((b + 0.5) / n_bins for b in range(n_bins))
+        self.prior_strength = prior_strength
         self.trials = [prior_strength] * n_bins
         self.successes = [prior_strength * c for c in self.centres]
         self.token_mean, self.tokens_seen, self.optimism = token_mean, 0, optimism
@@ -83,8 +94,12 @@ class ConfidenceCalibrator:
     def _refit(self) -> None:
         """Isotonic rates per bin, then their upper bounds made non-decreasing (weighted by trials), ≤ 1."""
         rates = isotonic([s / t for s, t in zip(self.successes, self.trials)], self.trials)
-        upper = [min(1.0, r + self.optimism * math.sqrt(r * (1.0 - r) / (n + 1.0))) for r, n in zip(rates, self.trials)]
+        upper = [shifted_rate(r, n, self.optimism) for r, n in zip(rates, self.trials)]
         self._fitted = isotonic(upper, self.trials)  # weighted: a rarely seen bin cannot lift a well-seen one
+        seen = [max(0.0, n - self.prior_strength) for n in self.trials]  # observed trials, without the prior's
+        hits = [max(0.0, s - self.prior_strength * c) for s, c in zip(self.successes, self.centres)]
+        self._floor = isotonic([shifted_rate(h / n, n, -PESSIMISM) if n else 0.0 for h, n in zip(hits, seen)],
+                               [n + 1e-3 for n in seen])  # a floor rests on observations alone
 
     def _bin(self, c: float) -> int:
         return min(int(c * len(self.centres)), len(self.centres) - 1)
@@ -98,6 +113,14 @@ class ConfidenceCalibrator:
         if not 0.0 <= c <= 1.0:
             raise ValueError(f"confidence must be in [0, 1], got {c}")
         return interpolate_bins(self.centres, self._fitted, c)
+
+    def predict_lower(self, c: float) -> float:
+        """P(prefix accepted | cumulative confidence c): its lower confidence bound, from the observed
+        prefixes alone (each bin's observed rate less ``PESSIMISM`` standard errors; 0 where none was
+        observed), non-decreasing in c. Raises ValueError for c outside [0, 1]."""
+        if not 0.0 <= c <= 1.0:
+            raise ValueError(f"confidence must be in [0, 1], got {c}")
+        return interpolate_bins(self.centres, self._floor, c)
 
     def update(self, confidences: Sequence[float], accepted: int) -> None:
         """Record one verified proposal: q(x_1..x_k) of its k drafted tokens, ``accepted`` n ≤ k.

@@ -3,15 +3,18 @@
 The contract the engine drives (``Controller``), at any batch size B (a single request is B = 1):
 ``rests`` (asked once before each step: True makes it a plain step with no offers, no decision and nothing
 observed), ``decide`` (a ``StepView`` of what each drafter offers each row → a ``Decision``), ``stop_rule`` (an
-optional callable the draft model asks after each drafted column), ``observe`` (one ``StepOutcome``) and
-``select`` (finished rows leave). Nothing else is probed.
+optional callable the draft model asks after each drafted column), ``observe`` (one ``StepOutcome``),
+``account`` (every step's time and tokens, rested ones included) and ``select`` (finished rows leave).
+Nothing else is probed.
 
 ``AdaptiveController`` (SmartSpec/TurboSpec, arXiv 2406.14066; AdaSpec, arXiv 2503.05096): every drafter
 prices each row's proposal by its acceptance model (``acceptance``: the match-length table for prompt lookup
 and suffix drafting, the calibrated confidence path ĉ_j = c̄^j for the draft model) and ``goodput.best_plan``
 picks the batch-wide k and each row's drafter, down to a plain step; a draft-model row then drafts up to its
-offer and the confidence stop rule (``goodput.draft_next_column``) ends it token by token. In a run of plain
-decisions it rests (``rest.RestSchedule``) where deciding would cost more than a small share of the steps.
+offer and the confidence stop rule (``goodput.draft_next_column``) ends it token by token. With a slowdown
+``ledger`` (``policy.ledger``) every plan and every further drafted column must keep the request within
+(1 + ε) of plain decoding in its pessimistic outcome. In a run of plain decisions it rests
+(``rest.RestSchedule``) where deciding would cost more than a small share of the steps.
 ``FixedController``: always k from the first drafter, optionally stopped llama.cpp-style once a drafted
 token's q(x) < p_min (a baseline).
 """
@@ -30,6 +33,7 @@ from ..costs.table import CostTable
 from ..proposers.base import StopRule
 from .acceptance import AcceptanceModel, ConfidenceAcceptance, IIDAcceptance
 from .goodput import Offer, best_plan, draft_next_column, expected_tokens, step_time_ms
+from .ledger import SLACK_TOLERANCE_MS, Ledger
 from .rest import RestSchedule
 
 MIN_GAIN = 0.03  # a k > 0 must predict 3% more goodput than a plain step: α and the costs are estimates
@@ -111,6 +115,11 @@ class Controller(Protocol):
 
     def observe(self, outcome: StepOutcome) -> None: ...
 
+    def account(self, elapsed_ms: float, emitted: int, plain: bool, predicted_ms: float) -> None:
+        """Every step, rested ones too: its time (ms), the fewest tokens a row emitted, whether it was plain,
+        and its time as ``price`` predicted it (ms; NaN: not predicted)."""
+        ...
+
     def price(self, outcome: StepOutcome) -> float:
         """The step's predicted draft + verification time (ms) at the widths it ran, by the costs the
         last ``decide`` priced with (NaN: no cost model)."""
@@ -126,13 +135,15 @@ class AdaptiveController:
 
     ``costs_for(b)``: the ``CostTable`` at b rows; ``models[d]``: drafter d's acceptance model;
     ``paid[d]``: whether drafter d costs a draft forward (the draft model) or nothing (prompt lookup);
-    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can.
+    ``tpot_slo_ms``: a TPOT objective (ms/token) the plan and the stop rule respect where they can;
+    ``ledger``: the request's slowdown ledger (None: no bound).
     """
 
     def __init__(self, costs_for: Callable[[int], CostTable], models: Sequence[AcceptanceModel],
-                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None) -> None:
+                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None,
+                 ledger: Ledger | None = None) -> None:
         self.costs_for, self.models, self.paid = costs_for, list(models), list(paid)
-        self.min_gain, self.tpot_slo_ms = min_gain, tpot_slo_ms
+        self.min_gain, self.tpot_slo_ms, self.ledger = min_gain, tpot_slo_ms, ledger
         self.rest = RestSchedule()
         self._costs: CostTable | None = None
         self._catchup: tuple[int, ...] = ()
@@ -146,13 +157,19 @@ class AdaptiveController:
         bound (the stop rule ends it), another row its min(k, u_i)."""
         costs = self._costs = self.costs_for(view.batch)
         self._catchup = view.catchup
+        ledger = self.ledger
+        if ledger is not None and ledger.slack_ms < -SLACK_TOLERANCE_MS:  # overspent: plain until earned back
+            return Decision((0,) * view.batch, (0,) * view.batch, (math.nan,) * view.batch,
+                            1000.0 * view.batch / costs.t_verify(1))
         for d, evidence in enumerate(view.evidence):
             self.models[d].see(evidence)
         offers = [Offer(tuple(m.path(i, u) for i, u in enumerate(view.offers[d])),
                         costs.draft_ms if self.paid[d] else 0.0,
-                        view.catchup[d] * costs.draft_catchup_ms if self.paid[d] else 0.0)
+                        view.catchup[d] * costs.draft_catchup_ms if self.paid[d] else 0.0,
+                        tuple(m.floor(i, u) for i, u in enumerate(view.offers[d])) if ledger is not None else ())
                   for d, m in enumerate(self.models)]
-        plan = best_plan(offers, costs.t_verify, view.horizon, self.min_gain, self.tpot_slo_ms)
+        plan = best_plan(offers, costs.t_verify, view.horizon, self.min_gain, self.tpot_slo_ms,
+                         ledger.admits if ledger is not None else None)
         ks = tuple(0 if not plan.k else view.offers[d][i] if self.models[d].confidence_stopped
                    else min(plan.k, view.offers[d][i]) for i, d in enumerate(plan.drafters))
         alphas = tuple(self.models[d].alpha(i) for i, d in enumerate(plan.drafters))
@@ -160,17 +177,32 @@ class AdaptiveController:
 
     def stop_rule(self, drafter: int) -> StopRule | None:
         """For a confidence-stopped drafter: stop once one more column is predicted not to pay
-        (``draft_next_column`` at the last decision's batch size); None for the others."""
+        (``draft_next_column`` at the last decision's batch size) or, with a ledger, once the step with it
+        would not be admitted (its drafted rows' pessimistic tokens: ``_column_admitted``); None for the others."""
         model, costs = self.models[drafter], self._costs
         if not isinstance(model, ConfidenceAcceptance) or costs is None:
             return None
+        setup_ms = self._catchup[drafter] * costs.draft_catchup_ms
 
         def stop(j: int, confidences: Sequence[tuple[float, ...]], growing: Sequence[bool]) -> bool:
             probs = [model.drafted(c) for c in confidences]
             nxt = [model.next_prob(i, c) if g else 0.0 for i, (c, g) in enumerate(zip(confidences, growing))]
-            return not draft_next_column(probs, nxt, costs.draft_ms, costs.t_verify)
+            return not (draft_next_column(probs, nxt, costs.draft_ms, costs.t_verify)
+                        and self._column_admitted(model, costs, setup_ms, confidences, growing))
 
         return stop
+
+    def _column_admitted(self, model: ConfidenceAcceptance, costs: CostTable, setup_ms: float,
+                         confidences: Sequence[tuple[float, ...]], growing: Sequence[bool]) -> bool:
+        """Whether the ledger admits the step with one more drafted column: (j + 1) draft tokens, the
+        setup and t_verify(j + 2) against the fewest pessimistic tokens of the drafting rows (each its
+        drafted prefixes' and its next token's lower bounds). True without a ledger."""
+        if self.ledger is None:
+            return True
+        j = max(len(c) for c in confidences)
+        floors = [1.0 + sum(model.drafted(c, lower=True)) + (model.next_prob(i, c, lower=True) if g else 0.0)
+                  for i, (c, g) in enumerate(zip(confidences, growing))]
+        return self.ledger.admits((j + 1) * costs.draft_ms + setup_ms + costs.t_verify(j + 2), min(floors))
 
     def observe(self, outcome: StepOutcome) -> None:
         """A costless drafter learns on every row from its hindsight; a paid one from the rows that drafted
@@ -189,6 +221,11 @@ class AdaptiveController:
             elif not k and not outcome.hindsight:
                 for m in self.models:
                     m.observe(i, 0, 0, ())
+
+    def account(self, elapsed_ms: float, emitted: int, plain: bool, predicted_ms: float) -> None:
+        """The step booked in the ledger (nothing without one)."""
+        if self.ledger is not None:
+            self.ledger.book(elapsed_ms, emitted, plain, predicted_ms)
 
     def price(self, outcome: StepOutcome) -> float:
         if self._costs is None:
@@ -247,6 +284,9 @@ class FixedController:
         if self._costs is None:
             return math.nan
         return sum(step_ms(self._costs, (self.paid,), (0,), outcome))
+
+    def account(self, elapsed_ms: float, emitted: int, plain: bool, predicted_ms: float) -> None:
+        """Nothing: a fixed k keeps no ledger."""
 
     def observe(self, outcome: StepOutcome) -> None:
         """Each row's α (reported, not used to decide)."""

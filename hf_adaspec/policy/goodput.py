@@ -74,11 +74,13 @@ def horizon_goodput(rate: float, setup_ms: float, horizon: int) -> float:
 class Offer:
     """What one drafter offers the batch this step: ``paths[i]`` = (P_i1..P_iu) for row i, u = the most
     tokens it can draft there; ``draft_ms`` per drafted column (0 for a free drafter such as prompt
-    lookup); ``setup_ms`` one-off catch-up before it can draft."""
+    lookup); ``setup_ms`` one-off catch-up before it can draft; ``floors[i]``: lower confidence bounds of
+    ``paths[i]`` (the slowdown ledger's pessimistic outcome; empty: none accepted)."""
 
     paths: tuple[tuple[float, ...], ...]
     draft_ms: float = 0.0
     setup_ms: float = 0.0
+    floors: tuple[tuple[float, ...], ...] = ()
 
     @property
     def paid(self) -> bool:
@@ -132,8 +134,17 @@ def _row_picks(expected: Sequence[Sequence[tuple[float, ...]]], enabled: Sequenc
     return total, tuple(picks)
 
 
+def floor_tokens(offers: Sequence[Offer], picks: Sequence[int], k: int) -> float:
+    """The pessimistic tokens of a step at width k: min over rows i of 1 + Σ_{j ≤ k} floor_ij of the row's
+    drafter ``picks[i]`` (its ``Offer.floors``; none given: 0 accepted)."""
+    return min(1.0 + sum(offers[d].floors[i][:k]) if offers[d].floors else 1.0 for i, d in enumerate(picks))
+
+
+Admits = Callable[[float, float], bool]  # (step ms, pessimistic tokens) → whether the slowdown ledger allows it
+
+
 def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, min_gain: float = 0.0,
-              tpot_slo_ms: float | None = None) -> Plan:
+              tpot_slo_ms: float | None = None, admits: Admits | None = None) -> Plan:
     """The batch-wide k and per-row drafters of highest predicted goodput; k = 0 is a plain step.
 
     goodput = Σ_i E_i / (k·Σ_{paid d used} t_draft,d + t_verify(k+1)) (SmartSpec §4.2, a padded batch);
@@ -141,7 +152,9 @@ def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, m
     drafters are always enabled; each row takes its best enabled drafter. A plan must beat a plain step
     by ``min_gain`` and meet ``tpot_slo_ms`` (``select``). Ties keep the smaller k and drafter index.
     Without an SLO, a plan that could not beat a plain step even with every row's whole path accepted is
-    not assembled (the same choice, for less work on the steps that end plain).
+    not assembled (the same choice, for less work on the steps that end plain). With ``admits`` (the
+    slowdown ledger, ``policy.ledger``), a plan is a candidate only where its time with the whole setup
+    (k·t_draft + setup + t_verify(k+1)) and its ``floor_tokens`` are admitted.
     """
     rows = len(offers[0].paths)
     tv1 = t_verify_ms(1)
@@ -166,6 +179,8 @@ def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, m
                 if bar is not None and horizon_goodput(1000.0 * most / time_ms, setup_ms, horizon * rows) < bar:
                     continue  # even every row's whole path accepted would not beat a plain step by min_gain
                 tokens, picks = _row_picks(expected, enabled, k)
+                if admits is not None and not admits(time_ms + setup_ms, floor_tokens(offers, picks, k)):
+                    continue
                 rate = horizon_goodput(1000.0 * tokens / time_ms, setup_ms, horizon * rows)
                 others.append(Plan(k, picks, rate, time_ms * rows / tokens))
     return select(plain, others, min_gain, tpot_slo_ms)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .confidence import isotonic
+from .confidence import PESSIMISM, isotonic, shifted_rate
 
 # bucket b holds match lengths in [EDGES[b], EDGES[b+1]); the last is open
 EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -54,17 +54,22 @@ class MatchTable:
         seen takes its neighbours' rate where its prior would break the order, and cannot drag them."""
         rates = [(self.start * self.strength + s) / (self.strength + t) for s, t in zip(self.successes, self.trials,
                                                                                         strict=True)]
-        self.rates = isotonic(rates, [t + 1e-3 for t in self.trials])
+        weights = [t + 1e-3 for t in self.trials]
+        self.rates = isotonic(rates, weights)
+        self.floors = isotonic([shifted_rate(s / t, t, -PESSIMISM) if t else 0.0  # observations alone
+                                for s, t in zip(self.successes, self.trials, strict=True)], weights)
 
     def alpha(self, m: int) -> float:
         """Per-token acceptance at match length m."""
         return self.rates[bucket(max(1, m))]
 
-    def path(self, m: int, upper: int) -> tuple[float, ...]:
-        """(P_1..P_upper) of a proposal made at match length m: P_j = Π_{u≤j} α(m + u − 1)."""
+    def path(self, m: int, upper: int, lower: bool = False) -> tuple[float, ...]:
+        """(P_1..P_upper) of a proposal made at match length m: P_j = Π_{u≤j} α(m + u − 1); with ``lower``,
+        each α its lower confidence bound (``PESSIMISM`` standard errors below the rate)."""
+        rates = self.floors if lower else self.rates
         out, p = [], 1.0
         for u in range(upper):
-            p *= self.alpha(m + u)
+            p *= rates[bucket(max(1, m + u))]
             out.append(p)
         return tuple(out)
 
@@ -115,6 +120,10 @@ class MatchAcceptance:
 
     def path(self, i: int, upper: int) -> tuple[float, ...]:
         return self.table.path(self.matches[i], upper)
+
+    def floor(self, i: int, upper: int) -> tuple[float, ...]:
+        """Lower confidence bounds of row i's (P_1..P_upper)."""
+        return self.table.path(self.matches[i], upper, lower=True)
 
     def alpha(self, i: int) -> float:
         return self.table.alpha(self.matches[i])

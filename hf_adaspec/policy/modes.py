@@ -7,8 +7,8 @@ for a run from a ``DrafterContext``, and how the adaptive controller prices its 
 
 - "adaptive": with a draft model, the draft model (priced and stopped by its calibrated confidence, AdaSpec
   arXiv 2503.05096), prompt lookup and suffix drafting (each priced by its match length, learned by
-  hindsight every step: ``match``) compete every step with a plain step (``AdaptiveController``); without
-  one, prompt lookup and suffix drafting.
+  hindsight every step: ``match``) compete every step with a plain step (``AdaptiveController``), within the
+  request's slowdown ledger (``ledger``, ε = ``max_slowdown``); without one, prompt lookup and suffix drafting.
 - "fixed": always ``num_speculative_tokens`` from the draft model, else prompt lookup, optionally stopped at
   ``draft_p_min`` (a baseline).
 - With a draft head (``assistant_model=hf_adaspec.load_head(path, target)``, EAGLE-3) in place of a draft
@@ -36,6 +36,7 @@ from ..proposers.draft_head import DraftHeadProposer
 from .acceptance import AcceptanceModel, ConfidenceAcceptance
 from .confidence import CalibratorMemory
 from .controller import AdaptiveController, Controller, FixedController
+from .ledger import Ledger
 from .match import MatchAcceptance, MatchMemory
 
 
@@ -148,8 +149,9 @@ class PolicyInputs:
 
 def _adaptive(inputs: PolicyInputs) -> Controller:
     models = [spec.acceptance(inputs.batch, inputs.learned, key) for spec, key in inputs.drafters]
+    ledger = Ledger(inputs.config.max_slowdown, inputs.costs_for(inputs.batch).t_verify(1))
     return AdaptiveController(inputs.costs_for, models, [spec.paid for spec, _ in inputs.drafters],
-                              tpot_slo_ms=inputs.config.tpot_slo_ms)
+                              tpot_slo_ms=inputs.config.tpot_slo_ms, ledger=ledger)
 
 
 def _fixed(inputs: PolicyInputs) -> Controller:

@@ -227,7 +227,8 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
             len(t.head_next), -1), t.head_q) for t in traces], vocab.size)
     max_length = width + max(t.max_new_tokens for t in traces)
     settings = DecodeSettings(LogitsProcessorList(), _stopping(eos, max_length), max_length, False, pad,
-                              tuple(eos.tolist()), decision_ms=clock.decision_ms)
+                              tuple(eos.tolist()), decision_ms=clock.decision_ms,
+                              step_ms=StepPrices(clock, caches, head if draft_key is head else None))
     priced_by = clock.head_profile if draft_key is head else clock.profile
     table = costs_for or (lambda b, c: priced_by.cost_table(b, c, config.max_speculative_tokens + 1))
     compact = dataclasses.replace(state, suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
@@ -242,6 +243,27 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
     time_ms = _price(clock, traces, caches.made_target.log, (draft_log, head_log), result.stats)
     seed = run.seed.length if run.seed is not None else 0
     return _run(traces, method, result.stats, time_ms, seed, _matches(result.sequences, width, traces, vocab))
+
+
+class StepPrices:
+    """A replayed step's time as ``_price`` prices the request (so the slowdown ledger books the virtual
+    clock): the target, draft and head forwards logged since the last step, plus the engine's overhead of
+    a decided step or of a plain (rested) one. The target's first logged forward, the prefill, is not a step."""
+
+    def __init__(self, clock: Clock, caches: TraceCaches, head: VirtualHead | None) -> None:
+        self.clock, self.caches, self.head = clock, caches, head
+        self.seen = [1, 0, 0]  # forwards already priced per log: target (its prefill skipped), draft, head
+
+    def __call__(self, measured_ms: float, decided: bool, predicted_ms: float) -> float:
+        """(the engine's measured ms and the controller's prediction, both ignored; whether the step was
+        decided) → the step's virtual ms."""
+        made = self.caches.made_target, self.caches.made_draft
+        logs = (made[0].log if made[0] is not None else [], made[1].log if made[1] is not None else [],
+                self.head.log if self.head is not None else [])
+        prices = (self.clock.verify_ms, self.clock.draft_ms, self.clock.head_ms)
+        ms = sum(price(f) for log, price, at in zip(logs, prices, self.seen, strict=True) for f in log[at:])
+        self.seen = [len(log) for log in logs]
+        return ms + (self.clock.step_overhead_ms if decided else self.clock.plain_overhead_ms)
 
 
 def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward],
