@@ -17,7 +17,7 @@ from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.stats import SpeculationStats, StepRecord
 from hf_adaspec.replay.replay import Clock, _price, replay_request
 from hf_adaspec.replay.report import replay_all, validate
-from hf_adaspec.replay.trace import load_trace, load_traces, save_trace, trace_ids
+from hf_adaspec.replay.trace import Trace, load_trace, load_traces, save_trace, trace_ids
 from hf_adaspec.replay.virtual import TraceCache, Vocab, draft_answers, target_answers
 
 # prompt lookup pays (free) and a draft token costs a fifth of a verification
@@ -149,3 +149,13 @@ def test_a_replay_rests_where_its_clock_prices_decisions_and_prices_a_rest_as_a_
     steps = SpeculationStats(steps=[StepRecord(0, 0, 1, "plain", 0.0, 10.0, 0.5, 1.0, step=0),
                                     StepRecord(0, 0, 1, "plain", 0.0, 10.0, math.nan, math.nan, step=1, decided=False)])
     assert _price(clock, traces[2:], [], ([], []), steps) == pytest.approx(clock.prefill_ms(traces[2:]) + 2.0 + 1.0)
+
+
+def test_a_truncated_trace_is_the_same_request_asked_for_fewer_tokens():
+    trace = Trace(7, "c", 3, (1, 2, 3, 4, 5, 6, 7), (4, 5, 9, 7, 0), (0.5,) * 5, (0,), 10.0, 4, "t", "d")
+    short = trace.truncated(2)
+    assert short.tokens == (1, 2, 3, 4, 5) and short.draft_next == (4, 5, 9) and short.draft_q == (0.5,) * 3
+    assert short.new_tokens == short.max_new_tokens == 2 and short.draft_agreement() == [True]
+    assert trace.truncated(4) is trace and trace.truncated(9) is trace
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        trace.truncated(0)

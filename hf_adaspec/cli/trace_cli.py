@@ -158,6 +158,8 @@ def replay(
                                              "FOLDER`, same target): prices the head methods and the head oracle."),
     prefill: str = typer.Option("trace", help="trace: the prefill as the traces timed it; profile: priced by the "
                                 "profile (a projection onto another machine, e.g. a GPU's profile)."),
+    max_new_tokens: int | None = typer.Option(None, min=1, help="Replay each request asked for at most this many "
+                                              "tokens (its trace's first ones; default: as traced)."),
 ) -> None:
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
@@ -172,6 +174,8 @@ def replay(
     loaded = _load_profile(profile)
     heads = _load_profile(head_profile, "--head-profile") if head_profile is not None else None
     chosen, bench_runs = _select(traces, split, workload, bench)
+    if max_new_tokens is not None:
+        chosen = [t.truncated(max_new_tokens) for t in chosen]
     table = _load_table(controller_costs) if controller_costs is not None else None
     costs_for = (lambda b, c: table) if table is not None else None
     if fit_overheads:
@@ -185,7 +189,8 @@ def replay(
             "workload": workload, "batch_size": batch_size, "methods": method_list, "prompts": len(chosen),
             "head_profile": str(head_profile) if head_profile else None,
             "controller_costs": str(controller_costs) if controller_costs else "profile",
-            "step_overhead_ms": step_overhead_ms, "plain_overhead_ms": plain_overhead_ms, "prefill": prefill}
+            "step_overhead_ms": step_overhead_ms, "plain_overhead_ms": plain_overhead_ms, "prefill": prefill,
+            "max_new_tokens": max_new_tokens}
     extra = {"oracles": result.oracles, "replays": [r.summary() for r in result.replays]}
     line = {"output": str(output), "prompts": len(chosen), "all_match_traces": all(r.matches_plain for r in result.runs),
             "predicted_speedup": {m: round(summary["table"]["overall"][m]["speedup"], 3) for m in method_list}}

@@ -1,27 +1,28 @@
 """The slowdown ledger: speculation never costs a request more than a stated share over plain decoding.
 
-The bound (per request, any batch size; for B = 1 the tokens are the row's own): with T the request's
-decoding time (every step after the prefill, as the engine measured it) and N the plain steps its tokens
-would have taken, T ≤ (1 + ε)·t_1·N + t_s, where t_1 is the request's own plain step (``plain_step_ms``),
-t_s the time of the longest step the request took, and ε ``SpeculationConfig.max_slowdown``.
+The bound (per request, any batch size; for B = 1 the tokens are the row's own): with T the request's decoding
+time (every step after the prefill, as the engine measured it) and P its plain counterfactual — each plain step's
+own time, and t_1 for each plain step's worth of tokens a speculative step emitted (the fewest any row emitted),
+t_1 being the request's recent plain step (``plain_step_ms``) — T ≤ (1 + ε)·P + t_s, with t_s the time of the
+longest step the request took and ε ``SpeculationConfig.max_slowdown``. A plain step is its own counterfactual, so
+what slows every step alike (another process, a thread count tried) moves T and P together.
 
-How it is kept, by construction (conservative exploration: Wu, Shariff, Lattimore and Szepesvári,
-"Conservative Bandits", ICML 2016, §3; Kazerouni et al., "Conservative Contextual Linear Bandits", NeurIPS
-2017): the ledger books every step's realized time and the plain steps it stood for (a plain step 1; a
-speculative step the fewest tokens any row emitted), so its slack S = (1 + ε)·t_1·N − T is what the request
-may still spend beyond its plain counterfactual. A speculative action of predicted time c (draft tokens, the
-draft's catch-up, the verification) is taken only while the slack is non-negative and its pessimistic outcome
-keeps it so: S + (1 + ε)·t_1·n_lo − c ≥ 0 (``admissible``), with n_lo a lower confidence bound on the plain
-steps' worth of tokens it emits (1 + the acceptance models' ``floor`` path, ≥ 1). A step emits at least one
-token, so the slack can fall below zero only through the step just admitted, by at most that step's time; a
-plain step adds ε·t_1, so the request then decodes plainly until the slack is earned back. Exploration is
-paid from the slack alone: a drafter whose n_lo is still low (a new pair's draft) is tried once plain steps
-or other drafters' gains have earned its pessimistic cost. What speculation
-gains (tokens beyond n_lo, at less than t_1 each) widens the slack, so a drafter that pays keeps drafting, and
-what a request learns (the draft's calibration, prompt lookup's acceptance) raises the next request's n_lo.
-Where the cost model is wrong the realized times correct the slack at the next step, and predicted times are put
-on the realized clock by the median ratio of the request's realized to predicted step times (``scale``; a cost
-table measured on another machine, or under another load, still prices actions relative to each other).
+How it is kept, by construction (conservative exploration: Wu, Shariff, Lattimore and Szepesvári, "Conservative
+Bandits", ICML 2016, §3; Kazerouni et al., "Conservative Contextual Linear Bandits", NeurIPS 2017): the ledger
+books every step's realized time and its counterfactual, so its slack S = (1 + ε)·P − T is what the request may
+still spend beyond plain decoding. A speculative action of predicted time c (draft tokens, the draft's catch-up,
+the verification) is taken only while the slack is non-negative and its pessimistic outcome keeps it so: S +
+(1+ε)·t_1·n_lo − c ≥ 0 (``admissible``), with n_lo a lower confidence bound on the plain steps' worth of tokens it
+emits (1 + the acceptance models' ``floor`` path, ≥ 1). A step emits at least one token, so the slack can fall
+below zero only through the step just admitted, by at most that step's time; a plain step adds ε of its time, so
+the request then decodes plainly until the slack is earned back. Exploration is paid from the slack alone: a
+drafter whose n_lo is still low (a new pair's draft) is tried once plain steps or other drafters' gains have
+earned its pessimistic cost. What speculation gains (tokens beyond n_lo, at less than t_1 each) widens the slack,
+so a drafter that pays keeps drafting, and what a request learns (the draft's calibration, prompt lookup's
+acceptance) raises the next request's n_lo. Where the cost model is wrong the realized times correct the slack at
+the next step, and predicted times are put on the realized clock by the median ratio of the request's realized to
+predicted step times (``scale``; a cost table measured on another machine, or under another load, still prices
+actions relative to each other).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Ledger:
             raise ValueError(f"t1_ms must be a positive time in ms, got {t1_ms}")
         self.epsilon, self.seed_ms = epsilon, t1_ms
         self.spent_ms = 0.0
-        self.plain_steps = 0
+        self.counterfactual_ms = 0.0
         self._plain: deque[float] = deque(maxlen=WINDOW)
         self._ratios: deque[float] = deque(maxlen=WINDOW)
 
@@ -80,10 +81,10 @@ class Ledger:
 
     @property
     def slack_ms(self) -> float:
-        """S = (1 + ε)·t_1·N − T (ms); inf without a bound."""
+        """S = (1 + ε)·P − T (ms); inf without a bound."""
         if math.isinf(self.epsilon):
             return math.inf
-        return self.credit_ms * self.plain_steps - self.spent_ms
+        return (1.0 + self.epsilon) * self.counterfactual_ms - self.spent_ms
 
     def admits(self, cost_ms: float, floor_tokens: float) -> bool:
         """Whether an action of predicted time ``cost_ms`` (ms, the cost model's; put on the realized clock
@@ -93,15 +94,16 @@ class Ledger:
 
     def book(self, elapsed_ms: float, emitted: int, plain: bool, predicted_ms: float = math.nan) -> None:
         """One step: its time (ms), the fewest tokens a row emitted (the plain steps it stood for), whether
-        it was plain (its time then is a sample of t_1) and its predicted time (ms; NaN: not predicted).
+        it was plain (its time is then its own counterfactual and a sample of t_1; a speculative step's is
+        t_1 per plain step it stood for) and its predicted time (ms; NaN: not predicted).
 
         Raises:
             ValueError: a negative or non-finite time, or fewer than one token.
         """
         if not (math.isfinite(elapsed_ms) and elapsed_ms >= 0) or emitted < 1:
             raise ValueError(f"a step takes a finite time >= 0 and emits >= 1 token, got {elapsed_ms}, {emitted}")
+        self.counterfactual_ms += elapsed_ms if plain else self.plain_step_ms * emitted
         self.spent_ms += elapsed_ms
-        self.plain_steps += emitted
         if plain:
             self._plain.append(elapsed_ms)
         if math.isfinite(predicted_ms) and predicted_ms > 0:

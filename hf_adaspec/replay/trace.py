@@ -121,6 +121,20 @@ class Trace:
         """"tune" or "held-out" (``prompts.split_of``)."""
         return split_of(self.question_id)
 
+    def truncated(self, max_new_tokens: int) -> Trace:
+        """The same request asked for at most ``max_new_tokens`` (its first tokens, the draft's and the head's
+        answers along them); itself when it asked for no more. Raises ValueError for fewer than 1 token."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        n = min(max_new_tokens, self.new_tokens)
+        if max_new_tokens >= self.max_new_tokens:
+            return self
+        keep = n + 1  # answers after each of the n + 1 positions prompt_len - 1 .. prompt_len + n - 1
+        return dataclasses.replace(self, tokens=self.tokens[: self.prompt_len + n], max_new_tokens=max_new_tokens,
+                                   draft_next=self.draft_next[:keep] if self.draft else self.draft_next,
+                                   draft_q=self.draft_q[:keep] if self.draft else self.draft_q,
+                                   head_next=self.head_next[:keep], head_q=self.head_q[:keep])
+
 
 def trace_path(directory: Path, question_id: int) -> Path:
     return directory / f"{question_id}.json"
