@@ -97,6 +97,9 @@ class PlainController:
     def account(self, elapsed_ms, emitted, plain, predicted_ms):
         pass
 
+    def may_explore(self):
+        return True
+
     def price(self, outcome):
         return float("nan")
 

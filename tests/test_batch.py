@@ -90,6 +90,9 @@ class _AlternatingController:
     def account(self, elapsed_ms, emitted, plain, predicted_ms):
         pass
 
+    def may_explore(self):
+        return True
+
     def price(self, outcome):
         return math.nan
 

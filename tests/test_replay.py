@@ -159,3 +159,14 @@ def test_a_truncated_trace_is_the_same_request_asked_for_fewer_tokens():
     assert trace.truncated(4) is trace and trace.truncated(9) is trace
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         trace.truncated(0)
+
+
+def test_a_beside_run_is_read_as_a_bench_of_plain_and_adaptive(tmp_path):
+    """`replay --bench` takes `llama_cpp_prompts.py --beside`'s rows (a column per method) as runs."""
+    from hf_adaspec.cli.trace_cli import _bench_runs
+
+    path = tmp_path / "beside.json"
+    path.write_text(json.dumps({"runs": [{"question_id": 81, "category": "writing", "plain": 10.0, "plain-again": 9.0,
+                                          "adaptive": 12.0, "llama.cpp plain": 11.0}]}))
+    assert _bench_runs(path) == [{"question_id": 81, "method": "plain", "tokens_per_s": 10.0},
+                                 {"question_id": 81, "method": "adaptive", "tokens_per_s": 12.0}]

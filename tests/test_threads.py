@@ -3,6 +3,8 @@ it tries the other, and that generate hands torch's count back."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -45,6 +47,15 @@ def test_one_thread_takes_over_when_the_machine_is_loaded_and_hands_back_when_it
     assert chooser.best == 2 and picks[-10:] == [2] * 10
 
 
+def test_a_try_waits_while_the_request_cannot_pay_for_it():
+    """``pick(explore=False)`` (the slowdown ledger's slack short of a step): the due try neither starts nor
+    goes on; it starts once exploring is allowed again."""
+    chooser = ThreadChooser((2, 1))
+    assert [chooser.pick(explore=False) for _ in range(3 * EXPLORE_FIRST)] == [2] * (3 * EXPLORE_FIRST)
+    assert chooser.pick() == 1  # due since EXPLORE_FIRST steps: the try starts now
+    assert chooser.pick(explore=False) == 2  # and stops as soon as the slack is short again
+
+
 def test_one_candidate_never_explores_and_bad_times_are_ignored():
     chooser = ThreadChooser.for_threads(1)
     assert chooser.counts == (1,) and set(_run(chooser, 300, {1: 50.0})) == {1}
@@ -71,7 +82,8 @@ def test_generate_picks_threads_per_step_and_hands_torchs_count_back(models, one
     state = SpeculationState(threads=ThreadChooser((2, 1)))
     prompt = torch.tensor([[5, 9, 13, 2, 7, 5, 9, 13]])
     out = target.generate(prompt, speculation="adaptive", speculation_costs=table, max_new_tokens=40, do_sample=False,
-                          speculation_state=state, return_dict_in_generate=True)
+                          speculation_state=state, return_dict_in_generate=True,
+                          max_slowdown=math.inf)  # a try from the 9th step (with the bound it waits for slack)
     assert torch.get_num_threads() == before
     assert set(state.threads.seen) == {2, 1} and sum(state.threads.seen.values()) == len(out.speculation.steps)
     fixed = SpeculationState(threads=ThreadChooser((2, 1)))

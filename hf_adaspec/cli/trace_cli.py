@@ -98,12 +98,15 @@ def _load_head(folder: str, target):
 
 
 def _bench_runs(bench: Path) -> list[dict]:
-    """The runs of a bench JSON; a usage error of ``--bench`` when it is missing or not one."""
-    fix = "give the JSON that `hf-adaspec bench --output` wrote"
+    """The runs of a bench JSON, or of ``benchmarks/llama_cpp_prompts.py --beside`` (a row per prompt, a column
+    per method: made a run per method); a usage error of ``--bench`` when it is missing or neither."""
+    fix = "give the JSON that `hf-adaspec bench --output` or `llama_cpp_prompts.py --beside` wrote"
     if not bench.is_file():
         raise typer.BadParameter(f"no file at {bench}; {fix}", param_hint="--bench")
     try:
         runs = json.loads(bench.read_text())["runs"]
+        runs = [{"question_id": r["question_id"], "method": m, "tokens_per_s": r[m]} for r in runs
+                for m in ("plain", "adaptive") if m in r] if runs and "method" not in runs[0] else runs
         if not runs or not all({"question_id", "method", "tokens_per_s"} <= set(r) for r in runs):
             raise ValueError("its runs lack question_id, method or tokens_per_s")
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -144,8 +147,9 @@ def replay(
     split: str = typer.Option("all", help="tune (even question ids) | held-out (odd) | all."),
     workload: str = typer.Option("all", help="Workload name the traces were taken with (e.g. spec_bench, code)."),
     batch_size: int = typer.Option(1, min=1, help="Rows per replayed request (static batches, in trace order)."),
-    bench: Path | None = typer.Option(None, help="A bench JSON: replay its prompts in its order and report the "
-                                      "error of each predicted speedup against the measured one."),
+    bench: Path | None = typer.Option(None, help="A bench JSON (or llama_cpp_prompts.py --beside's): replay its "
+                                      "prompts in its order and report the error of each predicted speedup against "
+                                      "the measured one."),
     controller_costs: Path | None = typer.Option(None, help="CostTable JSON the controller decides with (default: "
                                                  "the profile, as the engine uses one); e.g. the calibration a bench "
                                                  "ran with, from <cache>/costs/."),

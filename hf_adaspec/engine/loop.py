@@ -226,7 +226,7 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         current, rest, mark = rows.current(), parts.controller.rests(), time.perf_counter()
         offers, view, decision = ((), None, Decision.plain(len(rows.active))) if rest else _decide(rows, current, parts)
         decision_s = time.perf_counter() - mark  # decide
-        threads = _set_threads(settings.threads)
+        threads = _set_threads(settings.threads, parts.controller.may_explore())
         t0 = time.perf_counter()
         proposals = _propose(parts, current, offers, decision)  # propose
         t1 = time.perf_counter()
@@ -262,7 +262,8 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
             stats.steps.append(record)
             _stream(settings, rows.views[i][lengths[s]:], record)
         emitted = min(rows.views[i].shape[0] - lengths[s] for s, i in enumerate(rows.active))
-        last = _account(parts.controller, settings, last, (not rest, predicted_ms), emitted, not any(ks))
+        tried = threads is not None and threads != settings.threads.best  # a thread count tried: not a plain step
+        last = _account(parts.controller, settings, last, (not rest, predicted_ms), emitted, not any(ks) and not tried)
         _leave(parts, rows, finished)
         step += 1
     if settings.streamer is not None:
@@ -290,11 +291,12 @@ def _account(controller: Controller, settings: DecodeSettings, last: float, how:
     return mark
 
 
-def _set_threads(chooser: ThreadChooser | None) -> int | None:
-    """Set torch's thread count for the next step as ``chooser`` picks it (None: no chooser, left as set)."""
+def _set_threads(chooser: ThreadChooser | None, explore: bool) -> int | None:
+    """Set torch's thread count for the next step as ``chooser`` picks it (trying another count only where
+    ``explore``; None: no chooser, left as set)."""
     if chooser is None:
         return None
-    count = chooser.pick()
+    count = chooser.pick(explore)
     if count != torch.get_num_threads():
         torch.set_num_threads(count)
     return count

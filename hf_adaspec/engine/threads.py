@@ -7,7 +7,8 @@ faster than all of them. A cost profile, measured once, cannot say which holds n
 ``ThreadChooser`` keeps, per candidate count (the process's count when the chooser was made, and 1), a
 running mean of log(realized / predicted) step time, the prediction being the controller's price of the
 step as it ran, so steps of any width compare. It runs the candidate with the lower mean and, every
-``EXPLORE_EVERY`` steps (the first time after ``EXPLORE_FIRST``), ``EXPLORE_STEPS`` steps on the other. One
+``EXPLORE_EVERY`` steps (the first time after ``EXPLORE_FIRST``), ``EXPLORE_STEPS`` steps on the other, where the
+request can pay for them (``pick(explore=...)``: the slowdown ledger's slack covers a step more). One
 chooser per model lives in its ``SpeculationState``, across requests; ``generate`` restores torch's count
 when a request ends.
 """
@@ -52,15 +53,18 @@ class ThreadChooser:
         timed = [c for c in self.counts if self.seen.get(c)]
         return min(timed, key=lambda c: self.means[c]) if timed else self.counts[0]
 
-    def pick(self) -> int:
-        """The count for the next step: the best, or the other one during a try."""
+    def pick(self, explore: bool = True) -> int:
+        """The count for the next step: the best, or the other one during a try; with ``explore`` False no
+        try starts or goes on (the request cannot pay for one now), and a due try waits."""
         best = self.best
         others = [c for c in self.counts if c != best]
         if not others:
             return best
         other = min(others, key=lambda c: self.seen.get(c, 0))
         due = EXPLORE_FIRST if not self.seen.get(other) else EXPLORE_EVERY
-        if not self.trying and self.since >= due:
+        if not explore:
+            self.trying = 0
+        elif not self.trying and self.since >= due:
             self.trying, self.since = EXPLORE_STEPS, 0
         if self.trying:
             self.trying -= 1

@@ -116,8 +116,12 @@ class Controller(Protocol):
     def observe(self, outcome: StepOutcome) -> None: ...
 
     def account(self, elapsed_ms: float, emitted: int, plain: bool, predicted_ms: float) -> None:
-        """Every step, rested ones too: its time (ms), the fewest tokens a row emitted, whether it was plain,
-        and its time as ``price`` predicted it (ms; NaN: not predicted)."""
+        """Every step, rested ones too: its time (ms), the fewest tokens a row emitted, whether it was a plain
+        step as plain decoding runs it, and its time as ``price`` predicted it (ms; NaN: not predicted)."""
+        ...
+
+    def may_explore(self) -> bool:
+        """Whether the request can pay for one step tried outside the plan (a thread count) now."""
         ...
 
     def price(self, outcome: StepOutcome) -> float:
@@ -227,6 +231,11 @@ class AdaptiveController:
         if self.ledger is not None:
             self.ledger.book(elapsed_ms, emitted, plain, predicted_ms)
 
+    def may_explore(self) -> bool:
+        """Without a ledger always; with one, while its slack covers one more plain step (a try of another
+        thread count is booked against the plain counterfactual, at up to about twice a step)."""
+        return self.ledger is None or self.ledger.slack_ms >= self.ledger.plain_step_ms
+
     def price(self, outcome: StepOutcome) -> float:
         if self._costs is None:
             return math.nan
@@ -287,6 +296,10 @@ class FixedController:
 
     def account(self, elapsed_ms: float, emitted: int, plain: bool, predicted_ms: float) -> None:
         """Nothing: a fixed k keeps no ledger."""
+
+    def may_explore(self) -> bool:
+        """Always: a fixed k keeps no ledger."""
+        return True
 
     def observe(self, outcome: StepOutcome) -> None:
         """Each row's α (reported, not used to decide)."""
