@@ -227,6 +227,7 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         offers, view, decision = ((), None, Decision.plain(len(rows.active))) if rest else _decide(rows, current, parts)
         decision_s = time.perf_counter() - mark  # decide
         threads = _set_threads(settings.threads, parts.controller.may_explore())
+        tried = threads is not None and threads != settings.threads.best  # a thread count tried: not a plain step
         t0 = time.perf_counter()
         proposals = _propose(parts, current, offers, decision)  # propose
         t1 = time.perf_counter()
@@ -262,7 +263,6 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
             stats.steps.append(record)
             _stream(settings, rows.views[i][lengths[s]:], record)
         emitted = min(rows.views[i].shape[0] - lengths[s] for s, i in enumerate(rows.active))
-        tried = threads is not None and threads != settings.threads.best  # a thread count tried: not a plain step
         last = _account(parts.controller, settings, last, (not rest, predicted_ms), emitted, not any(ks) and not tried)
         _leave(parts, rows, finished)
         step += 1
