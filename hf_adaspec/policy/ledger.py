@@ -63,16 +63,17 @@ class Ledger:
         self.counterfactual_ms = 0.0
         self._plain: deque[float] = deque(maxlen=WINDOW)
         self._ratios: deque[float] = deque(maxlen=WINDOW)
+        self._t1_ms, self._scale = math.nan, 1.0  # the medians, taken once per booked step (best_plan asks often)
 
     @property
     def scale(self) -> float:
         """Realized over predicted step time: the median over the request's last steps (1 before any)."""
-        return statistics.median(self._ratios) if self._ratios else 1.0
+        return self._scale
 
     @property
     def plain_step_ms(self) -> float:
         """t_1 (ms): the median of the request's last plain steps as booked, else the cost model's (scaled)."""
-        return statistics.median(self._plain) if self._plain else self.seed_ms * self.scale
+        return self._t1_ms if self._plain else self.seed_ms * self._scale
 
     @property
     def credit_ms(self) -> float:
@@ -106,5 +107,7 @@ class Ledger:
         self.spent_ms += elapsed_ms
         if plain:
             self._plain.append(elapsed_ms)
+            self._t1_ms = statistics.median(self._plain)
         if math.isfinite(predicted_ms) and predicted_ms > 0:
             self._ratios.append(elapsed_ms / predicted_ms)
+            self._scale = statistics.median(self._ratios)
