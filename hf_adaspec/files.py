@@ -9,7 +9,7 @@ mtime at which it was hashed — and ``check_files`` trusts an entry only while 
 a file whose size differs fails at once; one whose mtime changed is hashed again (so a check costs a
 ``stat`` per file until something touches the file). That cheap check misses bytes changed with size and
 mtime kept (bit rot, a backup restored with its timestamps): ``full=True`` hashes every file (what
-``hf-adaspec verify`` and ``load(..., verify=True)`` do). JSON documents carry their own ``digest`` (the
+``hf-adaspec check-files`` and ``load(..., verify=True)`` do). JSON documents carry their own ``digest`` (the
 SHA-256 of the rest of the document), checked in full at every read (``read_json_verified``).
 """
 

@@ -1,6 +1,6 @@
 """``hf-adaspec`` command line: ``generate`` (stream text, then one stats line), ``bench``, ``profile`` (cost
-profile of a model pair) and ``playground``; ``trace``, ``replay``, ``export-vllm`` and ``verify`` live in modules
-of their own. Bad input is a usage error: one ``Error:`` line naming the fix, exit code 2, no traceback."""
+profile of a model pair) and ``playground``; ``trace``, ``replay``, ``export-vllm`` and ``check-files`` live in
+modules of their own. Bad input is a usage error: one ``Error:`` line naming the fix, exit code 2, no traceback."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..bench.prompts import SPLITS, Prompt, load_prompts
 from ..config import SPECULATION_MODES
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from . import export_cli, profile_cli, trace_cli, train_head_cli, verify
+from . import check_files_cli, export_cli, profile_cli, trace_cli, train_head_cli
 from .checks import check_output, check_prompts_file, parse_methods, parse_sizes, usage_errors
 from .pair import QUANTIZATION_HELP, load_pair as _load_pair
 
@@ -30,7 +30,8 @@ SPEC_BENCH = trace_cli.SPEC_BENCH  # the packaged Spec-Bench subset (hf_adaspec/
 app.command()(trace_cli.trace)
 app.command()(trace_cli.replay)
 app.command("export-vllm")(export_cli.export_vllm)
-app.command()(verify.verify)
+app.command("check-files")(check_files_cli.check_files)
+app.command(hidden=True)(check_files_cli.verify)  # the old name, for one release (check_files_cli.RENAMED)
 app.command()(profile_cli.profile)
 app.command("train-head")(train_head_cli.train_head)
 

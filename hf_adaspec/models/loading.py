@@ -228,7 +228,7 @@ def load(
     output head for the draft"); without it, "auto" measures the chosen format with its head quantized too and
     loads that where it is faster within the quality tolerance (``format_choice.keep_head``). ``verify``: hash
     every file of the cache entries used (dense copy, assembled GGUF) against its stamp instead of trusting an
-    unchanged size and mtime (``hf-adaspec verify`` checks the whole cache); an entry that fails is rebuilt.
+    unchanged size and mtime (``hf-adaspec check-files`` checks the whole cache); an entry that fails is rebuilt.
 
     Raises:
         ValueError: unknown quantization or dtype, a format not for ``device``; an unknown model id while the

@@ -1,4 +1,4 @@
-"""``hf-adaspec verify``: a full check of every entry in hf-adaspec's cache, each failure with its fix.
+"""``hf-adaspec check-files``: a full check of every entry in hf-adaspec's cache, each failure with its fix.
 
 Design: a load trusts a cache entry by a cheap check (per file its size, and its SHA-256 again only when
 its mtime moved: ``files.check_files``), which misses bytes changed with size and mtime kept (bit rot, a
@@ -7,7 +7,8 @@ backup restored with its timestamps). This walks the cache (``$HF_ADASPEC_CACHE`
 folders (``dense/``) by every file's SHA-256 against their stamps, cost tables (``costs/``) and profiles
 (``profiles/``) by their digests and values, as every use reads them. Temporaries of writers
 (``<name>.tmp-<pid>-<random>``) are not entries (the next load removes those of dead writers), nor are
-the ``.stamp`` sidecars (checked with their file). Registered on the CLI's app by ``cli``.
+the ``.stamp`` sidecars (checked with their file). Registered on the CLI's app by ``cli``, with ``verify``,
+the command's old name, as a hidden alias for one release ("verify" reads as speculative verification).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def check_entry(kind: str, path: Path) -> EntryCheck:
     return EntryCheck(kind, path, problem, fix if problem else None)
 
 
-def verify_cache(root: Path, on_entry: Callable[[EntryCheck], None] | None = None) -> list[EntryCheck]:
+def check_cache(root: Path, on_entry: Callable[[EntryCheck], None] | None = None) -> list[EntryCheck]:
     """Check every entry under ``root`` in full (``check_entry``), calling ``on_entry`` after each."""
     checks = []
     for kind, path in entries(root):
@@ -108,19 +109,27 @@ def verify_cache(root: Path, on_entry: Callable[[EntryCheck], None] | None = Non
     return checks
 
 
-def verify(
-    cache: Path | None = typer.Option(None, help="Cache folder (default: $HF_ADASPEC_CACHE or ~/.cache/hf-adaspec)."),
-) -> None:
+CACHE_OPTION = typer.Option(None, help="Cache folder (default: $HF_ADASPEC_CACHE or ~/.cache/hf-adaspec).")
+RENAMED = "hf-adaspec verify is now hf-adaspec check-files; the old name goes in the next release"
+
+
+def check_files(cache: Path | None = CACHE_OPTION) -> None:
     """Check every cache entry in full (the SHA-256 of every model file, the digest of every cost table and
     profile); one line per entry, a failed one with its fix. Exit code 1 when any failed; last stdout line: JSON."""
     root = cache or cache_dir()
     if root.exists() and not root.is_dir():
         raise typer.BadParameter(f"{root} is a file, not a cache folder; give the folder with --cache")
     if not root.is_dir():
-        typer.echo(f"no cache at {root}: nothing to verify (it is filled at the first load)")
-    checks = verify_cache(root, lambda check: typer.echo(check.line())) if root.is_dir() else []
+        typer.echo(f"no cache at {root}: nothing to check (it is filled at the first load)")
+    checks = check_cache(root, lambda check: typer.echo(check.line())) if root.is_dir() else []
     failed = [c for c in checks if not c.ok]
     typer.echo(json.dumps({"cache": str(root), "entries": len(checks), "ok": len(checks) - len(failed),
                            "failed": [{**asdict(c), "path": str(c.path)} for c in failed]}))
     if failed:
         raise typer.Exit(1)
+
+
+def verify(cache: Path | None = CACHE_OPTION) -> None:
+    """The old name of check-files, kept for one release: says so on stderr, then runs it."""
+    typer.echo(RENAMED, err=True)
+    check_files(cache)

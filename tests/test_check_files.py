@@ -1,6 +1,7 @@
-"""``hf-adaspec verify`` and ``load(..., verify=True)``: the full SHA-256 check that the cheap stat check (size
-and mtime) cannot give. A byte corrupted with the file's size and mtime kept passes the stat check and fails the
-full one, which names the fix. Temporary caches, a fake GGUF and a tiny model only (no downloads)."""
+"""``hf-adaspec check-files`` (once ``verify``, an alias for one release) and ``load(..., verify=True)``: the
+full SHA-256 check that the cheap stat check (size and mtime) cannot give. A byte corrupted with the file's size and
+mtime kept passes the stat check and fails the full one, which names the fix. Temporary caches, a fake GGUF and a
+tiny model only (no downloads)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import transformers
 from conftest import build_tiny_tokenizer
 from typer.testing import CliRunner
 
-from hf_adaspec.cli import cli
+from hf_adaspec.cli import check_files_cli, cli
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile, save_profile
 from hf_adaspec.costs.table import CostTable
@@ -68,8 +69,8 @@ def cache(tmp_path, monkeypatch, tiny_factory):
     return root, asset, gguf
 
 
-def _verify(root: Path):
-    result = CliRunner().invoke(cli.app, ["verify", "--cache", str(root)])
+def _check(root: Path, command: str = "check-files"):
+    result = CliRunner().invoke(cli.app, [command, "--cache", str(root)])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     return result, json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -81,7 +82,7 @@ def _dense(root: Path) -> Path:
 
 def test_an_intact_cache_verifies_ok_one_line_per_entry(cache):
     root, _, _ = cache
-    result, summary = _verify(root)
+    result, summary = _check(root)
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()[:-1]
     assert len(lines) == 4 and all(line.startswith("ok ") for line in lines)
@@ -89,13 +90,13 @@ def test_an_intact_cache_verifies_ok_one_line_per_entry(cache):
     assert summary == {"cache": str(root), "entries": 4, "ok": 4, "failed": []}
 
 
-def test_a_corrupted_dense_file_passes_the_stat_check_fails_verify_and_is_rebuilt_by_load_verify(cache):
+def test_a_corrupted_dense_file_passes_the_stat_check_fails_check_files_and_is_rebuilt_by_load_verify(cache):
     root, _, gguf = cache
     dense = _dense(root)
     _corrupt_keeping_size_and_mtime(dense / "model.safetensors")
     assert check_files(dense, dense / loading._DONE) is None  # the cheap check is fooled
     assert loading._dense_ok(dense)
-    result, summary = _verify(root)
+    result, summary = _check(root)
     assert result.exit_code == 1
     (failed,) = summary["failed"]
     assert failed["path"] == str(dense) and "SHA-256 differs" in failed["problem"]
@@ -105,44 +106,44 @@ def test_a_corrupted_dense_file_passes_the_stat_check_fails_verify_and_is_rebuil
     assert check_files(dense, dense / loading._DONE, full=True) is not None
     loading.load(str(gguf), quantization="none", dtype="float32", verify=True)  # the full check rebuilds it
     assert check_files(dense, dense / loading._DONE, full=True) is None
-    assert _verify(root)[0].exit_code == 0
+    assert _check(root)[0].exit_code == 0
 
 
-def test_a_corrupted_assembled_gguf_fails_verify_and_assemble_verify_reassembles_it(cache):
+def test_a_corrupted_assembled_gguf_fails_check_files_and_assemble_verify_reassembles_it(cache):
     root, asset, _ = cache
     path = root / "gguf" / asset.filename
     _corrupt_keeping_size_and_mtime(path, offset=600)
     assert assets.assemble(asset).read_bytes() != DATA  # the stat check trusts it
-    result, summary = _verify(root)
+    result, summary = _check(root)
     assert result.exit_code == 1 and [f["kind"] for f in summary["failed"]] == ["gguf"]
     assert f"rm {path} {path}.stamp" in summary["failed"][0]["fix"]
     assert assets.assemble(asset, verify=True).read_bytes() == DATA
-    assert _verify(root)[0].exit_code == 0
+    assert _check(root)[0].exit_code == 0
 
 
 @pytest.mark.parametrize(("folder", "fix"), [("costs", "calibrates the pair again"),
                                              ("profiles", "re-run `hf-adaspec profile --quick`")])
-def test_a_corrupted_cost_table_or_profile_fails_verify_naming_the_fix(cache, folder, fix):
+def test_a_corrupted_cost_table_or_profile_fails_check_files_naming_the_fix(cache, folder, fix):
     root, _, _ = cache
     (path,) = (root / folder).glob("*.json")
     text = path.read_text()
     path.write_text(text.replace("1", "7", 1))  # one digit changed: the digest no longer matches
-    result, summary = _verify(root)
+    result, summary = _check(root)
     assert result.exit_code == 1
     (failed,) = summary["failed"]
     assert failed["path"] == str(path) and "digest" in failed["problem"] and fix in failed["fix"]
     assert f"rm {path}" in failed["fix"]
 
 
-def test_missing_or_empty_cache_has_nothing_to_verify(tmp_path):
-    result, summary = _verify(tmp_path / "none")
-    assert result.exit_code == 0 and "nothing to verify" in result.stdout
+def test_missing_or_empty_cache_has_nothing_to_check(tmp_path):
+    result, summary = _check(tmp_path / "none")
+    assert result.exit_code == 0 and "nothing to check" in result.stdout
     assert summary["entries"] == 0 and summary["failed"] == []
 
 
 def test_a_file_given_as_the_cache_is_a_usage_error(tmp_path):
     (tmp_path / "f").write_text("x")
-    result = CliRunner().invoke(cli.app, ["verify", "--cache", str(tmp_path / "f")])
+    result = CliRunner().invoke(cli.app, ["check-files", "--cache", str(tmp_path / "f")])
     assert result.exit_code == 2 and "give the folder with --cache" in result.output
     assert "Traceback" not in result.output
 
@@ -150,5 +151,16 @@ def test_a_file_given_as_the_cache_is_a_usage_error(tmp_path):
 def test_temporaries_and_stamps_are_not_entries(cache):
     root, _, _ = cache
     (root / "costs" / "pair.json.tmp-999999-abcd").write_text("half")
-    _, summary = _verify(root)
+    _, summary = _check(root)
     assert summary["entries"] == 4
+
+
+def test_verify_is_an_alias_for_one_release_saying_so_on_stderr(cache):
+    root, _, _ = cache
+    old, summary = _check(root, "verify")
+    new, _ = _check(root)
+    assert old.exit_code == 0 and old.stdout == new.stdout and summary["entries"] == 4
+    assert old.stderr.strip() == check_files_cli.RENAMED and new.stderr == ""
+    assert "hf-adaspec check-files" in old.stderr and "next release" in old.stderr
+    help_text = CliRunner().invoke(cli.app, ["--help"]).stdout
+    assert "check-files" in help_text and " verify " not in help_text  # hidden from --help
