@@ -1,4 +1,6 @@
-"""``make gpu-check``: one prepared pass over what only a GPU can tell (issues 36, 43), proven on the CPU first.
+"""``make gpu-check``: one prepared pass over what only a GPU can tell, proven on the CPU first (a GPU is lent
+now and then for minutes, without network, so the pass must work the first time: correctness on CUDA, step costs
+there, whether ``adaptive`` wins there at all).
 
 ``python -m hf_adaspec.gpu_check --device cuda [--out DIR] [--budget-s 480]`` runs the steps of ``plan``
 in order, each in its own try/except, and rewrites ``gpu_check.json`` (atomically) and ``gpu_check.md`` after
@@ -23,7 +25,8 @@ within 3% of ``fixed``), never-loses (``adaptive`` with the random-weight draft 
 timed for that bar alone, with its A/A); compile-draft (the draft's step recorded after torch.compile, timed); the
 7B target's profiles with the 0.5B draft; engine (the engine's own ms per step, wall less the forwards) and
 engine-profile (where that time goes, by function); formats-7b and profile-7b-4bit (``quantized``: the 7B's 4-bit
-format chosen as ``auto`` chooses, and its profile against the issue-59 bars); compile-target
+format chosen as ``auto`` chooses, and its profile against its bars: a verification over 5 tokens at most
+``quantized.VERIFY_RATIO`` of a 1-token step, projected speed-ups ``profiles.WORKLOAD_BARS``); compile-target
 (``speed.compile_target``: the target's recorded widths compiled, against plain recordings and transformers'
 static-compiled plain); replay (``profiles``: projections on every profile, batch 1, 2, 4, 8, and per workload at
 batch 1).
@@ -183,7 +186,7 @@ def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = Fa
     _carry(check, doc["steps"])
     label = check.facts.get("gpu") or check.device
     if "device" not in doc:  # a merged run keeps the labels of the run it adds to
-        doc.update(check="hf-adaspec gpu-check (issue 36)", device=check.device, device_label=label, tiny=check.tiny,
+        doc.update(check="make gpu-check", device=check.device, device_label=label, tiny=check.tiny,
                    budget_s=budget_s)
     if not child:
         doc["provenance"] = processes.provenance()

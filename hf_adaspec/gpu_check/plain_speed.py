@@ -1,5 +1,6 @@
-"""The GPU check's steps about plain steps at transformers' compiled speed (issue 59): the target's recorded widths
-compiled (``compile_target``) and where the engine's own time per step goes (``engine_profile``).
+"""The GPU check's steps about plain steps at transformers' compiled speed (on an H200 hf-adaspec's plain step ran
+0.82–0.90x transformers' static-compiled one, 1.5B bf16): the target's recorded widths compiled (``compile_target``)
+and where the engine's own time per step goes (``engine_profile``).
 
 Design: hf-adaspec's plain step is a recorded forward plus the engine's own time; transformers' static-compiled
 plain is one compiled forward. ``compile_steps(target, TARGET_WIDTHS)`` records the target's widths after

@@ -1,7 +1,7 @@
 """The GPU check's cost profiles and the projections on them: ``profile_pair`` measures a (target, 0.5B draft)
 profile with random weights (``hf-adaspec profile --random-weights``), ``replay`` projects the speedups of
 ``adaptive`` and the other methods on every profile of the run by replaying committed CPU traces (CPU work, run
-after the GPU steps). The 7B's 4-bit profile (``quantized``) is held to the issue's projection bars here."""
+after the GPU steps). The 7B's 4-bit profile (``quantized``) is held to its projection bars here (``WORKLOAD_BARS``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The GPU check's steps about 4-bit targets (issue 59): which 4-bit format the 7B runs in, and what its steps cost.
+"""The GPU check's steps about 4-bit targets: which 4-bit format the 7B runs in, and what its steps cost (with
+bitsandbytes' NF4 an H200 verified 5 tokens of the 7B in 14.3 ms against 7.3 for 1; bf16: 8.6 and 7.4).
 
 ``formats_7b`` is ``quantization="auto"``'s probe (``models.format_choice``) on the 7B with random weights: every
 format ``auto`` tries on this device (``formats.probed_for``; one whose kernel is missing is recorded with the
@@ -7,7 +8,7 @@ measure the CPU uses (top-1 agreement with the bf16 model's greedy tokens, teach
 prompts, since random weights have no tokenizer). ``pick`` over the 4-bit formats (NF4 kept unless another
 scores ``SWITCH_MARGIN`` below it) gives the 7B's 4-bit format; ``pick`` over all, what ``auto`` would load.
 ``profile_7b_4bit`` profiles the 7B in that format with the bf16 0.5B draft recorded after ``torch.compile``
-(batch 1) and judges the issue's bars on its recorded steps at context 512: a verification over 5 tokens at
+(batch 1) and judges two bars on its recorded steps at context 512: a verification over 5 tokens at
 most ``VERIFY_RATIO`` of a 1-token step, and that step no slower than bf16's (``profile-7b-bf16``, this run).
 """
 

@@ -1,7 +1,8 @@
 """Weight layouts of the q4 kernel (``q4.c``): GGUF blocks read as they are, and dense weights quantized to Q4_K.
 
-Design (issue 56): the kernel multiplies the GGUF file's own blocks, so a model loaded from a Q4_K_M file is the
-file's model, not a requantization of it. Every kind is a superblock of 256 input features of one output row:
+Design: the kernel multiplies the GGUF file's own blocks, so a model loaded from a Q4_K_M file is the file's model,
+not a requantization of it (the 1.5B's top-1 agreement with the dense model: 0.969, requantized 0.943). Every kind is
+a superblock of 256 input features of one output row:
 
 - ``q4_k``: GGUF Q4_K (w = d·sc·q − dmin·m per group of 32, 4-bit q, 6-bit sc and m, fp16 d and dmin) with the
   12 packed bytes of 6-bit scales unpacked to 8 + 8 bytes: 148 bytes, every bit of the file kept.

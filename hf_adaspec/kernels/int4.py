@@ -1,4 +1,4 @@
-"""4-bit weights on torch's own int4 kernel: a linear layer whose matmul is ``aten._weight_int4pack_mm`` (issue 59).
+"""4-bit weights on torch's own int4 kernel: a linear layer whose matmul is ``aten._weight_int4pack_mm``.
 
 Design: on a GPU a decoding step reads every weight once, for 1 token or for the k + 1 of a verification, so a
 4-bit weight should cost a quarter of bf16's bytes at any of those widths. bitsandbytes' NF4 does not: its

@@ -1,4 +1,5 @@
-/* The small operations of a decoder layer around its matrix products, one foreign call each (issue 56).
+/* The small operations of a decoder layer around its matrix products, one foreign call each (a q4 1.5B's
+1-token step spent 13.5 of its 60 ms outside the kernel, RMSNorm 3.0 of it).
 
 rms_norm: y = w * (x * rsqrt(mean(x^2) + eps)) per row (Zhang & Sennrich 2019, eq. 4), rounded as transformers'
 Llama-family RMSNorm rounds it: x in float32, the mean of squares and the scaling in float32, the normalized row

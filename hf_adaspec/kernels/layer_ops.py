@@ -1,9 +1,10 @@
 """The small operations of a decoder layer around its matrix products, in C (``layer_ops.c``): RMSNorm, and the
 rotary position embedding applied while a fused query/key/value output is split into heads.
 
-Design (issue 56): once its matrix products stream at the memory's speed, a q4 model's 1-token forward on a CPU is
+Design: once its matrix products stream at the memory's speed, a q4 model's 1-token forward on a CPU is
 paced by what runs outside them: tensor operations of microseconds each and the Python around them. transformers'
-RMSNorm is seven of them per call, twice per layer, and its rotary embedding fourteen. ``RMSNorm`` computes the
+RMSNorm is seven of them per call, twice per layer, and its rotary embedding fourteen (a profile of the q4
+1.5B's 1-token step: 13.5 of 60 ms outside the kernel). ``RMSNorm`` computes the
 Llama family's formula in one foreign call with the same rounding (``layer_ops.c``); ``rope_split`` splits a fused
 query/key/value output into heads and rotates the queries and keys in one call, to the bit as transformers does.
 The library is built on first use like the q4 kernel (``cbuild``) and shares torch's OpenMP runtime. Nothing is

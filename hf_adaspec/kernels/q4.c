@@ -7,17 +7,17 @@ llama.cpp's Q8_0, 8 blocks side by side). Every value of the file is kept; only 
 (``blocks.py`` writes these layouts). Activations are quantized per 256 features to int8 with one float scale dx
 (x = qx * dx) and the sums of qx per group of 32 (xblock, llama.cpp's Q8_K in our order).
 
-The order (issue 44's, kept): in each 32-byte vector j (j = 0..7) of a superblock, 4-byte lane l holds elements
-4j .. 4j + 3 of group l (group = 32 features), for weights and activations alike. _mm256_maddubs_epi16 of a weight
-vector with an activation vector leaves group l's partial sums in int16 lanes 2l, 2l + 1, so the products of
-several vectors add up lane by lane in int16 and one _mm256_madd_epi16 with the groups' scales (int16, lane pair l
-= group l's) finishes a superblock: per activation row, Q4K costs 8 maddubs and 1 madd per 256 weights (the
-natural order needs a madd per 32). Q4K's 4-bit codes times int8 sum to at most 8 * 2 * 15 * 127 = 30480 over the
-8 vectors; Q6K's codes are made signed (q - 32, |q - 32| <= 32) and multiplied by the sign trick (|w| times x
-with w's sign), 4 vectors (the first or second 16 of each group of 32) summing to at most 4 * 2 * 32 * 127 =
-32512, one madd with the even and one with the odd 16-group scales; Q80 (|w| <= 128) takes a madd per vector.
-A superblock's dot product is then integer sums times one float: dx * (d * sum_g sc_g * S_g - dmin * sum_g m_g *
-X_g) for Q4K (X_g the activations' group sum), dx * d * sum sc * S for Q6K, dx * sum_g d_g * S_g for Q80.
+The order (ours, not the file's: it saves the madds counted below): in each 32-byte vector j (j = 0..7) of a
+superblock, 4-byte lane l holds elements 4j .. 4j + 3 of group l (group = 32 features), for weights and activations
+alike. _mm256_maddubs_epi16 of a weight vector with an activation vector leaves group l's partial sums in int16 lanes
+2l, 2l + 1, so the products of several vectors add up lane by lane in int16 and one _mm256_madd_epi16 with the groups'
+scales (int16, lane pair l = group l's) finishes a superblock: per activation row, Q4K costs 8 maddubs and 1 madd per
+256 weights (the natural order needs a madd per 32). Q4K's 4-bit codes times int8 sum to at most 8 * 2 * 15 * 127 =
+30480 over the 8 vectors; Q6K's codes are made signed (q - 32, |q - 32| <= 32) and multiplied by the sign trick (|w|
+times x with w's sign), 4 vectors (the first or second 16 of each group of 32) summing to at most 4 * 2 * 32 * 127 =
+32512, one madd with the even and one with the odd 16-group scales; Q80 (|w| <= 128) takes a madd per vector. A
+superblock's dot product is then integer sums times one float: dx * (d * sum_g sc_g * S_g - dmin * sum_g m_g * X_g)
+for Q4K (X_g the activations' group sum), dx * d * sum sc * S for Q6K, dx * sum_g d_g * S_g for Q80.
 
 A matrix is a list of segments (consecutive output rows of one kind), so fused layers whose rows differ in kind
 (a Q4_K query beside a Q6_K value) are one call. Each weight superblock is decoded once per R <= 4 activation

@@ -1,4 +1,4 @@
-"""The 4-bit weight formats built for a GPU's small batches of rows (issue 59): their conversions and what each needs.
+"""The 4-bit weight formats built for a GPU's small batches of rows: their conversions and what each needs.
 
 Design: speculative decoding's forwards on a GPU carry 1 to k + 1 tokens per row, where a 4-bit format must keep
 a quarter of bf16's bytes at every one of those widths (bitsandbytes' NF4 does at 1 row only). Three candidates,

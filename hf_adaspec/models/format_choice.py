@@ -1,7 +1,7 @@
 """``quantization="auto"``: load the weight format that runs fastest on this machine, within a quality tolerance.
 
-Design (issue 44): which format is fastest depends on the processor (``formats``), so it is measured, never
-read from CPU flags. At the first load of a model on a machine every format in ``formats.PROBED`` made for the
+Design: which format is fastest depends on the processor (``formats``), so it is measured, never read from CPU
+flags. At the first load of a model on a machine every format in ``formats.PROBED`` made for the
 device (``formats.probed_for``) whose kernel is there (``formats.missing_kernel``) and that loads is timed: the
 median latency of a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a ``PROBE_CONTEXT``-token
 cache (a plain step and a verification; ``format_probe``). Its quality is measured beside it
@@ -10,10 +10,11 @@ divergence; the dense model is the reference and is not scored against itself). 
 top-1 agreement is at most ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not
 load); the eligible format with the least ``score`` (a plain step's ms plus a verification's ms per verified
 token) is chosen, except that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's.
-From a GGUF file whose blocks a format reads itself here (``q4`` on a CPU; issue 71), that format alone is
-loaded and timed, and not scored: it runs the file's own model (its kernel's exactness is the test suite's),
-dense weights would only rank last, and the formats that would requantize the file's dequantized weights (NF4)
-run another model and need its dense copy on disk. Where it does not load, the others are probed as above.
+From a GGUF file whose blocks a format reads itself here (``q4`` on a CPU; timing the others took a first load 155 s
+only to rank them below it), that format alone is loaded and timed, and not scored: it runs the file's own model (its
+kernel's exactness is the test suite's), dense weights would only rank last, and the formats that would requantize the
+file's dequantized weights (NF4) run another model and need its dense copy on disk. Where it does not load, the others
+are probed as above.
 Unless the caller quantizes the output head itself, the chosen format is then measured once more with its output
 head quantized too (the head over the whole vocabulary is a large share of a small model's step), and that
 variant is loaded when it is eligible and its score is ``SWITCH_MARGIN`` below the dense head's (``keep_head``).
@@ -116,7 +117,7 @@ def probe_key(name: str, source: str | Source, dtype: str, device: str, quantize
     output head is quantized, the formats there are to choose from on this device (``formats.probed_for``), the
     processor, torch's thread count and CPU kernel level, the q4 kernel's source, and library versions (those
     the formats tried need too)."""
-    probed = probed_for(device)  # a CPU's key is what it was before the GPU formats (issue 59)
+    probed = probed_for(device)  # a CPU's key is what it was before the GPU formats: its cached choices hold
     libraries = sorted({lib for f in probed for lib in FORMATS[f].libraries})
     where = source if isinstance(source, str) else str(source.gguf or source.path)
     return {"schema": SCHEMA, "model": name, "source": where, "dtype": dtype, "device": device,

@@ -1,7 +1,7 @@
 """Measuring one weight format for ``quantization="auto"`` (``format_choice``): a loaded model timed over a plain
 step and a verification, and scored against the dense model's greedy tokens (``format_quality``).
 
-Design (issue 44): a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a ``PROBE_CONTEXT``-token
+Design: a forward over 1 token and over k + 1 = ``PROBE_K`` + 1 tokens on a ``PROBE_CONTEXT``-token
 cache, ``PROBE_REPS`` of each interleaved (medians); a format whose first pair is already twice the best score
 is timed once and not scored (it cannot be chosen). ``score``: a plain step's ms plus a verification's ms per
 verified token, what ``format_choice`` ranks by.

@@ -1,4 +1,4 @@
-"""The ``q4`` format read from a GGUF file's own blocks: the file's model, not a requantization of it (issue 56).
+"""The ``q4`` format read from a GGUF file's own blocks: the file's model, not a requantization of it.
 
 Design: transformers' GGUF loader dequantizes every tensor; requantizing that to our 4-bit layout dropped two bits
 of each Q6_K tensor and moved a fifth of Q4_K's groups to another grid. Here each linear layer's GGUF tensor is
