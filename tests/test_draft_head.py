@@ -4,8 +4,8 @@ Greedy equality and lossless sampling with a head are in test_invariants.py's ma
 
 from __future__ import annotations
 
-import math
 import json
+import math
 
 import pytest
 import torch

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import build_tiny_tokenizer, save_tiny_llama
 
 import hf_adaspec
 from hf_adaspec.bench.bench import divergence_gap
@@ -12,8 +13,6 @@ from hf_adaspec.models import format_choice as fc
 from hf_adaspec.models import format_probe as fp
 from hf_adaspec.models.format_choice import FormatMeasure
 from hf_adaspec.models.formats import FORMATS, format_of, load_weights
-
-from conftest import build_tiny_tokenizer, save_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NEAR_TIE = 0.25

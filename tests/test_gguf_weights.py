@@ -121,6 +121,7 @@ def test_auto_on_a_gguf_file_q4_reads_times_q4_alone_and_loads_no_dense_weights(
     as not tried, a progress line names each stage, and q4's quantized head (the file's blocks too) is kept by time
     alone."""
     from conftest import build_tiny_tokenizer
+
     from hf_adaspec.models import format_choice as fc
 
     loads, lines, real_load = [], [], fc.load_weights
@@ -148,6 +149,7 @@ def test_auto_on_a_gguf_file_probes_every_format_where_q4_does_not_run(written, 
     """A q4 that fails (here at its first timed forward) is recorded once with its error; dense weights are then
     loaded as the quality reference and the other formats probed as on any other source."""
     from conftest import build_tiny_tokenizer
+
     from hf_adaspec.models import format_choice as fc
 
     timed = []

@@ -183,7 +183,7 @@ def test_best_plan_skips_only_plans_that_cannot_beat_plain(seed):
             offers.append(Offer(tuple(paths), rng.uniform(0.1, 8.0) if paid else 0.0,
                                 rng.choice([0.0, rng.uniform(0.0, 80.0)]) if paid else 0.0))
         verify = [rng.uniform(5.0, 15.0) for _ in range(9)]
-        args = (lambda n: verify[min(n, 9) - 1], rng.randint(1, 200), rng.choice([0.0, 0.03, 0.2]))
+        args = (lambda n, verify=verify: verify[min(n, 9) - 1], rng.randint(1, 200), rng.choice([0.0, 0.03, 0.2]))
         assert best_plan(offers, *args) == best_plan(offers, *args, tpot_slo_ms=math.inf)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList

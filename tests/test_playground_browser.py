@@ -97,7 +97,8 @@ def _shown(page, selector: str) -> bool:
         for (let a = e.parentElement; a; a = a.parentElement) {
             if (getComputedStyle(a).overflow === 'visible') continue;
             const b = a.getBoundingClientRect();
-            if (r.top < b.top - 1 || r.bottom > b.bottom + 1 || r.left < b.left - 1 || r.right > b.right + 1) return false;
+            if (r.top < b.top - 1 || r.bottom > b.bottom + 1) return false;
+            if (r.left < b.left - 1 || r.right > b.right + 1) return false;
         }
         return r.height > 0;
     })""")

@@ -33,8 +33,8 @@ from hf_adaspec.costs.profile import (
     profile_key,
     save_profile,
 )
-from hf_adaspec.costs.table import processor_name
 from hf_adaspec.files import write_json_verified
+from hf_adaspec.machine import processor_name
 from hf_adaspec.models.eagle3_format import random_head
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")

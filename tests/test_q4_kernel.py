@@ -10,7 +10,8 @@ import stat
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, dequantize as gguf_dequantize
+from gguf import GGMLQuantizationType
+from gguf import dequantize as gguf_dequantize
 
 from hf_adaspec.kernels import blocks, q4
 

@@ -19,7 +19,8 @@ from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from . import check_files_cli, export_cli, profile_cli, trace_cli, train_head_cli
 from .checks import check_output, check_prompts_file, parse_methods, parse_sizes, usage_errors
-from .pair import QUANTIZATION_HELP, load_pair as _load_pair
+from .pair import QUANTIZATION_HELP
+from .pair import load_pair as _load_pair
 
 # rich_markup_mode=None: an error is printed as one plain ``Error: ...`` line, not wrapped in a panel
 app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True,

@@ -17,7 +17,8 @@ from ..config import KV_CACHES
 from ..models.eagle3_format import load_head, random_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 from .checks import check_output, parse_sizes, usage_errors
-from .pair import QUANTIZATION_HELP, load_pair as _load_pair
+from .pair import QUANTIZATION_HELP
+from .pair import load_pair as _load_pair
 
 
 def profile(

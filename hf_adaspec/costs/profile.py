@@ -39,7 +39,7 @@ from .predictors import (
     score_predictors,
     table_predict,
 )
-from .table import CostTable, identity_key, pair_identity, processor_name
+from .table import CostTable, identity_key, pair_identity
 
 SCHEMA = 3  # the JSON layout; 3 added the digest (``files.write_json_verified``), so 1 and 2 are not trusted
 MEASUREMENT_SCHEMA = 1  # what the cells mean, part of a profile's key
@@ -302,9 +302,10 @@ def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explici
         _say_once(log, f"hf-adaspec: ignoring the cached cost profile: {e}")
         return None
     measured_on = profile.meta.get("cpu")
-    if identity["target"]["device"] == "cpu" and measured_on not in (None, processor_name()):
+    if identity["target"]["device"] == "cpu" and measured_on not in (None, machine.processor_name()):
         _say_once(log, f"hf-adaspec: warning: cost profile {path} was measured on another processor ({measured_on}; "
-                       f"this one is {processor_name()}); falling back to calibrated costs; run `hf-adaspec profile` here")
+                       f"this one is {machine.processor_name()}); falling back to calibrated costs; "
+                       "run `hf-adaspec profile` here")
         return None
     if profile.key != identity_key(identity) and draft is None and _same_target(identity, profile.identity):
         _say_once(log, f"hf-adaspec: using the target's cells of cost profile {path} (no draft model)")

@@ -47,7 +47,6 @@ import torch
 
 from .. import machine
 from ..config import KV_CACHES
-from ..costs.table import processor_name
 from ..models.formats import FORMATS, missing_kernel, probed_for
 from . import processes
 from . import steps as cs
@@ -68,7 +67,7 @@ def environment(check: Check) -> dict:
     import transformers
 
     gpu = torch.cuda.get_device_name(0) if check.device.startswith("cuda") else None
-    info = {**processes.provenance(), "device": check.device, "gpu": gpu, "cpu": processor_name(),
+    info = {**processes.provenance(), "device": check.device, "gpu": gpu, "cpu": machine.processor_name(),
             "kv_cache": check.kv_cache,
             "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if gpu else None}
     try:

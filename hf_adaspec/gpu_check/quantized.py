@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..models import format_choice as fc
-from ..models.format_quality import agreement, greedy_reference
+from ..models.format_quality import greedy_reference
 from ..models.formats import probed_for
 from .profiles import FOUR_BIT_PROFILE, profile_pair
 from .steps import BIG, Check, check_prompts, unusable
@@ -38,7 +38,7 @@ def formats_7b(check: Check) -> dict:
     prompts = [torch.tensor(p) for p in check_prompts(dense.config.vocab_size, seed=9)]
     refs = greedy_reference(dense, prompts, 8 if check.tiny else QUALITY_NEW)
     measures = [fc.measure_format("none", lambda: dense, fc.forward_ms, refs, None)[0]]
-    del dense
+    dense = None  # the loader above reads the name: the dense 7B is freed before the 4-bit formats load
     for fmt in sorted((f for f in probed_for(check.device) if f != "none"), key=lambda f: f != "nf4"):
         check.drop()  # one 7B in memory at a time
         gc.collect()

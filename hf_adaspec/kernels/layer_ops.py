@@ -27,7 +27,7 @@ _NATIVE = (torch.float32, torch.bfloat16)  # dtypes the C code reads and writes
 _WIDEST = 65536  # the widest row layer_ops.c takes (its stack copy)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library(directory: Path) -> ctypes.CDLL:
     """The loaded library (built in ``directory`` if needed). Raises KernelUnavailable as ``cbuild.build``."""
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the library then shares) is loaded first

@@ -56,7 +56,7 @@ def build(directory: Path) -> Path:
     return cbuild.build(_SOURCE, directory)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library(directory: Path) -> ctypes.CDLL:
     """The loaded kernel (built in ``directory`` if needed). Raises KernelUnavailable as ``build``."""
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
@@ -120,7 +120,7 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, kinds: torch.Tensor, rows: tor
     return y
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _isa(directory: Path, ceiling: str | None) -> int:
     """``path``'s index in ``PATHS``, the number q4_linear takes; looked up once per directory, ceiling and process
     (the environment is read at the first call)."""

@@ -81,7 +81,7 @@ def measure(layer: Q4Linear, dtype: torch.dtype) -> tuple[list[float], list[floa
         with torch.inference_mode():
             for m in ROWS:
                 x = torch.randn(m, layer.in_features, generator=gen).to(dtype)  # [M, K]
-                ways = (lambda: layer(x), lambda: layer.dense_product(x))
+                ways = (lambda x=x: layer(x), lambda x=x: layer.dense_product(x))
                 times: tuple[list[float], list[float]] = ([], [])
                 for rep in range(REPS + 1):
                     for way, out in zip(ways, times):

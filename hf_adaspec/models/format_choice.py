@@ -266,7 +266,8 @@ def _every_format(probe: _Probe, formats: tuple[str, ...], tokenizer, quality_to
             measures.append(FormatMeasure(fmt, error=reason))
             continue
         bound = next((score(m.ms_1, m.ms_k) for m in measures if m.format == best_fmt), None)
-        load = (lambda: dense) if fmt == "none" else (lambda f=fmt: probe.load(f))
+        # called in this iteration; dense read late, so that dense = None below frees the weights
+        load = (lambda: dense) if fmt == "none" else (lambda f=fmt: probe.load(f))  # noqa: B023
         probe.say(fmt)
         with _quiet("bitsandbytes"):  # bnb int8 logs its fp16 cast at every call
             measure, model = measure_format(fmt, load, probe.timer, refs, bound)

@@ -11,8 +11,8 @@ a format is only a recipe; which one loads is decided by timing on the running m
 - ``nf4``: bitsandbytes 4-bit NormalFloat, blocks of 64, compute in the model's dtype.
 - ``int8``: bitsandbytes LLM.int8().
 - ``q4``: our kernel (``kernels/q4``): block-quantized weights times activations quantized to 8 bits per 256
-  (llama.cpp's K-quants x Q8_K), integer dot products on AVX512-VNNI or AVX2 (plain C elsewhere). CPU only. A model from a GGUF
-  file keeps the file's own blocks (``gguf_weights``: Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 exact); dense weights are
+  (llama.cpp's K-quants x Q8_K), integer dot products on AVX512-VNNI or AVX2 (plain C elsewhere). CPU only. A model
+  from a GGUF file keeps the file's own blocks (``gguf_weights``: Q4_K, Q6_K, Q8_0, Q5_0, Q4_0 exact); dense weights are
   quantized to Q4_K.
 - ``none``: dense weights in the requested dtype.
 - ``int4``, ``int4-torchao``, ``gemlite``: 4-bit formats for a GPU's small batches of rows (``cuda_formats``).
@@ -126,7 +126,7 @@ def finish_q4(model: torch.nn.Module, directory: Path) -> None:
     for module in list(model.modules()):
         for names in FUSED:
             layers = [getattr(module, name, None) for name in names]
-            if all(isinstance(layer, q4.Q4Linear) for layer in layers) and len({l.in_features for l in layers}) == 1:
+            if all(isinstance(layer, q4.Q4Linear) for layer in layers) and len({layer.in_features for layer in layers}) == 1:
                 for name, piece in zip(names, fused.fuse(layers, directory)):
                     setattr(module, name, piece)
     apply(model)

@@ -77,7 +77,8 @@ def read_tensors(gguf_path: Path, config_dir: str) -> tuple[str, dict[str, Tenso
 
 
 def _readable(arch: str) -> bool:
-    """Whether ``build`` reads architecture ``arch``: one gguf names and transformers does not reshape (``_REFUSED``)."""
+    """Whether ``build`` reads architecture ``arch``: one gguf names and transformers does not reshape
+    (``_REFUSED``)."""
     import gguf
 
     return arch not in _REFUSED and arch in gguf.MODEL_ARCH_NAMES.values()

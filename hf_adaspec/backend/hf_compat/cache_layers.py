@@ -170,7 +170,8 @@ def column_cache(keys: list[torch.Tensor], values: list[torch.Tensor], columns: 
 
 
 def dynamic_cache_of(model: torch.nn.Module, keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:
-    """A ``new_cache`` of ``model`` holding copies of per-layer ``keys``/``values`` [B, H_kv, n, D] (a prefix to keep)."""
+    """A ``new_cache`` of ``model`` holding copies of per-layer ``keys``/``values`` [B, H_kv, n, D] (a prefix to
+    keep)."""
     cache = new_cache(model)
     for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
         cache.update(k.detach().clone(), v.detach().clone(), layer)
