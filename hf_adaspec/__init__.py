@@ -10,13 +10,9 @@ machine and acceptance learned online. Greedy output is the target's greedy outp
     hf_adaspec.generate_batch(model, tokenizer, prompts, draft_model=draft)  # a static batch
     model.generate(**inputs, assistant_model=hf_adaspec.load_head(path, model), speculation="adaptive")  # EAGLE-3
 
-Layers, from the bottom (each imports only those below it; ``tests/test_architecture.py`` checks):
-``files``/``config``; ``models`` (assets, loading, the EAGLE-3 head); ``backend`` (every touch of transformers
-internals, every KV cache and the one place a request's are made, the draft's prefix store); ``costs`` and
-``proposers`` (the drafters); ``policy`` (goodput, acceptance models, controllers, the registry of modes);
-``engine`` (the loop, verification, the run builder); ``api`` (``enable``, ``generate_batch``) and this
-package; around it, wings by purpose: ``bench`` and ``playground``, ``replay`` (traces, replay, the vLLM
-export), ``training`` (draft heads), and on top ``cli`` and ``gpu_check``.
+One step, the layers the folders stack in (each imports only those below it) and what each folder holds:
+ARCHITECTURE.md at the repository root, the one place the layer list is written (``tests/test_architecture.py``
+reads it and checks every import).
 """
 
 from .api.generate import TARGET_WIDTHS, SpeculativeGenerateOutput, compile_steps, enable

@@ -1,26 +1,34 @@
 """The package's layers stack: no module imports a layer above its own, and no imports form a cycle.
 
-Read from the source's AST (every import, also those inside functions), so nothing is imported to check.
-From the bottom: ``files``/``config``/``machine``/``kernels`` (our C kernels) → ``models`` (assets, loading, the
-EAGLE-3 head) → ``backend`` (transformers internals, every KV cache and where it is made, the draft prefix store) →
-``costs`` and ``proposers`` → ``policy`` → ``engine`` → the public entry (``api``, then the package's ``__init__``
-that re-exports it) → the wings around it: ``bench`` (prompts, the bench, the oracle) and ``playground`` → ``replay``
-(traces, virtual caches, replay, the vLLM export) → ``training`` (draft heads) → ``cli`` and ``gpu_check`` on top
-(nothing in the package imports either; ``gpu_check`` is not in the wheel). Folders of one layer do not import each
-other either.
+Read from the source's AST (every import, also those inside functions), so nothing is imported to check. The layers
+are read from the one place they are written: the ```layers block of ARCHITECTURE.md at the repository root (one
+layer per line, bottom first, the folders of a layer on one line; ``#`` starts a comment). Folders of one layer do
+not import each other either; ``__init__`` is the package's own ``__init__.py``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "hf_adaspec"
-LAYERS = (("files", "config", "machine", "kernels"), ("models",), ("backend",), ("costs", "proposers"), ("policy",),
-          ("engine",), ("api",), ("__init__",), ("bench", "playground"), ("replay",), ("training",),
-          ("cli", "gpu_check"))
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "hf_adaspec"
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
+
+
+def read_layers(text: str) -> tuple[tuple[str, ...], ...]:
+    """The layers of the one ```layers block in ``text`` (markdown), bottom first: per line its folders."""
+    blocks = re.findall(r"^```layers[ \t]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+    if len(blocks) != 1:
+        raise ValueError(f"ARCHITECTURE.md needs exactly one ```layers block, found {len(blocks)}")
+    layers = tuple(tuple(line.split("#", 1)[0].split()) for line in blocks[0].splitlines())
+    return tuple(layer for layer in layers if layer)
+
+
+LAYERS = read_layers(ARCHITECTURE.read_text())
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
 
@@ -75,7 +83,26 @@ def _graph() -> dict[str, list[tuple[str, int]]]:
 
 
 def test_every_folder_has_a_layer():
-    assert {_layer(m) for m in _modules()} <= set(RANK), "a new folder needs a place in LAYERS"
+    assert {_layer(m) for m in _modules()} <= set(RANK), "a new folder needs a place in ARCHITECTURE.md's layers"
+
+
+def test_every_layer_names_a_folder_once():
+    names = [part for parts in LAYERS for part in parts]
+    assert len(names) == len(set(names)), f"a folder in two layers: {names}"
+    assert set(names) <= {_layer(m) for m in _modules()}, "ARCHITECTURE.md's layers name a folder that is gone"
+
+
+def test_the_layers_block_is_read_bottom_first_without_comments():
+    text = "# A\n\n```layers\nfiles config  # the bottom\n\nmodels\n```\n\n```\nnot layers\n```\n"
+    assert read_layers(text) == (("files", "config"), ("models",))
+    with pytest.raises(ValueError, match="exactly one"):
+        read_layers(text + text)
+
+
+def test_readme_and_the_package_docstring_point_to_architecture_md():
+    readme = (ROOT / "README.md").read_text()
+    package_doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text()))
+    assert "ARCHITECTURE.md" in readme and "ARCHITECTURE.md" in package_doc
 
 
 def _upward(graph: dict[str, list[tuple[str, int]]]) -> list[str]:
