@@ -23,7 +23,8 @@ from conftest import left_padded
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
-from hf_adaspec.backend import graphs, static_kv
+from hf_adaspec.backend import arenas, graphs, static_kv
+from hf_adaspec.backend.arenas import arenas_of
 from hf_adaspec.backend.capture_check import CaptureUnsafe, refusing_host_reads
 from hf_adaspec.backend.head_kv import COLUMN
 
@@ -57,7 +58,7 @@ def as_on_a_gpu(monkeypatch):
     """Arenas pad to bucket widths and record them at opening, as on a GPU; each capture runs checked; the
     failures said so far are forgotten (each test sees its own line)."""
     monkeypatch.setattr(static_kv, "PAD_DEVICES", frozenset({"cpu"}))
-    monkeypatch.setattr(static_kv, "capture_for", lambda device: graphs.Rerun(check=True))
+    monkeypatch.setattr(arenas, "capture_for", lambda device: graphs.Rerun(check=True))
     _forget_failures(monkeypatch)
 
 
@@ -88,7 +89,7 @@ def test_every_recorded_width_and_the_drafts_token_pass_the_capture_check(as_on_
         out = _generate(target, draft, "static", sample)
         assert any(s.drafter == "draft_model" and s.k > 0 for s in out.speculation.steps)
     for model in (target, draft):
-        records = static_kv.capture_records(model)
+        records = arenas_of(model).records()
         graph_width = max(r.width for r in records)
         assert {r.width for r in records} == set(static_kv.width_buckets(graph_width)) and graph_width > 1
         assert {r.batch for r in records} == {2} and not _unsafe(records)
@@ -98,12 +99,12 @@ def test_every_recorded_width_and_the_drafts_token_pass_the_capture_check(as_on_
 def test_the_heads_column_and_the_targets_feature_widths_pass_the_capture_check(as_on_a_gpu, models, tiny_head,
                                                                                    capsys):
     target = models["target"]
-    static_kv.drop_arenas(target)
-    static_kv.drop_arenas(tiny_head)
+    arenas_of(target).drop()
+    arenas_of(tiny_head).drop()
     for sample in (False, True):
         out = _generate(target, tiny_head, "static", sample)
         assert any(s.drafter == "draft_head" and s.k > 1 for s in out.speculation.steps)
-    head_records, target_records = static_kv.capture_records(tiny_head), static_kv.capture_records(target)
+    head_records, target_records = arenas_of(tiny_head).records(), arenas_of(target).records()
     assert {(r.width, r.layers) for r in head_records} == {COLUMN} and not _unsafe(head_records)
     assert {r.layers for r in target_records} == {tiny_head.config.aux_layers} and not _unsafe(target_records)
     assert "hf-adaspec" not in capsys.readouterr().err
@@ -135,9 +136,9 @@ def test_a_host_read_in_a_recorded_step_is_refused_and_the_request_runs_eagerly(
     target.register_forward_pre_hook(hook, with_kwargs=True)
     expected = _generate(target, draft, "dynamic", False).sequences
     assert torch.equal(_generate(target, draft, "static", False).sequences, expected)
-    records = static_kv.capture_records(target)
+    records = arenas_of(target).records()
     assert records and all(refused in r.error and not r.kept for r in records)
-    assert all(r.error is None for r in static_kv.capture_records(draft))
+    assert all(r.error is None for r in arenas_of(draft).records())
     lines = [line for line in capsys.readouterr().err.splitlines() if "hf-adaspec" in line]
     assert len(lines) == 1 and refused in lines[0] and "LlamaForCausalLM" in lines[0]
 
@@ -173,18 +174,18 @@ def test_a_failed_capture_leaves_that_width_eager_and_the_next_request_records(m
     monkeypatch.setattr(static_kv, "PAD_DEVICES", frozenset({"cpu"}))
     _forget_failures(monkeypatch)
     failing = FailingAt(2)
-    monkeypatch.setattr(static_kv, "capture_for", lambda device: failing)
+    monkeypatch.setattr(arenas, "capture_for", lambda device: failing)
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(1)
     expected = {rows: _generate(target, draft, "dynamic", False, prompts=PROMPTS[:rows]).sequences for rows in (2, 1)}
     assert torch.equal(_generate(target, draft, "static", False).sequences, expected[2])
-    records = {model: static_kv.capture_records(model) for model in (target, draft)}
+    records = {model: arenas_of(model).records() for model in (target, draft)}
     failed = [(model, r.width) for model, rs in records.items() for r in rs if r.error is not None]
     assert len(failed) == 1 and all(r.kept for rs in records.values() for r in rs if r.error is None)
     lines = [line for line in capsys.readouterr().err.splitlines() if "hf-adaspec" in line]
     assert len(lines) == 1 and "operation failed due to a previous error during capture" in lines[0]
     assert torch.equal(_generate(target, draft, "static", False, prompts=PROMPTS[:1]).sequences, expected[1])
     (model, width), = failed
-    later = [r for r in static_kv.capture_records(model) if r.batch == 1]
+    later = [r for r in arenas_of(model).records() if r.batch == 1]
     assert later and all(r.kept and r.error is None for r in later) and width not in {r.width for r in later}
     assert "hf-adaspec" not in capsys.readouterr().err  # said once
 
@@ -192,13 +193,13 @@ def test_a_failed_capture_leaves_that_width_eager_and_the_next_request_records(m
 def test_a_failed_capture_of_the_heads_column_drafts_eagerly(monkeypatch, models, tiny_head, capsys):
     """Every arena's first capture fails (the head's column among them): the head drafts eagerly, same tokens."""
     _forget_failures(monkeypatch)
-    monkeypatch.setattr(static_kv, "capture_for", lambda device: FailingAt(1))
+    monkeypatch.setattr(arenas, "capture_for", lambda device: FailingAt(1))
     target = models["target"]
     for model in (target, tiny_head):
-        static_kv.drop_arenas(model)
+        arenas_of(model).drop()
     expected = _generate(target, tiny_head, "dynamic", False).sequences
     assert torch.equal(_generate(target, tiny_head, "static", False).sequences, expected)
-    assert [r.error is not None for r in static_kv.capture_records(tiny_head)] == [True]
+    assert [r.error is not None for r in arenas_of(tiny_head).records()] == [True]
     assert sum("hf-adaspec" in line for line in capsys.readouterr().err.splitlines()) == 1
 
 

@@ -15,12 +15,12 @@ from conftest import save_tiny_llama
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import static_kv
+from hf_adaspec.backend.arenas import arenas_of
 from hf_adaspec.backend.graphs import Rerun
 from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.kernels import int4
-from hf_adaspec.models import cuda_formats
+from hf_adaspec.models import cuda_formats, formats
 from hf_adaspec.models import format_choice as fc
-from hf_adaspec.models import formats
 from hf_adaspec.models.format_choice import FormatMeasure
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -220,12 +220,13 @@ def test_an_arena_that_chooses_by_time_records_a_compiled_width_both_ways(tiny_f
 
     monkeypatch.setattr(static_kv, "timed_ms", timed_ms)
     hf_adaspec.compile_steps(model, (1,))
-    static_kv._ARENAS[model] = {("target", 1, 256): static_kv.Arena(model, 1, 256, Rerun(), choose_by_time=True)}
+    arenas_of(model).adopt("target", static_kv.Arena(model, 1, 256, Rerun(), choose_by_time=True,
+                                                     compiled=arenas_of(model).compiled))
     prompt = torch.tensor([[5, 6, 7, 8]])
     out = model.generate(prompt, speculation="fixed", num_speculative_tokens=0, speculation_costs=CostTable(
         verify_ms=(10.0,) * 9, draft_ms=1.0), speculation_state=SpeculationState(), max_new_tokens=6,
                          do_sample=False, kv_cache="static")
-    arena = static_kv._ARENAS[model][("target", 1, 256)]
+    arena = arenas_of(model).adopted("target", 1, 256)
     hf_adaspec.compile_steps(model, ())
     assert torch.equal(out, model.generate(prompt, max_new_tokens=6, do_sample=False))
     width_1 = [r for r in arena.records if r.width == 1]

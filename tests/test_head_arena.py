@@ -11,7 +11,8 @@ import copy
 import pytest
 import torch
 
-from hf_adaspec.backend import static_kv
+from hf_adaspec.backend import arenas, static_kv
+from hf_adaspec.backend.arenas import arenas_of
 from hf_adaspec.backend.caches import open_head_cache
 from hf_adaspec.backend.graphs import Rerun
 from hf_adaspec.backend.head_kv import StaticHeadCache
@@ -51,7 +52,7 @@ def _block(head, gen, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, t
 @torch.no_grad()
 def test_the_arena_holds_what_the_growing_cache_holds(tiny_head, monkeypatch):
     head, gen, capture = copy.deepcopy(tiny_head), torch.Generator().manual_seed(0), CountingCapture()
-    monkeypatch.setattr(static_kv, "capture_for", lambda device: capture)
+    monkeypatch.setattr(arenas, "capture_for", lambda device: capture)
     ref, arena = open_head_cache(head, 3), StaticHeadCache(head, 3, capacity=8)
 
     def both_step(lengths: list[int]) -> None:
@@ -87,7 +88,7 @@ def test_the_arena_holds_what_the_growing_cache_holds(tiny_head, monkeypatch):
 
 def test_the_recording_is_made_once_and_replayed_across_requests(tiny_head, monkeypatch):
     head, counting = copy.deepcopy(tiny_head), CountingCapture()  # a head no other test has given an arena
-    monkeypatch.setattr(static_kv, "capture_for", lambda device: counting)
+    monkeypatch.setattr(arenas, "capture_for", lambda device: counting)
     gen = torch.Generator().manual_seed(1)
     for _ in range(2):
         cache = open_head_cache(head, 1, "static")
@@ -97,7 +98,7 @@ def test_the_recording_is_made_once_and_replayed_across_requests(tiny_head, monk
         with torch.no_grad():
             head.step(*_block(head, gen, [4]), cache)
             cache.draft_column(head, torch.tensor([[3]]), torch.zeros(1, 1, head.config.hidden_size))
-    assert (counting.recorded, counting.replayed) == (1, 2) and len(static_kv.capture_records(head)) == 1
+    assert (counting.recorded, counting.replayed) == (1, 2) and len(arenas_of(head).records()) == 1
     with pytest.raises(ValueError, match="another head"):
         cache.draft_column(tiny_head, torch.tensor([[3]]), torch.zeros(1, 1, head.config.hidden_size))
 
@@ -112,7 +113,7 @@ def test_a_later_request_starts_on_the_widest_arena(tiny_head, monkeypatch):
     """A request that outgrew its arena leaves the wider one for the next request of as many rows, whose drafted
     column replays the recording already made there."""
     head, counting = copy.deepcopy(tiny_head), CountingCapture()
-    monkeypatch.setattr(static_kv, "capture_for", lambda device: counting)
+    monkeypatch.setattr(arenas, "capture_for", lambda device: counting)
     monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 8)
     gen, hidden = torch.Generator().manual_seed(2), torch.zeros(1, 1, head.config.hidden_size)
     first = open_head_cache(head, 1, "static")

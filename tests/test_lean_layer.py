@@ -174,10 +174,13 @@ def test_an_enabled_q4_model_speculates_past_its_window_as_it_decodes_plainly():
     torch.manual_seed(9)
     target = hf_adaspec.enable(formats.convert(transformers.AutoModelForCausalLM.from_config(config).eval(), "q4",
                                                False))
-    assert sum(isinstance(m, hf_compat.lean_attention.LeanAttention) for m in target.modules()) == 2
     target.generation_config.eos_token_id = None
     prompt = torch.randint(1, 64, (1, 9), generator=torch.Generator().manual_seed(2))
     plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
+    lean = []  # the lean modules during each step of the speculative request (swapped in for it, out after)
     spec = target.generate(prompt, max_new_tokens=20, do_sample=False, assistant_model=target, speculation="fixed",
-                           num_speculative_tokens=3)
+                           num_speculative_tokens=3, speculation_callback=lambda record, tokens: lean.append(
+                               sum(isinstance(m, hf_compat.lean_attention.LeanAttention) for m in target.modules())))
     assert torch.equal(spec, plain)
+    assert set(lean) == {2}
+    assert not any(isinstance(m, hf_compat.lean_attention.LeanAttention) for m in target.modules())

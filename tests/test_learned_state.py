@@ -4,11 +4,13 @@ and that it is kept per ``SpeculationState`` (the model's own, or one given per 
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationConfig, SpeculationState
+from hf_adaspec.engine.owner import ModelState
 from hf_adaspec.policy.confidence import CalibratorMemory, ConfidenceCalibrator
 from hf_adaspec.policy.controller import StepView
 from hf_adaspec.policy.match import LOOKUP_START_ALPHA, MatchMemory
@@ -43,7 +45,7 @@ def test_a_given_speculation_state_learns_instead_of_the_models_own(tiny_factory
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(0)
     costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
     made = []  # the calibrators the given state creates
-    own = SpeculationState()
+    own = ModelState(target)
     given = SpeculationState(calibrators=CalibratorMemory(lambda: made.append(ConfidenceCalibrator()) or made[-1]))
 
     def run(**kwargs):
@@ -53,7 +55,7 @@ def test_a_given_speculation_state_learns_instead_of_the_models_own(tiny_factory
             max_slowdown=math.inf, **kwargs)  # the draft drafts (and learns) from the first step
 
     run()
-    (mine,) = own.calibrators._calibrators.values()
+    (mine,) = own.learned.calibrators._calibrators.values()
     seen = mine.tokens_seen
     assert seen > 0  # the draft's calibration learned in the model's own state
     out = run(speculation_state=given)

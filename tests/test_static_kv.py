@@ -9,6 +9,7 @@ tests/test_invariants.py."""
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 from conftest import left_padded
@@ -16,6 +17,7 @@ from conftest import left_padded
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import static_kv
+from hf_adaspec.backend.arenas import arenas_of
 from hf_adaspec.backend.draft_prefix import DraftPrefixStore
 from hf_adaspec.backend.graphs import Rerun
 from hf_adaspec.backend.ragged import RaggedCache
@@ -133,9 +135,9 @@ def test_each_width_is_recorded_once_and_replayed_across_requests(tiny_factory):
             captured.replay = lambda: replays.append(1) or original()
             return captured, out
 
-    static_kv._ARENAS[model] = {}
     arena = static_kv.Arena(model, 1, 256, Counting(), choose_by_time=False)
-    static_kv._ARENAS[model][("target", 1, 256)] = arena
+    arenas_of(model).drop()
+    arenas_of(model).adopt("target", arena)
     for _ in range(2):
         model.generate(torch.tensor([[5, 6, 7, 8, 9, 10] * 4]), speculation="fixed", num_speculative_tokens=3,
                        speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=20,
@@ -162,7 +164,7 @@ def test_padded_arenas_record_two_widths_and_keep_greedy_tokens(models, monkeypa
     monkeypatch.setattr(static_kv, "PAD_DEVICES", frozenset({"cpu"}))
     target, draft = models["target"], models["noisy_copy"]
     for model in (target, draft):
-        static_kv.drop_arenas(model)
+        arenas_of(model).drop()
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])
     out = {kv: target.generate(prompt, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
                                speculation_state=SpeculationState(), max_new_tokens=40, do_sample=False, kv_cache=kv,
@@ -170,8 +172,8 @@ def test_padded_arenas_record_two_widths_and_keep_greedy_tokens(models, monkeypa
     assert torch.equal(out["dynamic"].sequences, out["static"].sequences)
     ks = {s.k for s in out["static"].speculation.steps}
     assert len(ks - {0}) > 1  # verifications of several widths ran
-    widths = {r.width for model in (target, draft) for r in static_kv.capture_records(model)}
-    graph_width = max(r.width for r in static_kv.capture_records(target))
+    widths = {r.width for model in (target, draft) for r in arenas_of(model).records()}
+    graph_width = max(r.width for r in arenas_of(target).records())
     assert widths <= set(static_kv.width_buckets(graph_width)) and graph_width > max(ks - {0})
     assert 4 not in widths and {k + 1 for k in ks} - widths  # some widths ran padded
 
@@ -182,7 +184,7 @@ def test_a_padding_arena_records_its_widths_when_a_request_opens_it(models, monk
     the recordings still serves its prefix."""
     monkeypatch.setattr(static_kv, "PAD_DEVICES", frozenset({"cpu"}))
     model, tokens = models["target"], torch.randint(1, 64, (1, 10))
-    static_kv.drop_arenas(model)
+    arenas_of(model).drop()
     store = StaticStore(model, 1, 32, "test", 5, layers=(1,))
     assert sorted(store.arena.recordings) == [(w, (1,)) for w in (1, 2, 3, 5)] and len(store.arena.records) == 4
     StaticStore(model, 1, 32, "test", 5, layers=(1,))
@@ -198,12 +200,13 @@ def test_a_slower_replay_is_dropped_for_the_eager_forward(tiny_factory):
     """With ``choose_by_time``, a width whose replay measures no faster than its eager forward runs eagerly
     (on a CPU the re-run stand-in always measures slower than one forward)."""
     model = hf_adaspec.enable(tiny_factory(0))
-    static_kv._ARENAS[model] = {("target", 1, 256): static_kv.Arena(model, 1, 256, Rerun(), choose_by_time=True)}
+    arenas_of(model).drop()
+    arenas_of(model).adopt("target", static_kv.Arena(model, 1, 256, Rerun(), choose_by_time=True))
     out = model.generate(torch.tensor([[5, 6, 7, 8]]), speculation="fixed", num_speculative_tokens=2,
                          speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=8,
                          do_sample=False, kv_cache="static")
     plain = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=8, do_sample=False)
-    arena = static_kv._ARENAS[model][("target", 1, 256)]
+    arena = arenas_of(model).adopted("target", 1, 256)
     assert torch.equal(out, plain) and arena.records
     assert all(arena.recordings[(r.width, r.layers)] is None for r in arena.records if not r.kept)
 
@@ -242,7 +245,7 @@ def test_compile_steps_validates_its_widths_and_keys_the_costs(tiny_factory):
         with pytest.raises(ValueError, match="widths must be integers in 1..65"):
             hf_adaspec.compile_steps(model, bad)
     plain = pair_identity(model, None, "static")
-    assert hf_adaspec.compile_steps(model, (1,)) is model and static_kv.compiled_widths(model) == {1}
+    assert hf_adaspec.compile_steps(model, (1,)) is model and arenas_of(model).compiled == {1}
     assert pair_identity(model, None, "static") == {**plain, "compiled": {"target": [1]}}
     hf_adaspec.compile_steps(model, ())
     assert pair_identity(model, None, "static") == plain
@@ -257,5 +260,5 @@ def test_a_compiled_recording_gives_plain_greedy_tokens(tiny_factory):
                          speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=16,
                          do_sample=False, kv_cache="static")
     assert torch.equal(out, model.generate(prompt, max_new_tokens=16, do_sample=False))
-    records = static_kv.capture_records(draft)
+    records = arenas_of(draft).records()
     assert any(r.compiled and r.width == 1 for r in records) and not any(r.compiled and r.width != 1 for r in records)

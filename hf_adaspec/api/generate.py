@@ -25,9 +25,11 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..backend import hf_compat, static_kv
+from ..backend.arenas import arenas_of
 from ..config import SpeculationConfig
 from ..costs.table import CostTable
 from ..engine.loop import DecodeSettings, predicted_time
+from ..engine.owner import ModelState
 from ..engine.run import SpeculationState, run_request
 from ..engine.stats import SpeculationStats, StepRecord
 from ..policy.modes import assistant_kind
@@ -170,14 +172,17 @@ def _check_keywords(kwargs: dict[str, Any]) -> None:
             "share the target's tokenizer. Or leave speculation out for transformers' assisted generation")
 
 
-def _speculative_entry(original, state: SpeculationState, speculation=None, **kwargs):
+def _speculative_entry(original, owner: ModelState, speculation=None, **kwargs):
     """The wrapped ``generate`` (``original``: the model's own, bound): route ``speculation=...`` calls
-    through ``speculative_generate``, learning into ``state`` (or the ``speculation_state`` keyword's).
-    Stop strings with a ``tokenizer`` become a stopping criterion here (``hf_compat.stop_strings_as_criteria``).
+    through ``speculative_generate`` as one request of ``owner`` (the model's ``ModelState``: the models held,
+    speculation's attention swapped in for the request), learning into ``owner.learned`` (or the
+    ``speculation_state`` keyword's); other calls go to ``original`` as they are. Stop strings with a
+    ``tokenizer`` become a stopping criterion here (``hf_compat.stop_strings_as_criteria``).
 
     Raises:
         ValueError: speculation_state without speculation, an empty prompt, transformers' assisted-generation
             options with speculation (``_check_keywords``), or invalid settings (``SpeculationConfig``).
+        RuntimeError: a speculative generate started inside another on the same model (``ModelState.request``).
     """
     given = kwargs.pop("speculation_state", None)
     if speculation is None:
@@ -189,14 +194,12 @@ def _speculative_entry(original, state: SpeculationState, speculation=None, **kw
     given_config = {name: kwargs.pop(name) for name in _CONFIG_KEYWORDS if name in kwargs}
     config = SpeculationConfig(speculation=speculation, **given_config)  # the rest: SpeculationConfig's defaults
     draft = kwargs.pop("assistant_model", None)
-    if assistant_kind(draft) == "model":
-        hf_compat.use_packed_attention(draft)
-        hf_compat.use_lean_attention(draft)
-    request = SpeculationRequest(config, given or state, draft, kwargs.get("streamer"),
-                                 kwargs.pop("speculation_costs", None), kwargs.pop("speculation_callback", None),
-                                 kwargs.pop("speculation_profile", None))
+    costs, on_step, profile = (kwargs.pop(k, None) for k in ("speculation_costs", "speculation_callback",
+                                                              "speculation_profile"))
     device, kwargs = _prompt_on_cpu(kwargs)
-    result = original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
+    with owner.request(draft, given) as learned:
+        request = SpeculationRequest(config, learned, draft, kwargs.get("streamer"), costs, on_step, profile)
+        result = original(custom_generate=speculative_generate, adaspec_request=request, **kwargs)
     if isinstance(result, torch.Tensor):
         return result.to(device)
     result.sequences = result.sequences.to(device)
@@ -218,37 +221,38 @@ def _prompt_on_cpu(kwargs: dict[str, Any]) -> tuple[torch.device, dict[str, Any]
 
 def enable(model) -> Any:
     """Let ``model.generate`` take ``speculation="adaptive"`` or ``"fixed"`` (``assistant_model`` is the
-    draft). Idempotent; returns the model. Without ``speculation`` generate is transformers' own; the model's
-    "sdpa" attention becomes ``hf_compat.use_packed_attention``'s (the same SDPA computation, its grouped-query
-    heads packed on a CPU) and a q4 model's attention modules ``hf_compat.use_lean_attention``'s (the same values,
-    the rotary embedding in one C call); a draft model passed as ``assistant_model`` is switched alike. What the model
-    learns across requests (α per drafter, the confidence calibration, request lengths, the draft's
-    recent caches) lives in one ``SpeculationState`` per model.
+    draft). Idempotent; returns the model. Without ``speculation`` generate is transformers' own, its attention
+    included. A speculative request runs the model's "sdpa" attention as ``hf_compat.use_packed_attention``'s
+    (the same SDPA computation, its grouped-query heads packed on a CPU) and a q4 model's attention modules as
+    ``hf_compat.use_lean_attention``'s (the same values, the rotary embedding in one C call), a draft model passed
+    as ``assistant_model`` alike, swapped in for the request and out after it (``hf_compat.speculative_attention``).
+    Everything kept for the model across requests (its arenas, what it learns: the confidence calibration and
+    α per drafter keyed by the draft's weights, the draft's recent caches, the thread chooser) has one owner, an
+    ``engine.owner.ModelState`` made here; one speculative request runs on the model at a time (another
+    thread's waits; one started from inside a request's streamer or callback raises RuntimeError).
 
     Extra keywords with ``speculation``: every ``SpeculationConfig`` field but ``speculation``
     (``num_speculative_tokens``, ``max_speculative_tokens``, ``prompt_lookup_max_ngram``, ``tpot_slo_ms``,
     ``draft_p_min``), ``speculation_state`` (a ``SpeculationState`` to learn into instead of the model's
-    own), ``speculation_costs`` (a ``CostTable``, used as is), ``speculation_profile`` (path of an
-    ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the cached profile of this pair, else
-    calibration at first use) and ``speculation_callback``: called as ``fn(record, tokens)`` after each
+    own, ``ModelState.learned``), ``speculation_costs`` (a ``CostTable``, used as is), ``speculation_profile``
+    (path of an ``hf-adaspec profile`` JSON; default $HF_ADASPEC_PROFILE, else the cached profile of this pair,
+    else calibration at first use) and ``speculation_callback``: called as ``fn(record, tokens)`` after each
     step with its ``StepRecord`` (None for the prefill's token) and the tokens it emitted ([m] long, on
     CPU); ``record.token_sources()`` says how each was made.
     """
     if getattr(model, "_adaspec_enabled", False):
         return model
     original = model.generate
-    state = SpeculationState()
+    owner = ModelState(model)
 
     @functools.wraps(original)
     def generate(inputs=None, speculation=None, **kwargs):
         if inputs is not None:
             kwargs["inputs"] = inputs
-        return _speculative_entry(original, state, speculation=speculation, **kwargs)
+        return _speculative_entry(original, owner, speculation=speculation, **kwargs)
 
     model.generate = generate
     model._adaspec_enabled = True
-    hf_compat.use_packed_attention(model)
-    hf_compat.use_lean_attention(model)
     return model
 
 
@@ -270,6 +274,5 @@ def compile_steps(model, widths: tuple[int, ...] = (1,)) -> Any:
     """
     if any(isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 65 for w in widths):
         raise ValueError(f"widths must be integers in 1..65 (new tokens of a forward), got {widths!r}")
-    static_kv.compile_widths(model, frozenset(widths))
-    static_kv.drop_arenas(model)  # recordings made without it are made again
+    arenas_of(model).compile(frozenset(widths))  # recordings made without it are made again
     return model

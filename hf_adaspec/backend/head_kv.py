@@ -24,7 +24,8 @@ import torch
 
 from ..models.eagle3 import Eagle3Head
 from . import static_kv
-from .static_kv import Arena, KVShape, arena_for
+from .arenas import arenas_of
+from .static_kv import Arena, KVShape
 
 COLUMN = (1, ())  # the arena's key of the drafted column's recording: width 1, no feature layers
 
@@ -73,8 +74,8 @@ class StaticHeadCache:
 
     def __init__(self, head: Eagle3Head, batch: int, capacity: int | None = None) -> None:
         self.head = head
-        capacity = capacity or max(static_kv.CAPACITY_FLOOR, static_kv.widest_capacity(head, "head", batch))
-        self.arena = arena_for(head, "head", batch, capacity, kv_shape(head))
+        capacity = capacity or max(static_kv.CAPACITY_FLOOR, arenas_of(head).widest_capacity("head", batch))
+        self.arena = arenas_of(head).arena("head", batch, capacity, kv_shape(head))
         self.mask, self.lengths = torch.zeros(batch, 0, dtype=torch.bool), torch.zeros(batch, dtype=torch.long)
         self.arena.rowmask.zero_()
 
@@ -97,7 +98,7 @@ class StaticHeadCache:
         start, old = self.mask.shape[1], self.arena
         if start + m > old.capacity:
             wider = max(2 * old.capacity, 1 << (start + m - 1).bit_length())
-            self.arena = arena_for(self.head, "head", old.batch, wider, kv_shape(self.head))
+            self.arena = arenas_of(self.head).arena("head", old.batch, wider, kv_shape(self.head))
             self.arena.rowmask.zero_()
             self.arena.keys[0][:, :, :start], self.arena.values[0][:, :, :start] = (
                 old.keys[0][:, :, :start], old.values[0][:, :, :start])

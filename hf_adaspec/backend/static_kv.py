@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from . import graphs, hf_compat
-from .graphs import Capture, capture_for, timed_ms
+from .graphs import Capture, timed_ms
 
 CAPACITY_FLOOR = 256  # the smallest arena, in columns
 STANDARD_NEW_TOKENS = 256  # a request's length when only its context is known (the profile's cells)
@@ -47,7 +47,8 @@ REPLAY_TIMINGS = 3  # a recording's replay is timed this many times (median) whe
 PAD_DEVICES = frozenset({"cuda"})  # device types whose arenas pad blocks to bucket widths and record them at opening
 
 
-def _next_power(n: int, floor: int = 1) -> int:
+def next_power(n: int, floor: int = 1) -> int:
+    """The smallest power of two ≥ n (at least ``floor``): an arena's rows for n batch rows, its columns."""
     return max(floor, 1 << max(0, n - 1).bit_length())
 
 
@@ -57,7 +58,7 @@ def capacity_for(context: int, new_tokens: int = STANDARD_NEW_TOKENS) -> int:
     cost depends on this bucket; the profile measures a context c at ``capacity_for(c)``."""
     if context < 0 or new_tokens < 0:
         raise ValueError(f"context and new tokens must be >= 0, got {context}, {new_tokens}")
-    return _next_power(context + new_tokens, CAPACITY_FLOOR)
+    return next_power(context + new_tokens, CAPACITY_FLOOR)
 
 
 def block_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor,
@@ -74,21 +75,6 @@ def block_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Te
     visible = (rowmask[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L]
     mask = hf_compat.layer_masks(model, visible, positions, column_positions)
     return hf_compat.raw_forward(model, ids, cache, keep, mask, positions, layers)
-
-
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → widths recorded compiled
-
-
-def compile_widths(model: torch.nn.Module, widths: frozenset[int]) -> None:
-    """Record ``model``'s forwards of these widths through ``torch.compile`` (inductor fuses the element-wise
-    kernels a decoding step is made of) in arenas made from now on; compiling costs seconds to minutes at
-    each width's first recording. An empty set: plain recordings."""
-    _COMPILED[model] = frozenset(widths)
-
-
-def compiled_widths(model: torch.nn.Module) -> frozenset[int]:
-    """The widths ``compile_widths`` set for ``model`` (empty: none)."""
-    return _COMPILED.get(model, frozenset())
 
 
 @functools.cache
@@ -163,10 +149,12 @@ class Arena:
     """Preallocated keys/values [B_cap, H_kv, L_cap, D] per layer of one model, its row mask, and its
     recordings per (width, feature layers); ``pad``: blocks run padded to bucket widths (``run_width``),
     recorded by ``prime``. ``shape``: the keys' and values' ``KVShape`` (None: the transformers model's,
-    ``hf_compat.kv_shape``; a draft head gives its own, ``head_kv``)."""
+    ``hf_compat.kv_shape``; a draft head gives its own, ``head_kv``); ``compiled``: the widths recorded through
+    ``torch.compile`` (``arenas.ModelArenas.compile``)."""
 
     def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture,
-                 choose_by_time: bool, pad: bool = False, shape: KVShape | None = None) -> None:
+                 choose_by_time: bool, pad: bool = False, shape: KVShape | None = None,
+                 compiled: frozenset[int] = frozenset()) -> None:
         layers, heads, dim, dtype = shape or hf_compat.kv_shape(model)
         self.device, self.batch, self.capacity, self.owner = model.device, batch, capacity, weakref.ref(model)
         shape = (batch, heads, capacity, dim)
@@ -175,7 +163,7 @@ class Arena:
         self.rowmask = torch.zeros(batch, capacity, dtype=torch.bool, device=self.device)
         self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=self.device)  # [B_cap, L_cap]
         self.column_index = torch.arange(capacity, device=self.device)
-        self.capture, self.choose_by_time, self.pad = capture, choose_by_time, pad
+        self.capture, self.choose_by_time, self.pad, self.compiled = capture, choose_by_time, pad, compiled
         self.inputs: dict[tuple[int, tuple[int, ...]], object] = {}  # per key: its recording's static inputs
         self.recordings: dict[tuple[int, tuple[int, ...]], _Recording | None] = {}
         self.records: list[CaptureRecord] = []
@@ -245,10 +233,10 @@ class Arena:
         """Record width ``key``'s step on the inputs it is about to run (the warm-up and the capture write the
         same keys and values at the same columns). With ``choose_by_time`` the eager forward is timed too
         (``record``); without it (a CPU's re-run stand-in) no extra forward runs and the recording is kept. A width
-        in ``compiled_widths`` is recorded plainly and after ``torch.compile`` where the arena chooses by time, and
+        in ``compiled`` is recorded plainly and after ``torch.compile`` where the arena chooses by time, and
         the faster replay is kept (compiling is kept only where it measures faster); elsewhere compiled only."""
         ref, (n, layers) = weakref.ref(model), key
-        compiled = n in compiled_widths(model)
+        compiled = n in self.compiled
 
         def fn(through_compile: bool = compiled) -> tuple:
             return self._step(ref(), inputs, n, layers, through_compile)
@@ -268,8 +256,8 @@ class Arena:
             self.recordings[key] = plain if first.kept else None
         return self.recordings[key]
 
-    def record(self, key: tuple[int, tuple[int, ...]], fn: Callable[[], tuple], eager: Callable[[], object] | None = None,
-               compiled: bool = False) -> _Recording | None:
+    def record(self, key: tuple[int, tuple[int, ...]], fn: Callable[[], tuple],
+               eager: Callable[[], object] | None = None, compiled: bool = False) -> _Recording | None:
         """Capture ``fn`` (a step that reads only this arena's tensors and the static inputs kept in
         ``inputs[key]``; → its outputs) as ``recordings[key]``, with what capturing took in ``records``. With
         ``eager`` (the same step run eagerly) that and one replay are timed too, and the recording is dropped
@@ -308,40 +296,3 @@ class Arena:
             index = order[:, None, :, None].expand(-1, rows.shape[1], -1, rows.shape[3])
             tensor[slots, :, : order.shape[1]] = rows.gather(2, index)
         self.positions[slots, : order.shape[1]] = self.positions[slots].gather(1, order)
-
-
-_ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {(role, B_cap, L_cap): Arena}
-
-
-def arena_for(model: torch.nn.Module, role: str, batch: int, capacity: int, shape: KVShape | None = None) -> Arena:
-    """The arena of ``model`` for ``role`` ("target", "draft", "head", "probe") with room for ``batch`` rows (a
-    power of two) and ``capacity`` columns of keys and values of ``shape`` (None: the model's), made on first
-    use; recordings are CUDA graphs on a GPU and ``Rerun`` stand-ins elsewhere. At most ``ARENAS_PER_ROLE`` are
-    kept per role."""
-    arenas = _ARENAS.setdefault(model, {})
-    key = (role, _next_power(batch), capacity)
-    arena = arenas.pop(key, None)
-    if arena is None:
-        mine = [k for k in arenas if k[0] == role]
-        for old in mine[: max(0, len(mine) - ARENAS_PER_ROLE + 1)]:
-            del arenas[old]
-        arena = Arena(model, key[1], capacity, capture_for(model.device), choose_by_time=model.device.type == "cuda",
-                      pad=model.device.type in PAD_DEVICES, shape=shape)
-    arenas[key] = arena  # most recently used last
-    return arena
-
-
-def widest_capacity(model: torch.nn.Module, role: str, batch: int) -> int:
-    """Columns of the widest arena ``model`` keeps for ``role`` with room for ``batch`` rows (0: none)."""
-    rows = _next_power(batch)
-    return max((capacity for r, b, capacity in _ARENAS.get(model, {}) if (r, b) == (role, rows)), default=0)
-
-
-def drop_arenas(model: torch.nn.Module) -> None:
-    """Forget ``model``'s arenas and their recordings (the next request records again)."""
-    _ARENAS.pop(model, None)
-
-
-def capture_records(model: torch.nn.Module) -> list[CaptureRecord]:
-    """Every recording made for ``model`` in the arenas it still has (what capturing cost, per width)."""
-    return [r for arena in _ARENAS.get(model, {}).values() for r in arena.records]

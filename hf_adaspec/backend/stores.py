@@ -15,7 +15,8 @@ from typing import Protocol
 import torch
 
 from . import hf_compat
-from .static_kv import arena_for, capacity_for
+from .arenas import arenas_of
+from .static_kv import capacity_for
 
 
 class KVStore(Protocol):
@@ -87,7 +88,7 @@ class DynamicStore:
 
 
 class StaticStore:
-    """One request's view of an arena (``static_kv.arena_for(model, role, …)``): batch row i is arena row
+    """One request's view of an arena (``arenas.arenas_of(model).arena(role, …)``): batch row i is arena row
     ``slots[i]``; ``held`` columns are in use. ``seed``: a transformers cache to start from (batch 1; the draft
     prefix store's copy). Forwards of up to ``graph_width`` columns replay recordings; an arena that pads
     (on a GPU) records its widths for the feature ``layers`` the request will ask for as the store opens it."""
@@ -95,7 +96,7 @@ class StaticStore:
     def __init__(self, model: torch.nn.Module, batch: int, capacity: int, role: str, graph_width: int,
                  seed: object | None = None, layers: tuple[int, ...] = ()) -> None:
         self.model, self.role, self.graph_width = model, role, graph_width
-        self.arena = arena_for(model, role, batch, capacity)
+        self.arena = arenas_of(model).arena(role, batch, capacity)
         if self.arena.pad:
             self.arena.prime(model, graph_width, layers)
         self.slots = torch.arange(batch, device=model.device)
@@ -135,7 +136,7 @@ class StaticStore:
         self.held = width
         if width + n > self.arena.capacity:
             old = self.arena
-            self.arena = arena_for(self.model, self.role, old.batch, capacity_for(width + n, 0))
+            self.arena = arenas_of(self.model).arena(self.role, old.batch, capacity_for(width + n, 0))
             for tensors, new in ((old.keys, self.arena.keys), (old.values, self.arena.values)):
                 for src, dst in zip(tensors, new, strict=True):
                     dst[:, :, :width] = src[:, :, :width]

@@ -19,7 +19,6 @@ import itertools
 import os
 import platform
 import statistics
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,10 +27,11 @@ from tqdm.auto import tqdm
 
 from ..backend import hf_compat
 from ..files import atomic_write
+from ..machine import processor_name
 from ..models.eagle3 import Eagle3Head
 from .predictors import CATCHUP_CHUNK, ProfileCell
 from .profile import Profile, assemble_profile, library_versions, profile_identity
-from .table import ForwardProbe, HeadProbe, processor_name
+from .table import ForwardProbe, HeadProbe
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)
 SKIP_RULE = "target cells with batch * new_tokens > max_tokens_per_forward are not measured"
@@ -150,14 +150,17 @@ def measure_profile(target: torch.nn.Module, draft: torch.nn.Module | None, grid
     """Measure ``grid`` for the pair (``draft`` None: target only, for prompt lookup) and return the
     profile with fits, held-out errors and each quantity's predictor. ``progress``: a tqdm bar per group;
     ``kv_cache``: where the probes keep their caches (``config.KV_CACHES``: on a GPU by default an arena whose
-    narrow forwards replay CUDA graphs, as a request's do)."""
+    narrow forwards replay CUDA graphs, as a request's do). The models run the attention a speculative request
+    runs (``hf_compat.speculative_attention``; a draft head its own)."""
     models = {"target": target, "draft": draft}
     cells: dict[str, list[ProfileCell]] = {"target": [], "draft": [], "held_out_target": [], "held_out_draft": []}
-    for (b, c), jobs in tqdm(_plan(grid, draft is not None).items(), desc="profile (batch, context)",
-                             disable=not progress):
-        for job, samples in _measure_group(models, b, c, jobs, grid.repeats, kv_cache).items():
-            name = ("held_out_" if job.held_out else "") + job.role
-            cells[name].append(ProfileCell(b, c, job.new_tokens, statistics.median(samples), tuple(samples)))
+    paired = [m for m in (target, draft) if m is not None and not isinstance(m, Eagle3Head)]
+    with hf_compat.speculative_attention(*(hf_compat.AttentionSwap(m) for m in paired)):
+        for (b, c), jobs in tqdm(_plan(grid, draft is not None).items(), desc="profile (batch, context)",
+                                 disable=not progress):
+            for job, samples in _measure_group(models, b, c, jobs, grid.repeats, kv_cache).items():
+                name = ("held_out_" if job.held_out else "") + job.role
+                cells[name].append(ProfileCell(b, c, job.new_tokens, statistics.median(samples), tuple(samples)))
     return assemble_profile(pair, profile_identity(target, draft, kv_cache), cells, _meta(grid, command))
 
 

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backend import hf_compat, static_kv
+from ..backend import hf_compat
+from ..backend.arenas import arenas_of
 from ..backend.caches import open_cache, open_head_cache
 from ..backend.graphs import timed_ms
 from ..backend.static_kv import capacity_for
 from ..backend.stores import store_kind
 from ..kernels import q4, route
-from ..machine import processor_name
 from ..models.eagle3 import Eagle3Head
 
 MAX_FORWARD_MS = 600_000.0  # a forward measured at over 10 minutes is no cost model: a corrupted or edited file
@@ -86,8 +86,8 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
     which its layers take the dense route (``kernels.route``; 0: never)."""
     import transformers
 
-    compiled = {role: sorted(static_kv.compiled_widths(m)) for role, m in (("target", target), ("draft", draft))
-                if isinstance(m, torch.nn.Module) and static_kv.compiled_widths(m)}
+    compiled = {role: sorted(arenas_of(m).compiled) for role, m in (("target", target), ("draft", draft))
+                if isinstance(m, torch.nn.Module) and arenas_of(m).compiled}
     models = {"target": hf_compat.model_identity(target),
               "draft": hf_compat.model_identity(draft) if draft is not None else None}
     q4_layers = [m for model in (target, draft) if isinstance(model, torch.nn.Module) for m in route.layers(model)]

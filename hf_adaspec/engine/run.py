@@ -30,7 +30,7 @@ from ..costs.table import CostTable
 from ..models.eagle3 import HeadKV
 from ..policy.confidence import CalibratorMemory
 from ..policy.match import MatchMemory
-from ..policy.modes import MODES, DrafterContext, DrafterSpec, Learned, PolicyInputs
+from ..policy.modes import MODES, DrafterContext, DrafterSpec, Learned, PolicyInputs, assistant_identity
 from ..proposers.suffix import SuffixMemory
 from .loop import DecodeResult, DecodeSettings, RunParts, speculative_decode
 from .threads import ThreadChooser
@@ -39,10 +39,11 @@ from .threads import ThreadChooser
 @dataclass
 class SpeculationState:
     """What ``generate`` learns across requests of one model: the draft's confidence calibration,
-    the costless drafters' acceptance per match length (``matches``), the draft's recent caches
-    (``draft_prefixes``), for suffix drafting the recent responses (``suffixes``) and, on a CPU, which
-    thread count decodes fastest (``threads``). ``enable`` keeps one
-    per model, so decisions — and with them sampled outputs — change from call to call as it learns;
+    the costless drafters' acceptance per match length (``matches``; both keyed per drafter by the assistant's
+    weights, ``policy.modes.assistant_identity``), the draft's recent caches (``draft_prefixes``, per draft
+    model object), for suffix drafting the recent responses (``suffixes``) and, on a CPU, which thread count
+    decodes fastest (``threads``). The model's ``engine.owner.ModelState`` (``enable`` makes it) holds one,
+    so decisions — and with them sampled outputs — change from call to call as it learns;
     ``generate(..., speculation_state=SpeculationState())`` starts a call (or a workload, or a benchmarked
     method) from a fresh one."""
 
@@ -99,7 +100,8 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
                              settings.vocab_size, head_cache)
     drafters = tuple(spec.build(context) for spec in specs)
     learned = Learned(state.calibrators, state.matches)
-    inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(draft_key)) for s in specs), learned)
+    identity = assistant_identity(draft_key)
+    inputs = PolicyInputs(config, costs_for, batch, tuple((s, s.memory_key(identity)) for s in specs), learned)
     features = tuple(layer for spec in specs for layer in spec.target_features(draft_key))
     target_cache = caches.target(batch, features)
     parts = RunParts(target_cache, drafters, mode.controller(inputs), settings, config.k_max, features)

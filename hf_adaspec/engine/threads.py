@@ -9,8 +9,9 @@ running mean of log(realized / predicted) step time, the prediction being the co
 step as it ran, so steps of any width compare. It runs the candidate with the lower mean and, every
 ``EXPLORE_EVERY`` steps (the first time after ``EXPLORE_FIRST``), ``EXPLORE_STEPS`` steps on the other, where the
 request can pay for them (``pick(explore=...)``: the slowdown ledger's slack covers a step more). One
-chooser per model lives in its ``SpeculationState``, across requests; ``generate`` restores torch's count
-when a request ends.
+chooser per model lives in its ``SpeculationState`` (its ``engine.owner.ModelState``'s, or one given per call),
+across requests; torch's count is process-wide, set per step by the loop and restored by ``run_request`` when
+the request ends.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import torch
 
 from ..backend import graphs as recorded
 from ..backend import static_kv
+from ..backend.arenas import arenas_of
 from ..backend.caches import open_cache, open_head_cache
 from ..costs.table import ForwardProbe, HeadProbe
 from ..models.eagle3_format import random_head
@@ -48,10 +49,10 @@ def graphs(check: Check) -> dict:
         clear = (top2[:, 0] - top2[:, 1]) > NEAR_TIE
         rows[f"n{n}"] = {"max_diff_over_std": round(float((got - want).abs().max() / want.std()), 4),
                          "argmax_differs_clear": int(((got.argmax(-1) != want.argmax(-1)) & clear).sum())}
-    records = [r.__dict__ for r in static_kv.capture_records(tgt)]
+    records = [r.__dict__ for r in arenas_of(tgt).records()]
     passed = all(r["argmax_differs_clear"] == 0 for r in rows.values())
     kept = [r for r in records if r["kept"]]
-    line = (f"replay vs eager: " + ", ".join(f"{k} diff/std {v['max_diff_over_std']}" for k, v in rows.items())
+    line = ("replay vs eager: " + ", ".join(f"{k} diff/std {v['max_diff_over_std']}" for k, v in rows.items())
             + f"; {len(kept)}/{len(records)} recordings kept, replay "
             + ", ".join(f"n{r['width']} {r['replay_ms']} ms (eager {r['eager_ms']}, capture {r['capture_ms']})"
                         for r in records))
@@ -82,7 +83,7 @@ def head_graphs(check: Check, repeats: int = 20, columns: int = 8) -> dict:
         top2 = want.topk(2, dim=-1).values
         differs += int(((want.argmax(-1) != got.argmax(-1)) & ((top2[:, 0] - top2[:, 1]) > NEAR_TIE)).sum())
         token, hidden = want.argmax(-1, keepdim=True), [eager, replayed]
-    capture = [r.capture_ms for r in static_kv.capture_records(head)]
+    capture = [r.capture_ms for r in arenas_of(head).records()]
     return {"passed": differs == 0, "eager_ms": ms["dynamic"], "replayed_ms": ms["static"],
             "capture_ms": capture, "argmax_differs_clear": differs,
             "summary": f"EAGLE-3 head's drafted column at context 512: eager {ms['dynamic']} ms, replayed "
@@ -100,7 +101,7 @@ def compile_draft(check: Check, repeats: int = 20) -> dict:
     drf, context = check.model(DRAFT, "none", head=True), 512
 
     def median_ms() -> tuple[float, float]:
-        static_kv.drop_arenas(drf)
+        arenas_of(drf).drop()
         start = time.perf_counter()
         probe = ForwardProbe(drf, context, 1, 1, check.kv_cache, prefill=False)
         probe.time_ms(1, keep=1)  # records (and compiles) width 1
@@ -108,13 +109,12 @@ def compile_draft(check: Check, repeats: int = 20) -> dict:
         return statistics.median(probe.time_ms(1, keep=1) for _ in range(repeats)), first
 
     plain_ms, _ = median_ms()
-    static_kv.compile_widths(drf, frozenset({1}))
+    arenas_of(drf).compile(frozenset({1}))
     try:
         compiled_ms, first_s = median_ms()
-        records = [r.__dict__ for r in static_kv.capture_records(drf)]
+        records = [r.__dict__ for r in arenas_of(drf).records()]
     finally:
-        static_kv.compile_widths(drf, frozenset())
-        static_kv.drop_arenas(drf)
+        arenas_of(drf).compile(frozenset())
     big = check.facts.get(f"verify_ms_n1 {BIG} none")  # the 7B's 1-token step from its profile, if measured
     versus = (f"; of the 7B target's 1-token step ({big:.3f} ms): {plain_ms / big:.2f} recorded, "
               f"{compiled_ms / big:.2f} compiled") if big else ""
@@ -135,16 +135,16 @@ def capture_recovery(check: Check, new: int = 16) -> dict:
     kwargs = check.spec(speculation="adaptive", rest=False, speculation_costs=cs.COSTS)  # no calibration under the hook
     clock = tgt.register_forward_pre_hook(lambda module, args: torch.cuda.synchronize() if tgt.device.type == "cuda"
                                           else None)
-    static_kv.drop_arenas(tgt)
+    arenas_of(tgt).drop()
     try:
         hooked = cs.generate(tgt, prompt, new, kwargs)
-        failed = [r.error for r in static_kv.capture_records(tgt) if r.error is not None]
+        failed = [r.error for r in arenas_of(tgt).records() if r.error is not None]
     finally:
         clock.remove()
-        static_kv.drop_arenas(tgt)
+        arenas_of(tgt).drop()
         recorded.forget_failures(tgt)
     again = cs.generate(tgt, prompt, new, kwargs)
-    records = static_kv.capture_records(tgt)
+    records = arenas_of(tgt).records()
     torch.randn(4, device=tgt.device)
     cuda = tgt.device.type == "cuda"
     passed = hooked.sequences.shape == again.sequences.shape and all(r.error is None for r in records) and (

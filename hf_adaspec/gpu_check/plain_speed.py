@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 from ..api.generate import TARGET_WIDTHS, compile_steps, enable
-from ..backend import static_kv
+from ..backend.arenas import arenas_of
 from ..engine.run import SpeculationState
 from ..models.architecture import load_random
 from . import steps as cs
-from .speed import NEVER_LOSES_ROUNDS, SPEED_PROMPT, WIN_MARGIN, speedup
+from .speed import SPEED_PROMPT, WIN_MARGIN, speedup
 from .steps import DRAFT, TARGET, Check, label
 
 PLAIN_VS_COMPILED = 1.0  # the bar: hf-adaspec's plain (compiled target) / transformers' static-compiled plain
@@ -66,10 +66,10 @@ def compile_target(check: Check) -> dict:
             cs.generate(model, prompts[0], new, methods[name], SpeculationState())  # compiles (and records)
             first[name] = round(time.perf_counter() - start, 1)
         seconds = cs.timed_seconds(tgt, methods, prompts, new, 1 if check.tiny else COMPILE_ROUNDS, targets)
-        records = [r.__dict__ for r in static_kv.capture_records(fused)]
+        records = [r.__dict__ for r in arenas_of(fused).records()]
     finally:
         compile_steps(fused, ())
-        static_kv.drop_arenas(fused)
+        arenas_of(fused).drop()
     tps = {m: round(cs.tokens_per_s(seconds[m], new), 2) for m in methods}
     pairs = (("plain-again", "plain"), ("plain-compiled-again", "plain-compiled"), ("plain-compiled", "plain"),
              ("plain", "hf-compiled"), ("plain-compiled", "hf-compiled"), ("adaptive-compiled", "plain-compiled"))

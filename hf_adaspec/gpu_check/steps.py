@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..api.generate import enable
-from ..backend import static_kv
+from ..backend.arenas import arenas_of
 from ..backend.ragged import RaggedCache
 from ..bench.bench import divergence_gap
 from ..costs.table import CostTable
@@ -373,7 +373,7 @@ def engine_overhead(target, timer: dict[int, list[float]], prompt: list[int], ne
 def recordings(model) -> dict:
     """The widths ``model``'s arenas recorded and what their first uses cost (ms: eager timing, capture and
     replay of each recording, summed)."""
-    records = static_kv.capture_records(model)
+    records = arenas_of(model).records()
     return {"widths": sorted({r.width for r in records}),
             "capture_ms": round(sum(r.capture_ms + (r.eager_ms or 0) + (r.replay_ms or 0) for r in records), 1)}
 

@@ -16,7 +16,8 @@ for a run from a ``DrafterContext``, and how the adaptive controller prices its 
   confidence; the run records the target's features it reads.
 
 What a pair learns across requests (the confidence calibration, the match-length tables) comes in through
-``Learned``, objects the acceptance models update; each drafter's share of it is found by its memory key.
+``Learned``, objects the acceptance models update; each drafter's share of it is found by its memory key, a paid
+drafter's by the assistant's weights (``assistant_identity``).
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ class DrafterSpec:
     uses_head_cache: bool = False
     target_features: Callable[[object | None], tuple[int, ...]] = _no_features
 
-    def memory_key(self, draft_key: object | None) -> str:
-        """This drafter's key in the pair's learned state (a paid one per draft model)."""
-        return f"{self.name}:{id(draft_key) if self.paid else 0}"
+    def memory_key(self, identity: str) -> str:
+        """This drafter's key in the pair's learned state: a paid one's per assistant (``identity``, the
+        assistant's ``assistant_identity``), a costless one's one for all."""
+        return f"{self.name}:{identity if self.paid else 0}"
 
 
 def _draft_model(ctx: DrafterContext) -> Drafter:
@@ -157,6 +159,18 @@ def _adaptive(inputs: PolicyInputs) -> Controller:
 def _fixed(inputs: PolicyInputs) -> Controller:
     return FixedController(inputs.config.k_max, inputs.config.draft_p_min, inputs.costs_for,
                            paid=inputs.drafters[0][0].paid, batch=inputs.batch)
+
+
+def assistant_identity(assistant: object | None) -> str:
+    """What the learned state knows ``assistant_model`` by: a module's weights (``hf_compat.weights_identity``:
+    two objects with equal weights share a calibration, a new model never inherits a collected one's); a
+    stand-in that is not a module (the replay's draft) its class's name; "none" without one."""
+    if assistant is None:
+        return "none"
+    if isinstance(assistant, torch.nn.Module):
+        return hf_compat.weights_identity(assistant)
+    kind = assistant if isinstance(assistant, type) else type(assistant)
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def assistant_kind(assistant: object | None) -> str | None:

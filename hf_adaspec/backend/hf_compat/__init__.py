@@ -1,8 +1,8 @@
 """Every touch of transformers internals lives in this package: what a model is (``model_facts``), its KV cache
-layers and their operations (``cache_layers``), a q4 model's lean attention (``lean_attention``), attention masks
-for rows with holes and windowed layers (``masks``), calling the model (``model_calls``), and the ``generate``
-keywords the custom_generate path reads or drops (``generate_options``). The rest of hf-adaspec imports only the
-names below (``hf_compat.new_cache``, …).
+layers and their operations (``cache_layers``), a q4 model's lean attention (``lean_attention``), the attention a
+speculative request swaps in (``speculative_attention``), attention masks for rows with holes and windowed layers
+(``masks``), calling the model (``model_calls``), and the ``generate`` keywords the custom_generate path reads or
+drops (``generate_options``). The rest of hf-adaspec imports only the names below (``hf_compat.new_cache``, …).
 
 Tested against transformers 5.x (see pyproject's pin). The engine calls only these functions, so a transformers
 upgrade that moves an internal breaks this package alone.
@@ -16,12 +16,14 @@ from .lean_attention import use_lean_attention
 from .masks import layer_masks
 from .model_calls import PACKED_SDPA, forward, forward_logits, raw_forward, use_packed_attention
 from .model_facts import (ATTENTION_TYPES, kv_shape, layer_types, model_identity, readout, speculation_reason,
-                          static_kv_reason, vocab_size)
+                          static_kv_reason, vocab_size, weights_identity)
+from .speculative_attention import AttentionSwap, speculative_attention
 
 __all__ = [
-    "ASSISTED_GENERATION_OPTIONS", "ATTENTION_TYPES", "PACKED_SDPA", "assisted_generation_options", "cache_length",
-    "cache_tensors", "column_cache", "copy_cache", "dynamic_cache_of", "eos_token_ids", "forward", "forward_logits",
-    "kv_shape", "layer_masks", "layer_types", "model_identity", "new_cache", "pad_token_id", "raw_forward", "readout",
-    "rollback", "select_rows", "speculation_reason", "static_kv_reason", "stop_strings_as_criteria",
-    "synthetic_cache", "use_lean_attention", "use_packed_attention", "vocab_size",
+    "ASSISTED_GENERATION_OPTIONS", "ATTENTION_TYPES", "AttentionSwap", "PACKED_SDPA", "assisted_generation_options",
+    "cache_length", "cache_tensors", "column_cache", "copy_cache", "dynamic_cache_of", "eos_token_ids", "forward",
+    "forward_logits", "kv_shape", "layer_masks", "layer_types", "model_identity", "new_cache", "pad_token_id",
+    "raw_forward", "readout", "rollback", "select_rows", "speculation_reason", "speculative_attention",
+    "static_kv_reason", "stop_strings_as_criteria", "synthetic_cache", "use_lean_attention", "use_packed_attention",
+    "vocab_size", "weights_identity",
 ]

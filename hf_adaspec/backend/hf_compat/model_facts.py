@@ -1,14 +1,15 @@
 """What a model is, read from its config and modules: layer types and whether speculation can roll them back,
-the KV cache's shape, each attention layer type's window, the identity its costs depend on, the vocabulary
-and the readout a draft head starts from."""
+the KV cache's shape, each attention layer type's window, the identity its costs depend on and its weights'
+identity, the vocabulary and the readout a draft head starts from."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import weakref
 
 import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
-
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # layer types speculation serves
 
@@ -98,6 +99,41 @@ def _converted(model: torch.nn.Module) -> list[str]:
     tensors = {type(p).__name__ for p in model.parameters()} - _PLAIN_WEIGHTS
     layers = {type(m).__name__ for m in model.modules() if type(m).__module__.startswith("hf_adaspec.")}
     return sorted(tensors | layers)
+
+
+WEIGHT_SAMPLES = 64  # values read per parameter or buffer for ``weights_identity``'s fingerprint
+
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module → (device, dtype, its weights_identity)
+
+
+def weights_identity(model: torch.nn.Module) -> str:
+    """The identity of ``model``'s weights: 16 hex digits of a SHA-256 over ``model_identity`` (name, parameter
+    count, dtype, quantization, device, converted weight types) and a fingerprint of the values, up to
+    ``WEIGHT_SAMPLES`` values at an even stride through each parameter and buffer (in ``named_parameters``,
+    ``named_buffers`` order, read as float32 in one copy to the host).
+
+    Contract: two modules with equal identities, weights and sampled values get one key (a reload of the same
+    state dict into a model of the same name, or a deepcopy); models of one config with other weights (another
+    seed, a fine-tune that moves every tensor it touches) get different keys. The fingerprint samples: a change
+    confined to values between the samples goes unseen. It is computed once per module object (kept weakly)
+    and again after the module moves to another device or dtype; weights changed in place after the first
+    call keep the old key. Cost: one small gather per tensor and one host copy (milliseconds for a 1B model)."""
+    placed = (str(model.device), str(model.dtype))
+    kept = _WEIGHTS.get(model)
+    if kept is not None and kept[:2] == placed:
+        return kept[2]
+    digest = hashlib.sha256(json.dumps(model_identity(model), sort_keys=True).encode())
+    samples = []
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        flat = tensor.detach().reshape(-1)
+        if flat.numel():
+            stride = max(1, flat.numel() // WEIGHT_SAMPLES)
+            samples.append(flat[::stride][:WEIGHT_SAMPLES].float())
+    if samples:
+        digest.update(torch.cat([s.to(samples[0].device) for s in samples]).cpu().numpy().tobytes())
+    _WEIGHTS[model] = (*placed, digest.hexdigest()[:16])
+    return _WEIGHTS[model][2]
 
 
 def vocab_size(model: torch.nn.Module) -> int:
