@@ -53,6 +53,20 @@ def test_weights_identity_is_stable_across_a_reload_of_the_same_state_dict(tiny_
     assert hf_compat.weights_identity(loads[0]) == hf_compat.weights_identity(loads[1])
 
 
+def test_weights_identity_reads_a_wrapper_subclass_through_its_inner_tensors(tiny_factory):
+    """A tensor subclass that wraps others (as torchao's quantized weights do) is fingerprinted by what it wraps."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    keys = []
+    for value in (0.0, 1.0):
+        model = tiny_factory(0)
+        weight = model.lm_head.weight.detach()
+        model.lm_head.weight = torch.nn.Parameter(TwoTensor(weight, torch.full_like(weight, value)),
+                                                  requires_grad=False)
+        keys.append(hf_compat.weights_identity(model))
+    assert keys[0] != keys[1]
+
+
 def test_weights_identity_is_computed_once_per_module(tiny_factory, monkeypatch):
     model, calls = tiny_factory(0), []
     identity = model_facts.model_identity

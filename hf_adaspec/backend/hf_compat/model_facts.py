@@ -9,6 +9,7 @@ import json
 import weakref
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # layer types speculation serves
@@ -103,6 +104,16 @@ def _converted(model: torch.nn.Module) -> list[str]:
 
 WEIGHT_SAMPLES = 64  # values read per parameter or buffer for ``weights_identity``'s fingerprint
 
+
+def _stored(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold ``tensor``'s values: itself, or a wrapper subclass's inner tensors, flattened
+    (``__tensor_flatten__``: e.g. a torchao quantized weight's packed values and scales)."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    return [inner for name in names for inner in _stored(getattr(tensor, name))]
+
+
 _WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module → (device, dtype, its weights_identity)
 
 
@@ -110,14 +121,16 @@ def weights_identity(model: torch.nn.Module) -> str:
     """The identity of ``model``'s weights: 16 hex digits of a SHA-256 over ``model_identity`` (name, parameter
     count, dtype, quantization, device, converted weight types) and a fingerprint of the values, up to
     ``WEIGHT_SAMPLES`` values at an even stride through each parameter and buffer (in ``named_parameters``,
-    ``named_buffers`` order, read as float32 in one copy to the host).
+    ``named_buffers`` order; a wrapper subclass's inner tensors, such as a torchao quantized weight's; read as
+    float32 in one copy to the host).
 
     Contract: two modules with equal identities, weights and sampled values get one key (a reload of the same
     state dict into a model of the same name, or a deepcopy); models of one config with other weights (another
     seed, a fine-tune that moves every tensor it touches) get different keys. The fingerprint samples: a change
     confined to values between the samples goes unseen. It is computed once per module object (kept weakly)
     and again after the module moves to another device or dtype; weights changed in place after the first
-    call keep the old key. Cost: one small gather per tensor and one host copy (milliseconds for a 1B model)."""
+    call keep the old key. Cost: one small gather per tensor and one host copy (12 ms for a 1.1B Llama on a CPU,
+    203 tensors; later calls about 50 µs, reading the device and dtype)."""
     placed = (str(model.device), str(model.dtype))
     kept = _WEIGHTS.get(model)
     if kept is not None and kept[:2] == placed:
@@ -126,10 +139,11 @@ def weights_identity(model: torch.nn.Module) -> str:
     samples = []
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
-        flat = tensor.detach().reshape(-1)
-        if flat.numel():
-            stride = max(1, flat.numel() // WEIGHT_SAMPLES)
-            samples.append(flat[::stride][:WEIGHT_SAMPLES].float())
+        for stored in _stored(tensor.detach()):
+            flat = stored.reshape(-1)
+            if flat.numel():
+                stride = max(1, flat.numel() // WEIGHT_SAMPLES)
+                samples.append(flat[::stride][:WEIGHT_SAMPLES].float())
     if samples:
         digest.update(torch.cat([s.to(samples[0].device) for s in samples]).cpu().numpy().tobytes())
     _WEIGHTS[model] = (*placed, digest.hexdigest()[:16])
