@@ -226,7 +226,7 @@ def test_an_arena_that_chooses_by_time_records_a_compiled_width_both_ways(tiny_f
     out = model.generate(prompt, speculation="fixed", num_speculative_tokens=0, speculation_costs=CostTable(
         verify_ms=(10.0,) * 9, draft_ms=1.0), speculation_state=SpeculationState(), max_new_tokens=6,
                          do_sample=False, kv_cache="static")
-    arena = arenas_of(model).adopted("target", 1, 256)
+    arena = arenas_of(model).kept("target", 1, 256)
     hf_adaspec.compile_steps(model, ())
     assert torch.equal(out, model.generate(prompt, max_new_tokens=6, do_sample=False))
     width_1 = [r for r in arena.records if r.width == 1]

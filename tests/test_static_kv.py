@@ -206,7 +206,7 @@ def test_a_slower_replay_is_dropped_for_the_eager_forward(tiny_factory):
                          speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=8,
                          do_sample=False, kv_cache="static")
     plain = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=8, do_sample=False)
-    arena = arenas_of(model).adopted("target", 1, 256)
+    arena = arenas_of(model).kept("target", 1, 256)
     assert torch.equal(out, plain) and arena.records
     assert all(arena.recordings[(r.width, r.layers)] is None for r in arena.records if not r.kept)
 

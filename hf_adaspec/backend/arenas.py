@@ -93,7 +93,7 @@ class ModelArenas:
         self._arenas.pop((role, arena.batch, arena.capacity), None)
         self._arenas[(role, arena.batch, arena.capacity)] = arena
 
-    def adopted(self, role: str, batch: int, capacity: int) -> Arena:
+    def kept(self, role: str, batch: int, capacity: int) -> Arena:
         """The arena kept for ``role`` at ``batch`` rows (rounded up to a power of two) and ``capacity`` columns.
 
         Raises:
