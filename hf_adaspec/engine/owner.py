@@ -6,14 +6,14 @@ object holds them, for as long as the model lives:
 
 - ``arenas``: the target's ``backend.arenas.ModelArenas``: its preallocated KV arenas, their recordings and the
   widths it compiles (the draft's are its own ``ModelArenas``: recordings belong to a module object);
-- ``learned``: the ``SpeculationState`` its requests learn into: the draft's confidence calibration and the
-  costless drafters' match tables, keyed per drafter by the assistant's weights (``policy.modes.
-  assistant_identity``: a new draft model never inherits a collected one's calibration), the draft's recent
-  caches (per draft model object), the recent responses; a request's own ``speculation_state=`` replaces it for
-  that request;
-- the thread policy: ``learned.threads``, the ``ThreadChooser`` that picks torch's intra-op thread count per step
-  on a CPU (``engine.threads``); torch's count is process-wide, and ``run_request`` restores it when the request
-  ends.
+- ``learned``: the ``SpeculationState`` its requests learn into: the draft's confidence calibration, keyed by the
+  assistant's weights (``policy.modes.assistant_identity``: a new draft model never inherits a collected one's
+  calibration), the costless drafters' match tables (one per drafter), the draft's recent caches (per draft
+  model object), the recent responses; a request's own ``speculation_state=`` replaces it for that request;
+- the thread policy: the ``ThreadChooser`` of the learned state in use (``learned.threads``, or the given
+  state's) picks torch's intra-op thread count per step on a CPU (``engine.threads``); torch's count is
+  process-wide, so requests on two models at once in two threads still share it; ``run_request`` restores it
+  when a request ends.
 
 Contract: one speculative request per model at a time. ``request`` holds the target and the assistant
 (``ModelArenas.hold``): a request from another thread waits for the one running, a request started inside
