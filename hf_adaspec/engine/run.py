@@ -38,12 +38,12 @@ from .threads import ThreadChooser
 
 @dataclass
 class SpeculationState:
-    """What ``generate`` learns across requests of one model: the draft's confidence calibration,
-    the costless drafters' acceptance per match length (``matches``; both keyed per drafter by the assistant's
-    weights, ``policy.modes.assistant_identity``), the draft's recent caches (``draft_prefixes``, per draft
-    model object), for suffix drafting the recent responses (``suffixes``) and, on a CPU, which thread count
-    decodes fastest (``threads``). The model's ``engine.owner.ModelState`` (``enable`` makes it) holds one,
-    so decisions — and with them sampled outputs — change from call to call as it learns;
+    """What ``generate`` learns across requests of one model: the draft's confidence calibration (keyed by
+    the assistant's weights, ``policy.modes.assistant_identity``), the costless drafters' acceptance per match
+    length (``matches``), the draft's recent caches (``draft_prefixes``, per draft model object), for suffix
+    drafting the recent responses (``suffixes``) and, on a CPU, which thread count decodes fastest
+    (``threads``). The model's ``engine.owner.ModelState`` (``enable`` makes it) holds one, so decisions —
+    and with them sampled outputs — change from call to call as it learns;
     ``generate(..., speculation_state=SpeculationState())`` starts a call (or a workload, or a benchmarked
     method) from a fresh one."""
 
