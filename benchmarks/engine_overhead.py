@@ -19,6 +19,10 @@ What is measured (all on a CPU, one torch thread, float32, greedy, batch size 1)
   interleaved ``--ratio-repeats`` times per worker (order alternating), medians; then the median over rounds.
   Above 1: ``adaptive`` is faster. Issue 70's bar: >= 0.98. (Also reported: the median of the pairs' own ratios,
   ``never_agree_vs_transformers_pairwise``, which a slow drift of the machine's speed moves less.)
+- ``adaptive_request_ms``: where a never-agreeing ``adaptive`` request's time goes (the mean over the worker's
+  timed requests of the ``plain`` kind, with hooks, then the median over rounds): ``total``, ``to_first_token``
+  (generate's start to the prefill token's callback) and the ``..._forwards`` in it, the sums over every step of
+  the time outside and inside forwards, and ``after_last_step``; to compare with ``transformers_ms``.
 - ``never_draft_acceptance``: the never-agreeing draft's acceptance rate in one untimed request of
   ``speculation="fixed", num_speculative_tokens=4`` (``adaptive`` itself rarely drafts with it, so its own
   records seldom say); per worker, then the median over rounds.
@@ -143,13 +147,29 @@ class _StepTimer:
         self.steps: list[tuple[float, float, object]] = []  # (wall s, forward s, record)
         self._t = None
         self._inside = 0.0
+        self.start = self.end = self.first = 0.0  # generate's start and return, the prefill token's callback
+        self.start_inside = self.first_inside = 0.0
 
     def __call__(self, record, tokens) -> None:
         now = time.perf_counter()
         if record is not None and self._t is not None:
             self.steps.append((now - self._t, self.clock.inside - self._inside, record))
+        elif record is None:
+            self.first, self.first_inside = now, self.clock.inside
         self._inside = self.clock.inside
         self._t = time.perf_counter()
+
+    def breakdown(self) -> dict[str, float]:
+        """One request's ms: all of it, up to the prefill token's callback (and the forwards in it), the steps'
+        time outside and inside forwards (every step), and from the last callback to generate's return."""
+        return {
+            "total": 1000.0 * (self.end - self.start),
+            "to_first_token": 1000.0 * (self.first - self.start),
+            "to_first_token_forwards": 1000.0 * (self.first_inside - self.start_inside),
+            "steps_outside_forwards": 1000.0 * sum(w - f for w, f, _ in self.steps),
+            "steps_forwards": 1000.0 * sum(f for _, f, _ in self.steps),
+            "after_last_step": 1000.0 * (self.end - self._t),
+        }
 
 
 def _median(xs):
@@ -199,9 +219,14 @@ def _worker(job: dict) -> dict:
             extra["speculation_state"] = state_cls()
             if callback is not None:
                 extra["speculation_callback"] = callback
+        if callback is not None:
+            callback.start_inside = callback.clock.inside
         start = time.perf_counter()
         out = model.generate(**base_kwargs, **kw, **extra)
-        return time.perf_counter() - start, out
+        end = time.perf_counter()
+        if callback is not None:
+            callback.start, callback.end = start, end
+        return end - start, out
 
     warm = {}
     outputs = {}
@@ -221,11 +246,14 @@ def _worker(job: dict) -> dict:
 
     clock = _ForwardClock([target, never, agree])
     steps = {name: [] for name in configs}
+    requests = []  # the "plain" (never-agreeing adaptive) requests' breakdowns
     for r in range(job["requests"]):
         for name in list(configs) if r % 2 == 0 else list(reversed(configs)):
             timer = _StepTimer(clock)
             run(target, configs[name], timer)
             steps[name].extend(timer.steps[job["skip_steps"] :])
+            if name == "plain":
+                requests.append(timer.breakdown())
     clock.remove()
 
     result = {
@@ -239,6 +267,7 @@ def _worker(job: dict) -> dict:
         "step_ms": {},
         "steps": {},
         "acceptance": {},
+        "adaptive_request_ms": {key: statistics.fmean(b[key] for b in requests) for key in requests[0]},
     }
     for name, rows in steps.items():
         kind = [s for s in rows if (s[2].k == 0) == (name != "speculative")]
@@ -359,6 +388,7 @@ def _summary(rounds: list[dict]) -> dict:
         "never_draft_acceptance": round(_median([r["never_draft_acceptance"] for r in rounds]), 4),
         "transformers_ms": round(_median([r["transformers_ms"] for r in rounds]), 2),
         "adaptive_never_agree_ms": round(_median([r["adaptive_never_agree_ms"] for r in rounds]), 2),
+        "adaptive_request_ms": {k: med("adaptive_request_ms", k) for k in rounds[0]["adaptive_request_ms"]},
     }
 
 
