@@ -40,9 +40,8 @@ temporary folder when the run starts so that edits made while it runs do not rea
 commit's tree instead); ``base`` is commit ``--base`` extracted with ``git archive``. Each measurement is one fresh
 worker process (``<python> <this file> --worker``) with the version's folder first on ``PYTHONPATH``; the worker
 checks ``hf_adaspec.__file__``. Rounds interleave the versions (base then head, the order alternating each round).
-Keywords are passed only where the version's ``SpeculationConfig`` has them (none of those used differs between
-7736f8b and the head as of this writing: ``speculation``, ``num_speculative_tokens``; the head's ``max_slowdown``
-is left at its default).
+Only ``speculation`` and ``num_speculative_tokens`` are passed (both versions' ``SpeculationConfig`` have them; a
+worker stops, naming it, at a keyword its version lacks); the head's ``max_slowdown`` is left at its default.
 
 Output: one line per worker result while it runs; the full result (per-round values, machine facts, commits) in
 ``benchmarks/results/engine_overhead/<UTC time>-<head commit>.json`` (``--output`` to change), and as the last
