@@ -1,6 +1,6 @@
 """Greedy verification and the residual distribution on hand-built tensors; speculative sampling's
-reproducibility; the loop's verification of rows of different k in one step. (That speculative sampling is lossless is checked, with negative controls, by the
-chi-square tests in test_invariants.py.)"""
+reproducibility; the loop's verification of rows of different k in one step. (That speculative sampling is lossless
+is checked, with negative controls, by the chi-square tests in test_invariants.py.)"""
 
 from __future__ import annotations
 
@@ -91,18 +91,19 @@ def test_speculative_sample_is_reproducible_with_generator():
 
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_rows_of_different_k_in_one_step_get_their_own_verification(do_sample):
-    """The loop verifies the rows of one k together (``verify_group``) and hands each row its own outcome: rows
+    """The loop verifies every row at once (greedy) or the rows of one k together (``verify_group``, sampling) and hands each row its own outcome: rows
     with k = 2, 0, 1, 2 against targets sure of their tokens (so sampling is deterministic here) accept up to
     their first wrong token and emit the target's token after it."""
-    from hf_adaspec.engine.loop import DecodeSettings, _Rows, _verify
+    from hf_adaspec.engine.loop import DecodeSettings, _verify
+    from hf_adaspec.engine.rows import TokenRows
     from hf_adaspec.proposers.base import Proposal
 
     sure = [[1, 2, 3], [4, 0, 0], [5, 1, 0], [2, 2, 5]]  # per row the target's token at each position
     logits = 60.0 * torch.nn.functional.one_hot(torch.tensor(sure), V).float()  # [4, k_max+1, V]
     drafts = [[1, 2], [], [0], [2, 3]]  # row 0 all accepted, row 1 plain, row 2 rejected at once, row 3 after one
     proposals = [Proposal(torch.tensor([d], dtype=torch.long).view(1, len(d))) for d in drafts]
-    rows = _Rows([torch.tensor([0])] * 4, [0] * 4, 1, [0, 1, 2, 3], [0.0] * 4)
+    rows = TokenRows.open(torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 1), 100, None, 0)
     settings = DecodeSettings([], None, 100, do_sample, generator=torch.Generator().manual_seed(0))
-    accepted, new = _verify(logits, proposals, rows, settings)
+    accepted, new = _verify(logits, proposals, rows, settings, free=True)
     assert accepted == [2, 0, 0, 1]
-    assert [n[0].tolist() for n in new] == [[1, 2, 3], [4], [5], [2, 2]]
+    assert new == [[1, 2, 3], [4], [5], [2, 2]]

@@ -26,11 +26,12 @@ class KVCache(Protocol):
 
     lengths: torch.Tensor
 
-    def append(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
-        """Feed tokens [B, M] (``valid`` [B, M] bool marks real ones) → float32 logits [B, keep, V]."""
+    def append(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int) -> torch.Tensor:
+        """Feed tokens [B, M] (``valid`` [B, M] bool marks real ones; None: all are) → float32 logits
+        [B, keep, V]."""
         ...
 
-    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int, layers: tuple[int, ...]
+    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``append``, and the residual stream at the inputs of ``layers`` for every column
         ([B, M, len(layers)·H]; None without layers)."""
@@ -68,50 +69,66 @@ class RaggedCache:
         held = self.store.held
         self.mask = torch.ones(batch, held, dtype=torch.long)
         self.lengths = torch.full((batch,), held, dtype=torch.long)
+        self._held, self._dense = [held] * batch, True  # the lengths as ints; whether the mask is all ones
 
     @property
     def batch(self) -> int:
         """Rows in the batch."""
         return self.mask.shape[0]
 
-    def append(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
-        """Feed a block of tokens [B, M] where ``valid`` [B, M] bool marks each row's real tokens.
+    def append(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int) -> torch.Tensor:
+        """Feed a block of tokens [B, M] where ``valid`` [B, M] bool marks each row's real tokens (None: all).
 
         Returns float32 logits [B, keep, V] of the block's last ``keep`` columns, on the model's device.
         """
         return self.append_features(tokens, valid, keep, ())[0]
 
-    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int, layers: tuple[int, ...]
+    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``append``, also returning the residual stream at the inputs of ``layers`` for every column of
         the block, concatenated: [B, M, len(layers)·H] float32 on the CPU (None without layers)."""
-        valid = valid.cpu()
-        self.mask = self.store.make_room(self.mask, tokens.shape[1])
-        offsets = valid.long().cumsum(dim=1) - 1  # [B, M]: index of each token among the row's new ones
-        position_ids = self.lengths[:, None] + offsets.clamp_min(0)  # [B, M]
-        mask = torch.cat([self.mask, valid.long()], dim=1)  # [B, L + M]
+        n = tokens.shape[1]
+        self.mask = self.store.make_room(self.mask, n)
+        if valid is None:  # every column real: positions follow each row's length
+            position_ids = self.lengths[:, None] + torch.arange(n)  # [B, M]
+            mask = torch.cat([self.mask, torch.ones(self.batch, n, dtype=torch.long)], dim=1)  # [B, L + M]
+            counts = [n] * self.batch
+        else:
+            valid = valid.cpu()
+            offsets = valid.long().cumsum(dim=1) - 1  # [B, M]: index of each token among the row's new ones
+            position_ids = self.lengths[:, None] + offsets.clamp_min(0)  # [B, M]
+            mask = torch.cat([self.mask, valid.long()], dim=1)  # [B, L + M]
+            counts = valid.sum(dim=1).tolist()
+            self._dense = self._dense and min(counts) == n
         logits, features = self.store.forward(tokens, mask, position_ids, keep, layers)
         self.mask = mask
-        self.lengths = self.lengths + valid.long().sum(dim=1)
+        self._held = [h + c for h, c in zip(self._held, counts, strict=True)]
+        self.lengths = torch.tensor(self._held, dtype=torch.long)
         return logits, features
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths`` [B] tokens of each row; crop columns no row uses any more."""
-        if bool((lengths >= self.lengths).all()) and (not self.mask.shape[1] or bool(self.mask[:, -1].any())):
+        wanted = lengths.tolist()
+        if all(w >= h for w, h in zip(wanted, self._held, strict=True)) and \
+                (self._dense or not self.mask.shape[1] or bool(self.mask[:, -1].any())):
             return  # every row keeps all it holds and the last column is in use: nothing changes (a plain step)
         kept = (self.mask.cumsum(dim=1) <= lengths[:, None]) & self.mask.bool()  # [B, L]
         self.mask = kept.long()
-        self.lengths = torch.minimum(self.lengths, lengths)
+        self._held = [min(h, w) for h, w in zip(self._held, wanted, strict=True)]
+        self.lengths = torch.tensor(self._held, dtype=torch.long)
         used = kept.any(dim=0).nonzero()
         width = int(used[-1]) + 1 if used.numel() else 0
         if width < self.mask.shape[1]:
             self.store.crop(width)
             self.mask = self.mask[:, :width]
+        self._dense = bool(self.mask.all())
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep batch rows ``rows`` ([b] long indices), dropping the others (finished requests)."""
         self.store.select(rows)
         self.mask, self.lengths = self.mask[rows], self.lengths[rows]
+        self._held = self.lengths.tolist()
+        self._dense = bool(self.mask.all())
 
     def export_prefix(self) -> object | None:
         if self.batch != 1 or not bool(self.mask.all()):
@@ -124,6 +141,7 @@ class RaggedCache:
         self.store.fill_random(self.batch, context)
         self.mask = torch.ones(self.batch, context, dtype=torch.long)
         self.lengths = torch.full((self.batch,), context, dtype=torch.long)
+        self._held, self._dense = [context] * self.batch, True
 
 
 def left_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from ..policy.controller import StepView
 from ..proposers.base import DraftOffer
 
@@ -22,10 +20,9 @@ def hindsight(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int
     return compared, next((j for j in range(compared) if proposal[j] != emitted[j]), compared)
 
 
-def scored(offers: Sequence[DraftOffer], view: StepView, new: list[torch.Tensor]
+def scored(offers: Sequence[DraftOffer], view: StepView, new: Sequence[Sequence[int]]
            ) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
     """Per drafter: None (paid), or for a costless one per row what its whole offer (as the controller saw
-    it, capped by the row's budget) would have got accepted (``new``: per row the emitted tokens [1, m])."""
-    emitted = [n[0].tolist() for n in new]
-    return tuple(tuple(hindsight(t.tolist()[:u], e) for t, u, e in zip(o.tokens, view.offers[d], emitted, strict=True))
+    it, capped by the row's budget) would have got accepted (``new``: per row the emitted token ids)."""
+    return tuple(tuple(hindsight(t[:u].tolist(), e) for t, u, e in zip(o.tokens, view.offers[d], new, strict=True))
                  if o.costless else None for d, o in enumerate(offers))

@@ -24,14 +24,18 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backend import hf_compat
 from ..backend.ragged import KVCache, right_pad
 from ..policy.controller import Controller, Decision, StepOutcome, StepView
 from ..policy.horizon import lindy_horizon
 from ..proposers.base import Drafter, DraftOffer, Proposal, Rows
 from .hindsight import scored
+from .rows import TokenRows
 from .stats import SpeculationStats, StepRecord
 from .threads import ThreadChooser
 from .verification import Verification, greedy_verify, process_scores, select_token, speculative_sample
+
+_EMPTY = Proposal(torch.zeros(1, 0, dtype=torch.long))  # a plain row's proposal
 
 
 @dataclass
@@ -84,53 +88,24 @@ class DecodeResult:
 
 
 def verify_group(proposals: Sequence[Proposal], scores: torch.Tensor, settings: DecodeSettings) -> Verification:
-    """Greedy or speculative-sampling verification of g rows' ``proposals`` of one length k against their
-    scores [g, k+1, V], in one call (greedy on the scores' device; sampling on the CPU, where its generator
-    is; a deterministic drafter's q is one-hot on its tokens)."""
+    """Speculative-sampling verification of g rows' ``proposals`` of one length k against their processed
+    scores [g, k+1, V], in one call on the CPU, where its generator is (a deterministic drafter's q is one-hot on
+    its tokens)."""
     draft = torch.cat([proposal.tokens for proposal in proposals])  # [g, k]
-    if not settings.do_sample:
-        return greedy_verify(draft.to(scores.device), scores)
     p = torch.softmax(scores.cpu(), dim=-1)  # [g, k+1, V]
     q = torch.cat([torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype) if proposal.q is None
                    else proposal.q.cpu() for proposal in proposals])  # [g, k, V]
     return speculative_sample(draft, q, p, settings.generator)
 
 
-@dataclass
-class _Rows:
-    """Per request: padded views [T_i], padding lengths, the prompt width T, the active rows and finish
-    times (ms)."""
-
-    views: list[torch.Tensor]
-    starts: list[int]
-    prompt_width: int
-    active: list[int]
-    finish_ms: list[float]
-
-    def current(self) -> Rows:
-        return Rows(tuple(self.views[i] for i in self.active), tuple(self.starts[i] for i in self.active),
-                    self.prompt_width)
-
-    def emit(self, slot: int, new: torch.Tensor, settings: DecodeSettings, now_ms: float) -> bool:
-        """Append new tokens [1, m] to active row ``slot`` one at a time, stopping at the first token a
-        stopping criterion stops on; True when the row stopped."""
-        i = self.active[slot]
-        for t in new[0]:
-            self.views[i] = torch.cat([self.views[i], t.view(1)])
-            if bool(settings.stopping_criteria(self.views[i][None], None).all()):
-                self.finish_ms[i] = now_ms
-                return True
-        return False
-
-
-def _decide(rows: _Rows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOffer, ...], StepView, Decision]:
+def _decide(rows: TokenRows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOffer, ...], StepView, Decision]:
     """Every drafter's offer, and the controller's decision from the offers (capped by each row's budget),
     their evidence, the drafters' catch-up, and the horizon of the shortest row and the smallest budget."""
     settings = parts.settings
-    budget = [settings.max_length - rows.views[i].shape[0] - 1 for i in rows.active]
+    budget = [settings.max_length - rows.ends[i] - 1 for i in rows.active]
     offers = tuple(d.offer(current, parts.k_max) for d in parts.drafters)
     bounds = tuple(tuple(max(0, min(b, u)) for b, u in zip(budget, o.bounds, strict=True)) for o in offers)  # [D][b]
-    generated = min(rows.views[i].shape[0] for i in rows.active) - rows.prompt_width
+    generated = min(rows.ends[i] for i in rows.active) - rows.prompt_width
     horizon = settings.horizon(generated, min(budget) + 1)
     view = StepView(bounds, tuple(o.catchup for o in offers), horizon, tuple(o.evidence for o in offers))
     return offers, view, parts.controller.decide(view)
@@ -138,7 +113,7 @@ def _decide(rows: _Rows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOff
 
 def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decision: Decision) -> list[Proposal]:
     """Each row's proposal from its drafter; a drafter runs once for all rows that picked it."""
-    proposals = [Proposal(torch.zeros(1, 0, dtype=torch.long))] * len(decision.ks)
+    proposals = [_EMPTY] * len(decision.ks)
     for d, drafter in enumerate(parts.drafters):
         ks = [k if chosen == d else 0 for k, chosen in zip(decision.ks, decision.drafters, strict=True)]
         if max(ks):
@@ -147,27 +122,57 @@ def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decis
     return proposals
 
 
-def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: _Rows, settings: DecodeSettings
-            ) -> tuple[list[int], list[torch.Tensor]]:
-    """Verify each row's proposal against its logits [1, k_i+1, V] (on the target's device), the rows of
-    one k_i in one call (``verify_group``) → accepted n_i, new tokens [1, n_i+1] on the CPU."""
-    scores = [process_scores(settings.logits_processor, rows.views[i][None], proposal.tokens,
-                             logits[slot : slot + 1, : proposal.k + 1])  # [1, k_i+1, V]
-              for slot, (i, proposal) in enumerate(zip(rows.active, proposals, strict=True))]
-    accepted, tokens = [0] * len(proposals), [0] * len(proposals)
-    for k in sorted({proposal.k for proposal in proposals}):
-        group = [slot for slot, proposal in enumerate(proposals) if proposal.k == k]
-        joined = scores[group[0]] if len(group) == 1 else torch.cat([scores[s] for s in group])  # [g, k+1, V]
-        if k or settings.do_sample:
-            result = verify_group([proposals[s] for s in group], joined, settings)
+def _block(rows: TokenRows, proposals: Sequence[Proposal], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each active row's [last token, d_1..d_k_i], right-padded → tokens [b, K+1] and valid [b, K+1] bool (None
+    when every row has the same k: no padding)."""
+    last = [rows.ids[i, rows.ends[i] - 1 : rows.ends[i]] for i in rows.active]  # b × [1]
+    if all(p.k == proposals[0].k for p in proposals):
+        if not proposals[0].k:
+            return torch.stack(last), None  # [b, 1]: a plain step
+        return torch.stack([torch.cat([t, p.tokens[0]]) for t, p in zip(last, proposals, strict=True)]), None
+    return right_pad([torch.cat([t, p.tokens[0]]) for t, p in zip(last, proposals, strict=True)], pad_token_id)
+
+
+def _scores(logits: torch.Tensor, proposals: Sequence[Proposal], rows: TokenRows, settings: DecodeSettings,
+            free: bool) -> torch.Tensor:
+    """The target's logits [b, K+1, V] (right-padded: row s's first k_s + 1 columns are its own) processed:
+    position-free processors once over every column of every row (``hf_compat.position_free``), others per row
+    and position on the row's own prefix (``process_scores``)."""
+    processor = settings.logits_processor
+    if not processor:
+        return logits
+    b, width, vocab = logits.shape
+    if free:  # they read only the scores: the ids they are handed are ignored
+        ids = torch.zeros(b * width, 1, dtype=torch.long, device=logits.device)
+        return processor(ids, logits.reshape(b * width, vocab)).reshape(b, width, vocab)  # [b, K+1, V]
+    done = [process_scores(processor, rows.view(i)[None], p.tokens, logits[s : s + 1, : p.k + 1])  # [1, k_s+1, V]
+            for s, (i, p) in enumerate(zip(rows.active, proposals, strict=True))]
+    return torch.cat([torch.nn.functional.pad(d, (0, 0, 0, width - d.shape[1])) for d in done])  # [b, K+1, V]
+
+
+def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: TokenRows, settings: DecodeSettings,
+            free: bool) -> tuple[list[int], list[list[int]]]:
+    """Verify every row's proposal against its logits (``logits`` [b, K+1, V] on the target's device) → accepted
+    n_i and the new tokens [n_i + 1] (ids on the host). Greedy: all rows in one call, one host read; sampling:
+    the rows of one k_i in one call (``verify_group``), one host read per group."""
+    drafts = [p.tokens[0].tolist() for p in proposals]  # the proposals are on the host
+    width = max(len(d) for d in drafts) + 1
+    scores = _scores(logits[:, :width], proposals, rows, settings, free)  # [b, K+1, V]
+    if not settings.do_sample and width == 1:  # greedy plain rows: the target's argmax (the bonus token at k = 0)
+        return [0] * len(drafts), [[t] for t in scores[:, 0].argmax(dim=-1).tolist()]
+    if not settings.do_sample:
+        padded = torch.tensor([d + [-1] * (width - 1 - len(d)) for d in drafts], dtype=torch.long)  # [b, K]
+        result = greedy_verify(padded.to(scores.device), scores)  # a padded column never matches
+        accepted, tokens = torch.stack([result.num_accepted, result.next_token]).tolist()  # one host read
+    else:
+        accepted, tokens = [0] * len(proposals), [0] * len(proposals)
+        for k in sorted({p.k for p in proposals}):
+            group = [s for s, p in enumerate(proposals) if p.k == k]
+            result = verify_group([proposals[s] for s in group], scores[group, : k + 1], settings)
             both = torch.cat([result.num_accepted, result.next_token]).tolist()  # one transfer per group
-        else:  # greedy plain rows: nothing to verify, the target's argmax (greedy_verify's bonus token at k = 0)
-            both = [0] * len(group) + joined[:, 0].argmax(dim=-1).tolist()
-        for j, slot in enumerate(group):
-            accepted[slot], tokens[slot] = both[j], both[len(group) + j]
-    new = [torch.cat([proposal.tokens[:, :n], torch.tensor([[token]])], dim=1) if n else torch.tensor([[token]])
-           for proposal, n, token in zip(proposals, accepted, tokens, strict=True)]  # [1, n_i + 1] each
-    return accepted, new
+            for j, s in enumerate(group):
+                accepted[s], tokens[s] = both[j], both[len(group) + j]
+    return accepted, [d[:n] + [t] for d, n, t in zip(drafts, accepted, tokens, strict=True)]
 
 
 def _commit(parts: RunParts, finished: list[bool], confirmed: torch.Tensor, own: Sequence[torch.Tensor],
@@ -192,7 +197,7 @@ def _own(drafter: int, chosen: Sequence[int], confirmed: torch.Tensor, held: tor
     return confirmed if all(mine) else held if not any(mine) else torch.where(torch.tensor(mine), confirmed, held)
 
 
-def _leave(parts: RunParts, rows: _Rows, finished: list[bool]) -> None:
+def _leave(parts: RunParts, rows: TokenRows, finished: list[bool]) -> None:
     """The controller forgets finished rows, and they leave the active rows."""
     left = [s for s, f in enumerate(finished) if not f]
     if 0 < len(left) < len(finished):
@@ -200,27 +205,35 @@ def _leave(parts: RunParts, rows: _Rows, finished: list[bool]) -> None:
     rows.active = [rows.active[s] for s in left]
 
 
-@torch.no_grad()
-def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DecodeResult:
-    """Generate for a left-padded batch with ``parts`` (its cache empty). input_ids, attention_mask: [B, T]
-    → DecodeResult."""
-    start, batch, settings = time.perf_counter(), input_ids.shape[0], parts.settings
-    now = lambda: (time.perf_counter() - start) * 1000.0  # noqa: E731
-    rows = _Rows(list(input_ids.cpu()), (attention_mask.shape[1] - attention_mask.sum(1)).tolist(), input_ids.shape[1],
-                 list(range(batch)), [0.0] * batch)
-    stats = SpeculationStats()
+def _prefill(parts: RunParts, rows: TokenRows, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             now: Callable[[], float]) -> None:
+    """The prompt's forward and each row's first token; rows that stopped at it leave, and drafters that read
+    the target's features get the prompt's."""
+    settings, batch = parts.settings, input_ids.shape[0]
     logits, features = parts.cache.append_features(input_ids, attention_mask.bool(), 1, parts.feature_layers)
     logits = logits[:, -1].cpu() if settings.do_sample else logits[:, -1]  # [B, V]; sampling on the CPU
-    firsts = [select_token(settings.logits_processor(rows.views[i][None].to(logits.device), logits[i : i + 1]),
-                           settings.do_sample, settings.generator).cpu() for i in range(batch)]  # B × [1, 1]
-    finished = [rows.emit(i, t, settings, now()) for i, t in enumerate(firsts)]
-    stats.prefill_ms = now()
-    _stream(settings, rows.views[0][input_ids.shape[1]:], None)
+    firsts = [int(select_token(settings.logits_processor(rows.view(i)[None].to(logits.device), logits[i : i + 1]),
+                               settings.do_sample, settings.generator)) for i in range(batch)]  # B ids
+    finished = [rows.emit(i, [t], now()) for i, t in enumerate(firsts)]
+    _stream(settings, rows.ids[0, input_ids.shape[1] : rows.ends[0]], None)
     if any(finished) or features is not None:  # the prompt's features; rows that stopped at their first token leave
         held = rows.current().lengths - 1  # the caches hold at most the prompt: nothing to roll back
         prompt = None if features is None else [features[i][attention_mask[i].bool()] for i in range(batch)]
         _commit(parts, finished, held, [held] * len(parts.drafters), prompt)  # prompt: B × [T_i, F]
     _leave(parts, rows, finished)
+
+
+@torch.no_grad()
+def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> DecodeResult:
+    """Generate for a left-padded batch with ``parts`` (its cache empty). input_ids, attention_mask: [B, T]
+    → DecodeResult."""
+    start, settings = time.perf_counter(), parts.settings
+    now = lambda: (time.perf_counter() - start) * 1000.0  # noqa: E731
+    rows = TokenRows.open(input_ids, attention_mask, settings.max_length, settings.stopping_criteria,
+                          settings.pad_token_id)
+    free, stats = hf_compat.position_free(settings.logits_processor), SpeculationStats()
+    _prefill(parts, rows, input_ids, attention_mask, now)
+    stats.prefill_ms = now()
     step, last = 0, time.perf_counter()
     while rows.active:
         current, rest, mark = rows.current(), parts.controller.rests(), time.perf_counter()
@@ -231,18 +244,17 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         t0 = time.perf_counter()
         proposals = _propose(parts, current, offers, decision)  # propose
         t1 = time.perf_counter()
-        block, valid = right_pad([torch.cat([rows.views[i][-1:], p.tokens[0]])  # [b, k+1]
-                                  for i, p in zip(rows.active, proposals)], settings.pad_token_id)
+        block, valid = _block(rows, proposals, settings.pad_token_id)  # [b, K+1]
         logits, features = parts.cache.append_features(block, valid, block.shape[1], parts.feature_layers)
-        accepted, new = _verify(logits, proposals, rows, settings)  # verify
+        accepted, new = _verify(logits, proposals, rows, settings, free)  # verify
         mark = time.perf_counter()
         seen = () if view is None else scored(offers, view, new)
         decision_ms = (decision_s + time.perf_counter() - mark) * 1000.0 if settings.decision_ms is None \
             else settings.decision_ms
         held = current.lengths  # [b] tokens each row held before the step
         confirmed = held + torch.tensor(accepted)  # tokens each row holds, minus its new last token
-        lengths = [rows.views[i].shape[0] for i in rows.active]
-        finished = [rows.emit(s, n, settings, now()) for s, n in enumerate(new)]
+        ends = [rows.ends[i] for i in rows.active]
+        finished = [rows.emit(s, n, now()) for s, n in enumerate(new)]
         own = [_own(d, decision.drafters, confirmed, held) for d in range(len(parts.drafters))]
         kept = None if features is None else [features[s, : n + 1] for s, n in enumerate(accepted)]  # [n_i+1, F]
         _commit(parts, finished, confirmed, own, kept)  # commit
@@ -256,22 +268,22 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         if not rest:
             parts.controller.observe(outcome)  # observe
         for s, i in enumerate(rows.active):
-            record = StepRecord(ks[s], accepted[s], rows.views[i].shape[0] - lengths[s],
+            record = StepRecord(ks[s], accepted[s], rows.ends[i] - ends[s],
                                 parts.drafters[decision.drafters[s]].name if ks[s] else "plain", draft_ms, verify_ms,
                                 decision.alphas[s], decision.predicted_goodput, row=i, step=step,
                                 predicted_ms=predicted_ms, decided=not rest)
             stats.steps.append(record)
-            _stream(settings, rows.views[i][lengths[s]:], record)
-        emitted = min(rows.views[i].shape[0] - lengths[s] for s, i in enumerate(rows.active))
+            _stream(settings, rows.ids[i, ends[s] : rows.ends[i]], record)
+        emitted = min(rows.ends[i] - ends[s] for s, i in enumerate(rows.active))
         last = _account(parts.controller, settings, last, (not rest, predicted_ms), emitted, not any(ks) and not tried)
         _leave(parts, rows, finished)
         step += 1
     if settings.streamer is not None:
         settings.streamer.end()
     stats.wall_ms = now()
-    stats.row_tokens = tuple(int(v.shape[0]) - input_ids.shape[1] for v in rows.views)
+    stats.row_tokens = tuple(end - input_ids.shape[1] for end in rows.ends)
     stats.finish_ms = tuple(rows.finish_ms)
-    return DecodeResult(_pad_right(rows.views, settings.pad_token_id), stats)
+    return DecodeResult(_pad_right(rows, settings.pad_token_id), stats)
 
 
 def predicted_time(measured_ms: float, decided: bool, predicted_ms: float) -> float:
@@ -311,10 +323,10 @@ def _stream(settings: DecodeSettings, tokens: torch.Tensor, record: StepRecord |
         settings.on_step(record, tokens.cpu())
 
 
-def _pad_right(views: list[torch.Tensor], pad_token_id: int) -> torch.Tensor:
-    """Stack rows of different lengths, right-padding with pad_token_id → [B, max len]."""
-    width = max(v.shape[0] for v in views)
-    out = torch.full((len(views), width), pad_token_id, dtype=torch.long)
-    for i, v in enumerate(views):
-        out[i, : v.shape[0]] = v
+def _pad_right(rows: TokenRows, pad_token_id: int) -> torch.Tensor:
+    """The rows' padded views, right-padded with pad_token_id to the longest → [B, max end]."""
+    width = max(rows.ends)
+    out = rows.ids[:, :width].clone()
+    for i, end in enumerate(rows.ends):
+        out[i, end:] = pad_token_id
     return out

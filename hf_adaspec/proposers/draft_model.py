@@ -56,7 +56,7 @@ class DraftModelProposer:
             unseen = (unseen[0].clamp_max(self.widths[0] - 1), unseen[1])
 
         def column(j: int, previous: torch.Tensor | None) -> torch.Tensor:
-            tokens, valid = unseen if previous is None else (previous[:, None], torch.ones(b, 1, dtype=torch.bool))
+            tokens, valid = unseen if previous is None else (previous[:, None], None)  # None: every column real
             logits = self.cache.append(tokens, valid, keep=1)[:, -1]  # [b, V_draft] on the draft's device
             if self.widths is None:
                 return logits

@@ -98,17 +98,20 @@ class TraceCache:
     def batch(self) -> int:
         return len(self.rows)
 
-    def append(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
-        """tokens, valid: [B, M] → float32 logits [B, keep, V'] for the block's last ``keep`` columns."""
+    def append(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int) -> torch.Tensor:
+        """tokens, valid: [B, M] (valid None: every column real) → float32 logits [B, keep, V'] for the block's
+        last ``keep`` columns."""
         return self.append_features(tokens, valid, keep, ())[0]
 
-    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor, keep: int, layers: tuple[int, ...]
+    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``append``, and with ``layers`` (a ``VirtualHead``'s three) the virtual features of every column,
         [B, M, 3] float32: (the row's index in the request, the column's position, 0); None without layers.
         Raises ValueError for other than three layers (only a virtual head reads these features)."""
         if layers and len(layers) != 3:
             raise ValueError("traces hold no target features: only a VirtualHead (three layers) reads virtual ones")
+        if valid is None:
+            valid = torch.ones(tokens.shape, dtype=torch.bool)
         positions = self.lengths[:, None] + valid.long().cumsum(dim=1) - 1  # [B, M]
         wanted = positions[:, -keep:].clamp_min(0)  # [B, keep]
         logits = torch.zeros(tokens.shape[0], keep, self.vocab_size)

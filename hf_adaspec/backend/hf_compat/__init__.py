@@ -2,7 +2,8 @@
 layers and their operations (``cache_layers``), a q4 model's lean attention (``lean_attention``), the attention a
 speculative request swaps in (``speculative_attention``), attention masks for rows with holes and windowed layers
 (``masks``), calling the model (``model_calls``), and the ``generate`` keywords the custom_generate path reads or
-drops (``generate_options``). The rest of hf-adaspec imports only the names below (``hf_compat.new_cache``, …).
+drops (``generate_options``), and how far its stopping criteria and logits processors can be read over a
+whole span (``criteria``). The rest of hf-adaspec imports only the names below (``hf_compat.new_cache``, …).
 
 Tested against transformers 5.x (see pyproject's pin). The engine calls only these functions, so a transformers
 upgrade that moves an internal breaks this package alone.
@@ -10,6 +11,7 @@ upgrade that moves an internal breaks this package alone.
 
 from .cache_layers import (cache_length, cache_tensors, column_cache, copy_cache, dynamic_cache_of, new_cache,
                            rollback, select_rows, synthetic_cache)
+from .criteria import StopSplit, position_free, split_stopping
 from .generate_options import (ASSISTED_GENERATION_OPTIONS, assisted_generation_options, eos_token_ids,
                                pad_token_id, stop_strings_as_criteria)
 from .lean_attention import use_lean_attention

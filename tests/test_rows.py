@@ -1,0 +1,88 @@
+"""The request's token rows: a step's span written at once, stopped where token-by-token checking stops it; and
+processors run once over a step's positions only where that equals running them position by position."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (EosTokenCriteria, LogitsProcessorList, MaxLengthCriteria, RepetitionPenaltyLogitsProcessor,
+                          StoppingCriteria, StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper)
+
+from hf_adaspec.backend import hf_compat
+from hf_adaspec.engine.loop import DecodeSettings, _scores
+from hf_adaspec.engine.rows import TokenRows
+from hf_adaspec.proposers.base import Proposal
+
+
+class StopAfter(StoppingCriteria):
+    """A caller's criterion: stops a row whose last token is ``token``."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def _rows(criteria, max_length: int = 50) -> TokenRows:
+    prompt = torch.tensor([[0, 7, 8], [9, 10, 11]])  # row 0 has one column of left padding
+    return TokenRows.open(prompt, torch.tensor([[0, 1, 1], [1, 1, 1]]), max_length, StoppingCriteriaList(criteria), 0)
+
+
+def _token_by_token(criteria, row: list[int], new: list[int]) -> tuple[list[int], bool]:
+    """What the loop did before: append one token at a time and ask every criterion after each."""
+    for j, token in enumerate(new):
+        row = [*row, token]
+        if bool(StoppingCriteriaList(criteria)(torch.tensor([row]), None).all()):
+            return new[: j + 1], True
+    return new, False
+
+
+def test_a_span_stops_where_token_by_token_checking_stops():
+    cases = [
+        ([EosTokenCriteria(5)], [1, 5, 2, 3]),  # EOS in the middle of an accepted span
+        ([MaxLengthCriteria(6)], [1, 2, 3, 4]),  # the length cap inside the span
+        ([EosTokenCriteria(5), StopAfter(2)], [1, 2, 5, 3]),  # a caller's criterion before the EOS
+        ([EosTokenCriteria(5), StopAfter(3)], [1, 5, 3]),  # the EOS before a caller's criterion
+        ([EosTokenCriteria(5), MaxLengthCriteria(50)], [1, 2, 3]),  # nothing stops it
+    ]
+    for criteria, new in cases:
+        rows = _rows(criteria)
+        stopped = rows.emit(0, new, now_ms=7.0)
+        kept, expected_stop = _token_by_token(criteria, [0, 7, 8], new)
+        assert rows.view(0).tolist() == [0, 7, 8, *kept], (criteria, new)
+        assert stopped == expected_stop and (rows.finish_ms[0] == 7.0) == expected_stop
+        assert rows.view(1).tolist() == [9, 10, 11]  # the other row is untouched
+
+
+def test_split_reads_only_transformers_own_classes():
+    class OwnEos(EosTokenCriteria):
+        """A subclass may read more than the last token: it is asked per prefix."""
+
+    split = hf_compat.split_stopping(StoppingCriteriaList([EosTokenCriteria([5, 6]), MaxLengthCriteria(9),
+                                                           MaxLengthCriteria(7), OwnEos(3)]))
+    assert split.eos == {5, 6} and split.max_length == 7
+    assert [type(c) for c in split.others] == [OwnEos]
+    assert hf_compat.split_stopping(None) == hf_compat.StopSplit(frozenset(), None, None)
+
+
+def test_processors_run_once_only_where_they_are_position_free():
+    assert hf_compat.position_free(LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5)]))
+    assert hf_compat.position_free(None)
+    assert not hf_compat.position_free(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)]))
+
+
+def test_scores_processed_at_once_equal_position_by_position():
+    """``_scores`` over rows of k = 2 and 0: once over [Σ(k+1), V] for position-free processors equals the
+    per-position path on each row's own prefix; a prefix-reading processor takes the per-position path."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 16, generator=gen)  # [b, K+1, V]
+    proposals = [Proposal(torch.tensor([[3, 4]])), Proposal(torch.zeros(1, 0, dtype=torch.long))]
+    rows = _rows([])
+    free = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5)])
+    settings = DecodeSettings(free, None, 50, True)
+    at_once = _scores(logits, proposals, rows, settings, free=True)
+    by_position = _scores(logits, proposals, rows, settings, free=False)
+    assert torch.equal(at_once[0], by_position[0]) and torch.equal(at_once[1, :1], by_position[1, :1])
+    penalty = DecodeSettings(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(2.0)]), None, 50, False)
+    scores = _scores(logits, proposals, rows, penalty, free=False)
+    assert scores[0, 2, 3] != logits[0, 2, 3] and scores[0, 0, 3] == logits[0, 0, 3]  # 3 is in the prefix only then
