@@ -86,3 +86,24 @@ def test_scores_processed_at_once_equal_position_by_position():
     penalty = DecodeSettings(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(2.0)]), None, 50, False)
     scores = _scores(logits, proposals, rows, penalty, free=False)
     assert scores[0, 2, 3] != logits[0, 2, 3] and scores[0, 0, 3] == logits[0, 0, 3]  # 3 is in the prefix only then
+
+
+def test_a_draft_column_is_processed_at_once_where_the_processors_are_position_free():
+    """``Sampler.draw`` runs position-free processors once over the column: its tokens and confidences equal
+    processing each row on its own tokens; a prefix-reading processor still sees each row's own tokens."""
+    from hf_adaspec.proposers.chain import Sampler
+
+    logits = torch.randn(3, 16, generator=torch.Generator().manual_seed(1))  # [b, V]
+    views = [torch.tensor([1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6])]
+    free = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5)])
+    sampler = Sampler(free, False, torch.zeros(0, dtype=torch.long))
+    assert sampler.position_free
+    tokens, _, conf = sampler.draw(views, logits, confident=True)
+    rows = torch.cat([free(v[None], logits[i : i + 1]) for i, v in enumerate(views)])  # [b, V]
+    assert torch.equal(tokens, rows.argmax(-1))
+    assert torch.allclose(conf, torch.softmax(rows, -1).max(-1).values)
+    penalty = Sampler(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(50.0)]), False, torch.zeros(0, dtype=torch.long))
+    peaked = torch.full((3, 16), 0.5)
+    peaked[:, 2] = 1.0  # token 2 leads everywhere, but row 0 holds it: the penalty moves row 0 off it only
+    tokens, _, _ = penalty.draw(views, peaked, confident=False)
+    assert tokens[0] != 2 and tokens[1] == tokens[2] == 2

@@ -24,7 +24,12 @@ class KVCache(Protocol):
     """What the engine and a paid drafter need from a model's cache over a batch (``RaggedCache``, or the
     replay's stand-in that answers from traces). lengths: [B] long, tokens held per row."""
 
-    lengths: torch.Tensor
+    @property
+    def lengths(self) -> torch.Tensor: ...
+
+    def held(self) -> list[int]:
+        """Tokens held per row, as ints."""
+        ...
 
     def append(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int) -> torch.Tensor:
         """Feed tokens [B, M] (``valid`` [B, M] bool marks real ones; None: all are) → float32 logits
@@ -54,7 +59,10 @@ class KVCache(Protocol):
 class RaggedCache:
     """KV cache + hole mask for a batch of rows of different lengths.
 
-    mask: [B, L] long (1 = a token of that row); lengths: [B] long, tokens held per row.
+    mask: [B, L] long (1 = a token of that row); lengths: [B] long, tokens held per row. While no row has a
+    hole the mask is not kept (it is all ones: made when asked) and, where the store allows it
+    (``KVStore.dense_forward``), a forward passes neither mask nor positions: the per-step bookkeeping of the
+    common case (one row, or rows that advance together) is a few integer updates.
     """
 
     def __init__(self, model: torch.nn.Module, batch: int, cache: object | None = None,
@@ -66,15 +74,40 @@ class RaggedCache:
             raise ValueError("give a cache to start from or a store, not both")
         self.model = model
         self.store = store if store is not None else DynamicStore(model, cache)
-        held = self.store.held
-        self.mask = torch.ones(batch, held, dtype=torch.long)
-        self.lengths = torch.full((batch,), held, dtype=torch.long)
-        self._held, self._dense = [held] * batch, True  # the lengths as ints; whether the mask is all ones
+        self._reset(batch, self.store.held)
+
+    def _reset(self, batch: int, held: int) -> None:
+        """Every row holds ``held`` tokens in the first ``held`` columns: no holes."""
+        self._batch, self._width, self._mask = batch, held, None  # _mask None: all ones [batch, _width]
+        self._held, self._lengths = [held] * batch, None  # the lengths as ints; their tensor, made when asked
 
     @property
     def batch(self) -> int:
         """Rows in the batch."""
-        return self.mask.shape[0]
+        return self._batch
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[B, L] long: 1 where a column holds a token of that row."""
+        if self._mask is None:
+            return torch.ones(self._batch, self._width, dtype=torch.long)
+        return self._mask
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] long: tokens held per row."""
+        if self._lengths is None:
+            self._lengths = torch.tensor(self._held, dtype=torch.long)
+        return self._lengths
+
+    def held(self) -> list[int]:
+        """Tokens held per row, as ints (``lengths`` without a tensor)."""
+        return list(self._held)
+
+    def _set(self, mask: torch.Tensor, held: list[int]) -> None:
+        self._mask, self._width, self._held, self._lengths = mask, mask.shape[1], held, None
+        if bool(mask.all()):
+            self._mask = None
 
     def append(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int) -> torch.Tensor:
         """Feed a block of tokens [B, M] where ``valid`` [B, M] bool marks each row's real tokens (None: all).
@@ -88,60 +121,51 @@ class RaggedCache:
         """``append``, also returning the residual stream at the inputs of ``layers`` for every column of
         the block, concatenated: [B, M, len(layers)·H] float32 on the CPU (None without layers)."""
         n = tokens.shape[1]
-        self.mask = self.store.make_room(self.mask, n)
-        if valid is None:  # every column real: positions follow each row's length
-            position_ids = self.lengths[:, None] + torch.arange(n)  # [B, M]
-            mask = torch.cat([self.mask, torch.ones(self.batch, n, dtype=torch.long)], dim=1)  # [B, L + M]
-            counts = [n] * self.batch
-        else:
-            valid = valid.cpu()
-            offsets = valid.long().cumsum(dim=1) - 1  # [B, M]: index of each token among the row's new ones
-            position_ids = self.lengths[:, None] + offsets.clamp_min(0)  # [B, M]
-            mask = torch.cat([self.mask, valid.long()], dim=1)  # [B, L + M]
-            counts = valid.sum(dim=1).tolist()
-            self._dense = self._dense and min(counts) == n
+        if valid is None and self._mask is None and self.store.dense_forward:  # no holes before or now
+            logits, features = self.store.forward(tokens, None, None, keep, layers)
+            self._width, self._held, self._lengths = self._width + n, [h + n for h in self._held], None
+            return logits, features
+        before = self.store.make_room(self.mask, n)
+        valid = torch.ones(tokens.shape, dtype=torch.bool) if valid is None else valid.cpu()
+        offsets = valid.long().cumsum(dim=1) - 1  # [B, M]: index of each token among the row's new ones
+        position_ids = self.lengths[:, None] + offsets.clamp_min(0)  # [B, M]
+        mask = torch.cat([before, valid.long()], dim=1)  # [B, L + M]
         logits, features = self.store.forward(tokens, mask, position_ids, keep, layers)
-        self.mask = mask
-        self._held = [h + c for h, c in zip(self._held, counts, strict=True)]
-        self.lengths = torch.tensor(self._held, dtype=torch.long)
+        counts = valid.sum(dim=1).tolist()
+        self._set(mask, [h + c for h, c in zip(self._held, counts, strict=True)])
         return logits, features
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths`` [B] tokens of each row; crop columns no row uses any more."""
         wanted = lengths.tolist()
         if all(w >= h for w, h in zip(wanted, self._held, strict=True)) and \
-                (self._dense or not self.mask.shape[1] or bool(self.mask[:, -1].any())):
+                (self._mask is None or not self._width or bool(self._mask[:, -1].any())):
             return  # every row keeps all it holds and the last column is in use: nothing changes (a plain step)
-        kept = (self.mask.cumsum(dim=1) <= lengths[:, None]) & self.mask.bool()  # [B, L]
-        self.mask = kept.long()
-        self._held = [min(h, w) for h, w in zip(self._held, wanted, strict=True)]
-        self.lengths = torch.tensor(self._held, dtype=torch.long)
+        mask = self.mask
+        kept = (mask.cumsum(dim=1) <= lengths[:, None]) & mask.bool()  # [B, L]
         used = kept.any(dim=0).nonzero()
         width = int(used[-1]) + 1 if used.numel() else 0
-        if width < self.mask.shape[1]:
+        if width < kept.shape[1]:
             self.store.crop(width)
-            self.mask = self.mask[:, :width]
-        self._dense = bool(self.mask.all())
+        self._set(kept[:, :width].long(), [min(h, w) for h, w in zip(self._held, wanted, strict=True)])
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep batch rows ``rows`` ([b] long indices), dropping the others (finished requests)."""
         self.store.select(rows)
-        self.mask, self.lengths = self.mask[rows], self.lengths[rows]
-        self._held = self.lengths.tolist()
-        self._dense = bool(self.mask.all())
+        kept = rows.tolist()
+        self._batch = len(kept)
+        self._set(self.mask[rows], [self._held[i] for i in kept])
 
     def export_prefix(self) -> object | None:
-        if self.batch != 1 or not bool(self.mask.all()):
+        if self._batch != 1 or self._mask is not None:
             return None
-        return self.store.export(self.mask.shape[1])
+        return self.store.export(self._width)
 
     def fill_random(self, context: int) -> None:
         """Hold ``context`` tokens of random keys and values in every row (a cost probe's context: attention's
         cost does not depend on the values)."""
-        self.store.fill_random(self.batch, context)
-        self.mask = torch.ones(self.batch, context, dtype=torch.long)
-        self.lengths = torch.full((self.batch,), context, dtype=torch.long)
-        self._held, self._dense = [context] * self.batch, True
+        self.store.fill_random(self._batch, context)
+        self._reset(self._batch, context)
 
 
 def left_pad(rows: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

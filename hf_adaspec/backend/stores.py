@@ -20,14 +20,17 @@ from .static_kv import capacity_for
 
 
 class KVStore(Protocol):
-    """What ``RaggedCache`` asks of the keys and values underneath it (``held``: columns in use)."""
+    """What ``RaggedCache`` asks of the keys and values underneath it (``held``: columns in use;
+    ``dense_forward``: whether a forward without holes may pass no mask and no positions)."""
 
     held: int
+    dense_forward: bool
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, keep: int,
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, keep: int,
                 layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Block tokens [b, n] (mask [b, L + n] long over held and new columns, RoPE positions [b, n]) →
-        logits [b, keep, V] float32 on the model's device, features [b, n, F] float32 on the CPU or None."""
+        """Block tokens [b, n] (mask [b, L + n] long over held and new columns, RoPE positions [b, n]; both None:
+        no holes, positions follow the columns — only where ``dense_forward``) → logits [b, keep, V] float32 on
+        the model's device, features [b, n, F] float32 on the CPU or None."""
         ...
 
     def crop(self, width: int) -> None:
@@ -65,9 +68,11 @@ class DynamicStore:
         """Columns held."""
         return hf_compat.cache_length(self.cache)
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, keep: int,
+    dense_forward = True  # without holes transformers' own positions and masks are the right ones
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, keep: int,
                 layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if bool(mask.all()):  # no holes: positions follow the cache length, as in a plain forward
+        if mask is None or bool(mask.all()):  # no holes: positions follow the cache length, as in a plain forward
             return hf_compat.forward(self.model, tokens, self.cache, keep, feature_layers=layers)
         return hf_compat.forward(self.model, tokens, self.cache, keep, mask, positions, layers)
 
@@ -110,7 +115,9 @@ class StaticStore:
             self.held = hf_compat.cache_length(seed)
             self.arena.positions[:1, : self.held] = torch.arange(self.held, device=model.device)
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, keep: int,
+    dense_forward = False  # a recorded forward reads the row mask and positions it was recorded with
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, keep: int,
                 layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
         start = self.held
         logits, features = self.arena.run(self.model, self.slots, tokens, positions, mask, start, keep, layers,

@@ -65,7 +65,10 @@ class TokenRows:
         kept = len(new) if cut is None else cut + 1
         if end + kept > self.ids.shape[1]:  # more than max_length (no length criterion): room for what came
             self.ids = torch.cat([self.ids, torch.zeros_like(self.ids)], dim=1)
-        self.ids[i, end : end + kept] = torch.tensor(new[:kept], dtype=torch.long)
+        if kept == 1:
+            self.ids[i, end] = new[0]
+        else:
+            self.ids[i, end : end + kept] = torch.tensor(new[:kept], dtype=torch.long)
         self.ends[i] = end + kept
         if self.stops.others is not None:  # asked per prefix, up to where EOS or the cap stops the row
             asked = self._ask_others(i, end, kept)

@@ -8,17 +8,20 @@ token's q(x) as its confidence when a stop rule asks for confidences) or sampled
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ..backend import hf_compat
 from .base import Proposal, StopRule
 
 
 @dataclass(frozen=True)
 class Sampler:
-    """How a column's tokens are drawn: logits processors (run row by row, on each row's own tokens),
+    """How a column's tokens are drawn: logits processors (once over the column where they read only the
+    scores, else row by row on each row's own tokens),
     greedy or sampling, the generator, and the EOS ids a proposal is cut after."""
 
     logits_processor: object
@@ -26,13 +29,21 @@ class Sampler:
     eos: torch.Tensor  # [n_eos] long
     generator: torch.Generator | None = None
 
+    @functools.cached_property
+    def position_free(self) -> bool:
+        """Whether the processors read only the scores (``hf_compat.position_free``): then they run once over
+        every row's column, else row by row on each row's own tokens."""
+        return hf_compat.position_free(self.logits_processor)
+
     def draw(self, views: list[torch.Tensor], logits: torch.Tensor, confident: bool) -> tuple[
             torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy) and, if
         ``confident``, the tokens' q(x) [b] under the processed scores (else None). Greedy draws stay on the
         logits' device; sampling runs on the CPU, where its generator is."""
         scores = logits.cpu() if self.do_sample else logits
-        if self.logits_processor:  # processors see each row's own tokens, so they run row by row
+        if self.logits_processor and self.position_free:  # they read only the scores: once for every row
+            scores = self.logits_processor(torch.zeros(len(views), 1, dtype=torch.long, device=scores.device), scores)
+        elif self.logits_processor:  # processors see each row's own tokens, so they run row by row
             scores = torch.cat([self.logits_processor(v[None].to(scores.device), scores[i : i + 1])
                                 for i, v in enumerate(views)])
         if not self.do_sample:

@@ -39,7 +39,7 @@ class DraftModelProposer:
     def offer(self, rows: Rows, k_max: int) -> DraftOffer:
         """k_max tokens for every row, no evidence before drafting (the confidences come with the tokens),
         and the columns of unseen tokens beyond the 1–2 every step feeds (prompts, runs of plain steps)."""
-        b, seen = len(rows.views), self.cache.lengths.tolist()
+        b, seen = len(rows.views), self.cache.held()
         unseen = max(v.shape[0] - start - c for v, start, c in zip(rows.views, rows.starts, seen, strict=True))
         return DraftOffer((k_max,) * b, (0,) * b, max(0, unseen - 2))
 
@@ -50,7 +50,7 @@ class DraftModelProposer:
         seen (left-padded, so each row's last token lands in the last column), each later one the token
         just drafted."""
         b = len(rows.views)
-        seen = self.cache.lengths.tolist()
+        seen = self.cache.held()
         unseen = left_pad([rows.tokens(i)[seen[i] :] for i in range(b)], self.pad)  # [b, m ≥ 1] tokens, valid
         if self.widths is not None:
             unseen = (unseen[0].clamp_max(self.widths[0] - 1), unseen[1])

@@ -98,6 +98,10 @@ class TraceCache:
     def batch(self) -> int:
         return len(self.rows)
 
+    def held(self) -> list[int]:
+        """Tokens held per row, as ints."""
+        return self.lengths.tolist()
+
     def append(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int) -> torch.Tensor:
         """tokens, valid: [B, M] (valid None: every column real) → float32 logits [B, keep, V'] for the block's
         last ``keep`` columns."""

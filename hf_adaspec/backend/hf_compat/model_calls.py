@@ -66,14 +66,14 @@ def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache
     logits of the last ``keep`` columns [B, keep, V] on the model's device and, with ``feature_layers``, the
     residual stream at the inputs of those layers for every column, concatenated: [B, n, len(layers)·H]
     float32 on the CPU (EAGLE-3's target features; transformers' hidden_states[i] is the input of layer i)."""
-    device = model.device
+    device = model.get_input_embeddings().weight.device  # ``model.device`` walks the parameters: a step's cost
     masked = {}
     if attention_mask is not None:
         masked = {"attention_mask": block_masks(model, attention_mask, position_ids, cache),
                   "position_ids": position_ids.to(device)}
-    else:  # no holes: columns are positions, transformers sizes the masks from the layers' first visible columns
+    elif windowed := windowed_layers(cache):  # no holes: transformers sizes the masks from the first visible columns
         held = cache_length(cache)
-        for layer in windowed_layers(cache):
+        for layer in windowed:
             kind, width = layer.window
             layer.visible_from = max(0, held - width + 1) if kind == "sliding" else held // width * width
     logits, features = raw_forward(model, input_ids.to(device), cache, keep, feature_layers=feature_layers, **masked)
@@ -90,4 +90,5 @@ def raw_forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: Cache, k
     out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep,
                 output_hidden_states=bool(feature_layers), attention_mask=attention_mask, position_ids=position_ids)
     features = torch.cat([out.hidden_states[i] for i in feature_layers], dim=-1) if feature_layers else None
-    return out.logits[:, -keep:], features
+    logits = out.logits  # [B, keep, V] where the model honours logits_to_keep
+    return logits if logits.shape[1] == keep else logits[:, -keep:], features
