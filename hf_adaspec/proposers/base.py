@@ -43,6 +43,71 @@ class Proposal:
 
 
 @dataclass(frozen=True)
+class Proposals(Sequence[Proposal]):
+    """A batch's proposals, flat (vLLM's layout): ``tokens`` [Σ k_i] long on the host, row after row;
+    ``offsets`` [b + 1]: row i's tokens are ``tokens[offsets[i] : offsets[i + 1]]`` (``cu_num_draft_tokens``);
+    ``q`` [Σ k_i, V]: the draft probabilities of every token when sampling (a deterministic row's one-hot; None
+    when no row has any); ``confidences``: per row q(x_u) of its tokens (empty: none given). Indexing gives row
+    i as a ``Proposal``."""
+
+    tokens: torch.Tensor
+    offsets: tuple[int, ...]
+    q: torch.Tensor | None = None
+    confidences: tuple[tuple[float, ...], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> Proposal:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"row {i} of {len(self)}")
+        i %= len(self)
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return Proposal(self.tokens[a:b][None], None if self.q is None or a == b else self.q[a:b][None],
+                        self.confidences[i] if self.confidences else ())
+
+    @property
+    def ks(self) -> tuple[int, ...]:
+        """Proposal length per row (tokens)."""
+        return tuple(b - a for a, b in zip(self.offsets, self.offsets[1:]))
+
+    def rows(self) -> list[list[int]]:
+        """Each row's token ids (one host read of the flat tokens)."""
+        flat = self.tokens.tolist()
+        return [flat[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+
+    @classmethod
+    def empty(cls, batch: int) -> Proposals:
+        """``batch`` rows of k = 0 (a plain step)."""
+        return cls(torch.zeros(0, dtype=torch.long), (0,) * (batch + 1))
+
+    @classmethod
+    def of(cls, rows: Sequence[Proposal]) -> Proposals:
+        """The flat form of per-row proposals (q: a row without q gets its tokens' one-hot where another has q)."""
+        offsets = [0]
+        for row in rows:
+            offsets.append(offsets[-1] + row.k)
+        tokens = torch.cat([row.tokens[0] for row in rows]) if offsets[-1] else torch.zeros(0, dtype=torch.long)
+        with_q = [row.q for row in rows if row.q is not None]
+        q = None
+        if with_q:
+            vocab = with_q[0].shape[-1]
+            q = torch.cat([row.q[0].cpu() if row.q is not None
+                           else torch.nn.functional.one_hot(row.tokens[0], vocab).to(with_q[0].dtype) for row in rows])
+        confidences = tuple(row.confidences for row in rows) if any(row.confidences for row in rows) else ()
+        return cls(tokens, tuple(offsets), q, confidences)
+
+    @classmethod
+    def merge(cls, parts: Sequence[Proposals | None], chosen: Sequence[int]) -> Proposals:
+        """Row i of ``parts[chosen[i]]`` for every row (a None part: that drafter did not run; its rows are
+        plain)."""
+        if len(set(chosen)) == 1 and parts[chosen[0]] is not None:  # every row from one drafter
+            return parts[chosen[0]]
+        empty = Proposal(torch.zeros(1, 0, dtype=torch.long))
+        return cls.of([empty if parts[d] is None else parts[d][i] for i, d in enumerate(chosen)])
+
+
+@dataclass(frozen=True)
 class Rows:
     """views: per row a [T_i] long tensor (left padding + tokens); starts: per row its padding length;
     prompt_width: the padded prompt's width T (row i's prompt holds T − starts[i] real tokens)."""
@@ -85,11 +150,11 @@ class DraftOffer:
         """Whether the offer holds its tokens (drafted without a forward, so hindsight can score them)."""
         return self.tokens is not None
 
-    def take(self, ks: Sequence[int]) -> list[Proposal]:
-        """Row i's first ks[i] offered tokens as a proposal [1, k_i]. Raises ValueError for a paid offer."""
+    def take(self, ks: Sequence[int]) -> Proposals:
+        """Row i's first ks[i] offered tokens as the proposals. Raises ValueError for a paid offer."""
         if self.tokens is None:
             raise ValueError("a paid drafter's offer holds no tokens; its proposal comes from propose()")
-        return [Proposal(tokens=t[:k][None, :]) for t, k in zip(self.tokens, ks, strict=True)]
+        return Proposals.of([Proposal(tokens=t[:k][None, :]) for t, k in zip(self.tokens, ks, strict=True)])
 
 
 StopRule = Callable[[int, Sequence[tuple[float, ...]], Sequence[bool]], bool]
@@ -107,10 +172,9 @@ class Drafter(Protocol):
         ...
 
     def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
-                ) -> list[Proposal]:
-        """Row i's proposal of up to ks[i] ≤ offer.bounds[i] tokens ([1, k_i'] tokens; q [1, k_i', V] when
-        sampling; ks[i] = 0 for rows that did not pick this drafter). A drafter with confidences asks
-        ``stop`` after each drafted column."""
+                ) -> Proposals:
+        """Row i's proposal of up to ks[i] ≤ offer.bounds[i] tokens (q when sampling; ks[i] = 0 for rows that
+        did not pick this drafter), flat. A drafter with confidences asks ``stop`` after each drafted column."""
         ...
 
     def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None,
@@ -132,7 +196,7 @@ class CostlessDrafter(ABC):
         """Per row the tokens it proposes now (``DraftOffer.tokens``), at most k_max each."""
 
     def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
-                ) -> list[Proposal]:
+                ) -> Proposals:
         """The offer's first ks[i] tokens per row; ``stop`` is not asked (no confidences, nothing to save)."""
         return offer.take(ks)
 

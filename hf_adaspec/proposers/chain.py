@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat
-from .base import Proposal, StopRule
+from .base import Proposals, StopRule
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,9 @@ class Sampler:
 
 
 def draft_chain(column: Callable[[int, torch.Tensor | None], torch.Tensor], views: Sequence[torch.Tensor],
-                ks: Sequence[int], sampler: Sampler, stop: StopRule | None = None) -> list[Proposal]:
-    """Row i gets up to ks[i] tokens ([1, k_i']) cut just after an EOS and, when sampling, q [1, k_i', V].
+                ks: Sequence[int], sampler: Sampler, stop: StopRule | None = None) -> Proposals:
+    """Row i gets up to ks[i] tokens cut just after an EOS and, when sampling, their q, flat ([Σ k_i'], q
+    [Σ k_i', V]).
 
     ``column(j, previous)`` runs the drafter's forward for column j (``previous``: the tokens [b] drawn at
     column j − 1, None for the first) → logits [b, V]. With a ``stop`` rule, asked after each column,
@@ -86,9 +87,15 @@ def draft_chain(column: Callable[[int, torch.Tensor | None], torch.Tensor], view
             if stop(j + 1, [tuple(r[:k]) for r, k in zip(table, kept)], growing):
                 break
     out = torch.stack(drafted, dim=1)  # [b, J]
-    table = torch.stack(confs, dim=1).tolist() if stop is not None else [[] for _ in range(b)]
     kept = [min(k, out.shape[1]) for k in kept]
-    return [_row(out[i], [q[i] for q in probs] if sampler.do_sample else None, kept[i], table[i]) for i in range(b)]
+    offsets = [0]
+    for k in kept:
+        offsets.append(offsets[-1] + k)
+    keep = torch.arange(out.shape[1])[None, :] < torch.tensor(kept)[:, None]  # [b, J]: each row's first k_i
+    q = torch.stack(probs, dim=1)[keep.to(probs[0].device)] if sampler.do_sample else None  # [Σ k_i, V]
+    table = torch.stack(confs, dim=1).tolist() if stop is not None else None
+    confidences = tuple(tuple(table[i][:k]) for i, k in enumerate(kept)) if table is not None else ()
+    return Proposals(out[keep], tuple(offsets), q, confidences)
 
 
 def _to_host(token: torch.Tensor, conf: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -98,9 +105,3 @@ def _to_host(token: torch.Tensor, conf: torch.Tensor | None) -> tuple[torch.Tens
         return token.cpu(), None
     both = torch.stack([token.float(), conf.float()]).cpu()  # [2, b]
     return both[0].long(), both[1]
-
-
-def _row(tokens: torch.Tensor, q: list[torch.Tensor] | None, k: int, confidences: list[float]) -> Proposal:
-    """Row proposal: the first k tokens [1, k], their confidences and q [1, k, V] (sampling)."""
-    q_row = torch.stack(q[:k])[None] if q is not None and k else None  # [1, k, V]
-    return Proposal(tokens=tokens[:k][None, :], q=q_row, confidences=tuple(confidences[:k]))

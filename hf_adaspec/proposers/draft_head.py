@@ -19,7 +19,7 @@ import torch
 
 from ..backend.ragged import left_pad
 from ..models.eagle3 import Eagle3Head, HeadKV
-from .base import DraftOffer, Proposal, Rows, StopRule
+from .base import DraftOffer, Proposals, Rows, StopRule
 from .chain import Sampler, draft_chain
 
 
@@ -47,7 +47,7 @@ class DraftHeadProposer:
 
     @torch.no_grad()
     def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
-                ) -> list[Proposal]:
+                ) -> Proposals:
         """``chain.draft_chain`` over the head: column 0 ingests each row's pending entries (the tokens at
         the positions after its features: row i's tokens entries+1 .. entries+m_i), later columns feed the
         drafted token with the head's previous output."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from ..backend.ragged import KVCache, left_pad
-from .base import DraftOffer, Proposal, Rows, StopRule
+from .base import DraftOffer, Proposals, Rows, StopRule
 from .chain import Sampler, draft_chain
 
 
@@ -45,7 +45,7 @@ class DraftModelProposer:
 
     @torch.no_grad()
     def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
-                ) -> list[Proposal]:
+                ) -> Proposals:
         """``chain.draft_chain`` over the draft model: the first column feeds every row the tokens it has not
         seen (left-padded, so each row's last token lands in the last column), each later one the token
         just drafted."""
