@@ -74,24 +74,24 @@ def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def decide(controller, view):
+    """``controller``'s decision from the ``StepView`` ``view`` (the engine hands ``decide`` a callable that
+    builds it)."""
+    return controller.decide(view.batch, lambda: view)
+
+
 class PlainController:
-    """Always a plain step, resting where ``rest_on(n)`` says for the n-th step (from 1); keeps every outcome
-    it observes."""
+    """Always a plain step, resting where ``rest_on(n)`` says for the n-th step (from 1), without asking for
+    the view either way; keeps every decided step's outcome it observes."""
 
     def __init__(self, rest_on=lambda n: False) -> None:
         self.rest_on, self.asked, self.outcomes = rest_on, 0, []
 
-    def rests(self) -> bool:
+    def decide(self, batch, view):
         self.asked += 1
-        return self.rest_on(self.asked)
+        return Decision.plain(batch, rested=self.rest_on(self.asked))
 
-    def decide(self, view):
-        return Decision.plain(view.batch)
-
-    def stop_rule(self, drafter):
-        return None
-
-    def observe(self, outcome) -> None:
+    def observe(self, decision, outcome) -> None:
         self.outcomes.append(outcome)
 
     def account(self, elapsed_ms, emitted, plain, predicted_ms):
@@ -99,9 +99,6 @@ class PlainController:
 
     def may_explore(self):
         return True
-
-    def price(self, outcome):
-        return float("nan")
 
     def select(self, rows):
         pass

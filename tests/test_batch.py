@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -72,19 +73,14 @@ class _AlternatingController:
     def __init__(self) -> None:
         self.step = 0
 
-    def rests(self) -> bool:
-        return False
-
-    def decide(self, view: StepView) -> Decision:
-        drafters = tuple((i + self.step) % 2 for i in range(view.batch))
+    def decide(self, batch: int, view: Callable[[], StepView]) -> Decision:
+        drafters = tuple((i + self.step) % 2 for i in range(batch))
         self.step += 1
-        return Decision(tuple(min(3, view.offers[d][i]) for i, d in enumerate(drafters)), drafters,
-                        (math.nan,) * view.batch, math.nan)
+        bounds = view().bounds
+        return Decision(tuple(min(3, bounds[d][i]) for i, d in enumerate(drafters)), drafters,
+                        (math.nan,) * batch, math.nan)
 
-    def stop_rule(self, drafter):
-        return None
-
-    def observe(self, outcome):
+    def observe(self, decision, outcome):
         pass
 
     def account(self, elapsed_ms, emitted, plain, predicted_ms):
@@ -92,9 +88,6 @@ class _AlternatingController:
 
     def may_explore(self):
         return True
-
-    def price(self, outcome):
-        return math.nan
 
     def select(self, rows):
         pass

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from conftest import decide
 from transformers import LogitsProcessorList
 
 from hf_adaspec import SpeculationConfig, SpeculationState
@@ -21,7 +22,7 @@ from hf_adaspec.policy.confidence import (
     isotonic,
     prefix_confidences,
 )
-from hf_adaspec.policy.controller import AdaptiveController, StepOutcome, StepView
+from hf_adaspec.policy.controller import AdaptiveController, Decision, StepOutcome, StepView
 from hf_adaspec.policy.goodput import draft_next_column
 from hf_adaspec.proposers import DraftModelProposer, Rows
 
@@ -127,7 +128,7 @@ def _draft_only(calibrator: ConfidenceCalibrator, costs: CostTable = FLAT) -> Ad
 
 
 def _ks(ctl: AdaptiveController, offer: int, catchup: int = 0, horizon: int = 64) -> tuple[int, ...]:
-    return ctl.decide(StepView(((offer,),), (catchup,), horizon)).ks
+    return decide(ctl, StepView(((offer,),), (catchup,), horizon)).ks
 
 
 def test_cold_start_drafts_to_learn_then_stops_when_drafts_fail():
@@ -138,7 +139,7 @@ def test_cold_start_drafts_to_learn_then_stops_when_drafts_fail():
     ctl = _draft_only(ConfidenceCalibrator(token_mean=0.15, optimism=2.0), slow)
     assert _ks(ctl, 4) == (4,)
     for _ in range(200):  # every draft at this confidence is rejected
-        ctl.observe(StepOutcome((0,), (1,), (0,), ((0.15,),)))
+        ctl.observe(Decision.plain(1), StepOutcome((0,), (1,), (0,), ((0.15,),)))
     assert _ks(ctl, 4) == (0,)
 
 
@@ -161,13 +162,13 @@ def test_catchup_is_amortised_over_the_whole_predicted_run():
 def test_observe_corrects_the_calibration_and_the_rows_mean_confidence():
     cal = ConfidenceCalibrator(token_mean=0.5)
     ctl = _draft_only(cal)
-    start = ctl.decide(StepView(((4,),), (0,))).alphas[0]
-    ctl.observe(StepOutcome((0,), (2,), (2,), ((0.9, 0.9),)))
+    start = decide(ctl, StepView(((4,),), (0,))).alphas[0]
+    ctl.observe(Decision.plain(1), StepOutcome((0,), (2,), (2,), ((0.9, 0.9),)))
     assert sum(cal.trials) == pytest.approx(10 * 2.0 + 2)  # one trial per drafted prefix
-    risen = ctl.decide(StepView(((4,),), (0,))).alphas[0]
+    risen = decide(ctl, StepView(((4,),), (0,))).alphas[0]
     assert risen > start  # c̄ rose to (4·0.5 + 0.9 + 0.9) / 6
-    ctl.observe(StepOutcome((0,), (0,), (0,), ((),)))  # a plain step leaves both alone
-    assert sum(cal.trials) == pytest.approx(22.0) and ctl.decide(StepView(((4,),), (0,))).alphas[0] == risen
+    ctl.observe(Decision.plain(1), StepOutcome((0,), (0,), (0,), ((),)))  # a plain step leaves both alone
+    assert sum(cal.trials) == pytest.approx(22.0) and decide(ctl, StepView(((4,),), (0,))).alphas[0] == risen
 
 
 # --- the stop rule ----------------------------------------------------------------------------

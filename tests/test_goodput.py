@@ -8,7 +8,7 @@ import pytest
 
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.policy.goodput import (
-    Offer,
+    DrafterPaths,
     Plan,
     best_goodput,
     best_plan,
@@ -33,9 +33,9 @@ def _brute_force(alpha: float, k: int) -> float:
     return total
 
 
-def _iid(alpha: float, upper: int, draft_ms: float = 0.0, setup_ms: float = 0.0) -> Offer:
-    """One row's offer of up to ``upper`` tokens at i.i.d. acceptance α: P_j = α^j."""
-    return Offer((tuple(alpha**j for j in range(1, upper + 1)),), draft_ms, setup_ms)
+def _iid(alpha: float, upper: int, draft_ms: float = 0.0, setup_ms: float = 0.0) -> DrafterPaths:
+    """One drafter's path for one row of up to ``upper`` tokens at i.i.d. acceptance α: P_j = α^j."""
+    return DrafterPaths((tuple(alpha**j for j in range(1, upper + 1)),), draft_ms, setup_ms)
 
 
 @pytest.mark.parametrize("alpha", ALPHAS)
@@ -91,7 +91,7 @@ def test_horizon_goodput():
 
 # --- best_plan at one row ---------------------------------------------------------------------
 
-def test_best_plan_flat_verify_free_draft_high_alpha_takes_the_whole_offer():
+def test_best_plan_flat_verify_free_draft_high_alpha_takes_the_whole_path():
     for upper in (1, 4, 8):
         plan = best_plan([_iid(0.9, upper)], FLAT.t_verify)
         assert (plan.k, plan.drafters) == (upper, (0,))
@@ -120,7 +120,7 @@ def test_best_plan_interior_optimum():
 def test_best_plan_prices_a_calibrated_path_not_only_iid():
     costs = CostTable(verify_ms=(10.0, 12.0, 14.0), draft_ms=2.0)
     # k=1: 1.8 tokens / 14 ms = 128.6/s beats k=2: 2.3 tokens / 18 ms = 127.8/s and plain: 100/s
-    plan = best_plan([Offer(((0.8, 0.5),), draft_ms=2.0)], costs.t_verify)
+    plan = best_plan([DrafterPaths(((0.8, 0.5),), draft_ms=2.0)], costs.t_verify)
     assert plan.k == 1
     assert plan.goodput == pytest.approx(1000 * 1.8 / 14) and plan.tpot_ms == pytest.approx(14 / 1.8)
 
@@ -171,7 +171,7 @@ def test_best_plan_skips_only_plans_that_cannot_beat_plain(seed):
     rng = random.Random(seed)
     for _ in range(300):
         rows, drafters = rng.randint(1, 4), rng.randint(1, 3)
-        offers = []
+        priced = []
         for d in range(drafters):
             paid = d == 0 and rng.random() < 0.7
             paths = []
@@ -180,11 +180,11 @@ def test_best_plan_skips_only_plans_that_cannot_beat_plain(seed):
                 for _ in range(rng.randint(0, 8)):
                     path.append((path[-1] if path else 1.0) * c * rng.uniform(0.7, 1.0))
                 paths.append(tuple(path))
-            offers.append(Offer(tuple(paths), rng.uniform(0.1, 8.0) if paid else 0.0,
-                                rng.choice([0.0, rng.uniform(0.0, 80.0)]) if paid else 0.0))
+            priced.append(DrafterPaths(tuple(paths), rng.uniform(0.1, 8.0) if paid else 0.0,
+                                       rng.choice([0.0, rng.uniform(0.0, 80.0)]) if paid else 0.0))
         verify = [rng.uniform(5.0, 15.0) for _ in range(9)]
         args = (lambda n, verify=verify: verify[min(n, 9) - 1], rng.randint(1, 200), rng.choice([0.0, 0.03, 0.2]))
-        assert best_plan(offers, *args) == best_plan(offers, *args, tpot_slo_ms=math.inf)
+        assert best_plan(priced, *args) == best_plan(priced, *args, tpot_slo_ms=math.inf)
 
 
 # --- the measured cost table ------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -36,9 +37,9 @@ class _Spy(FixedController):
         super().__init__(k)
         self.views: list[StepView] = []
 
-    def decide(self, view: StepView):
-        self.views.append(view)
-        return super().decide(view)
+    def decide(self, batch: int, view: Callable[[], StepView]):
+        self.views.append(view())
+        return super().decide(batch, view)
 
 
 def test_engine_asks_the_settings_horizon_with_generated_and_tokens_left(models):

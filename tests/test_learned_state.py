@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import decide
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationConfig, SpeculationState
@@ -28,15 +29,15 @@ def _adaptive(matches: MatchMemory, costs: CostTable):
 
 def test_adaptive_mode_starts_lookup_at_its_own_rate_and_the_draft_model_optimistically():
     cheap_draft = CostTable(verify_ms=(10.0,) * 9, draft_ms=0.5)
-    decision = _adaptive(MatchMemory(), cheap_draft).decide(StepView(((8,), (0,)), (0, 0), 64, ((0,), (0,))))
+    decision = decide(_adaptive(MatchMemory(), cheap_draft), StepView(((8,), (0,)), (0, 0), 64, ((0,), (0,))))
     assert decision.drafters == (0,) and decision.ks == (8,) and decision.alphas[0] > 0.6
     dear_draft = CostTable(verify_ms=(10.0,) * 9, draft_ms=50.0)
     matches = MatchMemory()
-    decision = _adaptive(matches, dear_draft).decide(StepView(((8,), (8,)), (0, 0), 64, ((0,), (3,))))
+    decision = decide(_adaptive(matches, dear_draft), StepView(((8,), (8,)), (0, 0), 64, ((0,), (3,))))
     assert decision.drafters == (1,) and decision.alphas == (pytest.approx(LOOKUP_START_ALPHA),)
     for _ in range(20):  # lookup's hindsight at match length 3 replaces its start rate, also in a new request
         matches.table_for("l").observe(3, 4, 4)
-    decision = _adaptive(matches, dear_draft).decide(StepView(((8,), (8,)), (0, 0), 64, ((0,), (3,))))
+    decision = decide(_adaptive(matches, dear_draft), StepView(((8,), (8,)), (0, 0), 64, ((0,), (3,))))
     assert decision.alphas[0] > 0.9
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import decide
 
 from hf_adaspec import SpeculationConfig, SpeculationState
 from hf_adaspec.costs.predictors import ProfileCell
@@ -142,14 +143,15 @@ def test_the_ledger_keeps_the_plan_and_each_drafted_column_inside_the_slack():
     ledger admits it only once plain steps have earned what it costs beyond a plain step's credit, and its stop
     rule then ends the proposal at the first column the slack cannot pay for."""
     view, unbounded = StepView(((12,),), (0,)), _controller(None)
-    assert unbounded.decide(view).ks == (12,)  # goodput alone: draft
+    assert decide(unbounded, view).ks == (12,)  # goodput alone: draft
     ledger = Ledger(0.02, t1_ms=10.0)
     ctl = _controller(ledger)
-    assert ctl.decide(view).ks == (0,)  # slack 0 < k + 10 ms − 10.2 ms at one token
+    assert decide(ctl, view).ks == (0,)  # slack 0 < k + 10 ms − 10.2 ms at one token
     for _ in range(50):
         ledger.book(10.0, 1, plain=True)  # slack 10.2 · 50 − 500 = 10 ms
-    assert ctl.decide(view).ks == (12,)  # admitted at k ≤ 10: 10 + 10.2 ≥ k + 10; the stop rule ends it
-    stop = ctl.stop_rule(0)
+    decision = decide(ctl, view)
+    assert decision.ks == (12,)  # admitted at k ≤ 10: 10 + 10.2 ≥ k + 10; the stop rule ends it
+    stop = decision.stop(0)
     assert not stop(9, [(0.99,) * 9], [True])  # a tenth column: 10 + 10 ms ≤ 20.2
     assert stop(10, [(0.99,) * 10], [True])  # an eleventh: 11 + 10 ms > 20.2
-    assert not unbounded.stop_rule(0)(10, [(0.99,) * 10], [True])  # without a ledger it drafts on
+    assert not decide(unbounded, view).stop(0)(10, [(0.99,) * 10], [True])  # without a ledger it drafts on

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import decide
 
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.hindsight import hindsight
@@ -73,10 +74,9 @@ def test_lookup_learns_while_the_draft_model_is_chosen_and_then_takes_over():
     draft = ConfidenceAcceptance(1, ConfidenceCalibrator())
     ctl = AdaptiveController(lambda b: costs, [draft, lookup], [True, False])
     view = StepView(((8,), (8,)), (0, 0), 64, ((0,), (4,)))
-    first = ctl.decide(view)
+    first = decide(ctl, view)
     assert first.drafters == (0,) and lookup.alpha(0) == pytest.approx(LOOKUP_START_ALPHA)
     for _ in range(12):  # the draft proposes 2 and gets 1 accepted; lookup's whole offer would have matched
-        ctl.decide(view)
-        ctl.observe(StepOutcome((0,), (2,), (1,), ((0.6, 0.3),), (None, ((2, 2),))))
+        ctl.observe(decide(ctl, view), StepOutcome((0,), (2,), (1,), ((0.6, 0.3),), (None, ((2, 2),))))
     assert lookup.alpha(0) > 0.8
-    assert ctl.decide(view).drafters == (1,)
+    assert decide(ctl, view).drafters == (1,)

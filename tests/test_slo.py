@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import decide
 
 from hf_adaspec.config import SpeculationConfig
 from hf_adaspec.costs.table import CostTable
@@ -15,7 +16,7 @@ from hf_adaspec.engine.stats import SpeculationStats, StepRecord
 from hf_adaspec.policy.acceptance import ConfidenceAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
 from hf_adaspec.policy.controller import AdaptiveController, StepView
-from hf_adaspec.policy.goodput import Offer, best_plan
+from hf_adaspec.policy.goodput import DrafterPaths, best_plan
 
 FLAT = CostTable(verify_ms=(50.0,) * 9, draft_ms=20.0)  # verification costs 50 ms for 1..9 tokens
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
@@ -24,11 +25,12 @@ PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 # Draft k=4: E = 4.0951 tokens / 130 ms → 31.5 tokens/s, TPOT 31.75 ms, but the 200 ms catch-up over a
 # 64-token horizon brings it to 28.7 tokens/s. Lookup, k=1: 1.5 tokens / 50 ms → 30 tokens/s, TPOT 33.3 ms.
 # Draft k=3: TPOT 31.99 ms, k=5: 32.01 ms; plain: TPOT 50 ms.
-OFFERS = [Offer((tuple(0.9**j for j in range(1, 9)),), draft_ms=20.0, setup_ms=200.0), Offer(((0.5,),))]
+DRAFTERS = [DrafterPaths((tuple(0.9**j for j in range(1, 9)),), draft_ms=20.0, setup_ms=200.0),
+            DrafterPaths(((0.5,),))]
 
 
-def _plan(tpot_slo_ms: float | None, offers=OFFERS):
-    plan = best_plan(offers, FLAT.t_verify, horizon=64, tpot_slo_ms=tpot_slo_ms)
+def _plan(tpot_slo_ms: float | None, drafters=DRAFTERS):
+    plan = best_plan(drafters, FLAT.t_verify, horizon=64, tpot_slo_ms=tpot_slo_ms)
     return plan.drafters[0], plan.k
 
 
@@ -43,21 +45,21 @@ def test_slo_excludes_plans_whose_predicted_tpot_breaks_it():
 
 def test_no_plan_meets_the_slo_takes_the_lowest_predicted_tpot():
     assert _plan(5.0) == (0, 4)  # 31.75 ms: the fastest per token, though it misses
-    nothing = [Offer(((),), draft_ms=20.0), Offer(((),))]
+    nothing = [DrafterPaths(((),), draft_ms=20.0), DrafterPaths(((),))]
     assert _plan(5.0, nothing)[1] == 0  # nothing to draft: a plain step, best effort
 
 
 def test_loose_slo_changes_nothing():
-    assert best_plan(OFFERS, FLAT.t_verify, 64, tpot_slo_ms=1000.0) == best_plan(OFFERS, FLAT.t_verify, 64)
+    assert best_plan(DRAFTERS, FLAT.t_verify, 64, tpot_slo_ms=1000.0) == best_plan(DRAFTERS, FLAT.t_verify, 64)
 
 
 def test_slo_overrides_the_margin_when_plain_breaks_it():
     # P_1 = 0.12: one 1 ms draft token gives TPOT 11/1.12 = 9.82 ms vs plain 10 ms, not enough for the
     # 3% margin, but plain breaks a 9.9 ms SLO
     costs = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
-    offers = [Offer(((0.12,),), draft_ms=1.0)]
-    assert best_plan(offers, costs.t_verify, min_gain=0.03).k == 0
-    assert best_plan(offers, costs.t_verify, min_gain=0.03, tpot_slo_ms=9.9).k == 1
+    drafters = [DrafterPaths(((0.12,),), draft_ms=1.0)]
+    assert best_plan(drafters, costs.t_verify, min_gain=0.03).k == 0
+    assert best_plan(drafters, costs.t_verify, min_gain=0.03, tpot_slo_ms=9.9).k == 1
 
 
 def test_adaptive_controller_drafts_when_plain_breaks_the_slo():
@@ -66,8 +68,8 @@ def test_adaptive_controller_drafts_when_plain_breaks_the_slo():
 
     def ks(slo):
         model = ConfidenceAcceptance(1, ConfidenceCalibrator(token_mean=0.12, optimism=0.0))
-        return AdaptiveController(lambda b: costs, [model], [True], tpot_slo_ms=slo).decide(
-            StepView(((4,),), (0,), horizon=64)).ks
+        return decide(AdaptiveController(lambda b: costs, [model], [True], tpot_slo_ms=slo),
+                      StepView(((4,),), (0,), horizon=64)).ks
 
     assert ks(None) == (0,)
     assert ks(9.9) == (4,)  # the stop rule ends the draft

@@ -24,5 +24,5 @@ def scored(offers: Sequence[DraftOffer], view: StepView, new: Sequence[Sequence[
            ) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
     """Per drafter: None (paid), or for a costless one per row what its whole offer (as the controller saw
     it, capped by the row's budget) would have got accepted (``new``: per row the emitted token ids)."""
-    return tuple(tuple(hindsight(t[:u].tolist(), e) for t, u, e in zip(o.tokens, view.offers[d], new, strict=True))
+    return tuple(tuple(hindsight(t[:u].tolist(), e) for t, u, e in zip(o.tokens, view.bounds[d], new, strict=True))
                  if o.costless else None for d, o in enumerate(offers))

@@ -9,14 +9,16 @@ cache and every drafter commit the confirmed tokens per row (``RaggedCache``: re
 masked holes, cropped when no row needs them), and rows that stop (EOS, max_new_tokens, a stopping
 criterion) leave the batch; the controller learns from the outcome, a costless drafter's whole offer
 scored in hindsight against the emitted tokens, and every step's time (rested ones too) is booked in the
-controller's slowdown ledger (``Controller.account``). k_i = 0 is a plain step; a step the controller rests is
-one with no offers, decision, hindsight or observation.
+controller's slowdown ledger (``Controller.account``) at the time the decision's pricing predicts for it
+(``Decision.price``). The controller builds the step's view of the offers only when it decides: k_i = 0 is a
+plain step; a step it rests (``Decision.rested``) is one with no offers, plan, hindsight or observation.
 Invariant: the target cache holds every token of a row but its last. Greedy rows equal their plain
 greedy output where the forward is shape-stable; sampling is lossless per row.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -98,9 +100,20 @@ def verify_group(proposals: Sequence[Proposal], scores: torch.Tensor, settings: 
     return speculative_sample(draft, q, p, settings.generator)
 
 
-def _decide(rows: TokenRows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOffer, ...], StepView, Decision]:
-    """Every drafter's offer, and the controller's decision from the offers (capped by each row's budget),
-    their evidence, the drafters' catch-up, and the horizon of the shortest row and the smallest budget."""
+def _decide(rows: TokenRows, current: Rows, parts: RunParts
+            ) -> tuple[tuple[DraftOffer, ...], StepView | None, Decision]:
+    """The controller's decision, and the offers and view it was decided from (built once, when the controller
+    asks, or after a decision it did not rest: hindsight scores the offers); ((), None) for a rest."""
+    built = functools.cache(lambda: _offers(rows, current, parts))
+    decision = parts.controller.decide(len(rows.active), lambda: built()[1])
+    offers, view = ((), None) if decision.rested else built()
+    return offers, view, decision
+
+
+def _offers(rows: TokenRows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOffer, ...], StepView]:
+    """Every drafter's offer, and the view of them the controller decides from: their bounds (capped by each
+    row's budget), their evidence, the drafters' catch-up, and the horizon of the shortest row and the smallest
+    budget."""
     settings = parts.settings
     budget = [settings.max_length - rows.ends[i] - 1 for i in rows.active]
     offers = tuple(d.offer(current, parts.k_max) for d in parts.drafters)
@@ -108,7 +121,7 @@ def _decide(rows: TokenRows, current: Rows, parts: RunParts) -> tuple[tuple[Draf
     generated = min(rows.ends[i] for i in rows.active) - rows.prompt_width
     horizon = settings.horizon(generated, min(budget) + 1)
     view = StepView(bounds, tuple(o.catchup for o in offers), horizon, tuple(o.evidence for o in offers))
-    return offers, view, parts.controller.decide(view)
+    return offers, view
 
 
 def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decision: Decision) -> list[Proposal]:
@@ -117,12 +130,13 @@ def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decis
     for d, drafter in enumerate(parts.drafters):
         ks = [k if chosen == d else 0 for k, chosen in zip(decision.ks, decision.drafters, strict=True)]
         if max(ks):
-            made = drafter.propose(current, offers[d], ks, stop=parts.controller.stop_rule(d))
+            made = drafter.propose(current, offers[d], ks, stop=decision.stop(d))
             proposals = [p if chosen == d else old for p, old, chosen in zip(made, proposals, decision.drafters)]
     return proposals
 
 
-def _block(rows: TokenRows, proposals: Sequence[Proposal], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _block(rows: TokenRows, proposals: Sequence[Proposal], pad_token_id: int
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each active row's [last token, d_1..d_k_i], right-padded → tokens [b, K+1] and valid [b, K+1] bool (None
     when every row has the same k: no padding)."""
     last = [rows.ids[i, rows.ends[i] - 1 : rows.ends[i]] for i in rows.active]  # b × [1]
@@ -236,9 +250,9 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     stats.prefill_ms = now()
     step, last = 0, time.perf_counter()
     while rows.active:
-        current, rest, mark = rows.current(), parts.controller.rests(), time.perf_counter()
-        offers, view, decision = ((), None, Decision.plain(len(rows.active))) if rest else _decide(rows, current, parts)
-        decision_s = time.perf_counter() - mark  # decide
+        current, mark = rows.current(), time.perf_counter()
+        offers, view, decision = _decide(rows, current, parts)
+        rest, decision_s = decision.rested, time.perf_counter() - mark  # decide
         threads = _set_threads(settings.threads, parts.controller.may_explore())
         tried = threads is not None and threads != settings.threads.best  # a thread count tried: not a plain step
         t0 = time.perf_counter()
@@ -262,11 +276,11 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
         outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals), seen,
                               decision_ms)
-        predicted_ms = parts.controller.price(outcome)
+        predicted_ms = decision.price(outcome)
         if threads is not None:
             settings.threads.observe(threads, draft_ms + verify_ms, predicted_ms)
         if not rest:
-            parts.controller.observe(outcome)  # observe
+            parts.controller.observe(decision, outcome)  # observe
         for s, i in enumerate(rows.active):
             record = StepRecord(ks[s], accepted[s], rows.ends[i] - ends[s],
                                 parts.drafters[decision.drafters[s]].name if ks[s] else "plain", draft_ms, verify_ms,

@@ -16,7 +16,7 @@ class StepRecord:
     """One row in one target forward: proposal length k, accepted draft tokens, tokens emitted, the
     drafter's name ("plain" for k = 0), the step's draft and verify times (ms, shared by its rows), the
     predicted acceptance α and goodput (tokens/s; NaN when not predicted), the row and step index, and
-    ``predicted_ms``: the step's draft + verify time as the controller's costs price the step it ran
+    ``predicted_ms``: the step's draft + verify time as its decision's pricing prices the step it ran
     (its realized widths; ms, NaN when not predicted), to compare with ``draft_ms + verify_ms``; ``decided``:
     False for a plain step the controller rested (no offers, no decision)."""
 

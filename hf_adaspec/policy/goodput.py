@@ -71,11 +71,11 @@ def horizon_goodput(rate: float, setup_ms: float, horizon: int) -> float:
 
 
 @dataclass(frozen=True)
-class Offer:
-    """What one drafter offers the batch this step: ``paths[i]`` = (P_i1..P_iu) for row i, u = the most
-    tokens it can draft there; ``draft_ms`` per drafted column (0 for a free drafter such as prompt
-    lookup); ``setup_ms`` one-off catch-up before it can draft; ``floors[i]``: lower confidence bounds of
-    ``paths[i]`` (the slowdown ledger's pessimistic outcome; empty: none accepted)."""
+class DrafterPaths:
+    """One drafter's priced paths this step, what ``best_plan`` chooses among: ``paths[i]`` = (P_i1..P_iu)
+    for row i, u = the most tokens it can draft there; ``draft_ms`` per drafted column (0 for a free drafter
+    such as prompt lookup); ``setup_ms`` one-off catch-up before it can draft; ``floors[i]``: lower confidence
+    bounds of ``paths[i]`` (the slowdown ledger's pessimistic outcome; empty: none accepted)."""
 
     paths: tuple[tuple[float, ...], ...]
     draft_ms: float = 0.0
@@ -89,7 +89,7 @@ class Offer:
 
 @dataclass(frozen=True)
 class Plan:
-    """A batch step: batch-wide k (0: a plain step), each row's drafter (an index into the offers),
+    """A batch step: batch-wide k (0: a plain step), each row's drafter (an index into the drafters' paths),
     predicted goodput (tokens/s, setup amortised) and steady-state TPOT (ms per token per row)."""
 
     k: int
@@ -134,18 +134,19 @@ def _row_picks(expected: Sequence[Sequence[tuple[float, ...]]], enabled: Sequenc
     return total, tuple(picks)
 
 
-def floor_tokens(offers: Sequence[Offer], picks: Sequence[int], k: int) -> float:
+def floor_tokens(drafters: Sequence[DrafterPaths], picks: Sequence[int], k: int) -> float:
     """The pessimistic tokens of a step at width k: min over rows i of 1 + Σ_{j ≤ k} floor_ij of the row's
-    drafter ``picks[i]`` (its ``Offer.floors``; none given: 0 accepted)."""
-    return min(1.0 + sum(offers[d].floors[i][:k]) if offers[d].floors else 1.0 for i, d in enumerate(picks))
+    drafter ``picks[i]`` (its ``DrafterPaths.floors``; none given: 0 accepted)."""
+    return min(1.0 + sum(drafters[d].floors[i][:k]) if drafters[d].floors else 1.0 for i, d in enumerate(picks))
 
 
 Admits = Callable[[float, float], bool]  # (step ms, pessimistic tokens) → whether the slowdown ledger allows it
 
 
-def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, min_gain: float = 0.0,
+def best_plan(drafters: Sequence[DrafterPaths], t_verify_ms: TVerify, horizon: int = 1, min_gain: float = 0.0,
               tpot_slo_ms: float | None = None, admits: Admits | None = None) -> Plan:
-    """The batch-wide k and per-row drafters of highest predicted goodput; k = 0 is a plain step.
+    """The batch-wide k and per-row drafters of highest predicted goodput over ``drafters[d]``, each drafter's
+    priced paths; k = 0 is a plain step.
 
     goodput = Σ_i E_i / (k·Σ_{paid d used} t_draft,d + t_verify(k+1)) (SmartSpec §4.2, a padded batch);
     a paid drafter's ``setup_ms`` is amortised over ``horizon`` tokens per row (``horizon_goodput``); free
@@ -156,15 +157,15 @@ def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, m
     slowdown ledger, ``policy.ledger``), a plan is a candidate only where its time with the whole setup
     (k·t_draft + setup + t_verify(k+1)) and its ``floor_tokens`` are admitted.
     """
-    rows = len(offers[0].paths)
+    rows = len(drafters[0].paths)
     tv1 = t_verify_ms(1)
     plain = Plan(0, (0,) * rows, 1000.0 * rows / tv1, tv1)
-    k_top = max((len(p) for o in offers for p in o.paths), default=0)
+    k_top = max((len(p) for dr in drafters for p in dr.paths), default=0)
     if not k_top:
-        return plain  # nothing offered: no plan but the plain step (which ``select`` would return)
-    paid = [d for d, o in enumerate(offers) if o.paid]
-    free = [d for d, o in enumerate(offers) if not o.paid]
-    expected = [[_expected(path) for path in o.paths] for o in offers]  # [D][b] → (E(0)..E(u))
+        return plain  # no drafter has a path: no plan but the plain step (which ``select`` would return)
+    paid = [d for d, dr in enumerate(drafters) if dr.paid]
+    free = [d for d, dr in enumerate(drafters) if not dr.paid]
+    expected = [[_expected(path) for path in dr.paths] for dr in drafters]  # [D][b] → (E(0)..E(u))
     bar = None if tpot_slo_ms is not None else plain.goodput * (1.0 + min_gain) * (1.0 - 1e-9)  # what select needs
     others = []
     for n_paid in range(len(paid) + 1):
@@ -172,14 +173,14 @@ def best_plan(offers: Sequence[Offer], t_verify_ms: TVerify, horizon: int = 1, m
             enabled = sorted(free + list(chosen))
             if not enabled:
                 continue
-            draft_ms, setup_ms = sum(offers[d].draft_ms for d in chosen), sum(offers[d].setup_ms for d in chosen)
+            draft_ms, setup_ms = sum(drafters[d].draft_ms for d in chosen), sum(drafters[d].setup_ms for d in chosen)
             most = sum(max(expected[d][i][-1] for d in enabled) for i in range(rows))  # tokens at any k, at most
             for k in range(1, k_top + 1):
                 time_ms = k * draft_ms + t_verify_ms(k + 1)
                 if bar is not None and horizon_goodput(1000.0 * most / time_ms, setup_ms, horizon * rows) < bar:
                     continue  # even every row's whole path accepted would not beat a plain step by min_gain
                 tokens, picks = _row_picks(expected, enabled, k)
-                if admits is not None and not admits(time_ms + setup_ms, floor_tokens(offers, picks, k)):
+                if admits is not None and not admits(time_ms + setup_ms, floor_tokens(drafters, picks, k)):
                     continue
                 rate = horizon_goodput(1000.0 * tokens / time_ms, setup_ms, horizon * rows)
                 others.append(Plan(k, picks, rate, time_ms * rows / tokens))

@@ -150,9 +150,9 @@ class PolicyInputs:
 
 
 def _adaptive(inputs: PolicyInputs) -> Controller:
-    models = [spec.acceptance(inputs.batch, inputs.learned, key) for spec, key in inputs.drafters]
+    acceptance = [spec.acceptance(inputs.batch, inputs.learned, key) for spec, key in inputs.drafters]
     ledger = Ledger(inputs.config.max_slowdown, inputs.costs_for(inputs.batch).t_verify(1))
-    return AdaptiveController(inputs.costs_for, models, [spec.paid for spec, _ in inputs.drafters],
+    return AdaptiveController(inputs.costs_for, acceptance, [spec.paid for spec, _ in inputs.drafters],
                               tpot_slo_ms=inputs.config.tpot_slo_ms, ledger=ledger)
 
 

@@ -46,8 +46,8 @@ def rest_steps(decision_ms: float, step_ms: float, share: float = REST_SHARE, mo
 
 
 class RestSchedule:
-    """When the controller rests (see the module docstring): ``decided`` after each decision's outcome,
-    ``rests`` once before each step."""
+    """When the controller rests (see the module docstring): ``decided`` after each decided step's outcome,
+    ``rests`` once per step, by the controller's ``decide`` before it asks for the step's view."""
 
     def __init__(self, share: float = REST_SHARE, after: int = REST_AFTER, most: int = REST_MOST,
                  window: int = 5) -> None:
