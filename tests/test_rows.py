@@ -10,7 +10,7 @@ from transformers import (EosTokenCriteria, LogitsProcessorList, MaxLengthCriter
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.engine.loop import DecodeSettings, _scores
 from hf_adaspec.engine.rows import TokenRows
-from hf_adaspec.proposers.base import Proposal
+from hf_adaspec.proposers.base import Proposal, Proposals
 
 
 class StopAfter(StoppingCriteria):
@@ -76,7 +76,7 @@ def test_scores_processed_at_once_equal_position_by_position():
     per-position path on each row's own prefix; a prefix-reading processor takes the per-position path."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 3, 16, generator=gen)  # [b, K+1, V]
-    proposals = [Proposal(torch.tensor([[3, 4]])), Proposal(torch.zeros(1, 0, dtype=torch.long))]
+    proposals = Proposals.of([Proposal(torch.tensor([[3, 4]])), Proposal(torch.zeros(1, 0, dtype=torch.long))])
     rows = _rows([])
     free = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5)])
     settings = DecodeSettings(free, None, 50, True)

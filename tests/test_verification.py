@@ -96,12 +96,12 @@ def test_rows_of_different_k_in_one_step_get_their_own_verification(do_sample):
     their first wrong token and emit the target's token after it."""
     from hf_adaspec.engine.loop import DecodeSettings, _verify
     from hf_adaspec.engine.rows import TokenRows
-    from hf_adaspec.proposers.base import Proposal
+    from hf_adaspec.proposers.base import Proposal, Proposals
 
     sure = [[1, 2, 3], [4, 0, 0], [5, 1, 0], [2, 2, 5]]  # per row the target's token at each position
     logits = 60.0 * torch.nn.functional.one_hot(torch.tensor(sure), V).float()  # [4, k_max+1, V]
     drafts = [[1, 2], [], [0], [2, 3]]  # row 0 all accepted, row 1 plain, row 2 rejected at once, row 3 after one
-    proposals = [Proposal(torch.tensor([d], dtype=torch.long).view(1, len(d))) for d in drafts]
+    proposals = Proposals.of([Proposal(torch.tensor([d], dtype=torch.long).view(1, len(d))) for d in drafts])
     rows = TokenRows.open(torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 1), 100, None, 0)
     settings = DecodeSettings([], None, 100, do_sample, generator=torch.Generator().manual_seed(0))
     accepted, new = _verify(logits, proposals, rows, settings, free=True)

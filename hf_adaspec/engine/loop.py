@@ -30,14 +30,13 @@ from ..backend import hf_compat
 from ..backend.ragged import KVCache, right_pad
 from ..policy.controller import Controller, Decision, StepOutcome, StepView
 from ..policy.horizon import lindy_horizon
-from ..proposers.base import Drafter, DraftOffer, Proposal, Rows
+from ..proposers.base import Drafter, DraftOffer, Proposal, Proposals, Rows
 from .hindsight import scored
 from .rows import TokenRows
 from .stats import SpeculationStats, StepRecord
 from .threads import ThreadChooser
 from .verification import Verification, greedy_verify, process_scores, select_token, speculative_sample
 
-_EMPTY = Proposal(torch.zeros(1, 0, dtype=torch.long))  # a plain row's proposal
 
 
 @dataclass
@@ -124,30 +123,34 @@ def _offers(rows: TokenRows, current: Rows, parts: RunParts) -> tuple[tuple[Draf
     return offers, view
 
 
-def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decision: Decision) -> list[Proposal]:
-    """Each row's proposal from its drafter; a drafter runs once for all rows that picked it."""
-    proposals = [_EMPTY] * len(decision.ks)
+def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decision: Decision) -> Proposals:
+    """Each row's proposal from its drafter, flat; a drafter runs once for all rows that picked it."""
+    made: list[Proposals | None] = [None] * len(parts.drafters)
     for d, drafter in enumerate(parts.drafters):
         ks = [k if chosen == d else 0 for k, chosen in zip(decision.ks, decision.drafters, strict=True)]
         if max(ks):
-            made = drafter.propose(current, offers[d], ks, stop=decision.stop(d))
-            proposals = [p if chosen == d else old for p, old, chosen in zip(made, proposals, decision.drafters)]
-    return proposals
+            made[d] = drafter.propose(current, offers[d], ks, stop=decision.stop(d))
+    if all(m is None for m in made):
+        return Proposals.empty(len(decision.ks))
+    return Proposals.merge(made, decision.drafters)
 
 
-def _block(rows: TokenRows, proposals: Sequence[Proposal], pad_token_id: int
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _block(rows: TokenRows, proposals: Proposals, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each active row's [last token, d_1..d_k_i], right-padded → tokens [b, K+1] and valid [b, K+1] bool (None
     when every row has the same k: no padding)."""
+    ks = proposals.ks
+    if len(rows.active) == 1:
+        i = rows.active[0]
+        last = rows.ids[i : i + 1, rows.ends[i] - 1 : rows.ends[i]]  # [1, 1]
+        return (torch.cat([last, proposals.tokens[None]], dim=1) if ks[0] else last), None  # [1, k+1]
     last = [rows.ids[i, rows.ends[i] - 1 : rows.ends[i]] for i in rows.active]  # b × [1]
-    if all(p.k == proposals[0].k for p in proposals):
-        if not proposals[0].k:
-            return torch.stack(last), None  # [b, 1]: a plain step
-        return torch.stack([torch.cat([t, p.tokens[0]]) for t, p in zip(last, proposals, strict=True)]), None
-    return right_pad([torch.cat([t, p.tokens[0]]) for t, p in zip(last, proposals, strict=True)], pad_token_id)
+    if min(ks) == max(ks):
+        return torch.cat([torch.stack(last), proposals.tokens.view(len(ks), ks[0])], dim=1), None  # [b, k+1]
+    rows_k = [torch.cat([t, proposals.tokens[a:b]]) for t, a, b in zip(last, proposals.offsets, proposals.offsets[1:])]
+    return right_pad(rows_k, pad_token_id)
 
 
-def _scores(logits: torch.Tensor, proposals: Sequence[Proposal], rows: TokenRows, settings: DecodeSettings,
+def _scores(logits: torch.Tensor, proposals: Proposals, rows: TokenRows, settings: DecodeSettings,
             free: bool) -> torch.Tensor:
     """The target's logits [b, K+1, V] (right-padded: row s's first k_s + 1 columns are its own) processed:
     position-free processors once over every column of every row (``hf_compat.position_free``), others per row
@@ -164,12 +167,12 @@ def _scores(logits: torch.Tensor, proposals: Sequence[Proposal], rows: TokenRows
     return torch.cat([torch.nn.functional.pad(d, (0, 0, 0, width - d.shape[1])) for d in done])  # [b, K+1, V]
 
 
-def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: TokenRows, settings: DecodeSettings,
+def _verify(logits: torch.Tensor, proposals: Proposals, rows: TokenRows, settings: DecodeSettings,
             free: bool) -> tuple[list[int], list[list[int]]]:
     """Verify every row's proposal against its logits (``logits`` [b, K+1, V] on the target's device) → accepted
     n_i and the new tokens [n_i + 1] (ids on the host). Greedy: all rows in one call, one host read; sampling:
     the rows of one k_i in one call (``verify_group``), one host read per group."""
-    drafts = [p.tokens[0].tolist() for p in proposals]  # the proposals are on the host
+    drafts = proposals.rows()  # the proposals are on the host
     width = max(len(d) for d in drafts) + 1
     scores = _scores(logits[:, :width], proposals, rows, settings, free)  # [b, K+1, V]
     if not settings.do_sample and width == 1:  # greedy plain rows: the target's argmax (the bonus token at k = 0)
@@ -180,8 +183,8 @@ def _verify(logits: torch.Tensor, proposals: list[Proposal], rows: TokenRows, se
         accepted, tokens = torch.stack([result.num_accepted, result.next_token]).tolist()  # one host read
     else:
         accepted, tokens = [0] * len(proposals), [0] * len(proposals)
-        for k in sorted({p.k for p in proposals}):
-            group = [s for s, p in enumerate(proposals) if p.k == k]
+        for k in sorted(set(proposals.ks)):
+            group = [s for s, n in enumerate(proposals.ks) if n == k]
             result = verify_group([proposals[s] for s in group], scores[group, : k + 1], settings)
             both = torch.cat([result.num_accepted, result.next_token]).tolist()  # one transfer per group
             for j, s in enumerate(group):
@@ -272,9 +275,9 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         own = [_own(d, decision.drafters, confirmed, held) for d in range(len(parts.drafters))]
         kept = None if features is None else [features[s, : n + 1] for s, n in enumerate(accepted)]  # [n_i+1, F]
         _commit(parts, finished, confirmed, own, kept)  # commit
-        ks = tuple(p.k for p in proposals)
+        ks = proposals.ks
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
-        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), tuple(p.confidences for p in proposals), seen,
+        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), proposals.confidences or ((),) * len(ks), seen,
                               decision_ms)
         predicted_ms = decision.price(outcome)
         if threads is not None:

@@ -51,7 +51,9 @@ class DraftModelProposer:
         just drafted."""
         b = len(rows.views)
         seen = self.cache.held()
-        unseen = left_pad([rows.tokens(i)[seen[i] :] for i in range(b)], self.pad)  # [b, m ≥ 1] tokens, valid
+        fresh = [rows.tokens(i)[seen[i] :] for i in range(b)]
+        same = all(t.shape[0] == fresh[0].shape[0] for t in fresh)  # no padding: valid None (every column real)
+        unseen = (torch.stack(fresh), None) if same else left_pad(fresh, self.pad)  # [b, m ≥ 1] tokens, valid
         if self.widths is not None:
             unseen = (unseen[0].clamp_max(self.widths[0] - 1), unseen[1])
 
