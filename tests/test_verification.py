@@ -107,16 +107,3 @@ def test_rows_of_different_k_in_one_step_get_their_own_verification(do_sample):
     accepted, new = _verify(logits, proposals, rows, settings, free=True)
     assert accepted == [2, 0, 0, 1]
     assert new == [[1, 2, 3], [4], [5], [2, 2]]
-
-
-def test_the_cpu_argmax_is_torchs():
-    """``kernels.argmax`` (numpy's loop on the CPU) returns torch.argmax's index: ties to the first maximum, the
-    first NaN, strided views, and torch's own for dtypes numpy lacks."""
-    from hf_adaspec.kernels.argmax import argmax
-
-    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(0))
-    x[0, 0, 7] = x[0, 0, 3] = 9.0  # a tie: the first index wins
-    x[1, 2, 11] = x[1, 2, 5] = float("nan")  # NaN: the first NaN
-    for view in (x, x[:, 1:4], x.transpose(0, 1), x.to(torch.bfloat16), x.double()):
-        assert torch.equal(argmax(view), view.argmax(dim=-1))
-    assert argmax(x)[0, 0] == 3 and argmax(x)[1, 2] == 5

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat
-from ..kernels.argmax import argmax
 from ..backend.ragged import KVCache, right_pad
 from ..policy.controller import Controller, Decision, StepOutcome, StepView
 from ..policy.horizon import lindy_horizon
@@ -177,7 +176,7 @@ def _verify(logits: torch.Tensor, proposals: Proposals, rows: TokenRows, setting
     width = max(len(d) for d in drafts) + 1
     scores = _scores(logits[:, :width], proposals, rows, settings, free)  # [b, K+1, V]
     if not settings.do_sample and width == 1:  # greedy plain rows: the target's argmax (the bonus token at k = 0)
-        return [0] * len(drafts), [[t] for t in argmax(scores[:, 0]).tolist()]
+        return [0] * len(drafts), [[t] for t in scores[:, 0].argmax(dim=-1).tolist()]
     if not settings.do_sample:
         padded = torch.tensor([d + [-1] * (width - 1 - len(d)) for d in drafts], dtype=torch.long)  # [b, K]
         result = greedy_verify(padded.to(scores.device), scores)  # a padded column never matches

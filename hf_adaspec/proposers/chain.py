@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat
-from ..kernels.argmax import argmax
 from .base import Proposals, StopRule
 
 
@@ -49,10 +48,10 @@ class Sampler:
                                 for i, v in enumerate(views)])
         if not self.do_sample:
             if not confident:
-                return argmax(scores), None, None
+                return scores.argmax(dim=-1), None, None
             f = scores.float()
-            shifted = f - f.amax(dim=-1, keepdim=True)
-            return argmax(scores), None, 1.0 / shifted.exp().sum(dim=-1)  # softmax at the argmax
+            shifted = f - f.max(dim=-1, keepdim=True).values
+            return scores.argmax(dim=-1), None, 1.0 / shifted.exp().sum(dim=-1)  # softmax at the argmax
         q = torch.softmax(scores, dim=-1)  # [b, V]
         token = torch.multinomial(q, 1, generator=self.generator)  # [b, 1]
         return token.squeeze(1), q, q.gather(1, token).squeeze(1) if confident else None
