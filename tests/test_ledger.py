@@ -155,3 +155,18 @@ def test_the_ledger_keeps_the_plan_and_each_drafted_column_inside_the_slack():
     assert not stop(9, [(0.99,) * 9], [True])  # a tenth column: 10 + 10 ms ≤ 20.2
     assert stop(10, [(0.99,) * 10], [True])  # an eleventh: 11 + 10 ms > 20.2
     assert not decide(unbounded, view).stop(0)(10, [(0.99,) * 10], [True])  # without a ledger it drafts on
+
+
+def test_the_window_median_is_statistics_median():
+    """The ledger's sliding median (t_1 and the scale, once per booked step) equals ``statistics.median`` of the
+    last 16 values, repeats and even counts included."""
+    import random
+    import statistics
+
+    from hf_adaspec.policy.ledger import _Window
+
+    window, seen, rng = _Window(16), [], random.Random(0)
+    for i in range(300):
+        value = 0.5 if i % 5 == 0 else rng.random()
+        seen.append(value)
+        assert window.add(value) == statistics.median(seen[-16:])

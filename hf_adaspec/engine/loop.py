@@ -99,7 +99,7 @@ def verify_group(proposals: Sequence[Proposal], scores: torch.Tensor, settings: 
     return speculative_sample(draft, q, p, settings.generator)
 
 
-def _decide(rows: TokenRows, current: Rows, parts: RunParts
+def _decide(rows: TokenRows, current: Callable[[], Rows], parts: RunParts
             ) -> tuple[tuple[DraftOffer, ...], StepView | None, Decision]:
     """The controller's decision, and the offers and view it was decided from (built once, when the controller
     asks, or after a decision it did not rest: hindsight scores the offers); ((), None) for a rest."""
@@ -109,13 +109,13 @@ def _decide(rows: TokenRows, current: Rows, parts: RunParts
     return offers, view, decision
 
 
-def _offers(rows: TokenRows, current: Rows, parts: RunParts) -> tuple[tuple[DraftOffer, ...], StepView]:
+def _offers(rows: TokenRows, current: Callable[[], Rows], parts: RunParts) -> tuple[tuple[DraftOffer, ...], StepView]:
     """Every drafter's offer, and the view of them the controller decides from: their bounds (capped by each
     row's budget), their evidence, the drafters' catch-up, and the horizon of the shortest row and the smallest
     budget."""
     settings = parts.settings
     budget = [settings.max_length - rows.ends[i] - 1 for i in rows.active]
-    offers = tuple(d.offer(current, parts.k_max) for d in parts.drafters)
+    offers = tuple(d.offer(current(), parts.k_max) for d in parts.drafters)
     bounds = tuple(tuple(max(0, min(b, u)) for b, u in zip(budget, o.bounds, strict=True)) for o in offers)  # [D][b]
     generated = min(rows.ends[i] for i in rows.active) - rows.prompt_width
     horizon = settings.horizon(generated, min(budget) + 1)
@@ -123,13 +123,14 @@ def _offers(rows: TokenRows, current: Rows, parts: RunParts) -> tuple[tuple[Draf
     return offers, view
 
 
-def _propose(parts: RunParts, current: Rows, offers: Sequence[DraftOffer], decision: Decision) -> Proposals:
+def _propose(parts: RunParts, current: Callable[[], Rows], offers: Sequence[DraftOffer], decision: Decision
+             ) -> Proposals:
     """Each row's proposal from its drafter, flat; a drafter runs once for all rows that picked it."""
     made: list[Proposals | None] = [None] * len(parts.drafters)
     for d, drafter in enumerate(parts.drafters):
         ks = [k if chosen == d else 0 for k, chosen in zip(decision.ks, decision.drafters, strict=True)]
         if max(ks):
-            made[d] = drafter.propose(current, offers[d], ks, stop=decision.stop(d))
+            made[d] = drafter.propose(current(), offers[d], ks, stop=decision.stop(d))
     if all(m is None for m in made):
         return Proposals.empty(len(decision.ks))
     return Proposals.merge(made, decision.drafters)
@@ -172,11 +173,12 @@ def _verify(logits: torch.Tensor, proposals: Proposals, rows: TokenRows, setting
     """Verify every row's proposal against its logits (``logits`` [b, K+1, V] on the target's device) → accepted
     n_i and the new tokens [n_i + 1] (ids on the host). Greedy: all rows in one call, one host read; sampling:
     the rows of one k_i in one call (``verify_group``), one host read per group."""
+    if not settings.do_sample and not proposals.tokens.numel():  # greedy plain rows: the target's argmax
+        scores = _scores(logits[:, :1], proposals, rows, settings, free)  # [b, 1, V]
+        return [0] * len(proposals), [[t] for t in scores[:, 0].argmax(dim=-1).tolist()]
     drafts = proposals.rows()  # the proposals are on the host
     width = max(len(d) for d in drafts) + 1
     scores = _scores(logits[:, :width], proposals, rows, settings, free)  # [b, K+1, V]
-    if not settings.do_sample and width == 1:  # greedy plain rows: the target's argmax (the bonus token at k = 0)
-        return [0] * len(drafts), [[t] for t in scores[:, 0].argmax(dim=-1).tolist()]
     if not settings.do_sample:
         padded = torch.tensor([d + [-1] * (width - 1 - len(d)) for d in drafts], dtype=torch.long)  # [b, K]
         result = greedy_verify(padded.to(scores.device), scores)  # a padded column never matches
@@ -253,7 +255,7 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     stats.prefill_ms = now()
     step, last = 0, time.perf_counter()
     while rows.active:
-        current, mark = rows.current(), time.perf_counter()
+        current, mark = functools.cache(rows.current), time.perf_counter()  # drafters' view, built if asked
         offers, view, decision = _decide(rows, current, parts)
         rest, decision_s = decision.rested, time.perf_counter() - mark  # decide
         threads = _set_threads(settings.threads, parts.controller.may_explore())
@@ -268,7 +270,7 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         seen = () if view is None else scored(offers, view, new)
         decision_ms = (decision_s + time.perf_counter() - mark) * 1000.0 if settings.decision_ms is None \
             else settings.decision_ms
-        held = current.lengths  # [b] tokens each row held before the step
+        held = torch.tensor([rows.ends[i] - rows.starts[i] for i in rows.active])  # [b] tokens held before the step
         confirmed = held + torch.tensor(accepted)  # tokens each row holds, minus its new last token
         ends = [rows.ends[i] for i in rows.active]
         finished = [rows.emit(s, n, now()) for s, n in enumerate(new)]

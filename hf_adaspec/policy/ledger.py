@@ -28,7 +28,7 @@ actions relative to each other).
 from __future__ import annotations
 
 import math
-import statistics
+import bisect
 from collections import deque
 
 from ..config import check_slowdown
@@ -61,8 +61,7 @@ class Ledger:
         self.epsilon, self.seed_ms = epsilon, t1_ms
         self.spent_ms = 0.0
         self.counterfactual_ms = 0.0
-        self._plain: deque[float] = deque(maxlen=WINDOW)
-        self._ratios: deque[float] = deque(maxlen=WINDOW)
+        self._plain, self._ratios = _Window(WINDOW), _Window(WINDOW)
         self._t1_ms, self._scale = math.nan, 1.0  # the medians, taken once per booked step (best_plan asks often)
 
     @property
@@ -106,8 +105,26 @@ class Ledger:
         self.counterfactual_ms += elapsed_ms if plain else self.plain_step_ms * emitted
         self.spent_ms += elapsed_ms
         if plain:
-            self._plain.append(elapsed_ms)
-            self._t1_ms = statistics.median(self._plain)
+            self._t1_ms = self._plain.add(elapsed_ms)
         if math.isfinite(predicted_ms) and predicted_ms > 0:
-            self._ratios.append(elapsed_ms / predicted_ms)
-            self._scale = statistics.median(self._ratios)
+            self._scale = self._ratios.add(elapsed_ms / predicted_ms)
+
+
+class _Window:
+    """The last ``size`` values in arrival order and sorted: ``add`` is O(size) with no sort, and returns the
+    median as ``statistics.median`` gives it (the mean of the middle two for an even count)."""
+
+    def __init__(self, size: int) -> None:
+        self.order: deque[float] = deque(maxlen=size)
+        self.sorted: list[float] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.order)
+
+    def add(self, value: float) -> float:
+        if len(self.order) == self.order.maxlen:
+            del self.sorted[bisect.bisect_left(self.sorted, self.order[0])]
+        self.order.append(value)
+        bisect.insort(self.sorted, value)
+        n = len(self.sorted)
+        return self.sorted[n // 2] if n % 2 else (self.sorted[n // 2 - 1] + self.sorted[n // 2]) / 2
