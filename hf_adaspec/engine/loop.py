@@ -18,7 +18,6 @@ greedy output where the forward is shape-stable; sampling is lossless per row.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -99,11 +98,28 @@ def verify_group(proposals: Sequence[Proposal], scores: torch.Tensor, settings: 
     return speculative_sample(draft, q, p, settings.generator)
 
 
+class _Once:
+    """A zero-argument call made at most once, its value kept (``functools.cache`` costs more to make)."""
+
+    __slots__ = ("fn", "value")
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn, self.value = fn, _UNSET
+
+    def __call__(self) -> object:
+        if self.value is _UNSET:
+            self.value = self.fn()
+        return self.value
+
+
+_UNSET = object()
+
+
 def _decide(rows: TokenRows, current: Callable[[], Rows], parts: RunParts
             ) -> tuple[tuple[DraftOffer, ...], StepView | None, Decision]:
     """The controller's decision, and the offers and view it was decided from (built once, when the controller
     asks, or after a decision it did not rest: hindsight scores the offers); ((), None) for a rest."""
-    built = functools.cache(lambda: _offers(rows, current, parts))
+    built = _Once(lambda: _offers(rows, current, parts))
     decision = parts.controller.decide(len(rows.active), lambda: built()[1])
     offers, view = ((), None) if decision.rested else built()
     return offers, view, decision
@@ -255,7 +271,7 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     stats.prefill_ms = now()
     step, last = 0, time.perf_counter()
     while rows.active:
-        current, mark = functools.cache(rows.current), time.perf_counter()  # drafters' view, built if asked
+        current, mark = _Once(rows.current), time.perf_counter()  # the drafters' view, built if one is asked
         offers, view, decision = _decide(rows, current, parts)
         rest, decision_s = decision.rested, time.perf_counter() - mark  # decide
         threads = _set_threads(settings.threads, parts.controller.may_explore())
