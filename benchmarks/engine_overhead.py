@@ -524,6 +524,7 @@ def main() -> None:
             k: round(summaries["head"]["overhead_ms_per_step"][k] / summaries["base"]["overhead_ms_per_step"][k], 3)
             for k in ("plain", "speculative")
         },
+        "head_over_base_per_forward_ms": _per_forward(rounds),
         "commits": {"head": head_commit, "head_dirty_files": dirty, "head_content": head_hash, "base": base_commit},
         "settings": {**job, "rounds": args.rounds, "speculative_k": SPEC_K},
         "machine": _machine(),
@@ -547,6 +548,7 @@ def main() -> None:
                     "overhead_ms_per_step",
                     "never_agree_vs_transformers",
                     "head_over_base",
+                    "head_over_base_per_forward_ms",
                     "never_draft_acceptance",
                     "commits",
                     "wall_s",
@@ -554,6 +556,18 @@ def main() -> None:
             }
         )
     )
+
+
+def _per_forward(rounds: dict[str, list[dict]]) -> dict[str, float]:
+    """Head over base of the overhead per ms of the forwards it sits between (each round's overhead over its own
+    forward ms, medians over rounds): a ratio the machine's speed, which moves both alike within a worker, moves
+    less than the ms themselves."""
+    share = {
+        v: {k: _median([r["overhead_ms_per_step"][k] / r["forward_ms_per_step"][k] for r in rs])
+            for k in ("plain", "speculative")}
+        for v, rs in rounds.items()
+    }
+    return {k: round(share["head"][k] / share["base"][k], 3) for k in ("plain", "speculative")}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ batched generate) and where its real tokens start. A single request is a batch o
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -78,8 +79,8 @@ class Proposals(Sequence[Proposal]):
 
     @classmethod
     def empty(cls, batch: int) -> Proposals:
-        """``batch`` rows of k = 0 (a plain step)."""
-        return cls(torch.zeros(0, dtype=torch.long), (0,) * (batch + 1))
+        """``batch`` rows of k = 0 (a plain step; one shared value per batch size: nothing in it changes)."""
+        return _empty(batch)
 
     @classmethod
     def of(cls, rows: Sequence[Proposal]) -> Proposals:
@@ -105,6 +106,11 @@ class Proposals(Sequence[Proposal]):
             return parts[chosen[0]]
         empty = Proposal(torch.zeros(1, 0, dtype=torch.long))
         return cls.of([empty if parts[d] is None else parts[d][i] for i, d in enumerate(chosen)])
+
+
+@functools.lru_cache(maxsize=64)
+def _empty(batch: int) -> Proposals:
+    return Proposals(torch.zeros(0, dtype=torch.long), (0,) * (batch + 1))
 
 
 @dataclass(frozen=True)
