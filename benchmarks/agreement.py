@@ -53,8 +53,18 @@ def main() -> None:
         print(f"{fmt}: top-1 {top1:.4f}, first divergence {first:.1f} ({what})", flush=True)
         del model
         gc.collect()
-    print(json.dumps({"model": args.model, "processor": processor_name(), "reference_dtype": args.dtype,
-                      "tokens_per_prompt": args.tokens, "prompts": len(refs), "formats": rows}))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "processor": processor_name(),
+                "reference_dtype": args.dtype,
+                "tokens_per_prompt": args.tokens,
+                "prompts": len(refs),
+                "formats": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

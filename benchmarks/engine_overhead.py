@@ -563,8 +563,10 @@ def _per_forward(rounds: dict[str, list[dict]]) -> dict[str, float]:
     forward ms, medians over rounds): a ratio the machine's speed, which moves both alike within a worker, moves
     less than the ms themselves."""
     share = {
-        v: {k: _median([r["overhead_ms_per_step"][k] / r["forward_ms_per_step"][k] for r in rs])
-            for k in ("plain", "speculative")}
+        v: {
+            k: _median([r["overhead_ms_per_step"][k] / r["forward_ms_per_step"][k] for r in rs])
+            for k in ("plain", "speculative")
+        }
         for v, rs in rounds.items()
     }
     return {k: round(share["head"][k] / share["base"][k], 3) for k in ("plain", "speculative")}

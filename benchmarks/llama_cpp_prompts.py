@@ -55,18 +55,58 @@ def _gguf(name: str) -> str:
 
 
 def _plain(bin_dir: Path, target: str, text: str, n: int, threads: int) -> float:
-    out = subprocess.run([bin_dir / "llama-completion", "-m", target, "-p", text, "-n", str(n), "-t", str(threads),
-                          "--temp", "0", "-c", "4096", "-no-cnv", "--no-display-prompt"],
-                         capture_output=True, text=True, check=True).stderr
+    out = subprocess.run(
+        [
+            bin_dir / "llama-completion",
+            "-m",
+            target,
+            "-p",
+            text,
+            "-n",
+            str(n),
+            "-t",
+            str(threads),
+            "--temp",
+            "0",
+            "-c",
+            "4096",
+            "-no-cnv",
+            "--no-display-prompt",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
     prompt_ms = float(re.search(r"prompt eval time =\s+([0-9.]+) ms", out).group(1))
     eval_ms, runs = re.search(r"\n[^\n]*?\beval time =\s+([0-9.]+) ms /\s+(\d+) runs", out).groups()
     return (int(runs) + 1) / ((prompt_ms + float(eval_ms)) / 1e3)  # +1: the token the prompt's forward gives
 
 
 def _speculative(bin_dir: Path, target: str, draft: str, text: str, n: int, threads: int) -> float:
-    out = subprocess.run([bin_dir / "llama-speculative-simple", "-m", target, "-md", draft, "-p", text, "-n", str(n),
-                          "-t", str(threads), "--temp", "0", "-c", "4096", "--spec-type", "draft-simple"],
-                         capture_output=True, text=True, check=True).stderr
+    out = subprocess.run(
+        [
+            bin_dir / "llama-speculative-simple",
+            "-m",
+            target,
+            "-md",
+            draft,
+            "-p",
+            text,
+            "-n",
+            str(n),
+            "-t",
+            str(threads),
+            "--temp",
+            "0",
+            "-c",
+            "4096",
+            "--spec-type",
+            "draft-simple",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
     enc = float(re.search(r"encoded\s+\d+ tokens in\s+([0-9.]+) seconds", out).group(1))
     new, dec = re.search(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds", out).groups()
     return int(new) / (enc + float(dec))
@@ -82,9 +122,12 @@ def _geomean(values: list[float]) -> float:
 
 def _llama_row(prompt, text: str, args, target: str, draft: str) -> dict:
     """One prompt's llama.cpp plain and speculative tokens/s."""
-    return {"question_id": prompt.question_id, "category": prompt.category,
-            "plain": round(_plain(args.bin, target, text, args.max_new_tokens, args.threads), 3),
-            "speculative": round(_speculative(args.bin, target, draft, text, args.max_new_tokens, args.threads), 3)}
+    return {
+        "question_id": prompt.question_id,
+        "category": prompt.category,
+        "plain": round(_plain(args.bin, target, text, args.max_new_tokens, args.threads), 3),
+        "speculative": round(_speculative(args.bin, target, draft, text, args.max_new_tokens, args.threads), 3),
+    }
 
 
 def _beside_row(pair, prompt, text: str, rotation: int, args, target: str, draft: str) -> dict:
@@ -96,14 +139,20 @@ def _beside_row(pair, prompt, text: str, rotation: int, args, target: str, draft
     def ours() -> None:
         runs = run_prompt(tgt.model, tgt.tokenizer, drf.model, prompt, OURS, rotation, cfg).runs
         row.update({r.method: round(r.tokens_per_s, 3) for r in runs})
-        row["greedy_gap_vs_plain"] = {r.method: r.divergence_gap for r in runs  # top-2 gap where it first differs
-                                      if r.method != "plain" and not r.matches_plain}
+        row["greedy_gap_vs_plain"] = {
+            r.method: r.divergence_gap
+            for r in runs  # top-2 gap where it first differs
+            if r.method != "plain" and not r.matches_plain
+        }
 
-    units = [ours,
-             lambda: row.update({"llama.cpp plain": round(_plain(args.bin, target, text, n, threads), 3)}),
-             lambda: row.update({"llama.cpp speculative": round(_speculative(args.bin, target, draft, text, n,
-                                                                             threads), 3)})]
-    for unit in units[rotation % 3:] + units[:rotation % 3]:
+    units = [
+        ours,
+        lambda: row.update({"llama.cpp plain": round(_plain(args.bin, target, text, n, threads), 3)}),
+        lambda: row.update(
+            {"llama.cpp speculative": round(_speculative(args.bin, target, draft, text, n, threads), 3)}
+        ),
+    ]
+    for unit in units[rotation % 3 :] + units[: rotation % 3]:
         unit()
     return row
 
@@ -116,10 +165,14 @@ def _beside_summary(rows: list[dict]) -> dict:
     table = {c: {k: _geomean([r[k] for r in rs]) for k in COLUMNS} for c, rs in cats.items()}
     table["overall"] = {k: _geomean([table[c][k] for c in cats]) for k in COLUMNS}
     for cell in table.values():
-        cell.update({"aa": cell["plain-again"] / cell["plain"],
-                     "plain_over_llama_cpp_plain": cell["plain"] / cell["llama.cpp plain"],
-                     "adaptive_over_llama_cpp_plain": cell["adaptive"] / cell["llama.cpp plain"],
-                     "adaptive_over_plain": cell["adaptive"] / cell["plain"]})
+        cell.update(
+            {
+                "aa": cell["plain-again"] / cell["plain"],
+                "plain_over_llama_cpp_plain": cell["plain"] / cell["llama.cpp plain"],
+                "adaptive_over_llama_cpp_plain": cell["adaptive"] / cell["llama.cpp plain"],
+                "adaptive_over_plain": cell["adaptive"] / cell["plain"],
+            }
+        )
     return {c: {k: round(v, 3) for k, v in cell.items()} for c, cell in table.items()}
 
 
@@ -127,8 +180,15 @@ def _ours():
     """The default pair as ``hf-adaspec bench`` loads it, warmed up (its first ``adaptive`` use calibrates the
     pair's step costs: kept out of the timed runs), and the bench's per-method learned state."""
     tgt, drf = load_pair("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "auto", "bfloat16")
-    run_prompt(tgt.model, tgt.tokenizer, drf.model, Prompt(-1, "warm-up", "Say hello."), OURS, 0,
-               {"fixed_k": 5, "max_new_tokens": 8})
+    run_prompt(
+        tgt.model,
+        tgt.tokenizer,
+        drf.model,
+        Prompt(-1, "warm-up", "Say hello."),
+        OURS,
+        0,
+        {"fixed_k": 5, "max_new_tokens": 8},
+    )
     return tgt, drf, {"fixed_k": 5, "max_new_tokens": 256, "repeats": 1, "states": {}}
 
 
@@ -151,11 +211,18 @@ def main() -> None:
     rows = []
     for i, p in enumerate(load_prompts(args.prompts, args.per_category, None, args.split)):
         text = tok.apply_chat_template(p.messages(), add_generation_prompt=True, tokenize=False)
-        rows.append(_beside_row(pair, p, text, i, args, target, draft) if pair else
-                    _llama_row(p, text, args, target, draft))
+        rows.append(
+            _beside_row(pair, p, text, i, args, target, draft) if pair else _llama_row(p, text, args, target, draft)
+        )
         print(rows[-1], flush=True)
-    doc = {"bin": str(args.bin), "threads": args.threads, "prompts": str(args.prompts), "split": args.split,
-           "per_category": args.per_category, "max_new_tokens": args.max_new_tokens}
+    doc = {
+        "bin": str(args.bin),
+        "threads": args.threads,
+        "prompts": str(args.prompts),
+        "split": args.split,
+        "per_category": args.per_category,
+        "max_new_tokens": args.max_new_tokens,
+    }
     if pair is not None:
         doc |= _beside_meta(pair, rows)
     else:
@@ -181,11 +248,15 @@ def _beside_meta(pair, rows: list[dict]) -> dict:
     """The run's processor, formats, greedy checks and summary (``_beside_summary``)."""
     tgt, drf, _ = pair
     gaps = [g for r in rows for g in r["greedy_gap_vs_plain"].values()]
-    return {"processor": processor_name(), "machine": platform.machine(),
-            "aten_cpu": torch.backends.cpu.get_cpu_capability(),
-            "formats": {"target": tgt.format_label, "draft": drf.format_label},
-            "greedy_mismatches": len(gaps), "max_divergence_gap": max((g for g in gaps if g is not None), default=None),
-            "tokens_per_s": _beside_summary(rows)}
+    return {
+        "processor": processor_name(),
+        "machine": platform.machine(),
+        "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+        "formats": {"target": tgt.format_label, "draft": drf.format_label},
+        "greedy_mismatches": len(gaps),
+        "max_divergence_gap": max((g for g in gaps if g is not None), default=None),
+        "tokens_per_s": _beside_summary(rows),
+    }
 
 
 if __name__ == "__main__":

@@ -45,15 +45,27 @@ def main() -> None:
                     ms[way].append((time.perf_counter() - begin) * 1e3)
                 last[way] = logits
         kernel, dense = statistics.median(ms["kernel"]), statistics.median(ms["dense"])
-        rows.append({"tokens": length, "kernel_ms": round(kernel, 1), "dense_ms": round(dense, 1),
-                     "speedup": round(kernel / dense, 2),
-                     "same_argmax": bool(last["kernel"].argmax() == last["dense"].argmax()),
-                     "max_logit_diff": round(float((last["kernel"] - last["dense"]).abs().max()), 3)})
+        rows.append(
+            {
+                "tokens": length,
+                "kernel_ms": round(kernel, 1),
+                "dense_ms": round(dense, 1),
+                "speedup": round(kernel / dense, 2),
+                "same_argmax": bool(last["kernel"].argmax() == last["dense"].argmax()),
+                "max_logit_diff": round(float((last["kernel"] - last["dense"]).abs().max()), 3),
+            }
+        )
         print(rows[-1])
     route.set_rows(model, chosen)
-    result = {"processor": processor_name(), "aten_cpu": torch.backends.cpu.get_cpu_capability(),
-              "threads": torch.get_num_threads(), "target": args.target, "route_starts_at_rows": chosen,
-              "rounds": args.rounds, "prefill": rows}
+    result = {
+        "processor": processor_name(),
+        "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "target": args.target,
+        "route_starts_at_rows": chosen,
+        "rounds": args.rounds,
+        "prefill": rows,
+    }
     if args.output:
         with open(args.output, "w") as f:
             json.dump(result, f, indent=1)

@@ -43,14 +43,16 @@ from hf_adaspec.cli.pair import load_pair
 from hf_adaspec.machine import processor_name
 
 
-def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int,
-                 llama_bin: Path | None) -> tuple[dict[str, list[float]], dict[str, float | None]]:
+def _timed_rates(
+    tgt, drf, repeats: int, max_new_tokens: int, llama_bin: Path | None
+) -> tuple[dict[str, list[float]], dict[str, float | None]]:
     """Tokens/s per method and round (``llama.cpp`` too where ``llama_bin`` is given), and each of our methods'
     greedy check against plain (``divergence_gap`` of its last output: None when equal, else the target's top-2
     logit gap where it first differs)."""
     messages = [{"role": "user", "content": DEFAULT_PROMPT}]
-    inputs = tgt.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                               return_dict=True)
+    inputs = tgt.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     methods = {"plain": {}, "plain-again": {}, "adaptive": {"assistant_model": drf.model, "speculation": "adaptive"}}
     names = list(methods) + (["llama.cpp"] if llama_bin else [])
     text = tgt.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -58,7 +60,7 @@ def _timed_rates(tgt, drf, repeats: int, max_new_tokens: int,
     rates: dict[str, list[float]] = {m: [] for m in names}
     outputs: dict[str, torch.Tensor] = {}
     for rnd in range(repeats):
-        for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # rotated: drift hits every method alike
+        for name in names[rnd % len(names) :] + names[: rnd % len(names)]:  # rotated: drift hits every method alike
             if name == "llama.cpp":
                 rates[name].append(round(_plain(llama_bin, gguf, text, max_new_tokens, torch.get_num_threads()), 3))
                 print(f"{name}: {rates[name][-1]:.2f} tokens/s", flush=True)
@@ -85,23 +87,45 @@ def main() -> None:
     anchor = json.loads(args.anchor.read_text())
     tgt, drf = load_pair("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", args.quantization, "bfloat16")
     warm = tgt.tokenizer("Say hello.", return_tensors="pt")  # another prompt: a first use's cost calibration
-    tgt.model.generate(**warm, assistant_model=drf.model, speculation="adaptive", max_new_tokens=8, do_sample=False,
-                       speculation_state=SpeculationState())
+    tgt.model.generate(
+        **warm,
+        assistant_model=drf.model,
+        speculation="adaptive",
+        max_new_tokens=8,
+        do_sample=False,
+        speculation_state=SpeculationState(),
+    )
     rates, gaps = _timed_rates(tgt, drf, args.repeats, args.max_new_tokens, args.llama_cpp_bin)
     med = {m: round(statistics.median(v), 2) for m, v in rates.items()}
     llama = anchor["plain_tokens_per_s"]
-    interleaved = None if args.llama_cpp_bin is None else {
-        "llama_cpp_plain": med["llama.cpp"], "bin": str(args.llama_cpp_bin),
-        "plain_over_llama_cpp_plain": round(med["plain"] / med["llama.cpp"], 3),
-        "adaptive_over_llama_cpp_plain": round(med["adaptive"] / med["llama.cpp"], 3)}
-    print(json.dumps({
-        "processor": processor_name(), "aten_cpu": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(), "formats": {"target": tgt.format_label, "draft": drf.format_label},
-        "tokens_per_s": med, "aa": round(med["plain-again"] / med["plain"], 3),
-        "llama_cpp": {"isa": anchor["isa"], "plain": llama, "speculative": anchor["speculative_tokens_per_s"]},
-        "adaptive_over_llama_cpp_plain": round(med["adaptive"] / llama, 3),
-        "plain_ms_per_token_over_llama_cpp": round(llama / med["plain"], 2),
-        "interleaved": interleaved, "greedy_gap_vs_plain": gaps, "runs": rates}))
+    interleaved = (
+        None
+        if args.llama_cpp_bin is None
+        else {
+            "llama_cpp_plain": med["llama.cpp"],
+            "bin": str(args.llama_cpp_bin),
+            "plain_over_llama_cpp_plain": round(med["plain"] / med["llama.cpp"], 3),
+            "adaptive_over_llama_cpp_plain": round(med["adaptive"] / med["llama.cpp"], 3),
+        }
+    )
+    print(
+        json.dumps(
+            {
+                "processor": processor_name(),
+                "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+                "threads": torch.get_num_threads(),
+                "formats": {"target": tgt.format_label, "draft": drf.format_label},
+                "tokens_per_s": med,
+                "aa": round(med["plain-again"] / med["plain"], 3),
+                "llama_cpp": {"isa": anchor["isa"], "plain": llama, "speculative": anchor["speculative_tokens_per_s"]},
+                "adaptive_over_llama_cpp_plain": round(med["adaptive"] / llama, 3),
+                "plain_ms_per_token_over_llama_cpp": round(llama / med["plain"], 2),
+                "interleaved": interleaved,
+                "greedy_gap_vs_plain": gaps,
+                "runs": rates,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,18 +31,47 @@ from hf_adaspec.models.presets import PRESETS
 
 def _forward_on(ceiling: str):
     """A ``Q4Linear.forward`` whose kernel takes at most path ``ceiling``."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = q4.linear(x.reshape(-1, self.in_features), self.blocks, self.kind_ids, self.rows, self.in_features,
-                      self.directory, self.bias, ceiling=ceiling, n=self.out_features)
+        y = q4.linear(
+            x.reshape(-1, self.in_features),
+            self.blocks,
+            self.kind_ids,
+            self.rows,
+            self.in_features,
+            self.directory,
+            self.bias,
+            ceiling=ceiling,
+            n=self.out_features,
+        )
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
     return forward
 
 
 def _llama_bench(binary: str, model: str, widths: list[int], threads: int) -> dict[str, float]:
     """llama-bench's ms per n-token prompt forward on the preset's GGUF file (its -p n, mean of its repetitions)."""
     asset = next(v for v in vars(PRESETS[model]).values() if isinstance(v, assets.GgufAsset))
-    done = subprocess.run([binary, "-m", str(assets.assemble(asset)), "-p", ",".join(map(str, widths)), "-n", "0",
-                           "-t", str(threads), "-r", "5", "-o", "json"], check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            binary,
+            "-m",
+            str(assets.assemble(asset)),
+            "-p",
+            ",".join(map(str, widths)),
+            "-n",
+            "0",
+            "-t",
+            str(threads),
+            "-r",
+            "5",
+            "-o",
+            "json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return {str(row["n_prompt"]): round(row["avg_ns"] / 1e6, 2) for row in json.loads(done.stdout)}
 
 
@@ -64,7 +93,7 @@ def main() -> None:
         for r in range(args.rounds + 2):
             for n in widths:
                 ids = torch.randint(0, 10000, (1, n))
-                for name in (list(variants) if r % 2 else list(variants)[::-1]):
+                for name in list(variants) if r % 2 else list(variants)[::-1]:
                     q4.Q4Linear.forward = variants[name]
                     start = time.perf_counter()
                     model(input_ids=ids, past_key_values=cache, use_cache=True)
@@ -78,9 +107,20 @@ def main() -> None:
     ratios = {name: {n: round(t / curve[str(widths[0])], 3) for n, t in curve.items()} for name, curve in out.items()}
     for name in out:
         print(f"{name:>16}: " + "  ".join(f"{n}:{out[name][n]:.1f} ({ratios[name][n]:.2f})" for n in out[name]))
-    print(json.dumps({"model": args.model, "cpu": processor_name(), "threads": torch.get_num_threads(),
-                      "aten_cpu": torch.backends.cpu.get_cpu_capability(), "rounds": args.rounds, "context": 128,
-                      "ms": out, "t(n)/t(1)": ratios}))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "cpu": processor_name(),
+                "threads": torch.get_num_threads(),
+                "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+                "rounds": args.rounds,
+                "context": 128,
+                "ms": out,
+                "t(n)/t(1)": ratios,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

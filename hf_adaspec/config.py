@@ -64,8 +64,10 @@ class SpeculationConfig:
         if self.speculation == FIXED and self.num_speculative_tokens is None:
             raise ValueError('speculation="fixed" needs num_speculative_tokens=k (k >= 0)')
         if self.speculation != FIXED and (self.num_speculative_tokens is not None or self.draft_p_min is not None):
-            raise ValueError('num_speculative_tokens and draft_p_min belong to speculation="fixed"; "adaptive" '
-                             "chooses k itself (cap it with max_speculative_tokens)")
+            raise ValueError(
+                'num_speculative_tokens and draft_p_min belong to speculation="fixed"; "adaptive" '
+                "chooses k itself (cap it with max_speculative_tokens)"
+            )
         for name in ("num_speculative_tokens", "max_speculative_tokens", "prompt_lookup_max_ngram"):
             _check_integer(name, getattr(self, name))
         if self.num_speculative_tokens is not None and not 0 <= self.num_speculative_tokens <= 64:
@@ -96,12 +98,15 @@ class SpeculationConfig:
 def _check_integer(name: str, value: object) -> None:
     """Raise ValueError unless ``value`` is an integer (None passes: unset); a bool or a float is refused."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-        raise ValueError(f"{name} must be an integer (a number of tokens), got {value!r} of type "
-                         f"{type(value).__name__}")
+        raise ValueError(
+            f"{name} must be an integer (a number of tokens), got {value!r} of type {type(value).__name__}"
+        )
 
 
 def check_slowdown(epsilon: object) -> None:
     """Raise ValueError unless ε (``max_slowdown``) is a number >= 0 (math.inf: no bound)."""
     if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or math.isnan(epsilon) or epsilon < 0:
-        raise ValueError(f"max_slowdown must be a number >= 0 (a share of plain decoding's time, e.g. 0.02; "
-                         f"math.inf for no bound), got {epsilon!r}")
+        raise ValueError(
+            f"max_slowdown must be a number >= 0 (a share of plain decoding's time, e.g. 0.02; "
+            f"math.inf for no bound), got {epsilon!r}"
+        )

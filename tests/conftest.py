@@ -29,9 +29,17 @@ def build_tiny_llama(seed: int, vocab_size: int = 64) -> transformers.LlamaForCa
     """
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.5, eos_token_id=None, bos_token_id=None, pad_token_id=0,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.5,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
     )
     model = transformers.LlamaForCausalLM(config).float().eval()
     model.generation_config.eos_token_id = None
@@ -55,10 +63,19 @@ def save_tiny_llama(path, hidden_size: int) -> str:
     """A tiny random Llama (seed 0; ``hidden_size`` wide, MLPs twice that, 64 ids, no EOS, pad 0) and
     ``build_tiny_tokenizer``'s tokenizer saved in ``path``; → ``path`` as a string."""
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=256, initializer_range=0.5, eos_token_id=None,
-                                      bos_token_id=None, pad_token_id=0)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.5,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(path)
     build_tiny_tokenizer().save_pretrained(path)
     return str(path)
@@ -161,8 +178,13 @@ def models(tiny_factory):
 
 
 HEAD_LAYERS = (0, 1, 1)  # the tiny target's residual stream at the inputs of layers 0, 1 (twice): 3 × 32 wide
-HEAD_PROMPTS = ([5, 6, 7, 8, 9, 10] * 4, [11, 12, 13], [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8], [40, 41, 40, 41, 40],
-                list(range(1, 41)))
+HEAD_PROMPTS = (
+    [5, 6, 7, 8, 9, 10] * 4,
+    [11, 12, 13],
+    [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8],
+    [40, 41, 40, 41, 40],
+    list(range(1, 41)),
+)
 
 
 def train_tiny_head(target, steps: int = 80, draft_vocab: int = 48, lr: float = 1e-2):

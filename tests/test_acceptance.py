@@ -88,8 +88,15 @@ def test_update_rejects_invalid_counts(drafted, accepted):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"mean": 0.0}, {"mean": 1.0}, {"mean": -0.2}, {"strength": 0.0}, {"strength": -1.0},
-     {"decay": 0.0}, {"decay": 1.01}],
+    [
+        {"mean": 0.0},
+        {"mean": 1.0},
+        {"mean": -0.2},
+        {"strength": 0.0},
+        {"strength": -1.0},
+        {"decay": 0.0},
+        {"decay": 1.01},
+    ],
 )
 def test_prior_validation(kwargs):
     with pytest.raises(ValueError):

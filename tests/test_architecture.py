@@ -113,8 +113,9 @@ def _upward(graph: dict[str, list[tuple[str, int]]]) -> list[str]:
         for target, line in imports:
             there = _layer(target)
             if there != here and RANK[there] >= RANK[here]:
-                out.append(f"{module}:{line} imports {target} ({there}, layer {RANK[there]}) from {here} "
-                           f"(layer {RANK[here]})")
+                out.append(
+                    f"{module}:{line} imports {target} ({there}, layer {RANK[there]}) from {here} (layer {RANK[here]})"
+                )
     return out
 
 
@@ -124,11 +125,14 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def test_an_upward_import_is_reported_with_its_line():
-    graph = {"hf_adaspec.engine.loop": [("hf_adaspec.policy.goodput", 3), ("hf_adaspec.cli.cli", 9)],
-             "hf_adaspec.costs.table": [("hf_adaspec.proposers.base", 4)]}
+    graph = {
+        "hf_adaspec.engine.loop": [("hf_adaspec.policy.goodput", 3), ("hf_adaspec.cli.cli", 9)],
+        "hf_adaspec.costs.table": [("hf_adaspec.proposers.base", 4)],
+    }
     assert _upward(graph) == [
         "hf_adaspec.engine.loop:9 imports hf_adaspec.cli.cli (cli, layer 11) from engine (layer 5)",
-        "hf_adaspec.costs.table:4 imports hf_adaspec.proposers.base (proposers, layer 3) from costs (layer 3)"]
+        "hf_adaspec.costs.table:4 imports hf_adaspec.proposers.base (proposers, layer 3) from costs (layer 3)",
+    ]
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[str]:
@@ -140,7 +144,7 @@ def _cycles(graph: dict[str, list[str]]) -> list[str]:
         state[node] = 1
         for nxt in graph.get(node, ()):
             if state.get(nxt) == 1:
-                cycles.append(" → ".join([*stack[stack.index(nxt):], node, nxt] if nxt in stack else [node, nxt]))
+                cycles.append(" → ".join([*stack[stack.index(nxt) :], node, nxt] if nxt in stack else [node, nxt]))
             elif nxt not in state:
                 visit(nxt, [*stack, node])
         state[node] = 2
@@ -160,11 +164,14 @@ def test_a_cycle_is_reported():
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a → b → c → a"]
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("from ..cli import cli\n", "hf_adaspec.cli.cli"),
-    ("from ..backend.hf_compat import new_cache\n", "hf_adaspec.backend.hf_compat"),
-    ("import hf_adaspec.policy.goodput as g\n", "hf_adaspec.policy.goodput"),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("from ..cli import cli\n", "hf_adaspec.cli.cli"),
+        ("from ..backend.hf_compat import new_cache\n", "hf_adaspec.backend.hf_compat"),
+        ("import hf_adaspec.policy.goodput as g\n", "hf_adaspec.policy.goodput"),
+    ],
+)
 def test_the_import_reader_resolves_relative_and_absolute_imports(tmp_path, source, expected):
     modules = _modules()
     path = tmp_path / "probe.py"

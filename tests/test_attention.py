@@ -16,14 +16,17 @@ from hf_adaspec.backend.hf_compat import model_calls
 
 def _reference(query, key, value, mask, scale):
     g = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1),
-                                         attn_mask=mask, scale=scale)  # [B, H, n, D]
+    out = F.scaled_dot_product_attention(
+        query, key.repeat_interleave(g, 1), value.repeat_interleave(g, 1), attn_mask=mask, scale=scale
+    )  # [B, H, n, D]
     return out.transpose(1, 2)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("n,heads,kv,mask_kind", [(1, 6, 2, "none"), (1, 14, 2, "bool"), (4, 6, 2, "bool"),
-                                                  (3, 4, 1, "additive"), (5, 4, 4, "bool")])
+@pytest.mark.parametrize(
+    "n,heads,kv,mask_kind",
+    [(1, 6, 2, "none"), (1, 14, 2, "bool"), (4, 6, 2, "bool"), (3, 4, 1, "additive"), (5, 4, 4, "bool")],
+)
 def test_packed_gqa_equals_sdpa_with_repeated_heads(dtype, tol, n, heads, kv, mask_kind):
     gen = torch.Generator().manual_seed(n * 100 + heads)
     b, length, d = 2, 37, 16
@@ -31,8 +34,11 @@ def test_packed_gqa_equals_sdpa_with_repeated_heads(dtype, tol, n, heads, kv, ma
     key, value = (torch.randn(b, kv, length, d, generator=gen).to(dtype) for _ in range(2))
     visible = torch.ones(b, 1, n, length, dtype=torch.bool).tril(length - n)
     visible[1, :, :, :5] = False  # the second row's first columns are holes
-    mask = {"none": None, "bool": visible,
-            "additive": torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, float("-inf"))}[mask_kind]
+    mask = {
+        "none": None,
+        "bool": visible,
+        "additive": torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, float("-inf")),
+    }[mask_kind]
     got = packed_gqa(query, key, value, mask, d**-0.5)
     want = _reference(query, key, value, mask, d**-0.5)
     assert got.shape == (b, n, heads, d) and got.dtype == dtype and got.is_contiguous()
@@ -44,8 +50,13 @@ def test_packed_gqa_refuses_uneven_heads_and_per_head_masks():
     with pytest.raises(ValueError, match="evenly"):
         packed_gqa(query, key, key, None, 1.0)
     with pytest.raises(ValueError, match="one head"):
-        packed_gqa(torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8),
-                   torch.ones(1, 4, 1, 3, dtype=torch.bool), 1.0)
+        packed_gqa(
+            torch.zeros(1, 4, 1, 8),
+            torch.zeros(1, 2, 3, 8),
+            torch.zeros(1, 2, 3, 8),
+            torch.ones(1, 4, 1, 3, dtype=torch.bool),
+            1.0,
+        )
 
 
 def test_use_packed_attention_keeps_a_models_logits(tiny_factory, monkeypatch):
@@ -61,8 +72,10 @@ def test_use_packed_attention_keeps_a_models_logits(tiny_factory, monkeypatch):
     def logits():
         with torch.no_grad():
             cache = hf_compat.new_cache(model)
-            out = [model(ids[:, a:b], attention_mask=valid[:, :b], past_key_values=cache, use_cache=True).logits
-                   for a, b in ((0, 8), (8, 9), (9, 12))]
+            out = [
+                model(ids[:, a:b], attention_mask=valid[:, :b], past_key_values=cache, use_cache=True).logits
+                for a, b in ((0, 8), (8, 9), (9, 12))
+            ]
         return torch.cat(out, dim=1)
 
     assert model.config._attn_implementation == "sdpa"

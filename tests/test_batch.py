@@ -20,7 +20,8 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteri
 from hf_adaspec import CostTable, SpeculationState, SpeculationStats
 from hf_adaspec.api.generate_batch import encode_batch, generate_batch
 from hf_adaspec.backend.ragged import RaggedCache
-from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
+from hf_adaspec.engine.loop import speculative_decode
+from hf_adaspec.engine.settings import DecodeSettings, RunParts
 from hf_adaspec.policy.controller import Decision, StepView
 from hf_adaspec.proposers import DraftModelProposer, PromptLookupProposer
 
@@ -51,8 +52,10 @@ def _by_step(stats: SpeculationStats) -> dict[int, list]:
 
 
 # adaptive without the slowdown bound: it speculates from the first step, whatever the engine's timing
-@pytest.mark.parametrize("mode", [{"speculation": "adaptive", "max_slowdown": math.inf},
-                                  {"speculation": "fixed", "num_speculative_tokens": 3}])
+@pytest.mark.parametrize(
+    "mode",
+    [{"speculation": "adaptive", "max_slowdown": math.inf}, {"speculation": "fixed", "num_speculative_tokens": 3}],
+)
 def test_batch_speculates_and_accepts_ragged(models, mode):
     out = _spec(models, "noisy_copy", max_new_tokens=30, **mode)
     width = max(len(p) for p in PROMPTS)
@@ -77,8 +80,9 @@ class _AlternatingController:
         drafters = tuple((i + self.step) % 2 for i in range(batch))
         self.step += 1
         bounds = view().bounds
-        return Decision(tuple(min(3, bounds[d][i]) for i, d in enumerate(drafters)), drafters,
-                        (math.nan,) * batch, math.nan)
+        return Decision(
+            tuple(min(3, bounds[d][i]) for i, d in enumerate(drafters)), drafters, (math.nan,) * batch, math.nan
+        )
 
     def observe(self, decision, outcome):
         pass
@@ -102,8 +106,10 @@ def test_mixed_drafters_keep_the_draft_cache_exact(models):
     width = inputs["input_ids"].shape[1]
     stop = StoppingCriteriaList([MaxLengthCriteria(width + 40)])
     settings = DecodeSettings(LogitsProcessorList(), stop, width + 40, False)
-    drafters = (DraftModelProposer(RaggedCache(models["same_model"], len(PROMPTS)), LogitsProcessorList(), False, 0),
-                PromptLookupProposer())
+    drafters = (
+        DraftModelProposer(RaggedCache(models["same_model"], len(PROMPTS)), LogitsProcessorList(), False, 0),
+        PromptLookupProposer(),
+    )
     parts = RunParts(RaggedCache(target, len(PROMPTS)), drafters, _AlternatingController(), settings, 3)
     result = speculative_decode(parts, inputs["input_ids"], inputs["attention_mask"])
     used = [(s.k, s.accepted, s.drafter) for s in result.stats.steps]
@@ -141,9 +147,15 @@ def test_same_length_rows_and_a_single_padded_row(models):
     padded = left_padded([PROMPTS[1]], pad=0)  # one row, two holes: width 3 → pad to 5
     ids = torch.cat([torch.zeros(1, 2, dtype=torch.long), padded["input_ids"]], dim=1)
     mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), padded["attention_mask"]], dim=1)
-    one = models["target"].generate(ids, attention_mask=mask, assistant_model=models["noisy_copy"],
-                                    speculation="adaptive", speculation_costs=COSTS, max_new_tokens=12,
-                                    do_sample=False)
+    one = models["target"].generate(
+        ids,
+        attention_mask=mask,
+        assistant_model=models["noisy_copy"],
+        speculation="adaptive",
+        speculation_costs=COSTS,
+        max_new_tokens=12,
+        do_sample=False,
+    )
     assert torch.equal(one[0, 5:], _plain_row(models, PROMPTS[1], max_new_tokens=12))
 
 
@@ -170,9 +182,16 @@ class CharTokenizer:
 def test_generate_batch_matches_plain_batched_generate(models, draft):
     tok = CharTokenizer()
     prompts = ["abcabcabc", "hello", "xyzzy xyzzy"]
-    spec = generate_batch(models["target"], tok, prompts, draft_model=models[draft] if draft else None,
-                          max_new_tokens=16, speculation_costs=COSTS, speculation_state=SpeculationState(),
-                          max_slowdown=math.inf)  # speculates from the first step: batch mechanics, not policy
+    spec = generate_batch(
+        models["target"],
+        tok,
+        prompts,
+        draft_model=models[draft] if draft else None,
+        max_new_tokens=16,
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        max_slowdown=math.inf,
+    )  # speculates from the first step: batch mechanics, not policy
     plain = generate_batch(models["target"], tok, prompts, speculation=None, max_new_tokens=16)
     assert tok.padding_side == "right"  # restored
     assert spec.texts == plain.texts and torch.equal(spec.sequences, plain.sequences)

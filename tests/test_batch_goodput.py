@@ -51,8 +51,10 @@ def test_each_row_counts_up_to_its_own_upper_bound():
 
 
 def test_k_shrinks_as_verification_gets_costlier_down_to_plain():
-    ks = [best_plan([_paths([0.8] * b, [8] * b, _linear_costs(b).draft_ms)], _linear_costs(b).t_verify).k
-          for b in (1, 2, 4, 8, 16)]
+    ks = [
+        best_plan([_paths([0.8] * b, [8] * b, _linear_costs(b).draft_ms)], _linear_costs(b).t_verify).k
+        for b in (1, 2, 4, 8, 16)
+    ]
     assert ks == sorted(ks, reverse=True) and ks[0] >= 2 and ks[-1] == 0
 
 
@@ -101,6 +103,7 @@ def test_equal_drafters_tie_to_the_smaller_index():
 
 # --- draft_next_column over a batch -----------------------------------------------------------
 
+
 def test_batch_stop_rule_weighs_every_growing_row():
     flat = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
     # two rows at j = 1 with P_1 = 0.9: 3.8 tokens in 11 ms; a column more pays iff Σ p > 3.8/11
@@ -115,6 +118,7 @@ def test_batch_stop_rule_weighs_every_growing_row():
 
 
 # --- the ragged KV cache ----------------------------------------------------------------------
+
 
 def _alone(model, tokens: list[int]) -> torch.Tensor:
     """Last-position logits [V] of one unpadded row."""

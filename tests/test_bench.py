@@ -21,12 +21,23 @@ def test_load_prompts_first_turn_per_category():
 
 def test_second_turn_rows_carry_the_conversation(tmp_path):
     path = tmp_path / "turn2.jsonl"
-    path.write_text(json.dumps({"question_id": 20081, "category": "writing", "history": ["Write a poem.", "Roses."],
-                                "turns": ["Now make it rhyme."]}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "question_id": 20081,
+                "category": "writing",
+                "history": ["Write a poem.", "Roses."],
+                "turns": ["Now make it rhyme."],
+            }
+        )
+        + "\n"
+    )
     (prompt,) = load_prompts(path, per_category=1, split="held-out")
-    assert prompt.messages() == [{"role": "user", "content": "Write a poem."},
-                                 {"role": "assistant", "content": "Roses."},
-                                 {"role": "user", "content": "Now make it rhyme."}]
+    assert prompt.messages() == [
+        {"role": "user", "content": "Write a poem."},
+        {"role": "assistant", "content": "Roses."},
+        {"role": "user", "content": "Now make it rhyme."},
+    ]
     assert load_prompts(SAMPLE, 1)[0].messages() == [{"role": "user", "content": load_prompts(SAMPLE, 1)[0].text}]
 
 
@@ -35,8 +46,21 @@ def test_load_prompts_missing_file_names_the_fix(tmp_path):
         load_prompts(tmp_path / "nope.jsonl", 1)
 
 
-SPEC_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
-                         "translation", "summarization", "qa", "math_reasoning", "rag")
+SPEC_BENCH_CATEGORIES = (
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+    "translation",
+    "summarization",
+    "qa",
+    "math_reasoning",
+    "rag",
+)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -108,14 +132,20 @@ def test_bench_and_trace_default_to_the_packaged_prompts_and_bench_to_256_tokens
         def load(path, per_category, *args):
             seen[name] = Path(path)
             return [Prompt(81, "writing", "hi")] if name != "trace" else []  # trace: nothing to do
+
         return load
 
     monkeypatch.setattr(cli, "load_prompts", loads("bench"))
     monkeypatch.setattr(batch_bench, "load_prompts", loads("batch"))
     monkeypatch.setattr(trace_cli, "load_prompts", loads("trace"))
     monkeypatch.setattr(cli, "_load_pair", no_models)
-    monkeypatch.setattr(cli, "_batch_bench", lambda prompts, sizes, count, max_new_tokens, *rest: seen.update(
-        batch_prompts=Path(prompts), batch_tokens=max_new_tokens))
+    monkeypatch.setattr(
+        cli,
+        "_batch_bench",
+        lambda prompts, sizes, count, max_new_tokens, *rest: seen.update(
+            batch_prompts=Path(prompts), batch_tokens=max_new_tokens
+        ),
+    )
     runner = CliRunner()
     assert isinstance(runner.invoke(cli.app, ["bench"]).exception, Stop)  # stopped at loading the models
     assert runner.invoke(cli.app, ["bench", "--batch-size", "1,2"]).exit_code == 0
@@ -154,9 +184,12 @@ def _run(qid, cat, method, tps, match=True):
 
 def test_summarize_speedup_is_geometric_mean_of_ratios():
     runs = [
-        _run(1, "a", "plain", 10.0), _run(1, "a", "adaptive", 20.0),
-        _run(2, "a", "plain", 10.0), _run(2, "a", "adaptive", 5.0, match=False),
-        _run(3, "b", "plain", 8.0), _run(3, "b", "adaptive", 12.0),
+        _run(1, "a", "plain", 10.0),
+        _run(1, "a", "adaptive", 20.0),
+        _run(2, "a", "plain", 10.0),
+        _run(2, "a", "adaptive", 5.0, match=False),
+        _run(3, "b", "plain", 8.0),
+        _run(3, "b", "adaptive", 12.0),
     ]
     summary = summarize(runs, ["plain", "adaptive"])
     assert summary["table"]["a"]["adaptive"]["speedup"] == pytest.approx(1.0)  # sqrt(2 * 0.5)
@@ -180,8 +213,9 @@ def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
         bb.BatchRun(2, "plain", 2, 100, 10.0, 10.0, rows_equal_plain=2),
         bb.BatchRun(2, "hf-assisted", 2, 0, 0.0, 0.0, error="assisted generate is only supported for batch_size = 1"),
         bb.BatchRun(2, "adaptive", 2, 100, 8.0, 6.0, mean_k=1.0, acceptance=0.5, rows_equal_plain=2),
-        bb.BatchRun(2, "adaptive", 2, 100, 12.0, 8.0, mean_k=3.0, acceptance=0.7, rows_equal_plain=1,
-                    max_divergence_gap=0.125),
+        bb.BatchRun(
+            2, "adaptive", 2, 100, 12.0, 8.0, mean_k=3.0, acceptance=0.7, rows_equal_plain=1, max_divergence_gap=0.125
+        ),
     ]
     methods = ["plain", "hf-assisted", "adaptive"]
     summary = bb.summarize(runs, methods)
@@ -254,8 +288,10 @@ def test_costless_runs_take_the_better_of_lookup_and_suffix_per_position():
 def test_summarize_reports_pct_of_oracle_acceptance_and_k():
     from hf_adaspec.bench.oracle_inputs import PromptOracle
 
-    runs = [_run(1, "a", "plain", 10.0), Run(1, "a", "adaptive", 64, 3.2, 20.0, True, acceptance=0.5, mean_k=2.0,
-                                              oracle_tokens_per_s=25.0)]
+    runs = [
+        _run(1, "a", "plain", 10.0),
+        Run(1, "a", "adaptive", 64, 3.2, 20.0, True, acceptance=0.5, mean_k=2.0, oracle_tokens_per_s=25.0),
+    ]
     oracles = [PromptOracle(1, "a", 64, 100.0, 0.7, 0.2, {"draft": 25.0, "lookup": 12.0, "hybrid": 26.0})]
     summary = summarize(runs, ["plain", "adaptive"], oracles)
     cell = summary["table"]["a"]["adaptive"]
@@ -263,15 +299,23 @@ def test_summarize_reports_pct_of_oracle_acceptance_and_k():
     assert summary["table"]["a"]["plain"]["pct_oracle"] is None
     assert summary["oracle"]["a"]["oracle_speedup"]["draft"] == pytest.approx(2.5)
     text = markdown(summary, ["plain", "adaptive"])
-    assert "| a | 80% |" in text and "| a | 0.50 / 2.00 |" in text and "| a | 0.70 | 0.20 | 2.50x | 2.60x | 1.20x |" in text
+    assert (
+        "| a | 80% |" in text
+        and "| a | 0.50 / 2.00 |" in text
+        and "| a | 0.70 | 0.20 | 2.50x | 2.60x | 1.20x |" in text
+    )
 
 
 def test_write_results_json_markdown_and_png(tmp_path):
     from hf_adaspec.bench.bench import write_results
     from hf_adaspec.bench.oracle_inputs import PromptOracle
 
-    runs = [_run(1, "a", "plain", 10.0), _run(1, "a", "adaptive", 12.0), _run(2, "b", "plain", 9.0),
-            _run(2, "b", "adaptive", 8.0)]
+    runs = [
+        _run(1, "a", "plain", 10.0),
+        _run(1, "a", "adaptive", 12.0),
+        _run(2, "b", "plain", 9.0),
+        _run(2, "b", "adaptive", 8.0),
+    ]
     oracles = [PromptOracle(1, "a", 64, 100.0, 0.7, 0.2, {"draft": 25.0})]
     summary = summarize(runs, ["plain", "adaptive"], oracles)
     out = tmp_path / "r" / "bench.json"
@@ -289,8 +333,6 @@ class _Tokenizer:
     def apply_chat_template(self, msgs, **kwargs):
         ids = torch.tensor([[3, 5, 7, 3, 5, 7]])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
-
 
 
 @pytest.mark.usefixtures("one_thread", "private_cache")

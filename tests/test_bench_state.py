@@ -17,16 +17,21 @@ from hf_adaspec import LoadedModel
 from hf_adaspec.cli import cli
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
-TEXTS = {"coding": ["w3 w9 w17 w3 w9 w21 w5", "w40 w41 w7 w40 w41 w33"],
-         "qa": ["w12 w28 w12 w28 w60 w2 w19", "w50 w8 w14 w50 w8 w44 w31 w6"]}
+TEXTS = {
+    "coding": ["w3 w9 w17 w3 w9 w21 w5", "w40 w41 w7 w40 w41 w33"],
+    "qa": ["w12 w28 w12 w28 w60 w2 w19", "w50 w8 w14 w50 w8 w44 w31 w6"],
+}
 
 
 @pytest.fixture
 def bench_setup(tmp_path, monkeypatch, models):
     """A prompts file of 4 prompts (2 categories), the tiny pair behind the CLI's loader, and the spy: returns
     (prompts path, seen) where seen gets (prompt, answer, answers the state held) per finished request."""
-    rows = [{"question_id": 2 * i + j, "category": cat, "turns": [text]}
-            for i, (cat, texts) in enumerate(TEXTS.items()) for j, text in enumerate(texts)]
+    rows = [
+        {"question_id": 2 * i + j, "category": cat, "turns": [text]}
+        for i, (cat, texts) in enumerate(TEXTS.items())
+        for j, text in enumerate(texts)
+    ]
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tokenizer = build_tiny_tokenizer()
@@ -62,9 +67,24 @@ def _check_timed(seen: list) -> list:
 
 def test_repeats_start_from_the_state_before_the_prompt(bench_setup, tmp_path):
     path, seen = bench_setup
-    result = CliRunner().invoke(cli.app, [
-        "bench", "--prompts", str(path), "--per-category", "2", "--repeats", "2", "--max-new-tokens", "8",
-        "--methods", "plain,adaptive,adaptive-lookup", "--output", str(tmp_path / "out" / "bench.json")])
+    result = CliRunner().invoke(
+        cli.app,
+        [
+            "bench",
+            "--prompts",
+            str(path),
+            "--per-category",
+            "2",
+            "--repeats",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--methods",
+            "plain,adaptive,adaptive-lookup",
+            "--output",
+            str(tmp_path / "out" / "bench.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     timed = _check_timed(seen)
     assert len(timed) == 4 * 2 * 2  # prompts × speculative methods × repeats
@@ -72,9 +92,24 @@ def test_repeats_start_from_the_state_before_the_prompt(bench_setup, tmp_path):
 
 def test_each_batch_size_starts_from_a_fresh_state(bench_setup, tmp_path):
     path, seen = bench_setup
-    result = CliRunner().invoke(cli.app, [
-        "bench", "--prompts", str(path), "--batch-size", "1,2", "--batch-prompts", "4", "--max-new-tokens", "8",
-        "--batch-methods", "plain,fixed-k,adaptive", "--output", str(tmp_path / "out" / "batch.json")])
+    result = CliRunner().invoke(
+        cli.app,
+        [
+            "bench",
+            "--prompts",
+            str(path),
+            "--batch-size",
+            "1,2",
+            "--batch-prompts",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "--batch-methods",
+            "plain,fixed-k,adaptive",
+            "--output",
+            str(tmp_path / "out" / "batch.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     timed = _check_timed(seen)
     assert len(timed) == 2 * (4 + 4)  # speculative methods × (4 rows at B = 1 + 4 rows at B = 2)

@@ -31,16 +31,35 @@ from hf_adaspec.backend.head_kv import COLUMN
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # given: no calibration (its probes would record too)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 3, 4] * 3, [11, 12, 13, 14, 15]]  # 24 and 5 tokens: past and inside a window of 8
-BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=256, initializer_range=0.5,
-            eos_token_id=None, bos_token_id=None, pad_token_id=0)
+BASE = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=256,
+    initializer_range=0.5,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=0,
+)
 SLIDING = ["sliding_attention", "full_attention"]
 ARCHITECTURES = {
     "llama": ("llama", {}),
     "gemma3-sliding": ("gemma3_text", {"sliding_window": 8, "layer_types": SLIDING, "tie_word_embeddings": False}),
-    "llama4-chunked": ("llama4_text", {"attention_chunk_size": 8, "layer_types": ["chunked_attention", SLIDING[1]],
-                                       "intermediate_size_mlp": 64, "num_local_experts": 2,
-                                       "interleave_moe_layer_step": 2, "no_rope_layers": [1, 0]}),
+    "llama4-chunked": (
+        "llama4_text",
+        {
+            "attention_chunk_size": 8,
+            "layer_types": ["chunked_attention", SLIDING[1]],
+            "intermediate_size_mlp": 64,
+            "num_local_experts": 2,
+            "interleave_moe_layer_step": 2,
+            "no_rope_layers": [1, 0],
+        },
+    ),
 }
 
 
@@ -72,9 +91,18 @@ def _generate(target, assistant, kv_cache: str, sample: bool, new: int = 16, pro
     """k = 8 from ``assistant`` every step (whatever a policy would choose): verifications 9 wide, recordings of
     the widths 1, 2, 3, 5, 9 where arenas pad."""
     torch.manual_seed(3)
-    return target.generate(**left_padded(prompts), assistant_model=assistant, speculation="fixed",
-                           num_speculative_tokens=8, speculation_costs=COSTS, speculation_state=SpeculationState(),
-                           max_new_tokens=new, do_sample=sample, kv_cache=kv_cache, return_dict_in_generate=True)
+    return target.generate(
+        **left_padded(prompts),
+        assistant_model=assistant,
+        speculation="fixed",
+        num_speculative_tokens=8,
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        max_new_tokens=new,
+        do_sample=sample,
+        kv_cache=kv_cache,
+        return_dict_in_generate=True,
+    )
 
 
 def _unsafe(records) -> list[str]:
@@ -96,8 +124,7 @@ def test_every_recorded_width_and_the_drafts_token_pass_the_capture_check(as_on_
     assert "hf-adaspec" not in capsys.readouterr().err
 
 
-def test_the_heads_column_and_the_targets_feature_widths_pass_the_capture_check(as_on_a_gpu, models, tiny_head,
-                                                                                   capsys):
+def test_the_heads_column_and_the_targets_feature_widths_pass_the_capture_check(as_on_a_gpu, models, tiny_head, capsys):
     target = models["target"]
     arenas_of(target).drop()
     arenas_of(tiny_head).drop()
@@ -123,8 +150,9 @@ HOST_READS = {  # what a recorded step must not do, each on the block's ids [B, 
 
 
 @pytest.mark.parametrize("read", sorted(HOST_READS))
-def test_a_host_read_in_a_recorded_step_is_refused_and_the_request_runs_eagerly(as_on_a_gpu, tiny_factory, read,
-                                                                               capsys):
+def test_a_host_read_in_a_recorded_step_is_refused_and_the_request_runs_eagerly(
+    as_on_a_gpu, tiny_factory, read, capsys
+):
     """The negative control: the check refuses each host read (named in one stderr line); the width runs eagerly
     and the request gives the dynamic cache's tokens."""
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(1)
@@ -184,7 +212,7 @@ def test_a_failed_capture_leaves_that_width_eager_and_the_next_request_records(m
     lines = [line for line in capsys.readouterr().err.splitlines() if "hf-adaspec" in line]
     assert len(lines) == 1 and "operation failed due to a previous error during capture" in lines[0]
     assert torch.equal(_generate(target, draft, "static", False, prompts=PROMPTS[:1]).sequences, expected[1])
-    (model, width), = failed
+    ((model, width),) = failed
     later = [r for r in arenas_of(model).records() if r.batch == 1]
     assert later and all(r.kept and r.error is None for r in later) and width not in {r.width for r in later}
     assert "hf-adaspec" not in capsys.readouterr().err  # said once
@@ -221,7 +249,8 @@ def test_the_installed_torch_is_in_the_supported_range_and_has_what_a_failed_cap
 
 @pytest.mark.parametrize("invalidated", [True, False], ids=["invalidated", "ended-cleanly"])
 def test_a_failed_cuda_capture_releases_the_pool_and_the_generator_and_the_next_capture_gets_a_new_pool(
-        monkeypatch, invalidated):
+    monkeypatch, invalidated
+):
     """``graphs.CudaGraphs`` on stand-ins for torch's CUDA calls (no GPU here): ``fn`` raises inside the capture.
     An invalidated capture (its ``capture_end`` raises, as torch's does before it ends the allocator's recording):
     the recording ended and the pool released, the generator given a state outside capture, the graph reset. A
@@ -252,9 +281,16 @@ def test_a_failed_cuda_capture_releases_the_pool_and_the_generator_and_the_next_
         def wait_stream(self, other):
             pass
 
-    for name, value in {"Stream": Stream, "stream": lambda s: contextlib.nullcontext(), "current_stream": Stream,
-                        "synchronize": lambda: None, "CUDAGraph": Graph, "current_device": lambda: 0,
-                        "default_generators": (Generator(),), "graph_pool_handle": lambda: next(pools)}.items():
+    for name, value in {
+        "Stream": Stream,
+        "stream": lambda s: contextlib.nullcontext(),
+        "current_stream": Stream,
+        "synchronize": lambda: None,
+        "CUDAGraph": Graph,
+        "current_device": lambda: 0,
+        "default_generators": (Generator(),),
+        "graph_pool_handle": lambda: next(pools),
+    }.items():
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda device, pool: log.append(("end pool", pool)))
     monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda device, pool: log.append(("release", pool)))

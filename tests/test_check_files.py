@@ -26,8 +26,15 @@ from hf_adaspec.models.assets import GgufAsset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DATA = b"GGUF" + bytes(range(256)) * 64
-META = {"versions": {}, "machine": "", "cpu": "", "threads": 1, "created": "", "command": "hf-adaspec profile --quick",
-        "grid": {}}
+META = {
+    "versions": {},
+    "machine": "",
+    "cpu": "",
+    "threads": 1,
+    "created": "",
+    "command": "hf-adaspec profile --quick",
+    "grid": {},
+}
 
 
 def _corrupt_keeping_size_and_mtime(path: Path, offset: int | None = None) -> None:
@@ -54,11 +61,20 @@ def cache(tmp_path, monkeypatch, tiny_factory):
     monkeypatch.setattr(assets, "locate_parts", lambda asset: [part1, part2])
     asset = GgufAsset("tiny-parts.gguf", ("p1", "p2"), ".bin", sha256=hashlib.sha256(DATA).hexdigest())
     assets.assemble(asset)
-    model_load, tokenizer_load = transformers.AutoModelForCausalLM.from_pretrained, transformers.AutoTokenizer.from_pretrained
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
-                        lambda *a, gguf_file=None, **k: tiny_factory(0) if gguf_file else model_load(*a, **k))
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
-                        lambda *a, gguf_file=None, **k: build_tiny_tokenizer() if gguf_file else tokenizer_load(*a, **k))
+    model_load, tokenizer_load = (
+        transformers.AutoModelForCausalLM.from_pretrained,
+        transformers.AutoTokenizer.from_pretrained,
+    )
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM,
+        "from_pretrained",
+        lambda *a, gguf_file=None, **k: tiny_factory(0) if gguf_file else model_load(*a, **k),
+    )
+    monkeypatch.setattr(
+        transformers.AutoTokenizer,
+        "from_pretrained",
+        lambda *a, gguf_file=None, **k: build_tiny_tokenizer() if gguf_file else tokenizer_load(*a, **k),
+    )
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(DATA)
     loading.resolve(str(gguf), "float32")
@@ -121,8 +137,9 @@ def test_a_corrupted_assembled_gguf_fails_check_files_and_assemble_verify_reasse
     assert _check(root)[0].exit_code == 0
 
 
-@pytest.mark.parametrize(("folder", "fix"), [("costs", "calibrates the pair again"),
-                                             ("profiles", "re-run `hf-adaspec profile --quick`")])
+@pytest.mark.parametrize(
+    ("folder", "fix"), [("costs", "calibrates the pair again"), ("profiles", "re-run `hf-adaspec profile --quick`")]
+)
 def test_a_corrupted_cost_table_or_profile_fails_check_files_naming_the_fix(cache, folder, fix):
     root, _, _ = cache
     (path,) = (root / folder).glob("*.json")

@@ -96,16 +96,22 @@ ROWS = [
     ("replay --profile {t}/profile.json --traces {t}/traces --methods plain,fast", ["--methods", "choose from"]),
     ("replay --profile {t}/profile.json --traces {t}/traces --split half", ["--split", "all, tune, held-out"]),
     ("replay --profile {t}/profile.json --traces {t}/traces --workload nosuch", ["workloads there: spec_bench"]),
-    ("replay --profile {t}/profile.json --traces {t}/traces --bench /nonexistent.json",
-     ["--bench", "hf-adaspec bench --output"]),
+    (
+        "replay --profile {t}/profile.json --traces {t}/traces --bench /nonexistent.json",
+        ["--bench", "hf-adaspec bench --output"],
+    ),
     ("replay --profile {t}/profile.json --traces {t}/traces --bench {t}/bad.json", ["--bench", "not a bench result"]),
-    ("replay --profile {t}/profile.json --traces {t}/traces --controller-costs {t}/bad.json",
-     ["--controller-costs", "leave --controller-costs out"]),
+    (
+        "replay --profile {t}/profile.json --traces {t}/traces --controller-costs {t}/bad.json",
+        ["--controller-costs", "leave --controller-costs out"],
+    ),
     ("replay --profile {t}/profile.json --traces {t}/traces --fit-overheads", ["--fit-overheads needs --bench"]),
     ("replay --profile {t}/profile.json --traces {t}/traces --output {t}/folder", ["--output", "is a folder"]),
     ("replay --profile {t}/profile.json --traces {t}/traces --batch-size 0", ["--batch-size"]),
-    ("replay --profile {t}/profile.json --traces {t}/traces --methods plain,adaptive",
-     ["traces taken with a draft model", "hf-adaspec trace --draft"]),
+    (
+        "replay --profile {t}/profile.json --traces {t}/traces --methods plain,adaptive",
+        ["traces taken with a draft model", "hf-adaspec trace --draft"],
+    ),
     # export-vllm
     ("export-vllm {t}/empty {t}/profile.json", ["hf-adaspec trace --output"]),
     ("export-vllm {t}/traces /nonexistent.json", ["hf-adaspec profile --output /nonexistent.json"]),
@@ -137,11 +143,14 @@ def test_bad_input_is_a_usage_error_naming_the_fix(files, args, needles):
     assert not (files / "work" / "benchmarks").exists()  # nothing written
 
 
-@pytest.mark.parametrize(("args", "needles"), [
-    ("generate --quantization nf5", ["nf5", "nf4"]),
-    ("generate --dtype float8", ["float8", "bfloat16"]),
-    ("generate --target ./no/such/model", ["no model at", "give an existing folder"]),
-])
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        ("generate --quantization nf5", ["nf5", "nf4"]),
+        ("generate --dtype float8", ["float8", "bfloat16"]),
+        ("generate --target ./no/such/model", ["no model at", "give an existing folder"]),
+    ],
+)
 def test_names_load_refuses_are_usage_errors(tmp_path, monkeypatch, args, needles):
     """The real loader: it refuses these before loading anything."""
     monkeypatch.chdir(tmp_path)
@@ -158,6 +167,7 @@ def test_a_draft_of_another_vocabulary_is_a_usage_error(tmp_path, monkeypatch, t
     class Tokenizer:
         def apply_chat_template(self, messages, **kwargs):
             import torch
+
             ids = torch.tensor([[5, 6, 7, 8]])
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
@@ -190,9 +200,20 @@ def test_outside_the_repository_the_defaults_still_resolve(files, monkeypatch):
 
 def test_a_valid_replay_still_runs(files):
     out = files / "r.json"
-    result = CliRunner().invoke(cli.app, ["replay", "--profile", str(files / "profile.json"), "--traces",
-                                          str(files / "traces"), "--methods", "plain,adaptive-lookup",
-                                          "--output", str(out)])
+    result = CliRunner().invoke(
+        cli.app,
+        [
+            "replay",
+            "--profile",
+            str(files / "profile.json"),
+            "--traces",
+            str(files / "traces"),
+            "--methods",
+            "plain,adaptive-lookup",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["prompts"] == 1 and out.is_file()
     assert Path(out.with_suffix(".md")).is_file()

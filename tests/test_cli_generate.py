@@ -51,4 +51,6 @@ def test_generate_drafts_with_a_head_folder(models, tiny_head, tmp_path, monkeyp
     assert result.exit_code == 0, result.output
     assert asked == ["none"] and "[hf-adaspec] adaptive: " in result.stdout  # no draft model loaded beside the head
     missing = CliRunner().invoke(cli.app, ["generate", "--head", str(tmp_path / "nope"), "hi"])
-    assert missing.exit_code == 2 and "speculators-format folder" in missing.output and "Traceback" not in missing.output
+    assert (
+        missing.exit_code == 2 and "speculators-format folder" in missing.output and "Traceback" not in missing.output
+    )

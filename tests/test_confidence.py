@@ -32,15 +32,19 @@ PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 
 # --- pure functions ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("values, weights, expected", [
-    ([1, 2, 3], [1, 1, 1], (1, 2, 3)),
-    ([3, 1], [1, 1], (2, 2)),
-    ([1, 3, 2, 4], [1, 1, 1, 1], (1, 2.5, 2.5, 4)),
-    ([4, 3, 2, 1], [1, 1, 1, 1], (2.5, 2.5, 2.5, 2.5)),
-    ([0.9, 0.1], [3, 1], (0.7, 0.7)),
-    ([0.0, 1.0, 0.0, 1.0], [1, 1, 2, 1], (0.0, 1 / 3, 1 / 3, 1.0)),
-    ([], [], ()),
-])
+
+@pytest.mark.parametrize(
+    "values, weights, expected",
+    [
+        ([1, 2, 3], [1, 1, 1], (1, 2, 3)),
+        ([3, 1], [1, 1], (2, 2)),
+        ([1, 3, 2, 4], [1, 1, 1, 1], (1, 2.5, 2.5, 4)),
+        ([4, 3, 2, 1], [1, 1, 1, 1], (2.5, 2.5, 2.5, 2.5)),
+        ([0.9, 0.1], [3, 1], (0.7, 0.7)),
+        ([0.0, 1.0, 0.0, 1.0], [1, 1, 2, 1], (0.0, 1 / 3, 1 / 3, 1.0)),
+        ([], [], ()),
+    ],
+)
 def test_isotonic_pool_adjacent_violators(values, weights, expected):
     assert isotonic(values, weights) == pytest.approx(expected)
 
@@ -57,6 +61,7 @@ def test_prefix_confidences_are_running_products():
 
 
 # --- calibrator -------------------------------------------------------------------------------
+
 
 def test_calibrator_starts_at_identity():
     cal = ConfidenceCalibrator(n_bins=10, optimism=0.0)
@@ -81,7 +86,7 @@ def test_calibrator_prefix_update_semantics():
 
 
 def test_calibrator_learns_a_known_mapping_and_stays_monotone():
-    truth = lambda c: c ** 2  # noqa: E731 — the draft is over-confident
+    truth = lambda c: c**2  # noqa: E731 — the draft is over-confident
     rng, cal = random.Random(0), ConfidenceCalibrator(n_bins=10, optimism=0.0)
     for _ in range(20000):
         c = rng.random()
@@ -122,6 +127,7 @@ def test_calibrator_optimism_is_an_upper_bound_that_shrinks_with_observations():
 
 
 # --- the draft model priced by its confidence -------------------------------------------------
+
 
 def _draft_only(calibrator: ConfidenceCalibrator, costs: CostTable = FLAT) -> AdaptiveController:
     return AdaptiveController(lambda b: costs, [ConfidenceAcceptance(1, calibrator)], [True])
@@ -173,6 +179,7 @@ def test_observe_corrects_the_calibration_and_the_rows_mean_confidence():
 
 # --- the stop rule ----------------------------------------------------------------------------
 
+
 def test_draft_next_column_stops_exactly_when_goodput_would_fall():
     # j=1 with P_1 = 0.9: goodput(1) = 1.9 / 11 ms; goodput(2) = (1.9 + p) / 12 ms rises iff p > 1.9/11
     threshold = 1.9 / 11
@@ -190,13 +197,15 @@ def test_the_first_column_must_beat_a_plain_step():
 
 # --- the proposer -----------------------------------------------------------------------------
 
+
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_draft_proposer_reports_confidences_and_honours_stop(tiny_factory, do_sample):
     draft = tiny_factory(3)
     calls = []
-    proposer = DraftModelProposer(RaggedCache(draft, 1), LogitsProcessorList(), do_sample, 0,
-                                  generator=torch.Generator().manual_seed(0))
+    proposer = DraftModelProposer(
+        RaggedCache(draft, 1), LogitsProcessorList(), do_sample, 0, generator=torch.Generator().manual_seed(0)
+    )
     stop = lambda j, conf, growing: calls.append((j, conf, growing)) or j == 3  # noqa: E731
     rows = Rows((PROMPT[0],), (0,), prompt_width=PROMPT.shape[1])
     (proposal,) = proposer.propose(rows, proposer.offer(rows, 5), [5], stop=stop)
@@ -216,21 +225,30 @@ def test_draft_proposer_reports_confidences_and_honours_stop(tiny_factory, do_sa
 
 # adaptive without the slowdown bound (tests/test_ledger.py tests it): the stop rule and the calibration are seen
 # from a new pair's first steps, whatever the engine's timing
-MODES = {"adaptive": {"speculation": "adaptive", "max_slowdown": math.inf},
-         "pmin": {"speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 0.75}}
+MODES = {
+    "adaptive": {"speculation": "adaptive", "max_slowdown": math.inf},
+    "pmin": {"speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 0.75},
+}
 
 
 def _generate(models, mode: str, drafter: str = "noisy_copy", **kwargs):
     kwargs = {"do_sample": False, "speculation_state": SpeculationState(), **MODES[mode], **kwargs}
-    return models["target"].generate(PROMPT, assistant_model=models[drafter], speculation_costs=FLAT,
-                                     return_dict_in_generate=True, **kwargs)
+    return models["target"].generate(
+        PROMPT, assistant_model=models[drafter], speculation_costs=FLAT, return_dict_in_generate=True, **kwargs
+    )
 
 
 @pytest.mark.usefixtures("one_thread", "private_cache")
 @pytest.mark.parametrize("mode", list(MODES))
 # fast: the perturbed copy (0 < α < 1: stops, acceptances and rejections); the drafts at α ≈ 0 and α = 1 are slow
-@pytest.mark.parametrize("drafter", [pytest.param("other_seed", marks=pytest.mark.slow), "noisy_copy",
-                                     pytest.param("same_model", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "drafter",
+    [
+        pytest.param("other_seed", marks=pytest.mark.slow),
+        "noisy_copy",
+        pytest.param("same_model", marks=pytest.mark.slow),
+    ],
+)
 def test_confidence_modes_greedy_equal_plain(models, mode, drafter):
     plain = models["target"].generate(PROMPT, max_new_tokens=40, do_sample=False)
     out = _generate(models, mode, drafter, max_new_tokens=40)

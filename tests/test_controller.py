@@ -55,6 +55,7 @@ def _confident(token_mean: float, batch: int = 1, costs: CostTable = FAST, **kwa
 
 # --- decide ---------------------------------------------------------------------------------
 
+
 def test_hybrid_picks_free_lookup_when_it_offers_tokens():
     decision = decide(_hybrid(0.8, 0.8), _view(8, 5))
     assert (decision.drafters, decision.ks) == ((1,), (5,))  # free drafts, flat verification: all it offers
@@ -105,9 +106,15 @@ def test_a_confidence_stopped_row_gets_its_whole_offer_a_lookup_row_min_of_k_and
     ctl = AdaptiveController(lambda b: rising, [draft, lookup], [True, False])
     # row 0: no n-gram match; row 1: a long one; row 2: a budget of 2 tokens left
     view = StepView(((6, 6, 2), (0, 8, 2)), (0, 0), horizon=64)
-    plan = best_plan([DrafterPaths(tuple(draft.path(i, u) for i, u in enumerate(view.bounds[0])), 1.0),
-                      DrafterPaths(tuple(lookup.path(i, u) for i, u in enumerate(view.bounds[1])))],
-                     rising.t_verify, 64, ctl.min_gain)
+    plan = best_plan(
+        [
+            DrafterPaths(tuple(draft.path(i, u) for i, u in enumerate(view.bounds[0])), 1.0),
+            DrafterPaths(tuple(lookup.path(i, u) for i, u in enumerate(view.bounds[1]))),
+        ],
+        rising.t_verify,
+        64,
+        ctl.min_gain,
+    )
     assert 2 < plan.k < 6 and plan.drafters == (0, 1, 1)  # the test needs a k between the offers
     decision = decide(ctl, view)
     assert decision.drafters == plan.drafters
@@ -116,6 +123,7 @@ def test_a_confidence_stopped_row_gets_its_whole_offer_a_lookup_row_min_of_k_and
 
 
 # --- observe and select ---------------------------------------------------------------------
+
 
 def test_observe_teaches_the_used_drafter_and_a_plain_step_relaxes_every_iid_model():
     draft, lookup = IIDAcceptance(1, AcceptancePrior(0.5, 2.0, 0.5)), IIDAcceptance(1, AcceptancePrior(0.5, 2.0, 0.5))
@@ -157,6 +165,7 @@ def test_select_keeps_each_rows_mean_confidence():
 
 # --- the confidence stop rule ---------------------------------------------------------------
 
+
 def test_stop_rule_stops_when_the_next_columns_predicted_probability_is_low():
     ctl = _confident(0.9)
     stop = decide(ctl, StepView(((8,),), (0,))).stop(0)
@@ -178,13 +187,15 @@ def test_stop_rule_over_a_batch_drafts_on_while_one_row_pays():
 
 
 def test_only_confidence_stopped_drafters_have_a_stop_rule():
-    ctl = AdaptiveController(lambda b: FAST, [ConfidenceAcceptance(1, ConfidenceCalibrator()), _iid(0.5)],
-                             [True, False])
+    ctl = AdaptiveController(
+        lambda b: FAST, [ConfidenceAcceptance(1, ConfidenceCalibrator()), _iid(0.5)], [True, False]
+    )
     decision = decide(ctl, _view(8, 8))
     assert isinstance(decision.stop(0), ConfidenceStop) and decision.stop(1) is None
 
 
 # --- FixedController ------------------------------------------------------------------------
+
 
 def test_fixed_controller_caps_k_by_each_rows_offer():
     decision = decide(FixedController(3, batch=3), StepView(((8, 1, 0), (5, 5, 5)), (0, 0)))
@@ -223,6 +234,7 @@ def test_fixed_controller_p_min_stops_once_every_growing_row_is_unsure():
 
 
 # --- price: the predicted time of the step as it ran ------------------------------------------------
+
 
 def test_step_ms_prices_the_step_as_it_ran():
     table = CostTable(verify_ms=(50.0, 52.0, 54.0, 56.0, 58.0), draft_ms=10.0, draft_catchup_ms=2.0)

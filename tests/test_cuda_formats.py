@@ -79,8 +79,10 @@ def test_each_missing_kernel_is_named_in_one_line(monkeypatch):
     assert cuda_formats.missing_int4_torchao("cuda") == "torchao not installed (pip install torchao)"
     assert cuda_formats.missing_gemlite("cuda") == "torchao, gemlite not installed (pip install torchao gemlite)"
     assert formats.fallback("gemlite", "cuda") == (
-        "nf4", "hf-adaspec: quantization='gemlite' is not available here (torchao, gemlite not installed (pip "
-               "install torchao gemlite)); NF4 used")
+        "nf4",
+        "hf-adaspec: quantization='gemlite' is not available here (torchao, gemlite not installed (pip "
+        "install torchao gemlite)); NF4 used",
+    )
     assert formats.fallback("int4", "cuda") == ("int4", None)
     assert formats.fallback("int4", "cpu") == ("int4", None)  # another kind of device: format_of's error, not NF4
     assert formats.fallback("nf4", "cuda") == ("nf4", None)
@@ -147,27 +149,46 @@ def test_the_int4_layer_runs_torchs_kernel_as_its_dequantized_weight_would(bias)
 
 
 # fast: fixed k = 4, k + 1 rows through the int4 kernel at every step; adaptive is slow
-@pytest.mark.parametrize("kwargs", [pytest.param({"speculation": "adaptive"}, marks=pytest.mark.slow),
-                                    {"speculation": "fixed", "num_speculative_tokens": 4}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"speculation": "adaptive"}, marks=pytest.mark.slow),
+        {"speculation": "fixed", "num_speculative_tokens": 4},
+    ],
+)
 def test_int4_speculative_greedy_equals_its_own_plain_or_diverges_at_a_near_tie(tiny_dir, monkeypatch, kwargs):
     """Verifications over k + 1 rows through torch's int4 kernel (its CPU variant here) against 1-row plain steps."""
-    monkeypatch.setitem(formats.FORMATS, "int4", dataclasses.replace(formats.FORMATS["int4"], devices=None,
-                                                                     missing=None))
+    monkeypatch.setitem(
+        formats.FORMATS, "int4", dataclasses.replace(formats.FORMATS["int4"], devices=None, missing=None)
+    )
     target = hf_adaspec.enable(formats.load_weights(tiny_dir, "tiny", "int4", "float32", "cpu", False))
     assert sum(isinstance(m, int4.Int4Linear) for m in target.modules()) == 2 * 7
     draft = formats.load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
     gen = torch.Generator().manual_seed(3)
     for prompt in (torch.randint(1, 64, (1, 12), generator=gen), torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])):
         plain = target.generate(prompt, max_new_tokens=40, do_sample=False)
-        spec = target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=draft, speculation_costs=(
-            CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)), **kwargs)
+        spec = target.generate(
+            prompt,
+            max_new_tokens=40,
+            do_sample=False,
+            assistant_model=draft,
+            speculation_costs=(CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)),
+            **kwargs,
+        )
         gap = divergence_gap(target, plain, spec)
         assert gap is None or gap < 0.25, (kwargs, gap)
 
 
 def test_converting_a_model_keeps_the_head_dense_and_its_greedy_tokens(tiny_factory):
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.05)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.05,
+    )
     torch.manual_seed(2)
     dense = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
@@ -196,8 +217,9 @@ def test_a_compiled_recording_is_kept_only_where_its_replay_is_faster():
 
 
 @pytest.mark.parametrize("compiled_faster", [True, False])
-def test_an_arena_that_chooses_by_time_records_a_compiled_width_both_ways(tiny_factory, private_cache, monkeypatch,
-                                                                           compiled_faster):
+def test_an_arena_that_chooses_by_time_records_a_compiled_width_both_ways(
+    tiny_factory, private_cache, monkeypatch, compiled_faster
+):
     """As on a GPU (``choose_by_time``): width 1 is recorded plainly and compiled (here without inductor:
     ``torch.compile`` is replaced by the plain forward), the faster replay is kept, and the tokens are plain's."""
     model = hf_adaspec.enable(tiny_factory(0))
@@ -220,12 +242,20 @@ def test_an_arena_that_chooses_by_time_records_a_compiled_width_both_ways(tiny_f
 
     monkeypatch.setattr(static_kv, "timed_ms", timed_ms)
     hf_adaspec.compile_steps(model, (1,))
-    arenas_of(model).adopt("target", static_kv.Arena(model, 1, 256, Rerun(), choose_by_time=True,
-                                                     compiled=arenas_of(model).compiled))
+    arenas_of(model).adopt(
+        "target", static_kv.Arena(model, 1, 256, Rerun(), choose_by_time=True, compiled=arenas_of(model).compiled)
+    )
     prompt = torch.tensor([[5, 6, 7, 8]])
-    out = model.generate(prompt, speculation="fixed", num_speculative_tokens=0, speculation_costs=CostTable(
-        verify_ms=(10.0,) * 9, draft_ms=1.0), speculation_state=SpeculationState(), max_new_tokens=6,
-                         do_sample=False, kv_cache="static")
+    out = model.generate(
+        prompt,
+        speculation="fixed",
+        num_speculative_tokens=0,
+        speculation_costs=CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0),
+        speculation_state=SpeculationState(),
+        max_new_tokens=6,
+        do_sample=False,
+        kv_cache="static",
+    )
     arena = arenas_of(model).kept("target", 1, 256)
     hf_adaspec.compile_steps(model, ())
     assert torch.equal(out, model.generate(prompt, max_new_tokens=6, do_sample=False))

@@ -31,10 +31,12 @@ def tiny_dir(tmp_path, private_cache):
 
 def _fused(kdir, bias: bool) -> q4.Q4Linear:
     """A 512-wide layer of three kinds (fused projections), 40 output rows."""
-    parts = [gguf_rows("Q4_K", 16, 512, 1, kdir), gguf_rows("Q6_K", 8, 512, 2, kdir),
-             gguf_rows("Q8_0", 16, 512, 3, kdir)]
-    return q4.Q4Linear(512, parts, torch.randn(40, generator=torch.Generator().manual_seed(4)) if bias else None,
-                       kdir)
+    parts = [
+        gguf_rows("Q4_K", 16, 512, 1, kdir),
+        gguf_rows("Q6_K", 8, 512, 2, kdir),
+        gguf_rows("Q8_0", 16, 512, 3, kdir),
+    ]
+    return q4.Q4Linear(512, parts, torch.randn(40, generator=torch.Generator().manual_seed(4)) if bias else None, kdir)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -125,9 +127,15 @@ def test_speculative_greedy_equals_plain_with_the_prefill_on_the_dense_route(tin
     draft = load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
     prompt = torch.randint(1, 64, (1, 20), generator=torch.Generator().manual_seed(8))
     plain = target.generate(prompt, max_new_tokens=30, do_sample=False)
-    spec = target.generate(prompt, max_new_tokens=30, do_sample=False, assistant_model=draft, speculation="fixed",
-                           num_speculative_tokens=4, speculation_costs=hf_adaspec.CostTable(
-                               verify_ms=tuple(10.0 + n for n in range(9)), draft_ms=1.0))
+    spec = target.generate(
+        prompt,
+        max_new_tokens=30,
+        do_sample=False,
+        assistant_model=draft,
+        speculation="fixed",
+        num_speculative_tokens=4,
+        speculation_costs=hf_adaspec.CostTable(verify_ms=tuple(10.0 + n for n in range(9)), draft_ms=1.0),
+    )
     assert divergence_gap(target, plain, spec) is None
 
 

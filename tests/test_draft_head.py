@@ -68,8 +68,11 @@ def test_rows_of_a_batch_draft_independently_and_leave(models, tiny_head):
     batch = _proposer(tiny_head, 2)
     batch.commit(torch.tensor([len(s) - 1 for s in seqs]), features=[f[:-1] for f in feats])
     width = max(len(s) for s in seqs)
-    rows = Rows(tuple(torch.cat([torch.zeros(width - len(s), dtype=torch.long), s]) for s in seqs),
-                tuple(width - len(s) for s in seqs), prompt_width=width - 1)
+    rows = Rows(
+        tuple(torch.cat([torch.zeros(width - len(s), dtype=torch.long), s]) for s in seqs),
+        tuple(width - len(s) for s in seqs),
+        prompt_width=width - 1,
+    )
     together = batch.propose(rows, batch.offer(rows, 3), [3, 3])
     for i, s in enumerate(seqs):
         alone = _proposer(tiny_head)
@@ -83,8 +86,15 @@ def test_rows_of_a_batch_draft_independently_and_leave(models, tiny_head):
 
 def test_proposals_stay_in_the_draft_vocabulary_and_q_is_zero_outside(models, tiny_head):
     target, seq = models["target"], torch.tensor(HEAD_PROMPTS[4])
-    drafter = DraftHeadProposer(tiny_head, 1, open_head_cache(tiny_head, 1), LogitsProcessorList(), True, 0,
-                                generator=torch.Generator().manual_seed(0))
+    drafter = DraftHeadProposer(
+        tiny_head,
+        1,
+        open_head_cache(tiny_head, 1),
+        LogitsProcessorList(),
+        True,
+        0,
+        generator=torch.Generator().manual_seed(0),
+    )
     drafter.commit(torch.tensor([len(seq) - 1]), features=[_features(target, seq)[:-1]])
     rows = Rows((seq,), (0,), prompt_width=len(seq) - 1)
     (proposal,) = drafter.propose(rows, drafter.offer(rows, 6), [6])
@@ -99,13 +109,24 @@ def test_a_head_round_trips_through_the_speculators_format(models, tiny_head, tm
     assert loaded.config == tiny_head.config and loaded.embed_tokens is models["target"].get_input_embeddings()
     for key, value in tiny_head.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
-    out = [models["target"].generate(torch.tensor([HEAD_PROMPTS[1]]), assistant_model=head, speculation="adaptive",
-                                     speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=12,
-                                     do_sample=False, return_dict_in_generate=True, rest=False)
-           for head in (tiny_head, loaded)]
+    out = [
+        models["target"].generate(
+            torch.tensor([HEAD_PROMPTS[1]]),
+            assistant_model=head,
+            speculation="adaptive",
+            speculation_costs=COSTS,
+            speculation_state=SpeculationState(),
+            max_new_tokens=12,
+            do_sample=False,
+            return_dict_in_generate=True,
+            rest=False,
+        )
+        for head in (tiny_head, loaded)
+    ]
     assert torch.equal(out[0].sequences, out[1].sequences)
-    assert [(s.k, s.accepted, s.drafter) for s in out[0].speculation.steps] == \
-           [(s.k, s.accepted, s.drafter) for s in out[1].speculation.steps]
+    assert [(s.k, s.accepted, s.drafter) for s in out[0].speculation.steps] == [
+        (s.k, s.accepted, s.drafter) for s in out[1].speculation.steps
+    ]
 
 
 def test_a_narrow_random_head_round_trips_with_its_own_sizes(models, tmp_path):
@@ -131,11 +152,19 @@ def _vllm_parameters(config: dict) -> dict[str, tuple[int, ...]]:
     kv = layer["num_key_value_heads"]
     inter, vd, th = layer["intermediate_size"], config["draft_vocab_size"], config["target_hidden_size"]
     p = "model.layers.0."
-    return {"model.fc.weight": (h, 3 * th), p + "self_attn.qkv_proj.weight": ((heads + 2 * kv) * d, 2 * h),
-            p + "self_attn.o_proj.weight": (h, heads * d), p + "mlp.gate_up_proj.weight": (2 * inter, h),
-            p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
-            p + "hidden_norm.weight": (h,), p + "post_attention_layernorm.weight": (h,), "model.norm.weight": (h,),
-            "lm_head.weight": (vd, h), "draft_id_to_target_id": (vd,)}
+    return {
+        "model.fc.weight": (h, 3 * th),
+        p + "self_attn.qkv_proj.weight": ((heads + 2 * kv) * d, 2 * h),
+        p + "self_attn.o_proj.weight": (h, heads * d),
+        p + "mlp.gate_up_proj.weight": (2 * inter, h),
+        p + "mlp.down_proj.weight": (h, inter),
+        p + "input_layernorm.weight": (h,),
+        p + "hidden_norm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (vd, h),
+        "draft_id_to_target_id": (vd,),
+    }
 
 
 def _as_vllm_loads(weights: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
@@ -146,8 +175,13 @@ def _as_vllm_loads(weights: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...
         if name == "t2d":
             continue
         name = "draft_id_to_target_id" if name == "d2t" else name if name.startswith("lm_head") else "model." + name
-        for part, whole in ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
-                            (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")):
+        for part, whole in (
+            (".q_proj", ".qkv_proj"),
+            (".k_proj", ".qkv_proj"),
+            (".v_proj", ".qkv_proj"),
+            (".gate_proj", ".gate_up_proj"),
+            (".up_proj", ".gate_up_proj"),
+        ):
             name = name.replace(part, whole)
         out.setdefault(name, []).append(w.shape)
     return {n: (sum(s[0] for s in shapes), *shapes[0][1:]) for n, shapes in out.items()}
@@ -195,26 +229,47 @@ def test_loading_errors_name_the_fix(models, tiny_head, tmp_path):
 def test_generate_refuses_a_head_of_another_vocabulary(tiny_head):
     other = hf_adaspec.enable(build_tiny_llama(0, vocab_size=80))
     with pytest.raises(ValueError, match="load a head trained for this target"):
-        other.generate(torch.tensor([[1, 2, 3]]), assistant_model=tiny_head, speculation="adaptive",
-                       speculation_costs=COSTS, max_new_tokens=4)
+        other.generate(
+            torch.tensor([[1, 2, 3]]),
+            assistant_model=tiny_head,
+            speculation="adaptive",
+            speculation_costs=COSTS,
+            max_new_tokens=4,
+        )
 
 
 def test_a_head_without_given_costs_is_calibrated(models, tiny_head):
-    out = models["target"].generate(torch.tensor([HEAD_PROMPTS[0]]), assistant_model=tiny_head,
-                                    speculation="adaptive", speculation_state=SpeculationState(), max_new_tokens=8,
-                                    do_sample=False, return_dict_in_generate=True)
+    out = models["target"].generate(
+        torch.tensor([HEAD_PROMPTS[0]]),
+        assistant_model=tiny_head,
+        speculation="adaptive",
+        speculation_state=SpeculationState(),
+        max_new_tokens=8,
+        do_sample=False,
+        return_dict_in_generate=True,
+    )
     assert out.speculation.new_tokens == 8
 
 
 def test_rows_stop_at_eos_at_different_times_with_a_head(models, tiny_head):
     prompts = [HEAD_PROMPTS[1], HEAD_PROMPTS[2], HEAD_PROMPTS[3]]
-    plain = [models["target"].generate(torch.tensor([p]), max_new_tokens=20, do_sample=False)[0, len(p):]
-             for p in prompts]
+    plain = [
+        models["target"].generate(torch.tensor([p]), max_new_tokens=20, do_sample=False)[0, len(p) :] for p in prompts
+    ]
     eos = int(plain[1][5])
-    out = models["target"].generate(**left_padded(prompts), assistant_model=tiny_head, speculation="adaptive",
-                                    speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=20,
-                                    do_sample=False, eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True,
-                                    max_slowdown=math.inf)  # the head drafts from the first step
+    out = models["target"].generate(
+        **left_padded(prompts),
+        assistant_model=tiny_head,
+        speculation="adaptive",
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        max_new_tokens=20,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        max_slowdown=math.inf,
+    )  # the head drafts from the first step
     width = max(len(p) for p in prompts)
     for i, row in enumerate(plain):
         cut = (row == eos).nonzero()

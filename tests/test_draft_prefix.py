@@ -85,8 +85,10 @@ def test_remember_keeps_grown_caches_and_forgets_the_oldest(models, one_thread):
 
 
 # adaptive without the slowdown bound: a fresh pair's draft must draft within 16 tokens, whatever it costs
-MODES = {"adaptive": {"speculation": "adaptive", "max_slowdown": math.inf},
-         "fixed": {"speculation": "fixed", "num_speculative_tokens": 3}}
+MODES = {
+    "adaptive": {"speculation": "adaptive", "max_slowdown": math.inf},
+    "fixed": {"speculation": "fixed", "num_speculative_tokens": 3},
+}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -97,9 +99,16 @@ def test_a_shared_prefix_is_reused_and_greedy_output_equals_plain(tiny_factory, 
     reused = []
     for prompt in prompts:
         plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
-        out = target.generate(prompt, assistant_model=draft, **MODES[mode], speculation_costs=COSTS,
-                              speculation_state=state, max_new_tokens=16, do_sample=False,
-                              return_dict_in_generate=True)
+        out = target.generate(
+            prompt,
+            assistant_model=draft,
+            **MODES[mode],
+            speculation_costs=COSTS,
+            speculation_state=state,
+            max_new_tokens=16,
+            do_sample=False,
+            return_dict_in_generate=True,
+        )
         assert torch.equal(out.sequences, plain)
         assert any(s.drafter == "draft_model" for s in out.speculation.steps)  # the seeded draft did draft
         reused.append(out.speculation.draft_prefix_tokens)
@@ -114,9 +123,17 @@ def test_the_whole_prompt_is_reused_and_the_grown_cache_stored(tiny_factory, one
     plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
 
     def run() -> tuple[int, int]:
-        out = target.generate(prompt, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
-                              speculation_state=state, max_new_tokens=12, do_sample=False,
-                              return_dict_in_generate=True, max_slowdown=math.inf)  # drafts from the first step
+        out = target.generate(
+            prompt,
+            assistant_model=draft,
+            speculation="adaptive",
+            speculation_costs=COSTS,
+            speculation_state=state,
+            max_new_tokens=12,
+            do_sample=False,
+            return_dict_in_generate=True,
+            max_slowdown=math.inf,
+        )  # drafts from the first step
         assert torch.equal(out.sequences, plain)
         return out.speculation.draft_prefix_tokens, len(state.draft_prefixes.entries)
 
@@ -127,8 +144,16 @@ def test_the_whole_prompt_is_reused_and_the_grown_cache_stored(tiny_factory, one
 def test_batches_neither_reuse_nor_store_draft_prefixes(tiny_factory, one_thread):
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(1)
     state, prompt = hf_adaspec.SpeculationState(), torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
-    kwargs = dict(assistant_model=draft, speculation="adaptive", speculation_costs=COSTS, speculation_state=state,
-                  max_new_tokens=6, do_sample=False, return_dict_in_generate=True, max_slowdown=math.inf)
+    kwargs = dict(
+        assistant_model=draft,
+        speculation="adaptive",
+        speculation_costs=COSTS,
+        speculation_state=state,
+        max_new_tokens=6,
+        do_sample=False,
+        return_dict_in_generate=True,
+        max_slowdown=math.inf,
+    )
     assert target.generate(prompt, **kwargs).speculation.draft_prefix_tokens == 0
     assert len(state.draft_prefixes.entries) == 1
     batch = target.generate(prompt.repeat(2, 1), **kwargs)  # shares all 8 tokens with the stored request
@@ -158,6 +183,14 @@ def test_a_left_padded_single_request_can_be_repeated(tiny_factory, one_thread):
     plain = target.generate(ids[:, 2:], max_new_tokens=12, do_sample=False)[0, 8:]
     state = hf_adaspec.SpeculationState()
     for _ in range(2):
-        out = target.generate(ids, attention_mask=mask, assistant_model=draft, speculation="adaptive",
-                              speculation_costs=COSTS, speculation_state=state, max_new_tokens=12, do_sample=False)
+        out = target.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=draft,
+            speculation="adaptive",
+            speculation_costs=COSTS,
+            speculation_state=state,
+            max_new_tokens=12,
+            do_sample=False,
+        )
         assert torch.equal(out[0, 10:], plain)  # a padded row neither seeds nor stores a draft prefix

@@ -64,13 +64,18 @@ def test_adaptive_with_a_draft_model_also_uses_prompt_lookup(models):
 
 
 def test_fixed_uses_only_the_draft_model_when_given(models):
-    out = _spec(models, "other_seed", max_new_tokens=20, speculation="fixed", num_speculative_tokens=2,
-                return_dict_in_generate=True)
+    out = _spec(
+        models,
+        "other_seed",
+        max_new_tokens=20,
+        speculation="fixed",
+        num_speculative_tokens=2,
+        return_dict_in_generate=True,
+    )
     assert {s.drafter for s in out.speculation.steps if s.k} == {"draft_model"}  # no prompt lookup beside it
 
 
-@pytest.mark.parametrize("mode", [{"speculation": "adaptive"},
-                                  {"speculation": "fixed", "num_speculative_tokens": 3}])
+@pytest.mark.parametrize("mode", [{"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 3}])
 def test_identical_draft_is_always_accepted(models, mode):
     out = _spec(models, "same_model", max_new_tokens=30, return_dict_in_generate=True, **mode)
     assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
@@ -79,16 +84,23 @@ def test_identical_draft_is_always_accepted(models, mode):
 
 
 def test_partial_agreement_is_partly_accepted(models):
-    rate = _spec(models, "noisy_copy", max_new_tokens=30, speculation="fixed", num_speculative_tokens=3,
-                 return_dict_in_generate=True).speculation.acceptance_rate
+    rate = _spec(
+        models,
+        "noisy_copy",
+        max_new_tokens=30,
+        speculation="fixed",
+        num_speculative_tokens=3,
+        return_dict_in_generate=True,
+    ).speculation.acceptance_rate
     assert 0 < rate < 1
 
 
 @pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
 @pytest.mark.parametrize("k", [1, 8])
 def test_fixed_k_greedy_equals_plain(models, drafter, k):
-    out = _spec(models, drafter, max_new_tokens=30, speculation="fixed", num_speculative_tokens=k,
-                return_dict_in_generate=True)
+    out = _spec(
+        models, drafter, max_new_tokens=30, speculation="fixed", num_speculative_tokens=k, return_dict_in_generate=True
+    )
     assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
     assert max(out.speculation.k_histogram) <= k
     if drafter == "noisy_copy":  # a draft model always offers k, capped by the tokens left in the budget
@@ -99,8 +111,14 @@ def test_fixed_k_greedy_equals_plain(models, drafter, k):
 
 
 def test_fixed_k0_is_plain_decoding(models):
-    out = _spec(models, "noisy_copy", max_new_tokens=12, speculation="fixed", num_speculative_tokens=0,
-                return_dict_in_generate=True)
+    out = _spec(
+        models,
+        "noisy_copy",
+        max_new_tokens=12,
+        speculation="fixed",
+        num_speculative_tokens=0,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, _plain(models, max_new_tokens=12))
     assert out.speculation.k_histogram == {0: 11}
 
@@ -109,9 +127,17 @@ def test_fixed_k0_is_plain_decoding(models):
 def test_draft_p_min_stops_drafting(models, p_min, expected_k):
     """draft_p_min = 0 never stops (always k = 8, capped by the budget); 1 stops after the first drafted token
     (every q(x) < 1); 0.75, the llama.cpp default, stops in between."""
+
     def steps(p):
-        out = _spec(models, "noisy_copy", max_new_tokens=30, speculation="fixed", num_speculative_tokens=8,
-                    draft_p_min=p, return_dict_in_generate=True)
+        out = _spec(
+            models,
+            "noisy_copy",
+            max_new_tokens=30,
+            speculation="fixed",
+            num_speculative_tokens=8,
+            draft_p_min=p,
+            return_dict_in_generate=True,
+        )
         assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
         return out.speculation.steps
 
@@ -134,7 +160,7 @@ def test_max_new_tokens_honoured_exactly(models, drafter, max_new_tokens):
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_eos_stops_like_plain(models, drafter):
-    generated = _plain(models, max_new_tokens=40)[0, PROMPT.shape[1]:].tolist()
+    generated = _plain(models, max_new_tokens=40)[0, PROMPT.shape[1] :].tolist()
     eos = generated[15]
     stop_at = generated.index(eos)  # plain stops at the first occurrence
     plain = _plain(models, max_new_tokens=40, eos_token_id=eos)
@@ -162,7 +188,7 @@ def test_streamer_receives_exactly_the_generated_tokens(models, drafter):
     out = _spec(models, drafter, max_new_tokens=30, streamer=streamer)
     assert streamer.puts[0] == PROMPT[0].tolist()  # generate itself puts the prompt first
     streamed = [tok for chunk in streamer.puts[1:] for tok in chunk]
-    assert streamed == out[0, PROMPT.shape[1]:].tolist()
+    assert streamed == out[0, PROMPT.shape[1] :].tolist()
     assert streamer.ended == 1
     assert any(len(chunk) > 1 for chunk in streamer.puts[1:])  # multi-token steps arrive as one chunk
 
@@ -170,12 +196,17 @@ def test_streamer_receives_exactly_the_generated_tokens(models, drafter):
 @pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
 def test_step_callback_sees_every_token_with_its_source(models, drafter):
     events = []
-    out = _spec(models, drafter, max_new_tokens=30, return_dict_in_generate=True,
-                speculation_callback=lambda record, tokens: events.append((record, tokens.tolist())))
+    out = _spec(
+        models,
+        drafter,
+        max_new_tokens=30,
+        return_dict_in_generate=True,
+        speculation_callback=lambda record, tokens: events.append((record, tokens.tolist())),
+    )
     assert events[0][0] is None and len(events[0][1]) == 1  # the prefill's token
     assert [r for r, _ in events[1:]] == out.speculation.steps
     streamed = [t for _, tokens in events for t in tokens]
-    assert streamed == out.sequences[0, PROMPT.shape[1]:].tolist()
+    assert streamed == out.sequences[0, PROMPT.shape[1] :].tolist()
     sources = [s for record, _ in events[1:] for s in record.token_sources()]
     assert len(sources) == 29 and "correction" in sources
     name = "draft_model" if drafter == "noisy_copy" else "prompt_lookup"
@@ -197,7 +228,7 @@ def test_sampling_runs_and_respects_budget(models, drafter):
     torch.manual_seed(0)
     out = _spec(models, drafter, max_new_tokens=25, do_sample=True, return_dict_in_generate=True)
     assert out.sequences.shape == (1, PROMPT.shape[1] + 25)
-    assert torch.equal(out.sequences[:, :PROMPT.shape[1]], PROMPT)
+    assert torch.equal(out.sequences[:, : PROMPT.shape[1]], PROMPT)
     assert out.speculation.new_tokens == 25 and any(s.k > 0 for s in out.speculation.steps)
 
 
@@ -207,14 +238,20 @@ def test_without_speculation_generate_is_unchanged(models, tiny_factory):
     assert torch.equal(_plain(models, max_new_tokens=20), expected)
     assert hf_adaspec.enable(models["target"]) is models["target"]  # idempotent
     # HF's own assisted generation still runs when speculation is not asked for
-    assisted = models["target"].generate(PROMPT, max_new_tokens=20, do_sample=False,
-                                         assistant_model=models["noisy_copy"])
+    assisted = models["target"].generate(
+        PROMPT, max_new_tokens=20, do_sample=False, assistant_model=models["noisy_copy"]
+    )
     assert torch.equal(assisted, expected)
 
 
 def test_calibration_is_cached(models, tmp_path, monkeypatch):
-    kwargs = dict(max_new_tokens=10, do_sample=False, speculation="adaptive", assistant_model=models["noisy_copy"],
-                  max_speculative_tokens=3)
+    kwargs = dict(
+        max_new_tokens=10,
+        do_sample=False,
+        speculation="adaptive",
+        assistant_model=models["noisy_copy"],
+        max_speculative_tokens=3,
+    )
     out = models["target"].generate(PROMPT, **kwargs)  # no speculation_costs: calibrate (private_cache)
     assert torch.equal(out, _plain(models, max_new_tokens=10))
     files = list((tmp_path / "costs").glob("*.json"))

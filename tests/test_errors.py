@@ -18,8 +18,10 @@ from hf_adaspec.config import SpeculationConfig
 pytestmark = pytest.mark.usefixtures("one_thread")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
 PROMPT = torch.tensor([[3, 4, 5, 3, 4, 5]])  # [1, 6]
-BATCH = {"input_ids": torch.tensor([[0, 0, 3, 4, 5, 6], [3, 4, 5, 3, 4, 5]]),  # [2, 6], row 0 left-padded
-         "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])}
+BATCH = {
+    "input_ids": torch.tensor([[0, 0, 3, 4, 5, 6], [3, 4, 5, 3, 4, 5]]),  # [2, 6], row 0 left-padded
+    "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]),
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +47,10 @@ class _NullStreamer(BaseStreamer):
 
 # --- the modes ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["adaptiv", "greedy", "Adaptive", "", "hybrid", "confidence", "pmin",
-                                   "hybrid-confidence"])
+
+@pytest.mark.parametrize(
+    "value", ["adaptiv", "greedy", "Adaptive", "", "hybrid", "confidence", "pmin", "hybrid-confidence"]
+)
 def test_unknown_speculation_value_lists_the_modes(target, value):
     with pytest.raises(ValueError, match="is not supported") as err:
         _generate(target, speculation=value)
@@ -64,15 +68,24 @@ def test_fixed_only_settings_with_adaptive(target, kwargs):
         _generate(target, speculation="adaptive", **kwargs)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"speculation": "fixed", "num_speculative_tokens": 65}, r"num_speculative_tokens must be in \[0, 64\], got 65"),
-    ({"speculation": "fixed", "num_speculative_tokens": -1}, r"num_speculative_tokens must be in \[0, 64\], got -1"),
-    ({"speculation": "adaptive", "max_speculative_tokens": 65}, r"max_speculative_tokens must be in \[1, 64\]"),
-    ({"speculation": "adaptive", "max_speculative_tokens": 0}, r"max_speculative_tokens must be in \[1, 64\]"),
-    ({"speculation": "adaptive", "prompt_lookup_max_ngram": 0}, "prompt_lookup_max_ngram must be >= 1"),
-    ({"speculation": "adaptive", "tpot_slo_ms": -1.0}, "tpot_slo_ms must be > 0"),
-    ({"speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 1.5}, r"draft_p_min must be in \[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"speculation": "fixed", "num_speculative_tokens": 65},
+            r"num_speculative_tokens must be in \[0, 64\], got 65",
+        ),
+        (
+            {"speculation": "fixed", "num_speculative_tokens": -1},
+            r"num_speculative_tokens must be in \[0, 64\], got -1",
+        ),
+        ({"speculation": "adaptive", "max_speculative_tokens": 65}, r"max_speculative_tokens must be in \[1, 64\]"),
+        ({"speculation": "adaptive", "max_speculative_tokens": 0}, r"max_speculative_tokens must be in \[1, 64\]"),
+        ({"speculation": "adaptive", "prompt_lookup_max_ngram": 0}, "prompt_lookup_max_ngram must be >= 1"),
+        ({"speculation": "adaptive", "tpot_slo_ms": -1.0}, "tpot_slo_ms must be > 0"),
+        ({"speculation": "fixed", "num_speculative_tokens": 8, "draft_p_min": 1.5}, r"draft_p_min must be in \[0, 1\]"),
+    ],
+)
 def test_out_of_range_settings(target, kwargs, message):
     with pytest.raises(ValueError, match=message):
         _generate(target, **kwargs)
@@ -81,15 +94,17 @@ def test_out_of_range_settings(target, kwargs, message):
 def test_every_config_field_is_a_generate_keyword(target):
     """Each SpeculationConfig field (but ``speculation``) reaches the config from generate: an invalid value
     raises the config's error naming that field (a field generate dropped would not raise)."""
-    invalid = {"num_speculative_tokens": {"speculation": "fixed", "num_speculative_tokens": 99},
-               "max_speculative_tokens": {"speculation": "adaptive", "max_speculative_tokens": 99},
-               "prompt_lookup_max_ngram": {"speculation": "adaptive", "prompt_lookup_max_ngram": -3},
-               "tpot_slo_ms": {"speculation": "adaptive", "tpot_slo_ms": 0.0},
-               "draft_p_min": {"speculation": "fixed", "num_speculative_tokens": 2, "draft_p_min": -0.5},
-               "adapt_threads": {"speculation": "adaptive", "adapt_threads": "yes"},
-               "rest": {"speculation": "adaptive", "rest": 1},
-               "max_slowdown": {"speculation": "adaptive", "max_slowdown": -0.1},
-               "kv_cache": {"speculation": "adaptive", "kv_cache": "paged"}}
+    invalid = {
+        "num_speculative_tokens": {"speculation": "fixed", "num_speculative_tokens": 99},
+        "max_speculative_tokens": {"speculation": "adaptive", "max_speculative_tokens": 99},
+        "prompt_lookup_max_ngram": {"speculation": "adaptive", "prompt_lookup_max_ngram": -3},
+        "tpot_slo_ms": {"speculation": "adaptive", "tpot_slo_ms": 0.0},
+        "draft_p_min": {"speculation": "fixed", "num_speculative_tokens": 2, "draft_p_min": -0.5},
+        "adapt_threads": {"speculation": "adaptive", "adapt_threads": "yes"},
+        "rest": {"speculation": "adaptive", "rest": 1},
+        "max_slowdown": {"speculation": "adaptive", "max_slowdown": -0.1},
+        "kv_cache": {"speculation": "adaptive", "kv_cache": "paged"},
+    }
     assert set(invalid) == {f.name for f in dataclasses.fields(SpeculationConfig)} - {"speculation"}
     for name, kwargs in invalid.items():
         with pytest.raises(ValueError, match=name):
@@ -102,6 +117,7 @@ def test_speculation_state_without_speculation(target):
 
 
 # --- the inputs -----------------------------------------------------------------------------------------
+
 
 def test_right_padded_prompt_is_rejected(target):
     mask = torch.ones_like(PROMPT)
@@ -121,11 +137,17 @@ def test_empty_prompt_is_rejected(target):
 
 
 @pytest.mark.parametrize("padded_single", [False, True])
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"streamer": _NullStreamer()}, "streamer and speculation_callback support batch size 1"),
-    ({"speculation_callback": lambda record, tokens: None}, "streamer and speculation_callback support batch size 1"),
-    ({"tpot_slo_ms": 50.0}, "tpot_slo_ms supports batch size 1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"streamer": _NullStreamer()}, "streamer and speculation_callback support batch size 1"),
+        (
+            {"speculation_callback": lambda record, tokens: None},
+            "streamer and speculation_callback support batch size 1",
+        ),
+        ({"tpot_slo_ms": 50.0}, "tpot_slo_ms supports batch size 1"),
+    ],
+)
 def test_batch_size_1_features_reject_batches(target, tiny_factory, kwargs, message, padded_single):
     """A batch is B > 1 or a padded prompt; with or without a draft model."""
     ids, mask = BATCH["input_ids"], BATCH["attention_mask"]
@@ -170,9 +192,17 @@ def test_per_step_outputs_are_rejected_by_name(target, flag):
         assert err.value.args[0].count("=True") == 1  # only the flag that was set
 
 
-ASSISTED = {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 2, "num_assistant_tokens": 5,
-            "num_assistant_tokens_schedule": "heuristic", "assistant_confidence_threshold": 0.3,
-            "assistant_early_exit": 1, "assistant_lookbehind": 5, "target_lookbehind": 5, "use_mtp": True}
+ASSISTED = {
+    "prompt_lookup_num_tokens": 3,
+    "max_matching_ngram_size": 2,
+    "num_assistant_tokens": 5,
+    "num_assistant_tokens_schedule": "heuristic",
+    "assistant_confidence_threshold": 0.3,
+    "assistant_early_exit": 1,
+    "assistant_lookbehind": 5,
+    "target_lookbehind": 5,
+    "use_mtp": True,
+}
 
 
 def _assert_names_the_equivalents(err, name):
@@ -185,8 +215,10 @@ def _assert_names_the_equivalents(err, name):
 @pytest.mark.parametrize("name", [*ASSISTED, "assistant_tokenizer"])
 def test_transformers_assisted_options_are_rejected_as_keywords(target, tiny_factory, name):
     value = ASSISTED.get(name, object())  # assistant_tokenizer: any tokenizer-like object
-    for mode in ({"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 2,
-                                               "assistant_model": tiny_factory(1)}):
+    for mode in (
+        {"speculation": "adaptive"},
+        {"speculation": "fixed", "num_speculative_tokens": 2, "assistant_model": tiny_factory(1)},
+    ):
         with pytest.raises(ValueError, match="belong to transformers' assisted generation") as err:
             _generate(target, **mode, **{name: value})
         _assert_names_the_equivalents(err, name)
@@ -208,8 +240,11 @@ def test_transformers_assisted_options_still_work_without_speculation(target):
 @pytest.mark.parametrize("ids", [torch.zeros(1, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)])
 @pytest.mark.parametrize("as_keyword", [False, True])
 def test_a_prompt_without_tokens_names_the_fix(target, tiny_factory, ids, as_keyword):
-    for mode in ({"speculation": "adaptive"}, {"speculation": "adaptive", "assistant_model": tiny_factory(1)},
-                 {"speculation": "fixed", "num_speculative_tokens": 2}):
+    for mode in (
+        {"speculation": "adaptive"},
+        {"speculation": "adaptive", "assistant_model": tiny_factory(1)},
+        {"speculation": "fixed", "num_speculative_tokens": 2},
+    ):
         with pytest.raises(ValueError, match="the prompt has no tokens") as err:
             if as_keyword:
                 target.generate(input_ids=ids, max_new_tokens=5, speculation_costs=COSTS, **mode)
@@ -220,20 +255,35 @@ def test_a_prompt_without_tokens_names_the_fix(target, tiny_factory, ids, as_key
 
 def test_valid_calls_still_work_after_errors(target):
     assert _generate(target, speculation="adaptive").shape == (1, PROMPT.shape[1] + 5)
-    out = _generate(target, BATCH["input_ids"], attention_mask=BATCH["attention_mask"], speculation="fixed",
-                    num_speculative_tokens=64)  # the top of the range is allowed
+    out = _generate(
+        target,
+        BATCH["input_ids"],
+        attention_mask=BATCH["attention_mask"],
+        speculation="fixed",
+        num_speculative_tokens=64,
+    )  # the top of the range is allowed
     assert out.shape == (2, 6 + 5)
 
 
 # --- SpeculationConfig and load -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_speculative_tokens": 0}, {"max_speculative_tokens": 65}, {"speculation": "fixed"},
-     {"speculation": "fixed", "num_speculative_tokens": -2}, {"speculation": "fixed", "num_speculative_tokens": 65},
-     {"speculation": "fixed", "num_speculative_tokens": 4, "draft_p_min": 1.5}, {"draft_p_min": 0.5},
-     {"num_speculative_tokens": 4}, {"tpot_slo_ms": -1.0}, {"tpot_slo_ms": 0.0}, {"prompt_lookup_max_ngram": 0},
-     {"speculation": "pmin"}],
+    [
+        {"max_speculative_tokens": 0},
+        {"max_speculative_tokens": 65},
+        {"speculation": "fixed"},
+        {"speculation": "fixed", "num_speculative_tokens": -2},
+        {"speculation": "fixed", "num_speculative_tokens": 65},
+        {"speculation": "fixed", "num_speculative_tokens": 4, "draft_p_min": 1.5},
+        {"draft_p_min": 0.5},
+        {"num_speculative_tokens": 4},
+        {"tpot_slo_ms": -1.0},
+        {"tpot_slo_ms": 0.0},
+        {"prompt_lookup_max_ngram": 0},
+        {"speculation": "pmin"},
+    ],
 )
 def test_speculation_config_validation(kwargs):
     with pytest.raises(ValueError):
@@ -265,8 +315,14 @@ NOT_INTEGERS = [8.5, 8.0, True, "8"]
 
 
 @pytest.mark.parametrize("value", NOT_INTEGERS)
-@pytest.mark.parametrize(("name", "mode"), [("max_speculative_tokens", "adaptive"), ("num_speculative_tokens", "fixed"),
-                                            ("prompt_lookup_max_ngram", "adaptive")])
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [
+        ("max_speculative_tokens", "adaptive"),
+        ("num_speculative_tokens", "fixed"),
+        ("prompt_lookup_max_ngram", "adaptive"),
+    ],
+)
 def test_a_non_integer_k_is_refused_through_generate(target, name, mode, value):
     with pytest.raises(ValueError, match=f"{name} must be an integer"):
         _generate(target, speculation=mode, **{name: value})
@@ -280,8 +336,15 @@ def test_generate_batch_refuses_non_integer_counts(target, value):
     with pytest.raises(ValueError, match="max_new_tokens must be an integer"):
         hf_adaspec.generate_batch(target, tokenizer, ["w1 w2 w3"], max_new_tokens=value, speculation_costs=COSTS)
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer"):
-        hf_adaspec.generate_batch(target, tokenizer, ["w1 w2 w3"], speculation="fixed", num_speculative_tokens=value,
-                                  max_new_tokens=2, speculation_costs=COSTS)
+        hf_adaspec.generate_batch(
+            target,
+            tokenizer,
+            ["w1 w2 w3"],
+            speculation="fixed",
+            num_speculative_tokens=value,
+            max_new_tokens=2,
+            speculation_costs=COSTS,
+        )
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         hf_adaspec.generate_batch(target, tokenizer, ["w1 w2 w3"], max_new_tokens=0)
 
@@ -319,8 +382,16 @@ def test_a_draft_with_a_narrower_head_drafts_for_the_target(target, tiny_factory
     draft = tiny_factory(0, vocab_size=48)
     prompt = torch.tensor([[5, 6, 7, 50, 8, 9, 60] * 3])  # ids 50 and 60 lie beyond the draft's vocabulary
     plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
-    out = target.generate(prompt, assistant_model=draft, speculation="fixed", num_speculative_tokens=3,
-                          speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=20,
-                          do_sample=False, return_dict_in_generate=True)
+    out = target.generate(
+        prompt,
+        assistant_model=draft,
+        speculation="fixed",
+        num_speculative_tokens=3,
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        max_new_tokens=20,
+        do_sample=False,
+        return_dict_in_generate=True,
+    )
     assert torch.equal(out.sequences, plain)
     assert {s.drafter for s in out.speculation.steps if s.k} == {"draft_model"}

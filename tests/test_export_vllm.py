@@ -28,10 +28,23 @@ from hf_adaspec.replay.trace import Trace, save_trace
 # https://docs.vllm.ai/en/v0.25.0/features/speculative_decoding/dynamic_speculative_decoding/
 # (num_speculative_tokens_per_batch_size); https://docs.vllm.ai/en/latest/features/speculative_decoding/eagle/
 # ("method": "eagle3", "model", "num_speculative_tokens"). No disable_by_batch_size: a V0 key, absent from V1's.
-VLLM_SPECULATIVE_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-                         "num_speculative_tokens_per_batch_size"}
-META = {"versions": {"torch": "x"}, "machine": "m", "cpu": "c", "threads": 1, "created": "2025-01-01T00:00:00+00:00",
-        "command": "test", "grid": {}}
+VLLM_SPECULATIVE_KEYS = {
+    "method",
+    "model",
+    "num_speculative_tokens",
+    "prompt_lookup_max",
+    "prompt_lookup_min",
+    "num_speculative_tokens_per_batch_size",
+}
+META = {
+    "versions": {"torch": "x"},
+    "machine": "m",
+    "cpu": "c",
+    "threads": 1,
+    "created": "2025-01-01T00:00:00+00:00",
+    "command": "test",
+    "grid": {},
+}
 IDENTITY = {"profile_schema": 1, "target": {"name": "hand-target"}, "draft": {"name": "hand-draft"}}
 BATCHES, CONTEXTS = (1, 2, 4, 8, 16), (128, 1024)
 
@@ -44,8 +57,12 @@ def _verify(b: int, c: int, n: int) -> float:
 def _profile(draft_scale: float = 1.0, with_draft: bool = True, head: bool = False):
     cells = {"target": [ProfileCell(b, c, n, _verify(b, c, n)) for b in BATCHES for c in CONTEXTS for n in (1, 3, 9)]}
     if with_draft:
-        cells["draft"] = [ProfileCell(b, c, n, draft_scale * (0.0001 * b * c + 0.2 * b * n + 1.0))
-                          for b in BATCHES for c in CONTEXTS for n in (1, 32)]
+        cells["draft"] = [
+            ProfileCell(b, c, n, draft_scale * (0.0001 * b * c + 0.2 * b * n + 1.0))
+            for b in BATCHES
+            for c in CONTEXTS
+            for n in (1, 32)
+        ]
     identity = {**IDENTITY, "draft": {"name": "Eagle3Head"}} if head else IDENTITY
     return assemble_profile("hand", identity, cells, META)
 
@@ -54,8 +71,19 @@ def _trace(qid: int, prompt: list[int], generated: list[int], agree: bool = True
     """A trace whose draft argmax agrees with every target token (agree) or with none."""
     tokens = prompt + generated
     nxt = [t if agree else t + 1000 for t in generated] + [0]  # draft_next[j] predicts tokens[prompt_len + j]
-    return Trace(qid, "test", len(prompt), tuple(tokens), tuple(nxt), (0.5,) * len(nxt), (), 10.0, len(generated),
-                 "hand-target", "hand-draft")
+    return Trace(
+        qid,
+        "test",
+        len(prompt),
+        tuple(tokens),
+        tuple(nxt),
+        (0.5,) * len(nxt),
+        (),
+        10.0,
+        len(generated),
+        "hand-target",
+        "hand-draft",
+    )
 
 
 def test_best_k_zero_when_drafting_is_expensive_and_positive_when_cheap():
@@ -162,8 +190,14 @@ def _head_trace(qid: int, runs: list[int], depth: int = 4) -> Trace:
         run = runs[j] if j < len(runs) else 0
         chains.append(tuple(tokens[3 + j + d] if d < run and 3 + j + d < len(tokens) else 99 for d in range(depth)))
     t = _trace(qid, prompt, generated)
-    return Trace(**{**t.__dict__, "head": "hand-head", "head_next": tuple(chains),
-                    "head_q": tuple((0.5,) * depth for _ in chains)})
+    return Trace(
+        **{
+            **t.__dict__,
+            "head": "hand-head",
+            "head_next": tuple(chains),
+            "head_q": tuple((0.5,) * depth for _ in chains),
+        }
+    )
 
 
 def test_head_prefix_acceptance_counts_each_depth_where_tokens_remain():

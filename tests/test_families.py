@@ -31,20 +31,64 @@ COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # cheap drafts: adaptive
 WINDOW = 8
 NEW = 24
 SHORT, LONG = [11, 12, 13, 14, 15], [5, 6, 7, 8, 9, 10, 3, 4] * 3  # 5 and 24 tokens: inside and past the window
-BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=256, initializer_range=0.5,
-            eos_token_id=None, bos_token_id=None, pad_token_id=0)
+BASE = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=256,
+    initializer_range=0.5,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=0,
+)
 # model type → config keywords beyond BASE
 FULL = {
-    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma": {}, "phi3": {}, "olmo2": {}, "granite": {},
-    "stablelm": {}, "starcoder2": {}, "cohere": {}, "smollm3": {"no_rope_layers": [1, 1]}, "qwen3_moe": {},
-    "mixtral": {}, "gpt_neox": {}, "falcon": {"head_dim": None}, "gpt2": {}, "opt": {}, "bloom": {},
-    "gptj": {"rotary_dim": 8}, "phi": {},
-    "olmo": {}, "deepseek_v3": {"num_key_value_heads": 4, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-                                "v_head_dim": 8, "kv_lora_rank": 16, "q_lora_rank": 16, "n_routed_experts": 4,
-                                "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
-                                "n_group": 1, "topk_group": 1},
-    "glm4": {}, "helium": {}, "ernie4_5": {}, "seed_oss": {}, "apertus": {}, "arcee": {},
+    "llama": {},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {},
+    "gemma": {},
+    "phi3": {},
+    "olmo2": {},
+    "granite": {},
+    "stablelm": {},
+    "starcoder2": {},
+    "cohere": {},
+    "smollm3": {"no_rope_layers": [1, 1]},
+    "qwen3_moe": {},
+    "mixtral": {},
+    "gpt_neox": {},
+    "falcon": {"head_dim": None},
+    "gpt2": {},
+    "opt": {},
+    "bloom": {},
+    "gptj": {"rotary_dim": 8},
+    "phi": {},
+    "olmo": {},
+    "deepseek_v3": {
+        "num_key_value_heads": 4,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 8,
+        "kv_lora_rank": 16,
+        "q_lora_rank": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+    },
+    "glm4": {},
+    "helium": {},
+    "ernie4_5": {},
+    "seed_oss": {},
+    "apertus": {},
+    "arcee": {},
 }
 # in the fast suite: the reference Llama, GPT-2 (learned absolute positions, its own attention and cache code) and
 # DeepSeek-V3 (multi-head latent attention, mixture of experts); the other full-attention families are slow
@@ -58,15 +102,25 @@ WINDOWED = {
     "gemma2": ("gemma2", {"sliding_window": WINDOW, "layer_types": SLIDING, **UNTIED}),
     "gemma3_text": ("gemma3_text", {"sliding_window": WINDOW, "layer_types": SLIDING, **UNTIED}),
     "cohere2": ("cohere2", {"sliding_window": WINDOW, "layer_types": SLIDING}),
-    "gpt_oss": ("gpt_oss", {"sliding_window": WINDOW, "layer_types": SLIDING, "num_local_experts": 4,
-                            "num_experts_per_tok": 2}),
+    "gpt_oss": (
+        "gpt_oss",
+        {"sliding_window": WINDOW, "layer_types": SLIDING, "num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
     "olmo3": ("olmo3", {"sliding_window": WINDOW, "layer_types": SLIDING}),
     "exaone4": ("exaone4", {"sliding_window": WINDOW, "layer_types": SLIDING}),
     "phi3-window": ("phi3", {"sliding_window": WINDOW}),
     "starcoder2-window": ("starcoder2", {"sliding_window": WINDOW}),
-    "llama4-chunked": ("llama4_text", {"attention_chunk_size": WINDOW, "layer_types": ["chunked_attention",
-                                       "full_attention"], "intermediate_size_mlp": 64, "num_local_experts": 2,
-                                       "interleave_moe_layer_step": 2, "no_rope_layers": [1, 0]}),
+    "llama4-chunked": (
+        "llama4_text",
+        {
+            "attention_chunk_size": WINDOW,
+            "layer_types": ["chunked_attention", "full_attention"],
+            "intermediate_size_mlp": 64,
+            "num_local_experts": 2,
+            "interleave_moe_layer_step": 2,
+            "no_rope_layers": [1, 0],
+        },
+    ),
 }
 
 
@@ -99,8 +153,17 @@ def _plain(model, prompt: list[int]) -> list[int]:
 
 def _speculate(model, inputs: dict, draft, **kwargs):
     drafter = {} if draft is None else {"assistant_model": draft}
-    return model.generate(**inputs, **drafter, speculation_costs=COSTS, speculation_state=SpeculationState(),
-                          max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True, rest=False, **kwargs)
+    return model.generate(
+        **inputs,
+        **drafter,
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        max_new_tokens=NEW,
+        do_sample=False,
+        return_dict_in_generate=True,
+        rest=False,
+        **kwargs,
+    )
 
 
 def _check(out, prompts: list[list[int]], plain: dict, rejections: bool) -> None:
@@ -130,8 +193,9 @@ def windowed(request):
     model_type, extra = WINDOWED[request.param]
     target, draft = _tiny(model_type, 0, **extra), _tiny(model_type, 1, **extra)
     plain = {tuple(p): _plain(target, p) for p in (SHORT, LONG)}
-    wide = {k: 4 * (len(LONG) + NEW) if k in ("sliding_window", "attention_chunk_size") else v
-            for k, v in extra.items()}
+    wide = {
+        k: 4 * (len(LONG) + NEW) if k in ("sliding_window", "attention_chunk_size") else v for k, v in extra.items()
+    }
     assert _plain(_tiny(model_type, 0, **wide), LONG) != plain[tuple(LONG)], "the window changes nothing here"
     return target, draft, plain
 
@@ -150,27 +214,47 @@ def test_windowed_batches_with_holes_equal_each_rows_plain_greedy(windowed, kv_c
     """Rows of different lengths (left padding), each rejecting its own drafts: holes inside a row's window."""
     monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)  # an arena as wide as the request needs
     target, draft, plain = windowed
-    out = _speculate(target, left_padded([LONG, SHORT]), draft, speculation="fixed", num_speculative_tokens=4,
-                     kv_cache=kv_cache)
+    out = _speculate(
+        target, left_padded([LONG, SHORT]), draft, speculation="fixed", num_speculative_tokens=4, kv_cache=kv_cache
+    )
     _check(out, [LONG, SHORT], plain, True)
 
 
 def test_windowed_single_row_on_the_arena_equals_plain_greedy(windowed, monkeypatch):
     monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)  # 16 columns: the request compacts and moves arenas
     target, draft, plain = windowed
-    out = _speculate(target, {"input_ids": torch.tensor([LONG])}, draft, speculation="fixed",
-                     num_speculative_tokens=4, kv_cache="static")
+    out = _speculate(
+        target,
+        {"input_ids": torch.tensor([LONG])},
+        draft,
+        speculation="fixed",
+        num_speculative_tokens=4,
+        kv_cache="static",
+    )
     _check(out, [LONG], plain, True)
 
 
-@pytest.mark.parametrize(("model_type", "extra"), [
-    ("mamba", {"state_size": 4, "expand": 2, "conv_kernel": 2}),
-    ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 2,
-                    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-                    "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
-                    "shared_expert_intermediate_size": 32}),
-    ("rwkv", {"attention_hidden_size": 32}),
-])
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("mamba", {"state_size": 4, "expand": 2, "conv_kernel": 2}),
+        (
+            "qwen3_next",
+            {
+                "layer_types": ["linear_attention", "full_attention"],
+                "linear_num_value_heads": 2,
+                "linear_num_key_heads": 2,
+                "linear_key_head_dim": 8,
+                "linear_value_head_dim": 8,
+                "num_experts": 2,
+                "num_experts_per_tok": 1,
+                "moe_intermediate_size": 32,
+                "shared_expert_intermediate_size": 32,
+            },
+        ),
+        ("rwkv", {"attention_hidden_size": 32}),
+    ],
+)
 def test_recurrent_families_get_one_clear_error(model_type, extra):
     """Layers with recurrent state (Mamba, gated DeltaNet hybrids, RWKV) cannot drop rejected tokens."""
     model = _tiny(model_type, 0, **extra)

@@ -78,6 +78,7 @@ def _logits(model) -> torch.Tensor:
 
 # --- verify what you load ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
 def test_damaged_dense_cache_is_rebuilt(fake_gguf, tiny_factory, damage, capsys):
     gguf, conversions = fake_gguf
@@ -134,8 +135,16 @@ def _calibrated_file(cache: Path) -> Path:
 
 
 def _generate(model, draft, **kwargs):
-    return model.generate(PROMPT, max_new_tokens=12, do_sample=False, speculation="adaptive", assistant_model=draft,
-                          max_speculative_tokens=3, speculation_state=hf_adaspec.SpeculationState(), **kwargs)
+    return model.generate(
+        PROMPT,
+        max_new_tokens=12,
+        do_sample=False,
+        speculation="adaptive",
+        assistant_model=draft,
+        max_speculative_tokens=3,
+        speculation_state=hf_adaspec.SpeculationState(),
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("value", [float("nan"), -5.0, 1e12])
@@ -178,8 +187,12 @@ def test_cost_table_path_that_is_a_folder_still_generates(enabled, private_cache
 def _profile_for(target, draft, scale: float = 1.0):
     cells = [ProfileCell(1, c, n, scale * (20.0 + n + c / 100)) for c in (16, 64) for n in (1, 2, 4)]
     draft_cells = [ProfileCell(1, c, n, scale * (2.0 + n / 10)) for c in (16, 64) for n in (1, 32)]
-    return assemble_profile("tiny", profile_identity(target, draft), {"target": cells, "draft": draft_cells}, {
-        "versions": {}, "machine": "", "cpu": "", "threads": 1, "created": "", "command": "", "grid": {}})
+    return assemble_profile(
+        "tiny",
+        profile_identity(target, draft),
+        {"target": cells, "draft": draft_cells},
+        {"versions": {}, "machine": "", "cpu": "", "threads": 1, "created": "", "command": "", "grid": {}},
+    )
 
 
 def test_profile_scaled_a_million_times_is_refused(enabled, tmp_path):
@@ -200,23 +213,36 @@ def test_profile_scaled_a_million_times_is_refused(enabled, tmp_path):
 
 # --- bounds and names ------------------------------------------------------------------------------------
 
+
 def test_first_use_calibration_is_sized_whatever_k_is(tiny_factory, monkeypatch):
     timed = []
     real = cost_table.ForwardProbe.time_ms
-    monkeypatch.setattr(cost_table.ForwardProbe, "time_ms",
-                        lambda self, n, keep=None: timed.append(n) or real(self, n, keep))
+    monkeypatch.setattr(
+        cost_table.ForwardProbe, "time_ms", lambda self, n, keep=None: timed.append(n) or real(self, n, keep)
+    )
     table = cost_table.measure(tiny_factory(0), None, n_max=65, repeats=1)
     assert set(timed) == set(cost_table.CALIBRATED_NS) and max(timed) == 32
     assert table.max_tokens == 32 and table.t_verify(65) >= table.t_verify(32) > 0
     assert cost_table.calibrated_ns(6) == (1, 2, 3, 4, 5, 6) and cost_table.calibrated_ns(11) == (
-        1, 2, 3, 4, 5, 6, 7, 8, 9, 11)
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        11,
+    )
 
 
 def test_speculative_token_bounds_are_refused(enabled):
     model, draft = enabled
     with pytest.raises(ValueError, match=r"max_speculative_tokens must be in \[1, 64\]"):
-        model.generate(PROMPT, max_new_tokens=4, speculation="adaptive", assistant_model=draft,
-                       max_speculative_tokens=10_000)
+        model.generate(
+            PROMPT, max_new_tokens=4, speculation="adaptive", assistant_model=draft, max_speculative_tokens=10_000
+        )
     with pytest.raises(ValueError, match=r"num_speculative_tokens must be in \[0, 64\]"):
         model.generate(PROMPT, max_new_tokens=4, speculation="fixed", num_speculative_tokens=65)
 
@@ -257,6 +283,7 @@ def test_missing_local_path_names_the_presets(offline, name):
 
 # --- nothing left behind ----------------------------------------------------------------------------------
 
+
 def test_sweep_keeps_live_writers_and_removes_dead_ones(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
@@ -266,11 +293,14 @@ def test_sweep_keeps_live_writers_and_removes_dead_ones(tmp_path):
     live = tmp_path / f"b.json{TMP_MARK}{os.getpid()}-ef56"
     live.write_text("being written")
     (tmp_path / "c.json").write_text("{}")
-    assert sorted(p.name for p in sweep(tmp_path)) == [f"a.json{TMP_MARK}{dead_pid}-ab12", f"d{TMP_MARK}{dead_pid}-cd34"]
+    assert sorted(p.name for p in sweep(tmp_path)) == [
+        f"a.json{TMP_MARK}{dead_pid}-ab12",
+        f"d{TMP_MARK}{dead_pid}-cd34",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "c.json"])
 
 
-_WRITER = textwrap.dedent('''
+_WRITER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     import hf_adaspec.files as files
@@ -297,7 +327,7 @@ _WRITER = textwrap.dedent('''
     else:
         from hf_adaspec.costs.profile import load_profile, save_profile
         save_profile(load_profile(root / "good.json"), root / "profiles" / "p.json")
-''')
+""")
 
 
 @pytest.mark.slow  # three subprocesses, each importing torch and transformers: ~12 s on 2 cores
@@ -311,16 +341,26 @@ def test_writers_killed_mid_write_leave_nothing_behind(tmp_path, tiny_factory, m
     good = save_profile(_profile_for(tiny_factory(0), tiny_factory(1)), tmp_path / "good.json")
     env = {**os.environ, "HF_ADASPEC_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
     jobs = {"assemble": [sha], "convert": [str(ROOT / "tests")], "profile": []}
-    procs = {job: subprocess.Popen([sys.executable, "-c", _WRITER, job, str(tmp_path), *extra], env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for job, extra in jobs.items()}
+    procs = {
+        job: subprocess.Popen(
+            [sys.executable, "-c", _WRITER, job, str(tmp_path), *extra],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for job, extra in jobs.items()
+    }
     for job, proc in procs.items():
         line = proc.stdout.readline()
         assert line == "writing\n", (job, line, proc.stderr.read() if proc.poll() is not None else "")
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    folders = {"assemble": tmp_path / "cache" / "gguf", "convert": tmp_path / "cache" / "dense",
-               "profile": tmp_path / "profiles"}
+    folders = {
+        "assemble": tmp_path / "cache" / "gguf",
+        "convert": tmp_path / "cache" / "dense",
+        "profile": tmp_path / "profiles",
+    }
     for job, folder in folders.items():
         assert len(_temporaries(folder)) == 1, job
         assert not [p for p in folder.iterdir() if TMP_MARK not in p.name], job  # no entry, no stamp

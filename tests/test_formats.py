@@ -42,8 +42,12 @@ def test_a_format_below_the_quality_tolerance_is_not_chosen_however_fast():
 
 
 def test_without_nf4_the_bar_is_the_best_quantized_format():
-    measures = (_m("none", 30), FormatMeasure("nf4", error="ImportError: no bitsandbytes"), _m("int8", 25, 0.99),
-                _m("q4", 5, 0.90))
+    measures = (
+        _m("none", 30),
+        FormatMeasure("nf4", error="ImportError: no bitsandbytes"),
+        _m("int8", 25, 0.99),
+        _m("q4", 5, 0.90),
+    )
     assert fc.pick(measures) == "int8"
 
 
@@ -51,7 +55,8 @@ def test_a_format_too_slow_to_be_measured_for_quality_is_not_eligible():
     measures = (_m("none", 30), _m("nf4", 20, 0.95), FormatMeasure("int8", 90.0, 180.0, None, None, 0.1))
     assert [m.format for m in fc.eligible(measures)] == ["none", "nf4"]
     assert "int8 90/180 ms over twice the best: quality not measured" in fc.FormatChoice(
-        "nf4", measures, fc.cache_path({}), False, 1.0).line("m")
+        "nf4", measures, fc.cache_path({}), False, 1.0
+    ).line("m")
 
 
 def test_dense_weights_are_eligible_whatever_their_agreement_with_their_own_free_running_output():
@@ -62,8 +67,10 @@ def test_dense_weights_are_eligible_whatever_their_agreement_with_their_own_free
 
 
 def test_pick_names_every_error_when_nothing_loaded():
-    measures = (FormatMeasure("none", error="OSError: disk"),
-                FormatMeasure("q4", error="KernelUnavailable: no compiler"))
+    measures = (
+        FormatMeasure("none", error="OSError: disk"),
+        FormatMeasure("q4", error="KernelUnavailable: no compiler"),
+    )
     with pytest.raises(ValueError, match="none: OSError: disk; q4: KernelUnavailable: no compiler"):
         fc.pick(measures)
 
@@ -149,8 +156,16 @@ def test_auto_quantizes_the_chosen_formats_head_where_that_is_faster(tiny_dir, m
     again = hf_adaspec.load(tiny_dir, dtype="float32", log=lines.append)
     assert again.quantized_head and _head_quantized(again.model) and "cached in" in lines[1]
     timed.clear()
-    choice, model = fc.choose(tiny_dir, "tiny", build_tiny_tokenizer(), "float32", quantize_lm_head=True, timer=timer,
-                              quality_tokens=8, formats=("q4", "none"))
+    choice, model = fc.choose(
+        tiny_dir,
+        "tiny",
+        build_tiny_tokenizer(),
+        "float32",
+        quantize_lm_head=True,
+        timer=timer,
+        quality_tokens=8,
+        formats=("q4", "none"),
+    )
     assert not choice.head and not any(m.head for m in choice.measures) and _head_quantized(model)
 
 
@@ -170,8 +185,15 @@ def test_a_format_that_fails_is_skipped_with_its_reason(tiny_dir):
             raise RuntimeError("no kernel for this tensor\nsecond line")
         return INJECTED[fmt] * n
 
-    choice, model = fc.choose(tiny_dir, "tiny", build_tiny_tokenizer(), "float32", timer=timer, quality_tokens=8,
-                              formats=("q4", "int8", "none"))
+    choice, model = fc.choose(
+        tiny_dir,
+        "tiny",
+        build_tiny_tokenizer(),
+        "float32",
+        timer=timer,
+        quality_tokens=8,
+        formats=("q4", "int8", "none"),
+    )
     assert choice.chosen == "int8" and model is not None
     assert "q4 skipped (RuntimeError: no kernel for this tensor)" in choice.line("tiny")
 
@@ -186,11 +208,13 @@ def test_the_cache_key_holds_the_machine_and_a_bad_cache_file_is_measured_again(
         torch.set_num_threads(before)
     assert {"processor", "threads", "aten_cpu", "versions"} <= set(key)
     assert fc.cache_path(fc.probe_key("m", "src", "bfloat16", "cpu", True)) != fc.cache_path(key)
-    choice, _ = fc.choose(tiny_dir, "tiny", build_tiny_tokenizer(), "float32", timer=_timer, quality_tokens=8,
-                          formats=("q4", "none"))
+    choice, _ = fc.choose(
+        tiny_dir, "tiny", build_tiny_tokenizer(), "float32", timer=_timer, quality_tokens=8, formats=("q4", "none")
+    )
     choice.path.write_text(choice.path.read_text().replace('"q4"', '"none"', 1))  # edited: the digest fails
-    again, model = fc.choose(tiny_dir, "tiny", build_tiny_tokenizer(), "float32", timer=_timer, quality_tokens=8,
-                             formats=("q4", "none"))
+    again, model = fc.choose(
+        tiny_dir, "tiny", build_tiny_tokenizer(), "float32", timer=_timer, quality_tokens=8, formats=("q4", "none")
+    )
     assert not again.cached and again.chosen == "q4" and model is not None
 
 
@@ -203,8 +227,11 @@ def test_a_changed_q4_kernel_measures_its_choice_and_its_costs_again(tiny_dir, m
 
     q4_model = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)
     dense = load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
-    key, with_q4, without = (fc.probe_key("m", "src", "bfloat16", "cpu", False), pair_identity(dense, q4_model),
-                             pair_identity(dense, None))
+    key, with_q4, without = (
+        fc.probe_key("m", "src", "bfloat16", "cpu", False),
+        pair_identity(dense, q4_model),
+        pair_identity(dense, None),
+    )
     assert with_q4["q4_kernel"] == key["q4_kernel"] == q4.source_tag() and "q4_kernel" not in without
     monkeypatch.setattr(q4, "source_tag", lambda: "another kernel")
     assert fc.cache_path(fc.probe_key("m", "src", "bfloat16", "cpu", False)) != fc.cache_path(key)
@@ -235,8 +262,10 @@ def test_formats_refuse_what_they_cannot_do():
 
 
 # the fast suite keeps q4 (our own kernel) and none (the dense reference); bitsandbytes' nf4 and int8 are slow
-CPU_FORMATS = [pytest.param(f, marks=() if f in ("q4", "none") else pytest.mark.slow)
-               for f in sorted(f for f, w in FORMATS.items() if w.devices is None or "cpu" in w.devices)]
+CPU_FORMATS = [
+    pytest.param(f, marks=() if f in ("q4", "none") else pytest.mark.slow)
+    for f in sorted(f for f, w in FORMATS.items() if w.devices is None or "cpu" in w.devices)
+]
 
 
 @pytest.mark.parametrize("fmt", CPU_FORMATS)
@@ -248,8 +277,9 @@ def test_each_format_speculative_greedy_equals_its_own_plain_or_diverges_at_a_ne
     for prompt in (torch.randint(1, 64, (1, 12), generator=gen), torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])):
         plain = target.generate(prompt, max_new_tokens=40, do_sample=False)
         for kwargs in ({"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 4}):
-            spec = target.generate(prompt, max_new_tokens=40, do_sample=False, assistant_model=draft,
-                                   speculation_costs=COSTS, **kwargs)
+            spec = target.generate(
+                prompt, max_new_tokens=40, do_sample=False, assistant_model=draft, speculation_costs=COSTS, **kwargs
+            )
             gap = divergence_gap(target, plain, spec)
             assert gap is None or gap < NEAR_TIE, (fmt, kwargs, gap)
 
@@ -257,8 +287,9 @@ def test_each_format_speculative_greedy_equals_its_own_plain_or_diverges_at_a_ne
 def test_the_probe_prefills_once_per_model_and_crops_back_after_each_timed_forward(tiny_dir):
     model = load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
     widths = []
-    model.register_forward_pre_hook(lambda mod, args, kwargs: widths.append((args or [kwargs.get("input_ids")])[0]
-                                                                             .shape[1]), with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda mod, args, kwargs: widths.append((args or [kwargs.get("input_ids")])[0].shape[1]), with_kwargs=True
+    )
     times = [fp.forward_ms(model, "none", n) for n in (1, fp.PROBE_K + 1, 1, fp.PROBE_K + 1)]
     assert all(t > 0 for t in times)
     assert widths == [fp.PROBE_CONTEXT, 1, 1, fp.PROBE_K + 1, fp.PROBE_K + 1, 1, fp.PROBE_K + 1]

@@ -17,11 +17,13 @@ COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
 PROMPT = torch.tensor([[3, 4, 5, 3, 4, 5]])  # [1, 6]
 NEWLINE = 21  # the 11th greedy token of the tiny target after PROMPT, and its first 21
 STOPPED_LENGTH = PROMPT.shape[1] + 11
-MODES = [pytest.param({"speculation": "adaptive"}, None, id="adaptive-lookup"),
-         pytest.param({"speculation": "adaptive"}, 0, id="adaptive-draft-same-weights"),
-         pytest.param({"speculation": "adaptive"}, 1, id="adaptive-draft-other-seed"),
-         pytest.param({"speculation": "fixed", "num_speculative_tokens": 2}, 0, id="fixed2-draft-same-weights"),
-         pytest.param({"speculation": "fixed", "num_speculative_tokens": 2}, 1, id="fixed2-draft-other-seed")]
+MODES = [
+    pytest.param({"speculation": "adaptive"}, None, id="adaptive-lookup"),
+    pytest.param({"speculation": "adaptive"}, 0, id="adaptive-draft-same-weights"),
+    pytest.param({"speculation": "adaptive"}, 1, id="adaptive-draft-other-seed"),
+    pytest.param({"speculation": "fixed", "num_speculative_tokens": 2}, 0, id="fixed2-draft-same-weights"),
+    pytest.param({"speculation": "fixed", "num_speculative_tokens": 2}, 1, id="fixed2-draft-other-seed"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def _plain_stopped(model, tokenizer):
     """Plain greedy generate with the stop string; checks it stopped on the newline, early."""
     plain = model.generate(PROMPT, max_new_tokens=30, do_sample=False, stop_strings=["\n"], tokenizer=tokenizer)
     assert plain.shape == (1, STOPPED_LENGTH) and int(plain[0, -1]) == NEWLINE
-    assert tokenizer.decode(plain[0, PROMPT.shape[1]:]).endswith("\n")
+    assert tokenizer.decode(plain[0, PROMPT.shape[1] :]).endswith("\n")
     return plain
 
 
@@ -56,9 +58,17 @@ def _plain_stopped(model, tokenizer):
 def test_stop_strings_stop_like_plain_generate(target, tiny_factory, tokenizer, mode, draft_seed):
     """The draft with the target's weights accepts whole blocks: the newline lands inside one, which is cut."""
     plain = _plain_stopped(target, tokenizer)
-    out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, stop_strings=["\n"], tokenizer=tokenizer,
-                          speculation_costs=COSTS, return_dict_in_generate=True, **_draft(tiny_factory, draft_seed),
-                          **mode)
+    out = target.generate(
+        PROMPT,
+        max_new_tokens=30,
+        do_sample=False,
+        stop_strings=["\n"],
+        tokenizer=tokenizer,
+        speculation_costs=COSTS,
+        return_dict_in_generate=True,
+        **_draft(tiny_factory, draft_seed),
+        **mode,
+    )
     assert torch.equal(out.sequences, plain)
     last = out.speculation.steps[-1]
     if draft_seed == 0:
@@ -69,8 +79,14 @@ def test_stop_strings_stop_like_plain_generate(target, tiny_factory, tokenizer, 
 def test_stop_strings_from_a_generation_config(target, tiny_factory, tokenizer, mode, draft_seed):
     plain = _plain_stopped(target, tokenizer)
     config = transformers.GenerationConfig(max_new_tokens=30, do_sample=False, stop_strings="\n", pad_token_id=0)
-    out = target.generate(PROMPT, generation_config=config, tokenizer=tokenizer, speculation_costs=COSTS,
-                          **_draft(tiny_factory, draft_seed), **mode)
+    out = target.generate(
+        PROMPT,
+        generation_config=config,
+        tokenizer=tokenizer,
+        speculation_costs=COSTS,
+        **_draft(tiny_factory, draft_seed),
+        **mode,
+    )
     assert torch.equal(out, plain) and config.stop_strings == "\n"  # the caller's config is left as it was
 
 
@@ -80,19 +96,38 @@ def test_stop_strings_from_the_models_generation_config(tiny_factory, tokenizer)
     plain = model.generate(PROMPT, max_new_tokens=30, do_sample=False, tokenizer=tokenizer)
     assert plain.shape == (1, STOPPED_LENGTH)
     for mode, draft_seed in (MODES[0].values, MODES[3].values):
-        out = model.generate(PROMPT, max_new_tokens=30, do_sample=False, tokenizer=tokenizer,
-                             speculation_costs=COSTS, **_draft(tiny_factory, draft_seed), **mode)
+        out = model.generate(
+            PROMPT,
+            max_new_tokens=30,
+            do_sample=False,
+            tokenizer=tokenizer,
+            speculation_costs=COSTS,
+            **_draft(tiny_factory, draft_seed),
+            **mode,
+        )
         assert torch.equal(out, plain)
-    out = model.generate(PROMPT, max_new_tokens=30, do_sample=False, stop_strings=None, tokenizer=tokenizer,
-                         speculation="adaptive", speculation_costs=COSTS)
+    out = model.generate(
+        PROMPT,
+        max_new_tokens=30,
+        do_sample=False,
+        stop_strings=None,
+        tokenizer=tokenizer,
+        speculation="adaptive",
+        speculation_costs=COSTS,
+    )
     assert out.shape == (1, PROMPT.shape[1] + 30)  # stop_strings=None overrides the model's, as in plain generate
 
 
 def test_stop_strings_with_a_stopping_criterion_of_the_caller(target, tokenizer):
     """A caller's StopStringCriteria wins over generate's, as in plain generate (here: stop on w30 instead)."""
     mine = transformers.StoppingCriteriaList([transformers.StopStringCriteria(tokenizer, "w30")])
-    kwargs = {"max_new_tokens": 30, "do_sample": False, "stop_strings": ["\n"], "tokenizer": tokenizer,
-              "stopping_criteria": mine}
+    kwargs = {
+        "max_new_tokens": 30,
+        "do_sample": False,
+        "stop_strings": ["\n"],
+        "tokenizer": tokenizer,
+        "stopping_criteria": mine,
+    }
     plain = target.generate(PROMPT, **kwargs)
     assert plain.shape == (1, PROMPT.shape[1] + 1)
     assert torch.equal(target.generate(PROMPT, speculation="adaptive", speculation_costs=COSTS, **kwargs), plain)
@@ -110,9 +145,19 @@ def _sample_three(target, draft, state_for):
     outs = []
     for _ in range(3):
         torch.manual_seed(0)
-        outs.append(target.generate(PROMPT, max_new_tokens=30, do_sample=True, speculation="adaptive",
-                                    assistant_model=draft, speculation_costs=COSTS, return_dict_in_generate=True,
-                                    rest=False, **state_for()))
+        outs.append(
+            target.generate(
+                PROMPT,
+                max_new_tokens=30,
+                do_sample=True,
+                speculation="adaptive",
+                assistant_model=draft,
+                speculation_costs=COSTS,
+                return_dict_in_generate=True,
+                rest=False,
+                **state_for(),
+            )
+        )
     return outs
 
 
@@ -123,8 +168,9 @@ def test_seeded_sampling_with_a_fresh_state_is_reproducible(tiny_factory):
     outs = _sample_three(target, draft, lambda: {"speculation_state": SpeculationState()})
     for out in outs[1:]:
         assert torch.equal(out.sequences, outs[0].sequences)
-        assert [(s.drafter, s.k, s.accepted) for s in out.speculation.steps] == \
-               [(s.drafter, s.k, s.accepted) for s in outs[0].speculation.steps]
+        assert [(s.drafter, s.k, s.accepted) for s in out.speculation.steps] == [
+            (s.drafter, s.k, s.accepted) for s in outs[0].speculation.steps
+        ]
 
 
 def test_the_models_own_state_changes_seeded_outputs_across_calls(tiny_factory):

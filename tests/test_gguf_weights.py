@@ -15,15 +15,32 @@ from hf_adaspec.kernels import fused, q4
 from hf_adaspec.models import gguf_weights
 from hf_adaspec.models.formats import FORMATS, Source, load_weights
 
-TYPES = {"attn_q": "Q8_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q5_1", "ffn_gate": "Q8_0",
-         "ffn_up": "Q5_0", "ffn_down": "Q8_0", "output": "Q8_0", "token_embd": "Q8_0"}
+TYPES = {
+    "attn_q": "Q8_0",
+    "attn_k": "Q5_0",
+    "attn_v": "Q8_0",
+    "attn_output": "Q5_1",
+    "ffn_gate": "Q8_0",
+    "ffn_up": "Q5_0",
+    "ffn_down": "Q8_0",
+    "output": "Q8_0",
+    "token_embd": "Q8_0",
+}
 
 
 def _tiny() -> transformers.LlamaForCausalLM:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      initializer_range=0.3, tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+    )
     return transformers.LlamaForCausalLM(config).float().eval()
 
 
@@ -125,14 +142,22 @@ def test_auto_on_a_gguf_file_q4_reads_times_q4_alone_and_loads_no_dense_weights(
     from hf_adaspec.models import format_choice as fc
 
     loads, lines, real_load = [], [], fc.load_weights
-    monkeypatch.setattr(fc, "load_weights", lambda source, name, fmt, *rest: loads.append(fmt)
-                        or real_load(source, name, fmt, *rest))
+    monkeypatch.setattr(
+        fc, "load_weights", lambda source, name, fmt, *rest: loads.append(fmt) or real_load(source, name, fmt, *rest)
+    )
 
     def timer(model, fmt, n):
         return {"none": 40.0, "q4": 10.0}[fmt] * n * (0.5 if isinstance(model.lm_head, q4.Q4Linear) else 1.0)
 
-    choice, model = fc.choose(_source(written), "tiny", build_tiny_tokenizer(), "float32", timer=timer,
-                              formats=("nf4", "q4", "none"), progress=lines.append)
+    choice, model = fc.choose(
+        _source(written),
+        "tiny",
+        build_tiny_tokenizer(),
+        "float32",
+        timer=timer,
+        formats=("nf4", "q4", "none"),
+        progress=lines.append,
+    )
     measures = {(m.format, m.head): m for m in choice.measures}
     assert loads == ["q4"] and choice.chosen == "q4" and choice.head
     assert isinstance(model.model.layers[0].mlp.down_proj, q4.Q4Linear) and isinstance(model.lm_head, q4.Q4Linear)
@@ -140,8 +165,10 @@ def test_auto_on_a_gguf_file_q4_reads_times_q4_alone_and_loads_no_dense_weights(
         assert measures[fmt, False].error == "not tried: q4 runs the GGUF file's own blocks"
     assert all(m.exact and m.top1 is None for m in (measures["q4", False], measures["q4", True]))
     assert "q4 10/60 ms the GGUF file's own blocks, not scored" in choice.line("tiny")
-    assert [line.rpartition(": ")[2] for line in lines] == ["q4 on the GGUF file's own blocks (dense weights not "
-                                                            "loaded)", "q4 + quantized head"]
+    assert [line.rpartition(": ")[2] for line in lines] == [
+        "q4 on the GGUF file's own blocks (dense weights not loaded)",
+        "q4 + quantized head",
+    ]
     assert all(line.startswith("hf-adaspec: tiny: timing the weight formats") for line in lines)
 
 
@@ -160,8 +187,15 @@ def test_auto_on_a_gguf_file_probes_every_format_where_q4_does_not_run(written, 
             raise RuntimeError("no kernel here")
         return 40.0 * n
 
-    choice, model = fc.choose(_source(written), "tiny", build_tiny_tokenizer(), "float32", timer=timer,
-                              quality_tokens=8, formats=("q4", "none"))
+    choice, model = fc.choose(
+        _source(written),
+        "tiny",
+        build_tiny_tokenizer(),
+        "float32",
+        timer=timer,
+        quality_tokens=8,
+        formats=("q4", "none"),
+    )
     assert choice.chosen == "none" and not choice.head and timed.count("q4") == 1
     assert [(m.format, m.error) for m in choice.measures] == [("q4", "RuntimeError: no kernel here"), ("none", None)]
     assert "none 40/240 ms the quality reference" in choice.line("tiny")

@@ -91,6 +91,7 @@ def test_horizon_goodput():
 
 # --- best_plan at one row ---------------------------------------------------------------------
 
+
 def test_best_plan_flat_verify_free_draft_high_alpha_takes_the_whole_path():
     for upper in (1, 4, 8):
         plan = best_plan([_iid(0.9, upper)], FLAT.t_verify)
@@ -180,14 +181,20 @@ def test_best_plan_skips_only_plans_that_cannot_beat_plain(seed):
                 for _ in range(rng.randint(0, 8)):
                     path.append((path[-1] if path else 1.0) * c * rng.uniform(0.7, 1.0))
                 paths.append(tuple(path))
-            priced.append(DrafterPaths(tuple(paths), rng.uniform(0.1, 8.0) if paid else 0.0,
-                                       rng.choice([0.0, rng.uniform(0.0, 80.0)]) if paid else 0.0))
+            priced.append(
+                DrafterPaths(
+                    tuple(paths),
+                    rng.uniform(0.1, 8.0) if paid else 0.0,
+                    rng.choice([0.0, rng.uniform(0.0, 80.0)]) if paid else 0.0,
+                )
+            )
         verify = [rng.uniform(5.0, 15.0) for _ in range(9)]
         args = (lambda n, verify=verify: verify[min(n, 9) - 1], rng.randint(1, 200), rng.choice([0.0, 0.03, 0.2]))
         assert best_plan(priced, *args) == best_plan(priced, *args, tpot_slo_ms=math.inf)
 
 
 # --- the measured cost table ------------------------------------------------------------------
+
 
 def test_cost_table_t_verify_indexing_and_extrapolation():
     costs = CostTable(verify_ms=(10.0, 12.0, 14.0), draft_ms=1.0)

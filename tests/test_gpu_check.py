@@ -53,12 +53,14 @@ def test_tiny_check_runs_every_step_and_passes(tiny_run):
     assert all(r["kept"] for r in steps["graphs"]["records"])
     assert len(steps["head-graphs"]["capture_ms"]) == 1  # the head's column recorded once, then replayed
     cases = steps["greedy-nf4"]["cases"]
-    assert len(cases) == 10 and {"draft_model", "prompt_lookup", "suffix"} <= {d for c in cases.values()
-                                                                               for d in c["drafters"]}
+    assert len(cases) == 10 and {"draft_model", "prompt_lookup", "suffix"} <= {
+        d for c in cases.values() for d in c["drafters"]
+    }
     assert all(c["acceptance_clear"] >= 0.9 for c in steps["self-draft-nf4"]["cases"].values())
     ties = steps["self-draft-bf16"]["ties"]
-    assert ties["drafted_clear"] + ties["drafted_tie"] == sum(c["drafted"] for c in steps["self-draft-bf16"]["cases"]
-                                                              .values())
+    assert ties["drafted_clear"] + ties["drafted_tie"] == sum(
+        c["drafted"] for c in steps["self-draft-bf16"]["cases"].values()
+    )
     for name in ("profile-1.5b-bf16", "profile-1.5b-nf4", "profile-7b-nf4", "profile-7b-bf16"):
         profile = load_profile(steps[name]["path"])
         assert "--random-weights" in profile.meta["command"] and profile.draft_cells
@@ -123,8 +125,11 @@ def test_failing_and_raising_steps_are_recorded_and_the_rest_run(tmp_path, monke
     def boom(check):
         raise RuntimeError("kernel not found")
 
-    steps = [Step("boom", boom), Step("wrong", lambda c: {"passed": False, "summary": "a check failed"}),
-             Step("fine", lambda c: {"passed": True, "summary": "all good"})]
+    steps = [
+        Step("boom", boom),
+        Step("wrong", lambda c: {"passed": False, "summary": "a check failed"}),
+        Step("fine", lambda c: {"passed": True, "summary": "all good"}),
+    ]
     monkeypatch.setattr(gpu_check, "plan", lambda: steps)
     assert gpu_check.main(["--device", "cpu", "--out", str(tmp_path)]) == 1
     entries = json.loads((tmp_path / RESULTS).read_text())["steps"]
@@ -165,9 +170,11 @@ def test_the_7b_architecture_ships_with_a_wider_head_than_the_draft():
 
 def test_on_a_gpu_cpu_work_and_steps_the_budget_cannot_fit_are_skipped(tmp_path):
     ran = []
-    steps = [Step("replay-like", lambda c: ran.append("cpu work") or {}, on_gpu=False),
-             Step("big", lambda c: ran.append("big") or {}, needs_s=1000.0),
-             Step("small", lambda c: ran.append("small") or {"passed": True}, needs_s=1.0)]
+    steps = [
+        Step("replay-like", lambda c: ran.append("cpu work") or {}, on_gpu=False),
+        Step("big", lambda c: ran.append("big") or {}, needs_s=1000.0),
+        Step("small", lambda c: ran.append("small") or {"passed": True}, needs_s=1.0),
+    ]
     doc = gpu_check.run_steps(gpu_check.Check("cuda", False, tmp_path), steps, budget_s=60.0)
     assert [e["status"] for e in doc["steps"].values()] == ["skipped: CPU work", "skipped: budget", "ok"]
     assert ran == ["small"] and "--steps replay-like" in doc["steps"]["replay-like"]["summary"]
@@ -193,23 +200,32 @@ def test_tokens_per_s_is_the_geometric_mean_over_prompts_of_the_median_round():
 
 
 def test_a_merged_run_carries_the_facts_later_steps_use():
-    steps = {"engine-bf16": {"overheads_ms": [1.2, 0.8]}, "formats-7b": {"chosen_4bit": "int4"},
-             "profile-7b-4bit": {"path": "out/qwen2.5-7b_coder-0.5b-int4-compiled-draft/profile.json"},
-             "profile-7b-bf16": {"costs": {"b1": {"verify_ms_n1": 7.4, "verify_ms_n5": 8.6}}}}
+    steps = {
+        "engine-bf16": {"overheads_ms": [1.2, 0.8]},
+        "formats-7b": {"chosen_4bit": "int4"},
+        "profile-7b-4bit": {"path": "out/qwen2.5-7b_coder-0.5b-int4-compiled-draft/profile.json"},
+        "profile-7b-bf16": {"costs": {"b1": {"verify_ms_n1": 7.4, "verify_ms_n5": 8.6}}},
+    }
     assert gpu_check.carried_facts(steps) == {
-        "overheads": (1.2, 0.8), quantized.FOUR_BIT: "int4",
-        profiles.FOUR_BIT_PROFILE: "qwen2.5-7b_coder-0.5b-int4-compiled-draft", "verify_ms_n1 qwen2.5-7b none": 7.4}
+        "overheads": (1.2, 0.8),
+        quantized.FOUR_BIT: "int4",
+        profiles.FOUR_BIT_PROFILE: "qwen2.5-7b_coder-0.5b-int4-compiled-draft",
+        "verify_ms_n1 qwen2.5-7b none": 7.4,
+    }
     assert gpu_check.carried_facts({}) == {}
 
 
-@pytest.mark.parametrize("n5,bf16,passed", [(6.0, 7.4, True), (7.0, 7.4, False), (6.0, 4.0, False),
-                                            (6.0, None, None)])
+@pytest.mark.parametrize("n5,bf16,passed", [(6.0, 7.4, True), (7.0, 7.4, False), (6.0, 4.0, False), (6.0, None, None)])
 def test_the_7bs_4bit_profile_is_held_to_the_verification_and_step_bars(tmp_path, monkeypatch, n5, bf16, passed):
     """t_verify(5) / t_verify(1) ≤ 1.3 and the 1-token step ≤ bf16's (from this run's facts; else not judged)."""
+
     def fake_profile(check, target, quantization, compiled_draft, draft_quantization):
         assert (target, compiled_draft, draft_quantization) == (cs.BIG, True, "none")
-        return {"costs": {"b1": {"verify_ms_n1": 5.0, "verify_ms_n5": n5, "draft_ms": 1.7}}, "summary": "measured",
-                "path": str(tmp_path / f"qwen2.5-7b_coder-0.5b-{quantization}-compiled-draft" / "profile.json")}
+        return {
+            "costs": {"b1": {"verify_ms_n1": 5.0, "verify_ms_n5": n5, "draft_ms": 1.7}},
+            "summary": "measured",
+            "path": str(tmp_path / f"qwen2.5-7b_coder-0.5b-{quantization}-compiled-draft" / "profile.json"),
+        }
 
     monkeypatch.setattr(quantized, "profile_pair", fake_profile)
     facts = {quantized.FOUR_BIT: "int4", **({"verify_ms_n1 qwen2.5-7b none": bf16} if bf16 else {})}
@@ -246,8 +262,19 @@ def test_isolated_steps_each_run_in_a_process_of_their_own_and_a_dead_one_is_rec
 
     monkeypatch.setattr(gpu_check.processes, "child_command", command)
     monkeypatch.setenv(gpu_check.processes.COMMIT_ENV, "abc1234")
-    status = gpu_check.main(["--device", "cpu", "--tiny", "--isolation", "process", "--out", str(tmp_path),
-                             "--steps", "environment,sampling"])
+    status = gpu_check.main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--isolation",
+            "process",
+            "--out",
+            str(tmp_path),
+            "--steps",
+            "environment,sampling",
+        ]
+    )
     doc = json.loads((tmp_path / RESULTS).read_text())
     env, dead = doc["steps"]["environment"], doc["steps"]["sampling"]
     assert status == 1 and doc["finished"] and env["status"] == "ok" and dead["status"] == "error"

@@ -27,10 +27,12 @@ pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 
 def test_the_mask_lets_a_step_see_its_chain_only():
     allowed = ttt_mask(4, 2)  # entries j = 0..3; keys: step 1's four, then step 2's four
-    assert allowed.tolist() == [[False, False, False, False, True, False, False, False],  # no chain, unscored
-                                [True, False, False, False, False, True, False, False],
-                                [True, True, False, False, False, False, True, False],
-                                [True, True, True, False, False, False, False, True]]
+    assert allowed.tolist() == [
+        [False, False, False, False, True, False, False, False],  # no chain, unscored
+        [True, False, False, False, False, True, False, False],
+        [True, True, False, False, False, False, True, False],
+        [True, True, True, False, False, False, False, True],
+    ]
 
 
 def _true_path_chain(head, seq: torch.Tensor, features: torch.Tensor, s: int, depth: int) -> list[int]:
@@ -43,8 +45,9 @@ def _true_path_chain(head, seq: torch.Tensor, features: torch.Tensor, s: int, de
     for d in range(depth):
         chain.append(int(head.logits(out).argmax()))
         if d + 1 < depth:
-            out = head.step(seq[:, s + d + 1 : s + d + 2], out[:, None], torch.ones(1, 1, dtype=torch.bool),
-                            cache)[:, -1]
+            out = head.step(seq[:, s + d + 1 : s + d + 2], out[:, None], torch.ones(1, 1, dtype=torch.bool), cache)[
+                :, -1
+            ]
     return chain
 
 
@@ -75,8 +78,9 @@ def test_the_training_forward_is_what_drafting_computes(models, tiny_head):
 
 def test_soft_labels_keep_the_draft_vocabulary_and_renormalise():
     index = torch.tensor([-1, 0, 1, -1])  # target ids 1, 2 are draft ids 0, 1
-    ids, p = soft_labels(torch.tensor([[2, 0, 1], [0, 3, 0]]), torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.4, 0.0]]).log(),
-                         index)
+    ids, p = soft_labels(
+        torch.tensor([[2, 0, 1], [0, 3, 0]]), torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.4, 0.0]]).log(), index
+    )
     assert ids.tolist() == [[1, 0, 0], [0, 0, 0]]
     torch.testing.assert_close(p, torch.tensor([[0.5 / 0.7, 0.0, 0.2 / 0.7], [0.0, 0.0, 0.0]]))
 
@@ -108,11 +112,13 @@ def test_recording_resumes_to_identical_shards_and_skips_tests(models, tmp_path)
 
 def test_a_training_run_learns_resumes_and_saves_a_head_that_loads(models, tmp_path):
     target, tok = models["target"], build_tiny_tokenizer()
-    paths = head_data.record(target, tok, [_source(tmp_path)], tmp_path / "data", 160, (1, 1, 0), seq_len=16,
-                             shard_seqs=5, batch=5)
+    paths = head_data.record(
+        target, tok, [_source(tmp_path)], tmp_path / "data", 160, (1, 1, 0), seq_len=16, shard_seqs=5, batch=5
+    )
     data = head_data.read_shards(paths)
-    config = train_head.TrainConfig(160, train_steps=150, lr=3e-3, warmup=2, batch=2, draft_vocab=48,
-                                    intermediate=64, eval_every=25)
+    config = train_head.TrainConfig(
+        160, train_steps=150, lr=3e-3, warmup=2, batch=2, draft_vocab=48, intermediate=64, eval_every=25
+    )
     folder = train_head.train(target, data, {"train": data}, config, tmp_path / "run")
     curve = [json.loads(line) for line in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()]
     assert curve[-1]["step"] == 150 and curve[-1]["alpha"]["train"][0] > curve[0]["alpha"]["train"][0] + 0.2
@@ -120,7 +126,8 @@ def test_a_training_run_learns_resumes_and_saves_a_head_that_loads(models, tmp_p
     assert again == folder and (tmp_path / "run" / "curve.jsonl").read_text().count("\n") == len(curve)
     head = load_head(folder, target, dtype=torch.float32)
     assert train_head.agreement(head, data, draft_index(head), 3)[0] == pytest.approx(
-        curve[-1]["alpha"]["train"][0], abs=0.05)  # saved in bf16
+        curve[-1]["alpha"]["train"][0], abs=0.05
+    )  # saved in bf16
     other = train_head.TrainConfig(160, epochs=31, lr=3e-3, warmup=2, batch=2, draft_vocab=48, intermediate=64)
     with pytest.raises(ValueError, match="another --out"):
         train_head.train(target, data, {"train": data}, other, tmp_path / "run")

@@ -12,7 +12,8 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteri
 import hf_adaspec
 from hf_adaspec import CostTable
 from hf_adaspec.backend.ragged import RaggedCache
-from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
+from hf_adaspec.engine.loop import speculative_decode
+from hf_adaspec.engine.settings import DecodeSettings, RunParts
 from hf_adaspec.policy.controller import FixedController, StepView
 from hf_adaspec.policy.horizon import lindy_horizon
 from hf_adaspec.proposers import PromptLookupProposer
@@ -61,9 +62,17 @@ def test_engine_asks_the_settings_horizon_with_generated_and_tokens_left(models)
 
 def _first_k(target, draft) -> int:
     """k of the first step of a fresh request (no prompt prefix to reuse)."""
-    out = target.generate(PROMPT, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
-                          max_new_tokens=40, do_sample=False, return_dict_in_generate=True,
-                          speculation_state=hf_adaspec.SpeculationState(), max_slowdown=math.inf)  # goodput alone
+    out = target.generate(
+        PROMPT,
+        assistant_model=draft,
+        speculation="adaptive",
+        speculation_costs=COSTS,
+        max_new_tokens=40,
+        do_sample=False,
+        return_dict_in_generate=True,
+        speculation_state=hf_adaspec.SpeculationState(),
+        max_slowdown=math.inf,
+    )  # goodput alone
     return out.speculation.steps[0].k, out.speculation
 
 

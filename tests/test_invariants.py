@@ -22,7 +22,7 @@ import transformers
 from conftest import left_padded, single_thread
 
 import hf_adaspec
-import hf_adaspec.engine.loop as loop
+import hf_adaspec.engine.step_verify as step_verify
 import hf_adaspec.engine.verification as verification
 from hf_adaspec import CostTable, SpeculationState
 from hf_adaspec.backend import static_kv
@@ -79,8 +79,14 @@ def _greedy_cases():
             for batch in (1, 3):
                 for kv_cache in ("dynamic", "static"):
                     fast = ROTATION[(i + j) % len(ROTATION)] == (batch, kv_cache)
-                    yield pytest.param(mode, drafter, batch, kv_cache, marks=() if fast else pytest.mark.slow,
-                                       id=f"{mode}-{drafter}-{batch}-{kv_cache}")
+                    yield pytest.param(
+                        mode,
+                        drafter,
+                        batch,
+                        kv_cache,
+                        marks=() if fast else pytest.mark.slow,
+                        id=f"{mode}-{drafter}-{batch}-{kv_cache}",
+                    )
 
 
 @pytest.mark.parametrize(("mode", "drafter", "batch", "kv_cache"), list(_greedy_cases()))
@@ -90,9 +96,18 @@ def test_greedy_output_equals_plain_generate(models, assistants, plain_greedy, m
     inputs = left_padded(prompts) if batch > 1 else {"input_ids": torch.tensor([prompts[0]])}
     draft = {} if drafter == "prompt_lookup" else {"assistant_model": assistants[drafter]}
     # rest=False: resting reads measured decision times, so a loaded machine could rest through every step
-    out = models["target"].generate(**inputs, **draft, **MODES[mode], speculation_costs=COSTS,
-                                    speculation_state=SpeculationState(), max_new_tokens=NEW, do_sample=False,
-                                    return_dict_in_generate=True, kv_cache=kv_cache, rest=False)
+    out = models["target"].generate(
+        **inputs,
+        **draft,
+        **MODES[mode],
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        max_new_tokens=NEW,
+        do_sample=False,
+        return_dict_in_generate=True,
+        kv_cache=kv_cache,
+        rest=False,
+    )
     width = inputs["input_ids"].shape[1]
     assert out.sequences.shape == (batch, width + NEW)
     assert torch.equal(out.sequences[:, :width], inputs["input_ids"])
@@ -119,12 +134,13 @@ def test_greedy_output_equals_plain_generate(models, assistants, plain_greedy, m
 
 # --- 2. lossless sampling -------------------------------------------------------------------------------
 
+
 def test_chi2_ratio_accepts_exact_samples_and_rejects_a_shifted_distribution():
     gen = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(20, generator=gen, dtype=torch.float64), dim=-1)
     samples = torch.multinomial(p, 20_000, replacement=True, generator=gen)
     assert chi2_ratio(samples, p) < 1.0
-    shifted = (0.9 * p + 0.1 * torch.full_like(p, 1 / 20))  # 10% of the mass moved to uniform
+    shifted = 0.9 * p + 0.1 * torch.full_like(p, 1 / 20)  # 10% of the mass moved to uniform
     assert chi2_ratio(samples, shifted) > 1.0
 
 
@@ -239,16 +255,28 @@ def _sampled(models, drafter: str = "noisy_copy", costs: CostTable = COSTS, **kw
     inputs = left_padded(prompts)
     draft = {} if drafter == "prompt_lookup" else {"assistant_model": models[drafter]}
     torch.manual_seed(0)
-    out = models["target"].generate(**inputs, **draft, speculation_costs=costs,
-                                    speculation_state=SpeculationState(), max_new_tokens=4, do_sample=True,
-                                    temperature=1.0, top_k=0, top_p=1.0, return_dict_in_generate=True, **kwargs)
+    out = models["target"].generate(
+        **inputs,
+        **draft,
+        speculation_costs=costs,
+        speculation_state=SpeculationState(),
+        max_new_tokens=4,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     return out.sequences[:, inputs["input_ids"].shape[1] :], out.speculation
 
 
 def _ratios(new: torch.Tensor, marginals) -> list[list[float]]:
     """chi2_ratio per prompt per position 1..3 (position 1 is the prefill's sample, 2 and 3 speculative)."""
-    return [[chi2_ratio(new[j * COPIES : (j + 1) * COPIES, pos], marginals[j][pos]) for pos in range(3)]
-            for j in range(len(SAMPLED_PROMPTS))]
+    return [
+        [chi2_ratio(new[j * COPIES : (j + 1) * COPIES, pos], marginals[j][pos]) for pos in range(3)]
+        for j in range(len(SAMPLED_PROMPTS))
+    ]
 
 
 # verification cost grows with width: adaptive's confidence stop rule ends the draft model's proposal early
@@ -258,13 +286,18 @@ STEEP = CostTable(verify_ms=tuple(10.0 + 4.0 * n for n in range(9)), draft_ms=2.
 SLOW = pytest.mark.slow  # ~2 s per case: the fast suite keeps the first; make test and CI run them all
 
 
-@pytest.mark.parametrize(("mode", "drafter", "kv_cache"), [
-    ("fixed-k2", "noisy_copy", "dynamic"), pytest.param("fixed-k2", "prompt_lookup", "dynamic", marks=SLOW),
-    pytest.param("fixed-k2", "draft_head", "dynamic", marks=SLOW),
-    pytest.param("adaptive-stopped", "noisy_copy", "dynamic", marks=SLOW),
-    pytest.param("fixed-k2", "noisy_copy", "static", marks=SLOW),
-    pytest.param("adaptive-stopped", "noisy_copy", "static", marks=SLOW),
-    pytest.param("fixed-k2", "draft_head", "static", marks=SLOW)])
+@pytest.mark.parametrize(
+    ("mode", "drafter", "kv_cache"),
+    [
+        ("fixed-k2", "noisy_copy", "dynamic"),
+        pytest.param("fixed-k2", "prompt_lookup", "dynamic", marks=SLOW),
+        pytest.param("fixed-k2", "draft_head", "dynamic", marks=SLOW),
+        pytest.param("adaptive-stopped", "noisy_copy", "dynamic", marks=SLOW),
+        pytest.param("fixed-k2", "noisy_copy", "static", marks=SLOW),
+        pytest.param("adaptive-stopped", "noisy_copy", "static", marks=SLOW),
+        pytest.param("fixed-k2", "draft_head", "static", marks=SLOW),
+    ],
+)
 def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode, drafter, kv_cache, monkeypatch):
     """Each row's sampled tokens follow the target's exact distribution: the 2nd and 3rd tokens go through
     acceptance, residual resampling and the bonus token ("fixed": k = 2 from the perturbed copy, or from prompt
@@ -276,8 +309,9 @@ def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode
     if mode == "fixed-k2":
         new, stats = _sampled(assistants, drafter, speculation="fixed", num_speculative_tokens=2, kv_cache=kv_cache)
     else:
-        new, stats = _sampled(assistants, drafter, costs=STEEP, speculation="adaptive", kv_cache=kv_cache,
-                              max_slowdown=math.inf)  # the stop rule from the first step: no slack to earn first
+        new, stats = _sampled(
+            assistants, drafter, costs=STEEP, speculation="adaptive", kv_cache=kv_cache, max_slowdown=math.inf
+        )  # the stop rule from the first step: no slack to earn first
     first = [s for s in stats.steps if s.step == 0]
     assert len(first) == 2 * COPIES
     drafted = [s for s in first if s.k > 0]
@@ -297,7 +331,7 @@ def test_negative_control_generate_with_a_biased_sampler_is_rejected(models, exa
         bonus = torch.multinomial(p[:, -1], 1, generator=generator)[:, 0]
         return Verification(torch.full((draft_tokens.shape[0],), draft_tokens.shape[1]), bonus)
 
-    monkeypatch.setattr(loop, "speculative_sample", accept_all)
+    monkeypatch.setattr(step_verify, "speculative_sample", accept_all)
     new, stats = _sampled(models, speculation="fixed", num_speculative_tokens=2)
     assert all(s.accepted == s.k == 2 for s in stats.steps if s.step == 0)  # the biased sampler did run
     ratios = _ratios(new, exact_marginals)
@@ -308,10 +342,21 @@ def test_negative_control_generate_with_a_biased_sampler_is_rejected(models, exa
 def windowed_models():
     """A tiny Qwen2 whose second layer slides over a window of 4 tokens (a hybrid cache: full and sliding
     layers; both prompts and their samples pass the window), enabled, and a perturbed copy as its draft."""
-    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.5,
-                                      use_sliding_window=True, sliding_window=4, max_window_layers=1,
-                                      eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    config = transformers.Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.5,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=1,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     with single_thread():
         target = hf_adaspec.enable(transformers.Qwen2ForCausalLM(config).float().eval())

@@ -18,11 +18,28 @@ from hf_adaspec.kernels.q4 import Q4Linear
 from hf_adaspec.models import formats, lean_layer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
-BASE = dict(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, eos_token_id=None, bos_token_id=None,
-            pad_token_id=0)
-FAMILIES = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {}, "smollm3": {"no_rope_layers": [1, 1]},
-            "gemma": {}, "gemma3_text": {}}
+BASE = dict(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=0,
+)
+FAMILIES = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "mistral": {},
+    "smollm3": {"no_rope_layers": [1, 1]},
+    "gemma": {},
+    "gemma3_text": {},
+}
 
 
 def _tiny(model_type: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
@@ -120,15 +137,27 @@ def test_a_lean_q4_model_decodes_as_the_same_model_without_it(monkeypatch):
     prompt = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(1))
     expected = plain_modules.generate(prompt, max_new_tokens=24, do_sample=False)
     assert torch.equal(lean.generate(prompt, max_new_tokens=24, do_sample=False), expected)
-    spec = lean.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=plain_modules,
-                         speculation="fixed", num_speculative_tokens=3)
+    spec = lean.generate(
+        prompt,
+        max_new_tokens=24,
+        do_sample=False,
+        assistant_model=plain_modules,
+        speculation="fixed",
+        num_speculative_tokens=3,
+    )
     assert torch.equal(spec, expected)
 
 
-@pytest.mark.parametrize("family,extra", [("llama", {}), ("qwen2", {}), ("mistral", {}),
-                                          ("qwen2", {"use_sliding_window": True, "sliding_window": 4,
-                                                     "max_window_layers": 1}),
-                                          ("mistral", {"sliding_window": 4})])
+@pytest.mark.parametrize(
+    "family,extra",
+    [
+        ("llama", {}),
+        ("qwen2", {}),
+        ("mistral", {}),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+        ("mistral", {"sliding_window": 4}),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("implementation", ["sdpa", "eager", hf_compat.PACKED_SDPA])
 def test_lean_attention_gives_transformers_logits_to_the_bit(family, extra, dtype, implementation):
@@ -169,18 +198,28 @@ def test_every_registered_attention_is_one_transformers_ships_with_its_eager_fun
 
 def test_an_enabled_q4_model_speculates_past_its_window_as_it_decodes_plainly():
     """Sliding-window Qwen2 in float32 with the lean layer throughout: speculative greedy equals plain greedy."""
-    config = transformers.AutoConfig.for_model("qwen2", **BASE, use_sliding_window=True, sliding_window=6,
-                                               max_window_layers=1)
+    config = transformers.AutoConfig.for_model(
+        "qwen2", **BASE, use_sliding_window=True, sliding_window=6, max_window_layers=1
+    )
     torch.manual_seed(9)
-    target = hf_adaspec.enable(formats.convert(transformers.AutoModelForCausalLM.from_config(config).eval(), "q4",
-                                               False))
+    target = hf_adaspec.enable(
+        formats.convert(transformers.AutoModelForCausalLM.from_config(config).eval(), "q4", False)
+    )
     target.generation_config.eos_token_id = None
     prompt = torch.randint(1, 64, (1, 9), generator=torch.Generator().manual_seed(2))
     plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
     lean = []  # the lean modules during each step of the speculative request (swapped in for it, out after)
-    spec = target.generate(prompt, max_new_tokens=20, do_sample=False, assistant_model=target, speculation="fixed",
-                           num_speculative_tokens=3, speculation_callback=lambda record, tokens: lean.append(
-                               sum(isinstance(m, hf_compat.lean_attention.LeanAttention) for m in target.modules())))
+    spec = target.generate(
+        prompt,
+        max_new_tokens=20,
+        do_sample=False,
+        assistant_model=target,
+        speculation="fixed",
+        num_speculative_tokens=3,
+        speculation_callback=lambda record, tokens: lean.append(
+            sum(isinstance(m, hf_compat.lean_attention.LeanAttention) for m in target.modules())
+        ),
+    )
     assert torch.equal(spec, plain)
     assert set(lean) == {2}
     assert not any(isinstance(m, hf_compat.lean_attention.LeanAttention) for m in target.modules())

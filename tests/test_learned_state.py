@@ -22,8 +22,13 @@ PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 
 def _adaptive(matches: MatchMemory, costs: CostTable):
     drafters = ((DRAFT_MODEL, "d"), (PROMPT_LOOKUP, "l"))
-    inputs = PolicyInputs(SpeculationConfig("adaptive", max_slowdown=math.inf), lambda b: costs, 1, drafters,
-                          Learned(CalibratorMemory(), matches))
+    inputs = PolicyInputs(
+        SpeculationConfig("adaptive", max_slowdown=math.inf),
+        lambda b: costs,
+        1,
+        drafters,
+        Learned(CalibratorMemory(), matches),
+    )
     return MODES["adaptive"].controller(inputs)
 
 
@@ -51,9 +56,18 @@ def test_a_given_speculation_state_learns_instead_of_the_models_own(tiny_factory
 
     def run(**kwargs):
         return hf_adaspec.api.generate._speculative_entry(
-            target.generate.__wrapped__, own, speculation="adaptive", inputs=PROMPT, assistant_model=draft,
-            speculation_costs=costs, max_new_tokens=12, do_sample=False, return_dict_in_generate=True,
-            max_slowdown=math.inf, **kwargs)  # the draft drafts (and learns) from the first step
+            target.generate.__wrapped__,
+            own,
+            speculation="adaptive",
+            inputs=PROMPT,
+            assistant_model=draft,
+            speculation_costs=costs,
+            max_new_tokens=12,
+            do_sample=False,
+            return_dict_in_generate=True,
+            max_slowdown=math.inf,
+            **kwargs,
+        )  # the draft drafts (and learns) from the first step
 
     run()
     (mine,) = own.learned.calibrators._calibrators.values()

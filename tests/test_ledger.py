@@ -32,12 +32,21 @@ STEP_MS, VERIFY_SLOPE_MS, DRAFT_MS, CATCHUP_MS = 10.0, 2.0, 2.0, 0.1
 def _profile():
     """A steep verification (10 ms + 2 ms per extra token: a CPU's), a draft token at 2 ms and its catch-up at
     0.1 ms a column (one batched forward), at any batch size and context."""
-    target = [ProfileCell(b, c, n, STEP_MS + VERIFY_SLOPE_MS * (n - 1)) for b in (1, 2) for c in (16, 256)
-              for n in (1, 4, 9)]
-    draft = [ProfileCell(b, c, n, DRAFT_MS if n == 1 else 32 * CATCHUP_MS) for b in (1, 2) for c in (16, 256)
-             for n in (1, 32)]
-    cells = {"target": target, "draft": draft, "held_out_target": [ProfileCell(1, 64, 2, STEP_MS + VERIFY_SLOPE_MS)],
-             "held_out_draft": [ProfileCell(1, 64, 1, DRAFT_MS)]}
+    target = [
+        ProfileCell(b, c, n, STEP_MS + VERIFY_SLOPE_MS * (n - 1)) for b in (1, 2) for c in (16, 256) for n in (1, 4, 9)
+    ]
+    draft = [
+        ProfileCell(b, c, n, DRAFT_MS if n == 1 else 32 * CATCHUP_MS)
+        for b in (1, 2)
+        for c in (16, 256)
+        for n in (1, 32)
+    ]
+    cells = {
+        "target": target,
+        "draft": draft,
+        "held_out_target": [ProfileCell(1, 64, 2, STEP_MS + VERIFY_SLOPE_MS)],
+        "held_out_draft": [ProfileCell(1, 64, 1, DRAFT_MS)],
+    }
     return assemble_profile("hand", {"target": "hand-target"}, cells, {})
 
 
@@ -47,8 +56,19 @@ def _trace(qid: int, agree: bool) -> Trace:
     base = 1000 * qid
     prompt, generated = list(range(base, base + PROMPT)), list(range(base + PROMPT, base + PROMPT + NEW))
     nxt = [t if agree else t + 500 for t in generated] + [0]
-    return Trace(qid, "hand", len(prompt), tuple(prompt + generated), tuple(nxt), (0.9,) * len(nxt), (1,), 50.0,
-                 NEW, "hand-target", "hand-draft")
+    return Trace(
+        qid,
+        "hand",
+        len(prompt),
+        tuple(prompt + generated),
+        tuple(nxt),
+        (0.9,) * len(nxt),
+        (1,),
+        50.0,
+        NEW,
+        "hand-target",
+        "hand-draft",
+    )
 
 
 def _runs(agree: bool, requests: int = 4) -> list[tuple[ReplayRun, ReplayRun]]:
@@ -130,8 +150,6 @@ def test_a_step_must_emit_a_token_in_finite_time():
         ledger.book(10.0, 0, plain=True)
     with pytest.raises(ValueError, match="finite time"):
         ledger.book(math.inf, 1, plain=True)
-
-
 
 
 def _controller(ledger: Ledger | None) -> AdaptiveController:

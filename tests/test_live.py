@@ -60,7 +60,7 @@ def _final(pair, settings: RunSettings, **kwargs):
 def test_run_live_streams_every_token_labelled(pair, method):
     target, _ = pair
     last = _final(pair, RunSettings(method, k=3, max_new_tokens=30))
-    plain = target.generate(**PROMPT, max_new_tokens=30, do_sample=False)[0, PROMPT["input_ids"].shape[1]:]
+    plain = target.generate(**PROMPT, max_new_tokens=30, do_sample=False)[0, PROMPT["input_ids"].shape[1] :]
     assert last.done and last.stats.new_tokens == 30 and last.stats.tokens_per_s > 0
     assert last.text == ByteTokenizer().decode(plain.tolist())  # greedy: the target's own text
     labels = {label for _, label in last.pieces}
@@ -75,8 +75,12 @@ def test_run_live_streams_every_token_labelled(pair, method):
 
 def test_run_live_yields_partial_snapshots(pair):
     target, draft = pair
-    counts = [s.stats.new_tokens for s in run_live(target, ByteTokenizer(), PROMPT, RunSettings("plain", max_new_tokens=20),
-                                                   draft, min_interval_s=0.0)]
+    counts = [
+        s.stats.new_tokens
+        for s in run_live(
+            target, ByteTokenizer(), PROMPT, RunSettings("plain", max_new_tokens=20), draft, min_interval_s=0.0
+        )
+    ]
     assert counts == sorted(counts) and counts[-1] == 20 and len(counts) > 2
 
 
@@ -91,8 +95,9 @@ def test_stop_event_ends_the_run_and_frees_the_lock(pair):
 def test_closing_early_stops_the_worker(pair):
     target, draft = pair
     stop, lock = threading.Event(), threading.Lock()
-    run = run_live(target, ByteTokenizer(), PROMPT, RunSettings("plain", max_new_tokens=200), draft, stop, lock,
-                   min_interval_s=0.0)
+    run = run_live(
+        target, ByteTokenizer(), PROMPT, RunSettings("plain", max_new_tokens=200), draft, stop, lock, min_interval_s=0.0
+    )
     next(run)
     run.close()  # what a cancelled consumer does
     assert stop.is_set() and not lock.locked()
@@ -116,7 +121,9 @@ def test_generate_kwargs_per_method(pair):
     assert generate_kwargs(RunSettings("prompt-lookup"), draft)["speculation"] == "adaptive"
     assert "assistant_model" not in generate_kwargs(RunSettings("prompt-lookup"), draft)
     fixed = generate_kwargs(RunSettings("fixed", k=5), draft)
-    assert fixed["speculation"] == "fixed" and fixed["num_speculative_tokens"] == 5 and fixed["assistant_model"] is draft
+    assert (
+        fixed["speculation"] == "fixed" and fixed["num_speculative_tokens"] == 5 and fixed["assistant_model"] is draft
+    )
     sampled = generate_kwargs(RunSettings("adaptive", do_sample=True, temperature=0.5, top_p=0.8), draft)
     assert (sampled["temperature"], sampled["top_p"], sampled["do_sample"]) == (0.5, 0.8, True)
     with pytest.raises(ValueError, match="needs a draft model"):
@@ -129,8 +136,13 @@ def test_generate_kwargs_per_method(pair):
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"method": "beam"}, "not one of"), ({"k": 0}, "k must be"), ({"max_new_tokens": 0}, "max_new_tokens"),
-     ({"do_sample": True, "temperature": 0.0}, "temperature"), ({"tpot_slo_ms": -1.0}, "tpot_slo_ms")],
+    [
+        ({"method": "beam"}, "not one of"),
+        ({"k": 0}, "k must be"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"do_sample": True, "temperature": 0.0}, "temperature"),
+        ({"tpot_slo_ms": -1.0}, "tpot_slo_ms"),
+    ],
 )
 def test_run_settings_reject_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -138,7 +150,9 @@ def test_run_settings_reject_bad_values(kwargs, message):
 
 
 def test_slo_attainment_counts_tokens_of_steps_within_the_slo():
-    steps = [StepRecord(3, 3, 4, "draft_model", 10.0, 30.0, 0.5, 1.0),  # 10 ms per token
-             StepRecord(0, 0, 1, "plain", 0.0, 25.0, 0.5, 1.0)]  # 25 ms per token
+    steps = [
+        StepRecord(3, 3, 4, "draft_model", 10.0, 30.0, 0.5, 1.0),  # 10 ms per token
+        StepRecord(0, 0, 1, "plain", 0.0, 25.0, 0.5, 1.0),
+    ]  # 25 ms per token
     assert slo_attainment(steps, 20.0) == pytest.approx(0.8)
     assert slo_attainment(steps, 30.0) == 1.0

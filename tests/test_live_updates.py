@@ -42,11 +42,21 @@ def target(tiny_factory):
 @pytest.mark.parametrize("method", ["plain", "prompt-lookup"])
 def test_a_long_interval_still_ends_with_the_final_update_at_once(target, method):
     extra = COSTS if method != "plain" else None
-    snaps = [(s.done, s.stats.new_tokens, len(s.arrivals_ms)) for s in
-             run_live(target, ByteTokenizer(), PROMPT, RunSettings(method, max_new_tokens=20), extra_kwargs=extra,
-                      min_interval_s=3600.0)]  # the join wakes when generate returns: no hour-long wait
+    snaps = [
+        (s.done, s.stats.new_tokens, len(s.arrivals_ms))
+        for s in run_live(
+            target,
+            ByteTokenizer(),
+            PROMPT,
+            RunSettings(method, max_new_tokens=20),
+            extra_kwargs=extra,
+            min_interval_s=3600.0,
+        )
+    ]  # the join wakes when generate returns: no hour-long wait
     assert len(snaps) <= 2 and snaps[-1][:2] == (True, 20)  # the first arrival, then the final update
-    last = list(run_live(target, ByteTokenizer(), PROMPT, RunSettings(method, max_new_tokens=20), extra_kwargs=extra))[-1]
+    last = list(run_live(target, ByteTokenizer(), PROMPT, RunSettings(method, max_new_tokens=20), extra_kwargs=extra))[
+        -1
+    ]
     arrivals = last.arrivals_ms
     assert arrivals == sorted(arrivals) and arrivals[0] == pytest.approx(last.stats.prefill_ms)
     assert arrivals[-1] == pytest.approx(last.stats.wall_ms)
@@ -62,12 +72,14 @@ def test_main_thread_runner_runs_calls_on_the_serving_thread(target):
         def on_server():
             seen["thread"] = threading.current_thread()
             call()
+
         runner.submit(on_server)
 
     def observe():
         try:
-            seen["snapshots"] = list(run_live(target, ByteTokenizer(), PROMPT, RunSettings("plain", max_new_tokens=6),
-                                              launch=submit))
+            seen["snapshots"] = list(
+                run_live(target, ByteTokenizer(), PROMPT, RunSettings("plain", max_new_tokens=6), launch=submit)
+            )
         finally:
             stop.set()
 

@@ -15,8 +15,9 @@ from hf_adaspec import SpeculationConfig, SpeculationState
 from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.config import SPECULATION_MODES
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
+from hf_adaspec.engine.loop import speculative_decode
 from hf_adaspec.engine.run import build_run
+from hf_adaspec.engine.settings import DecodeSettings, RunParts
 from hf_adaspec.policy.modes import (
     DRAFT_HEAD,
     DRAFT_MODEL,
@@ -35,11 +36,17 @@ def test_every_mode_name_has_one_registry_entry():
     assert set(MODES) == set(SPECULATION_MODES)
 
 
-@pytest.mark.parametrize("mode, assistant, expected", [
-    ("adaptive", "model", (DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX)),
-    ("adaptive", "head", (DRAFT_HEAD, PROMPT_LOOKUP, SUFFIX)),
-    ("adaptive", None, (PROMPT_LOOKUP, SUFFIX)), ("fixed", "model", (DRAFT_MODEL,)), ("fixed", "head", (DRAFT_HEAD,)),
-    ("fixed", None, (PROMPT_LOOKUP,))])
+@pytest.mark.parametrize(
+    "mode, assistant, expected",
+    [
+        ("adaptive", "model", (DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX)),
+        ("adaptive", "head", (DRAFT_HEAD, PROMPT_LOOKUP, SUFFIX)),
+        ("adaptive", None, (PROMPT_LOOKUP, SUFFIX)),
+        ("fixed", "model", (DRAFT_MODEL,)),
+        ("fixed", "head", (DRAFT_HEAD,)),
+        ("fixed", None, (PROMPT_LOOKUP,)),
+    ],
+)
 def test_the_registry_says_which_drafters_a_mode_uses(models, tiny_head, mode, assistant, expected):
     given = {"model": models["noisy_copy"], "head": tiny_head, None: None}[assistant]
     assert assistant_kind(given) == assistant and MODES[mode].drafters(given) == expected
@@ -51,8 +58,9 @@ def test_the_drafter_interface_has_three_calls():
 
 
 def _context(draft_cache=None) -> DrafterContext:
-    return DrafterContext(1, SpeculationConfig(), LogitsProcessorList(), False, 0, (), None, draft_cache,
-                          SuffixMemory())
+    return DrafterContext(
+        1, SpeculationConfig(), LogitsProcessorList(), False, 0, (), None, draft_cache, SuffixMemory()
+    )
 
 
 @pytest.mark.parametrize("spec", [PROMPT_LOOKUP, SUFFIX])
@@ -99,8 +107,9 @@ class _CountingLookup(PromptLookupProposer):
 def test_hindsight_scores_the_steps_offer_without_proposing_again(models, one_thread):
     lookup, controller = _CountingLookup(), PlainController()
     settings = DecodeSettings(LogitsProcessorList(), StoppingCriteriaList([MaxLengthCriteria(24 + 10)]), 24 + 10, False)
-    speculative_decode(RunParts(RaggedCache(models["target"], 1), (lookup,), controller, settings, 8), PROMPT,
-                       torch.ones_like(PROMPT))
+    speculative_decode(
+        RunParts(RaggedCache(models["target"], 1), (lookup,), controller, settings, 8), PROMPT, torch.ones_like(PROMPT)
+    )
     scored = [o.hindsight[0][0] for o in controller.outcomes]
     assert lookup.proposed == 0 and len(scored) == 9  # 9 plain steps after the prefill's token
     assert any(compared > 0 for compared, _ in scored)  # the offers were scored against what was emitted
@@ -117,8 +126,16 @@ def test_build_run_takes_drafters_and_prices_from_the_registry(models):
         def draft(self, batch, seed):
             return RaggedCache(models["noisy_copy"], batch, seed.cache if seed is not None else None)
 
-    run = build_run(SpeculationConfig(), state, PROMPT, torch.ones_like(PROMPT), models["noisy_copy"], Caches(),
-                    lambda b: CostTable((10.0, 11.0), 2.0), settings)
+    run = build_run(
+        SpeculationConfig(),
+        state,
+        PROMPT,
+        torch.ones_like(PROMPT),
+        models["noisy_copy"],
+        Caches(),
+        lambda b: CostTable((10.0, 11.0), 2.0),
+        settings,
+    )
     assert run.specs == MODES["adaptive"].drafters(models["noisy_copy"]) and run.seed is not None
     assert run.seed.length == 0 and run.parts.feature_layers == ()
     assert [type(d) for d in run.parts.drafters] == [DraftModelProposer, PromptLookupProposer, SuffixProposer]

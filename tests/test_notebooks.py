@@ -14,11 +14,21 @@ from nbclient import NotebookClient
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
-SMALL = {"TARGET": "smollm2-135m", "DRAFT": "smollm2-135m", "QUANTIZATION": "none", "DTYPE": "float32",
-         "DRAFT_QUANTIZATION": "nf4", "QUANTIZE_DRAFT_HEAD": False, "MAX_NEW_TOKENS": 24, "REPEATS": 2}
-EXPECTED = {"quickstart.ipynb": ["tokens/s | mean accepted length", "k histogram", "speedup", "tokens by source"],
-            "profiling.ipynb": ["t_draft =", "best k", "cached verify ms"],
-            "batch_generation.ipynb": ["tokens/s | mean latency", "rows equal to plain", "mean k by batch size"]}
+SMALL = {
+    "TARGET": "smollm2-135m",
+    "DRAFT": "smollm2-135m",
+    "QUANTIZATION": "none",
+    "DTYPE": "float32",
+    "DRAFT_QUANTIZATION": "nf4",
+    "QUANTIZE_DRAFT_HEAD": False,
+    "MAX_NEW_TOKENS": 24,
+    "REPEATS": 2,
+}
+EXPECTED = {
+    "quickstart.ipynb": ["tokens/s | mean accepted length", "k histogram", "speedup", "tokens by source"],
+    "profiling.ipynb": ["t_draft =", "best k", "cached verify ms"],
+    "batch_generation.ipynb": ["tokens/s | mean latency", "rows equal to plain", "mean k by batch size"],
+}
 
 
 def _with_parameters(nb, values: dict):

@@ -64,7 +64,9 @@ def test_oracle_is_the_minimum_over_every_schedule():
         if i == len(agree):
             return 0.0
         options = [t_verify(1) + brute(i + 1)]
-        options += [k * 10.0 + t_verify(k + 1) + brute(i + k + 1) for k in range(1, min(runs[i], len(agree) - i - 1) + 1)]
+        options += [
+            k * 10.0 + t_verify(k + 1) + brute(i + k + 1) for k in range(1, min(runs[i], len(agree) - i - 1) + 1)
+        ]
         return min(options)
 
     assert result.time_ms == pytest.approx(brute(0))

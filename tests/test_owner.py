@@ -26,8 +26,9 @@ from hf_adaspec.policy.modes import assistant_identity
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
-SPECULATIVE = dict(speculation="adaptive", speculation_costs=COSTS, max_new_tokens=16, do_sample=False,
-                   max_slowdown=math.inf)  # the draft drafts from the first step
+SPECULATIVE = dict(
+    speculation="adaptive", speculation_costs=COSTS, max_new_tokens=16, do_sample=False, max_slowdown=math.inf
+)  # the draft drafts from the first step
 
 
 def test_weights_identity_follows_the_weights_not_the_object(tiny_factory):
@@ -61,8 +62,9 @@ def test_weights_identity_reads_a_wrapper_subclass_through_its_inner_tensors(tin
     for value in (0.0, 1.0):
         model = tiny_factory(0)
         weight = model.lm_head.weight.detach()
-        model.lm_head.weight = torch.nn.Parameter(TwoTensor(weight, torch.full_like(weight, value)),
-                                                  requires_grad=False)
+        model.lm_head.weight = torch.nn.Parameter(
+            TwoTensor(weight, torch.full_like(weight, value)), requires_grad=False
+        )
         keys.append(hf_compat.weights_identity(model))
     assert keys[0] != keys[1]
 
@@ -88,7 +90,8 @@ def test_learned_state_is_keyed_by_the_drafts_weights(tiny_factory):
     target.generate(PROMPT, assistant_model=other, speculation_state=state, **SPECULATIVE)
     assert len(state.calibrators._calibrators) == 2
     assert assistant_identity(other) == hf_compat.weights_identity(other) and str(id(other)) not in str(
-        list(state.calibrators._calibrators))
+        list(state.calibrators._calibrators)
+    )
     assert assistant_identity(None) == "none"
 
 
@@ -121,9 +124,15 @@ def test_plain_generate_after_enable_runs_transformers_attention(tiny_factory, m
     assert model.config._attn_implementation == implementation == "sdpa"
     assert torch.equal(model.generate(PROMPT, max_new_tokens=16, do_sample=False), before) and not packed
     during = []
-    spec = model.generate(PROMPT, assistant_model=draft, speculation_state=SpeculationState(), **SPECULATIVE,
-                          speculation_callback=lambda record, tokens: during.append(
-                              (model.config._attn_implementation, draft.config._attn_implementation)))
+    spec = model.generate(
+        PROMPT,
+        assistant_model=draft,
+        speculation_state=SpeculationState(),
+        **SPECULATIVE,
+        speculation_callback=lambda record, tokens: during.append(
+            (model.config._attn_implementation, draft.config._attn_implementation)
+        ),
+    )
     assert torch.equal(spec, before) and packed and set(during) == {(hf_compat.PACKED_SDPA,) * 2}
     assert (model.config._attn_implementation, draft.config._attn_implementation) == (implementation,) * 2
     packed.clear()
@@ -154,8 +163,13 @@ def test_a_generate_inside_a_request_on_the_same_model_names_the_fix(models):
         target.generate(PROMPT, assistant_model=draft, speculation_state=SpeculationState(), **SPECULATIVE)
 
     with pytest.raises(RuntimeError, match="one request per model at a time"):
-        target.generate(PROMPT, assistant_model=draft, speculation_state=SpeculationState(),
-                        speculation_callback=again, **SPECULATIVE)
+        target.generate(
+            PROMPT,
+            assistant_model=draft,
+            speculation_state=SpeculationState(),
+            speculation_callback=again,
+            **SPECULATIVE,
+        )
     assert target.config._attn_implementation == draft.config._attn_implementation == "sdpa"
     out = target.generate(PROMPT, assistant_model=draft, speculation_state=SpeculationState(), **SPECULATIVE)
     assert torch.equal(out, target.generate(PROMPT, max_new_tokens=16, do_sample=False))  # held no more
@@ -169,8 +183,13 @@ def test_a_second_threads_request_on_the_model_waits_for_the_first(models):
     steps, out = [], {}
 
     def run(name: str, on_step) -> None:
-        out[name] = target.generate(PROMPT, assistant_model=draft, speculation_state=SpeculationState(),
-                                    speculation_callback=on_step, **SPECULATIVE)
+        out[name] = target.generate(
+            PROMPT,
+            assistant_model=draft,
+            speculation_state=SpeculationState(),
+            speculation_callback=on_step,
+            **SPECULATIVE,
+        )
 
     second = threading.Thread(target=run, args=("second", lambda record, tokens: steps.append("second")))
 

@@ -25,8 +25,10 @@ from hf_adaspec.playground.views import (
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-STEPS = [StepRecord(4, 2, 3, "draft_model", 5.0, 25.0, 0.7, 90.0, predicted_ms=20.0),
-         StepRecord(0, 0, 1, "plain", 0.0, 20.0, 0.6, 50.0)]  # predicted_ms NaN: not predicted
+STEPS = [
+    StepRecord(4, 2, 3, "draft_model", 5.0, 25.0, 0.7, 90.0, predicted_ms=20.0),
+    StepRecord(0, 0, 1, "plain", 0.0, 20.0, 0.6, 50.0),
+]  # predicted_ms NaN: not predicted
 
 
 @pytest.fixture
@@ -34,7 +36,9 @@ def playground(tiny_factory, tmp_path, monkeypatch):
     """A playground whose "qwen" pair is a tiny Llama with a prompt-lookup-friendly fake tokenizer."""
     monkeypatch.setenv("HF_ADASPEC_CACHE", str(tmp_path))  # cost calibration writes here
     pg = Playground("qwen", max_prompt_tokens=40, preload=False)
-    pg.pairs["qwen"] = LoadedPair(hf_adaspec.enable(tiny_factory(0)), ByteTokenizer(), tiny_factory(0), threading.Lock())
+    pg.pairs["qwen"] = LoadedPair(
+        hf_adaspec.enable(tiny_factory(0)), ByteTokenizer(), tiny_factory(0), threading.Lock()
+    )
     return pg
 
 
@@ -54,10 +58,25 @@ def _run(pg: Playground, prompt: str = "abcabcabcabc", method: str = "adaptive",
 def test_step_row_has_the_fields_the_page_reads():
     rows = [step_row(s) for s in STEPS]
     assert [dict(zip(STEP_FIELDS, row)) for row in rows] == [
-        {"drafter": "draft_model", "k": 4, "accepted": 2, "alpha": 0.7, "predicted_goodput": 90.0,
-         "predicted_ms": 20.0, "realized_ms": 30.0},
-        {"drafter": "plain", "k": 0, "accepted": 0, "alpha": 0.6, "predicted_goodput": 50.0,
-         "predicted_ms": None, "realized_ms": 20.0}]  # NaN: not predicted (JSON has no NaN)
+        {
+            "drafter": "draft_model",
+            "k": 4,
+            "accepted": 2,
+            "alpha": 0.7,
+            "predicted_goodput": 90.0,
+            "predicted_ms": 20.0,
+            "realized_ms": 30.0,
+        },
+        {
+            "drafter": "plain",
+            "k": 0,
+            "accepted": 0,
+            "alpha": 0.6,
+            "predicted_goodput": 50.0,
+            "predicted_ms": None,
+            "realized_ms": 20.0,
+        },
+    ]  # NaN: not predicted (JSON has no NaN)
 
 
 def test_stats_line_reports_speedup_time_ratio_and_slo():
@@ -102,8 +121,9 @@ def test_stop_ends_the_run_and_a_new_request_stops_the_previous_one(playground):
     control = RunControl()
     first = playground.start(control, "abcabcabcabc", "qwen", "plain", 3, 16, False, 0.7, 0.9, None, True)
     feed = playground.feeds[first]
-    second = playground.feeds[playground.start(control, "abcabcabcabc", "qwen", "plain", 3, 16, False, 0.7, 0.9,
-                                               None, True)]
+    second = playground.feeds[
+        playground.start(control, "abcabcabcabc", "qwen", "plain", 3, 16, False, 0.7, 0.9, None, True)
+    ]
     assert feed.main.stop.is_set() and not second.main.stop.is_set()  # the earlier run ends at its next token
     for run in (feed.main, second.main):
         run.close()  # waits until its generate returned
@@ -120,10 +140,13 @@ def test_bad_poll_interval_is_refused():
         Playground("qwen", preload=False, poll_interval_s=0.0)
 
 
-@pytest.mark.parametrize(("prompt", "method", "message"), [
-    ("   ", "adaptive", "prompt is empty"),
-    ("a" * 41, "adaptive", "accepts at most 40"),
-])
+@pytest.mark.parametrize(
+    ("prompt", "method", "message"),
+    [
+        ("   ", "adaptive", "prompt is empty"),
+        ("a" * 41, "adaptive", "accepts at most 40"),
+    ],
+)
 def test_bad_requests_become_page_errors(playground, prompt, method, message):
     with pytest.raises(gr.Error, match=message):
         _run(playground, prompt=prompt, method=method)

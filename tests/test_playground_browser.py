@@ -21,8 +21,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("HF_ADASPEC_CHROMIUM", "/usr/bin/chromium")
 # as root on a closed network: no sandbox, no background connections (they fail and slow the start)
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                 "--disable-background-networking", "--disable-component-update"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
 DRAFT_GREEN = "rgba(34, 197, 94"  # COLORS["draft token, accepted"] as the page renders it
 MAX_PROMPT_TOKENS = 120
 
@@ -37,11 +44,20 @@ def _free_port() -> int:
 def app_url(tmp_path_factory):
     """Start the app as a user would (a subprocess on 127.0.0.1), wait until it serves; stop it after."""
     port, log_path = _free_port(), tmp_path_factory.mktemp("app") / "app.log"
-    cmd = [sys.executable, str(ROOT / "app" / "app.py"), "--pair", "smollm2", "--port", str(port),
-           "--max-prompt-tokens", str(MAX_PROMPT_TOKENS)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "app" / "app.py"),
+        "--pair",
+        "smollm2",
+        "--port",
+        str(port),
+        "--max-prompt-tokens",
+        str(MAX_PROMPT_TOKENS),
+    ]
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env=os.environ | {"GRADIO_ANALYTICS_ENABLED": "False"})
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"GRADIO_ANALYTICS_ENABLED": "False"}
+        )
     deadline = time.monotonic() + 600  # first use assembles and converts SmolLM2
     while f"127.0.0.1:{port}" not in log_path.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -56,8 +72,10 @@ def app_url(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists() and not shutil.which(CHROMIUM):
-        pytest.fail(f"no Chromium at {CHROMIUM}: `apt-get install chromium` (make test does it as root), "
-                    "or point HF_ADASPEC_CHROMIUM at one")
+        pytest.fail(
+            f"no Chromium at {CHROMIUM}: `apt-get install chromium` (make test does it as root), "
+            "or point HF_ADASPEC_CHROMIUM at one"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -113,7 +131,8 @@ def test_generate_shows_coloured_tokens_chart_and_speedup(page, shots):
     page.locator("#generate").click()
     page.wait_for_function(  # accepted draft tokens, coloured
         f"() => [...document.querySelectorAll('#output .token')]"
-        f".some(e => e.style.backgroundColor.startsWith('{DRAFT_GREEN}'))")
+        f".some(e => e.style.backgroundColor.startsWith('{DRAFT_GREEN}'))"
+    )
     page.get_by_text(re.compile(r"speedup \d+\.\d\dx")).wait_for()  # then the plain run of the same prompt
     stats = page.locator("#stats").inner_text()
     assert re.search(r"fixed: 24 tokens, [\d.]+ tokens/s", stats), stats

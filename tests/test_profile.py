@@ -38,10 +38,18 @@ from hf_adaspec.machine import processor_name
 from hf_adaspec.models.eagle3_format import random_head
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
-TINY_GRID = ProfileGrid(new_tokens=(1, 2, 4), batch_sizes=(1, 2), contexts=(16, 48), repeats=1,
-                        max_tokens_per_forward=6)
-META = {"versions": {"torch": "x"}, "machine": "m", "cpu": processor_name(), "threads": 1, "created": "2025-01-01T00:00:00+00:00",
-        "command": "test", "grid": {}}
+TINY_GRID = ProfileGrid(
+    new_tokens=(1, 2, 4), batch_sizes=(1, 2), contexts=(16, 48), repeats=1, max_tokens_per_forward=6
+)
+META = {
+    "versions": {"torch": "x"},
+    "machine": "m",
+    "cpu": processor_name(),
+    "threads": 1,
+    "created": "2025-01-01T00:00:00+00:00",
+    "command": "test",
+    "grid": {},
+}
 HAND_IDENTITY = {"profile_schema": 1, "target": {"name": "hand-target"}, "draft": {"name": "hand-draft"}}
 # target ms at (batch, context) for n = 1 and n = 3; draft ms for n = 1 and the 32-token chunk
 TARGET = {(1, 100): (10.0, 14.0), (1, 300): (20.0, 30.0), (4, 100): (40.0, 44.0), (4, 300): (60.0, 100.0)}
@@ -95,8 +103,10 @@ def test_table_predict_interpolates_n_then_context_then_batch():
 
 def test_profile_cost_table_from_the_table_predictor():
     profile = _hand_profile()
-    assert all(profile.predictor(q) == "table" and profile.scores[q].table_mape is None  # no held-out cells
-               for q in QUANTITIES)
+    assert all(
+        profile.predictor(q) == "table" and profile.scores[q].table_mape is None  # no held-out cells
+        for q in QUANTITIES
+    )
     table = profile.cost_table(batch=1, context=200, n_max=4)
     assert table.verify_ms == (15.0, 18.5, 22.0, 25.5)
     assert table.draft_ms == 4.0 and table.draft_catchup_ms == 0.75 and table.context == 200
@@ -173,7 +183,8 @@ def test_a_forced_predictor_prices_every_quantity_with_it():
     assert fit.verify_ms == (profile.target_fit.predict(1, 200, 1), profile.target_fit.predict(1, 200, 2))
     assert fit.draft_ms == profile.draft_fit.predict(1, 200, 1)
     assert profile.cost_table(1, 200, 2, forced="table").draft_catchup_ms == pytest.approx(
-        table_predict(profile.draft_cells, 1, 200, 32) / 32)
+        table_predict(profile.draft_cells, 1, 200, 32) / 32
+    )
     with pytest.raises(ValueError, match="forced predictor must be one of"):
         profile.cost_table(1, 200, 2, forced="median")
 
@@ -207,8 +218,24 @@ def test_measure_on_tiny_models_saves_atomically_and_round_trips(tiny_factory, t
     assert sorted(p.name for p in path.parent.iterdir()) == ["profile.json"]  # no temp file left behind
     assert load_profile(path) == profile
     data = json.loads(path.read_text())
-    for name in ("schema", "pair", "identity", "versions", "machine", "cpu", "threads", "created", "command", "grid",
-                 "target_cells", "draft_cells", "held_out_target", "held_out_draft", "fit", "held_out_mape_pct"):
+    for name in (
+        "schema",
+        "pair",
+        "identity",
+        "versions",
+        "machine",
+        "cpu",
+        "threads",
+        "created",
+        "command",
+        "grid",
+        "target_cells",
+        "draft_cells",
+        "held_out_target",
+        "held_out_draft",
+        "fit",
+        "held_out_mape_pct",
+    ):
         assert name in data, name
     assert set(data["identity"]["target"]) == {"name", "params", "dtype", "quantization", "device"}
     assert data["grid"]["max_tokens_per_forward"] == 6 and "skip_rule" in data["grid"]
@@ -304,8 +331,9 @@ def test_engine_finds_a_profile_by_env_var_and_in_the_cache(models, tmp_path, mo
 def test_batch_costs_come_from_the_profile_at_each_batch_size(models, tmp_path, monkeypatch):
     path = _matching_profile(models, tmp_path)
     _no_calibration(monkeypatch)
-    costs_for = CostCache().costs_for(models["target"], models["noisy_copy"], 5, print, batch=4, context=200,
-                                      profile=path)
+    costs_for = CostCache().costs_for(
+        models["target"], models["noisy_copy"], 5, print, batch=4, context=200, profile=path
+    )
     profile = load_profile(path)
     for b in (1, 2, 3, 4):
         assert costs_for(b) == profile.cost_table(b, 200, 5)
@@ -358,8 +386,13 @@ def test_explicit_corrupt_profile_raises_and_a_corrupt_cached_one_is_ignored(mod
 
 def test_an_explicit_cost_table_takes_precedence_over_any_profile(models, tmp_path, capsys):
     table = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)
-    out = _greedy(models, speculation="adaptive", assistant_model=models["noisy_copy"], speculation_costs=table,
-                  speculation_profile=tmp_path / "never-read.json")
+    out = _greedy(
+        models,
+        speculation="adaptive",
+        assistant_model=models["noisy_copy"],
+        speculation_costs=table,
+        speculation_profile=tmp_path / "never-read.json",
+    )
     assert "cost profile" not in capsys.readouterr().err
     assert torch.equal(out, _greedy(models))
 
@@ -386,11 +419,29 @@ def test_pair_name():
 
 def test_cli_profile_writes_json_png_and_a_last_json_line(models, tmp_path, monkeypatch):
     loaded = {"t": LoadedModel(models["target"], None, "t"), "d": LoadedModel(models["other_seed"], None, "d")}
-    monkeypatch.setattr(profile_cli, "_load_pair",
-                        lambda target, draft, quantization, dtype, device="cpu": (loaded[target], loaded.get(draft)))
+    monkeypatch.setattr(
+        profile_cli,
+        "_load_pair",
+        lambda target, draft, quantization, dtype, device="cpu": (loaded[target], loaded.get(draft)),
+    )
     output = tmp_path / "cards" / "profile.json"
-    args = ["profile", "--target", "t", "--draft", "d", "--contexts", "16,32", "--batch-sizes", "1,2",
-            "--new-tokens", "1,2,3", "--repeats", "1", "--output", str(output)]
+    args = [
+        "profile",
+        "--target",
+        "t",
+        "--draft",
+        "d",
+        "--contexts",
+        "16,32",
+        "--batch-sizes",
+        "1,2",
+        "--new-tokens",
+        "1,2,3",
+        "--repeats",
+        "1",
+        "--output",
+        str(output),
+    ]
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -403,16 +454,35 @@ def test_cli_profile_writes_json_png_and_a_last_json_line(models, tmp_path, monk
 
 def test_cli_profile_measures_a_random_head_of_the_targets_shape(models, tmp_path, monkeypatch):
     loaded = {"t": LoadedModel(models["target"], None, "t")}
-    monkeypatch.setattr(profile_cli, "_load_pair",
-                        lambda target, draft, quantization, dtype, device="cpu": (loaded[target], None))
+    monkeypatch.setattr(
+        profile_cli, "_load_pair", lambda target, draft, quantization, dtype, device="cpu": (loaded[target], None)
+    )
     output = tmp_path / "profile.json"
-    args = ["profile", "--target", "t", "--head", "random:20:16", "--contexts", "16,32", "--batch-sizes", "1",
-            "--new-tokens", "1,2", "--repeats", "1", "--output", str(output)]
+    args = [
+        "profile",
+        "--target",
+        "t",
+        "--head",
+        "random:20:16",
+        "--contexts",
+        "16,32",
+        "--batch-sizes",
+        "1",
+        "--new-tokens",
+        "1,2",
+        "--repeats",
+        "1",
+        "--output",
+        str(output),
+    ]
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     profile = load_profile(output)
-    assert profile.identity["draft"]["name"] == "Eagle3Head" and profile.draft_cells and "--head random:20:16" in \
-        profile.meta["command"]
+    assert (
+        profile.identity["draft"]["name"] == "Eagle3Head"
+        and profile.draft_cells
+        and "--head random:20:16" in profile.meta["command"]
+    )
     narrow = random_head(models["target"], 20, intermediate_size=16)
     assert profile.identity["draft"]["params"] == sum(p.numel() for p in narrow.parameters())
     missing = CliRunner().invoke(cli.app, args[:3] + ["--head", str(tmp_path / "nope")] + args[5:])
@@ -447,8 +517,20 @@ def test_cli_profile_rejects_bad_grids():
 @pytest.mark.slow
 def test_cli_profile_quick_on_smollm2(tmp_path):
     output = tmp_path / "profile.json"
-    args = ["profile", "--target", "smollm2-135m", "--draft", "smollm2-135m", "--quantization", "none",
-            "--dtype", "float32", "--quick", "--output", str(output)]
+    args = [
+        "profile",
+        "--target",
+        "smollm2-135m",
+        "--draft",
+        "smollm2-135m",
+        "--quantization",
+        "none",
+        "--dtype",
+        "float32",
+        "--quick",
+        "--output",
+        str(output),
+    ]
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     profile = load_profile(output)

@@ -81,8 +81,11 @@ def test_one_pass_search_finds_what_every_ngram_finds(seed):
 def _rows(*rows: tuple[int, ...], pad: int = 0) -> Rows:
     """Left-padded rows as the engine keeps them: each row's padded view and its padding length."""
     width = max(len(r) for r in rows)
-    return Rows(tuple(_t(*([pad] * (width - len(r)) + list(r))) for r in rows), tuple(width - len(r) for r in rows),
-                prompt_width=width)
+    return Rows(
+        tuple(_t(*([pad] * (width - len(r)) + list(r))) for r in rows),
+        tuple(width - len(r) for r in rows),
+        prompt_width=width,
+    )
 
 
 def test_proposer_offer_and_propose_shapes():

@@ -11,8 +11,11 @@ from hf_adaspec.proposers import Proposal, Proposals
 
 def test_rows_read_back_from_the_flat_layout():
     q = torch.softmax(torch.randn(1, 2, 8, generator=torch.Generator().manual_seed(0)), -1)  # [1, 2, V]
-    rows = [Proposal(torch.tensor([[3, 4]]), q, (0.5, 0.25)), Proposal(torch.zeros(1, 0, dtype=torch.long)),
-            Proposal(torch.tensor([[7]]))]
+    rows = [
+        Proposal(torch.tensor([[3, 4]]), q, (0.5, 0.25)),
+        Proposal(torch.zeros(1, 0, dtype=torch.long)),
+        Proposal(torch.tensor([[7]])),
+    ]
     flat = Proposals.of(rows)
     assert flat.offsets == (0, 2, 2, 3) and flat.ks == (2, 0, 1) and flat.tokens.tolist() == [3, 4, 7]
     assert flat.rows() == [[3, 4], [], [7]] and len(flat) == 3

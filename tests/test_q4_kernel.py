@@ -47,8 +47,9 @@ def gguf_rows(gguf_type: str, n: int, k: int, seed: int, directory) -> tuple[str
     return q4.from_gguf(gguf_type, random_gguf(gguf_type, n, k, seed), k, directory)
 
 
-@pytest.mark.parametrize("gguf_type,k", [("Q4_K", 512), ("Q6_K", 768), ("Q8_0", 96), ("Q8_0", 512), ("Q5_0", 896),
-                                         ("Q4_0", 64)])
+@pytest.mark.parametrize(
+    "gguf_type,k", [("Q4_K", 512), ("Q6_K", 768), ("Q8_0", 96), ("Q8_0", 512), ("Q5_0", 896), ("Q4_0", 64)]
+)
 def test_gguf_blocks_dequantize_bit_for_bit_as_gguf_does(kdir, gguf_type, k):
     raw = random_gguf(gguf_type, 12, k, seed=k)
     kind, rows = q4.from_gguf(gguf_type, raw, k, kdir)
@@ -82,8 +83,15 @@ def test_matmul_equals_its_emulation(kdir, gguf_type, k, m, ceiling):
     torch.manual_seed(m * 1000 + k)
     kind, rows = gguf_rows(gguf_type, 24, k, m + k, kdir)
     x = torch.randn(m, k)
-    y = q4.linear(x, rows.reshape(-1), torch.tensor([blocks.KINDS.index(kind)], dtype=torch.int32),
-                  torch.tensor([24]), k, kdir, ceiling=ceiling)  # [M, N]
+    y = q4.linear(
+        x,
+        rows.reshape(-1),
+        torch.tensor([blocks.KINDS.index(kind)], dtype=torch.int32),
+        torch.tensor([24]),
+        k,
+        kdir,
+        ceiling=ceiling,
+    )  # [M, N]
     ref = _emulated(x, blocks.dequantize(kind, rows, k))
     assert y.shape == (m, 24) and y.dtype == torch.float32
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
@@ -113,7 +121,7 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kdir, ceiling):
     args = (layer.blocks, layer.kind_ids, layer.rows, k, kdir)
     together = q4.linear(x, *args, ceiling=ceiling)  # [11, 60]
     for i in range(11):
-        assert torch.equal(together[i:i + 1], q4.linear(x[i:i + 1], *args, ceiling=ceiling))
+        assert torch.equal(together[i : i + 1], q4.linear(x[i : i + 1], *args, ceiling=ceiling))
 
 
 def test_the_path_follows_the_cpu_capped_by_aten_cpu_capability_and_the_ceiling(kdir, monkeypatch):
@@ -138,8 +146,9 @@ def test_segments_of_several_kinds_are_the_separate_products_side_by_side(kdir):
     fused = _layer(parts, k, kdir)(x)  # [5, 28]
     alone = torch.cat([_layer([p], k, kdir)(x) for p in parts], -1)
     assert fused.shape == (5, 28) and torch.equal(fused, alone)
-    torch.testing.assert_close(fused, _emulated(x, _layer(parts, k, kdir).weight_float()),
-                               rtol=1e-4, atol=1e-4 * float(fused.abs().max()))
+    torch.testing.assert_close(
+        fused, _emulated(x, _layer(parts, k, kdir).weight_float()), rtol=1e-4, atol=1e-4 * float(fused.abs().max())
+    )
 
 
 @pytest.mark.parametrize("ceiling", q4.PATHS)
@@ -172,8 +181,12 @@ def test_a_bias_of_another_dtype_and_an_empty_input(kdir):
     torch.manual_seed(5)
     layer, bias, x = q4.Q4Linear.dense(torch.nn.Linear(256, 16), kdir), torch.randn(16), torch.randn(3, 256)
     args = (layer.blocks, layer.kind_ids, layer.rows, 256, kdir)
-    torch.testing.assert_close(q4.linear(x, *args, bias=bias.to(torch.bfloat16)),
-                               q4.linear(x, *args, bias=bias.to(torch.bfloat16).float()), rtol=0, atol=0)
+    torch.testing.assert_close(
+        q4.linear(x, *args, bias=bias.to(torch.bfloat16)),
+        q4.linear(x, *args, bias=bias.to(torch.bfloat16).float()),
+        rtol=0,
+        atol=0,
+    )
     assert q4.linear(x[:0], *args, bias=bias).shape == (0, 16)
 
 

@@ -40,7 +40,8 @@ def test_presets_ship_their_architectures():
         config = transformers.AutoConfig.from_pretrained(architecture.config_path(name))
         assert config.vocab_size in (151936, 49152)
     assert transformers.AutoConfig.from_pretrained(architecture.config_path(DEFAULT_DRAFT)).vocab_size == (
-        transformers.AutoConfig.from_pretrained(architecture.config_path(DEFAULT_TARGET)).vocab_size)
+        transformers.AutoConfig.from_pretrained(architecture.config_path(DEFAULT_TARGET)).vocab_size
+    )
     with pytest.raises(ValueError, match="no shipped architecture for 'gemma-3-270m'.*qwen2.5-coder-0.5b"):
         architecture.config_path("gemma-3-270m")
     with pytest.raises(FileNotFoundError, match="config.json"):
@@ -52,9 +53,28 @@ def test_cli_profiles_random_weights_from_a_config_folder(trained_folder, tmp_pa
     config_only.mkdir()
     (config_only / "config.json").write_text((trained_folder / "config.json").read_text())
     output = tmp_path / "profile.json"
-    args = ["profile", "--target", str(config_only), "--draft", "none", "--quantization", "none", "--dtype",
-            "float32", "--contexts", "16,32", "--batch-sizes", "1", "--new-tokens", "1,2", "--repeats", "1",
-            "--random-weights", "--output", str(output)]
+    args = [
+        "profile",
+        "--target",
+        str(config_only),
+        "--draft",
+        "none",
+        "--quantization",
+        "none",
+        "--dtype",
+        "float32",
+        "--contexts",
+        "16,32",
+        "--batch-sizes",
+        "1",
+        "--new-tokens",
+        "1,2",
+        "--repeats",
+        "1",
+        "--random-weights",
+        "--output",
+        str(output),
+    ]
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     profile = load_profile(output)

@@ -58,7 +58,7 @@ def test_smollm_batch_rows_equal_batch1_plain_greedy(smollm):
     expected = []
     for text in texts:
         inputs = _inputs(tok, text)
-        expected.append(model.generate(**inputs, max_new_tokens=32, do_sample=False)[0, inputs["input_ids"].shape[1]:])
+        expected.append(model.generate(**inputs, max_new_tokens=32, do_sample=False)[0, inputs["input_ids"].shape[1] :])
     for kwargs in ({"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 4}):
         out = hf_adaspec.generate_batch(model, tok, texts, max_new_tokens=32, **kwargs)
         width = out.sequences.shape[1] - max(out.stats.row_tokens)
@@ -75,8 +75,11 @@ def test_gemma3_past_its_sliding_window_adaptive_equals_plain_greedy():
     model, tok = hf_adaspec.enable(lm.model), lm.tokenizer
     colours = ["red", "green", "blue", "amber", "violet"]
     log = "\n".join(f"{i}. The {colours[i % 5]} station logs {i * 7} crates at dock {i % 13}." for i in range(60))
-    ids = tok("Here is a shipping log:\n" + log + "\nCopy the log, then continue it with entries 60 to 140 in the "
-              "same format.", return_tensors="pt")
+    ids = tok(
+        "Here is a shipping log:\n" + log + "\nCopy the log, then continue it with entries 60 to 140 in the "
+        "same format.",
+        return_tensors="pt",
+    )
     assert ids["input_ids"].shape[1] >= 600 > model.config.sliding_window
     kwargs = {"max_new_tokens": 1000, "min_new_tokens": 1000, "do_sample": False}
     plain = model.generate(**ids, **kwargs)
@@ -101,8 +104,12 @@ def test_qwen_pair_adaptive_greedy_matches_plain(qwen_pair, row):
     inputs = _inputs(target.tokenizer, row["turns"][0])
     plain = model.generate(**inputs, max_new_tokens=40, do_sample=False)
     out = model.generate(
-        **inputs, max_new_tokens=40, do_sample=False, assistant_model=draft.model,
-        speculation="adaptive", return_dict_in_generate=True,
+        **inputs,
+        max_new_tokens=40,
+        do_sample=False,
+        assistant_model=draft.model,
+        speculation="adaptive",
+        return_dict_in_generate=True,
     )
     _assert_equal_or_near_tie(model, plain, out.sequences)
     assert sum(out.speculation.k_histogram.values()) == len(out.speculation.steps)
@@ -113,8 +120,14 @@ def test_qwen_pair_sampling_runs_and_stops(qwen_pair):
     inputs = _inputs(target.tokenizer, PROMPTS[0]["turns"][0])
     torch.manual_seed(0)
     out = target.model.generate(
-        **inputs, max_new_tokens=24, do_sample=True, temperature=0.7, top_p=0.9,
-        assistant_model=draft.model, speculation="adaptive", return_dict_in_generate=True,
+        **inputs,
+        max_new_tokens=24,
+        do_sample=True,
+        temperature=0.7,
+        top_p=0.9,
+        assistant_model=draft.model,
+        speculation="adaptive",
+        return_dict_in_generate=True,
     )
     new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
     assert 1 <= new <= 24 and out.speculation.new_tokens == new

@@ -27,9 +27,12 @@ PROMPTS = ([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 3, 4, 9, 3, 4, 9, 3, 4, 9, 3, 4],
 
 def _profile():
     """A flat profile: verification 10 ms + 0.5 ms per token at any batch and context, draft 2 ms a token."""
-    cells = {"target": [ProfileCell(b, c, n, 10.0 + 0.5 * (n - 1)) for b in (1, 2) for c in (16, 64) for n in (1, 4, 9)],
-             "draft": [ProfileCell(b, c, n, 2.0 if n == 1 else 16.0) for b in (1, 2) for c in (16, 64) for n in (1, 32)],
-             "held_out_target": [ProfileCell(1, 40, 2, 10.5)], "held_out_draft": [ProfileCell(1, 40, 1, 2.0)]}
+    cells = {
+        "target": [ProfileCell(b, c, n, 10.0 + 0.5 * (n - 1)) for b in (1, 2) for c in (16, 64) for n in (1, 4, 9)],
+        "draft": [ProfileCell(b, c, n, 2.0 if n == 1 else 16.0) for b in (1, 2) for c in (16, 64) for n in (1, 32)],
+        "held_out_target": [ProfileCell(1, 40, 2, 10.5)],
+        "held_out_draft": [ProfileCell(1, 40, 1, 2.0)],
+    }
     return assemble_profile("tiny", {"target": "tiny"}, cells, {})
 
 
@@ -37,21 +40,35 @@ def _profile():
 def traces(models):
     target, draft = models["target"], models["noisy_copy"]
     with single_thread():  # module fixtures are set up before one_thread
-        return [trace_ids(target, draft, torch.tensor([p]), 24, (100 + i, "cat-a" if i < 2 else "cat-b"), ("t", "d"),
-                          "test") for i, p in enumerate(PROMPTS)]
+        return [
+            trace_ids(
+                target, draft, torch.tensor([p]), 24, (100 + i, "cat-a" if i < 2 else "cat-b"), ("t", "d"), "test"
+            )
+            for i, p in enumerate(PROMPTS)
+        ]
 
 
 def _real(models, prompt, method_kwargs):
-    out = models["target"].generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                    return_dict_in_generate=True, speculation_costs=TABLE,
-                                    speculation_state=SpeculationState(), rest=False, **method_kwargs)
+    out = models["target"].generate(
+        input_ids=torch.tensor([prompt]),
+        max_new_tokens=24,
+        do_sample=False,
+        return_dict_in_generate=True,
+        speculation_costs=TABLE,
+        speculation_state=SpeculationState(),
+        rest=False,
+        **method_kwargs,
+    )
     return [(s.drafter, s.k, s.accepted) for s in out.speculation.steps], out.sequences[0].tolist()
 
 
-@pytest.mark.parametrize(("method", "kwargs"), [
-    ("adaptive-lookup", {"speculation": "adaptive"}),
-    ("fixed-k", {"speculation": "fixed", "num_speculative_tokens": 5}),
-])
+@pytest.mark.parametrize(
+    ("method", "kwargs"),
+    [
+        ("adaptive-lookup", {"speculation": "adaptive"}),
+        ("fixed-k", {"speculation": "fixed", "num_speculative_tokens": 5}),
+    ],
+)
 def test_replay_takes_the_real_runs_decisions(models, traces, one_thread, method, kwargs):
     if "num_speculative_tokens" in kwargs:
         kwargs = {**kwargs, "assistant_model": models["noisy_copy"]}
@@ -114,12 +131,19 @@ def test_replay_prices_plain_and_speculation_on_one_clock(traces):
 def test_validate_reports_errors_of_predicted_speedups(traces):
     result = replay_all(traces[:1], ["plain", "adaptive-lookup"], Clock(_profile()))
     ours = {r.method: r.tokens_per_s for r in result.runs}
-    measured = [{"question_id": 100, "method": "plain", "tokens_per_s": 10.0, "mean_accepted_length": None},
-                {"question_id": 100, "method": "adaptive-lookup", "tokens_per_s": 10.0 * ours["adaptive-lookup"]
-                 / ours["plain"] * 1.1, "mean_accepted_length": 1.0}]
+    measured = [
+        {"question_id": 100, "method": "plain", "tokens_per_s": 10.0, "mean_accepted_length": None},
+        {
+            "question_id": 100,
+            "method": "adaptive-lookup",
+            "tokens_per_s": 10.0 * ours["adaptive-lookup"] / ours["plain"] * 1.1,
+            "mean_accepted_length": 1.0,
+        },
+    ]
     check = validate(result.runs, measured)
     assert check.median_abs_error == pytest.approx(1 / 1.1 - 1, abs=1e-9) or check.median_abs_error == pytest.approx(
-        1 - 1 / 1.1, abs=1e-9)
+        1 - 1 / 1.1, abs=1e-9
+    )
     with pytest.raises(ValueError, match="share no prompt"):
         validate(result.runs, measured[:1])
 
@@ -146,8 +170,12 @@ def test_a_replay_rests_where_its_clock_prices_decisions_and_prices_a_rest_as_a_
     resting = replay_request(traces[2:], "adaptive-lookup", SpeculationState(), clock)
     assert deciding.matches_trace and resting.matches_trace
     assert all(s.decided for s in deciding.stats.steps) and not all(s.decided for s in resting.stats.steps)
-    steps = SpeculationStats(steps=[StepRecord(0, 0, 1, "plain", 0.0, 10.0, 0.5, 1.0, step=0),
-                                    StepRecord(0, 0, 1, "plain", 0.0, 10.0, math.nan, math.nan, step=1, decided=False)])
+    steps = SpeculationStats(
+        steps=[
+            StepRecord(0, 0, 1, "plain", 0.0, 10.0, 0.5, 1.0, step=0),
+            StepRecord(0, 0, 1, "plain", 0.0, 10.0, math.nan, math.nan, step=1, decided=False),
+        ]
+    )
     assert _price(clock, traces[2:], [], ([], []), steps) == pytest.approx(clock.prefill_ms(traces[2:]) + 2.0 + 1.0)
 
 
@@ -166,7 +194,23 @@ def test_a_beside_run_is_read_as_a_bench_of_plain_and_adaptive(tmp_path):
     from hf_adaspec.cli.trace_cli import _bench_runs
 
     path = tmp_path / "beside.json"
-    path.write_text(json.dumps({"runs": [{"question_id": 81, "category": "writing", "plain": 10.0, "plain-again": 9.0,
-                                          "adaptive": 12.0, "llama.cpp plain": 11.0}]}))
-    assert _bench_runs(path) == [{"question_id": 81, "method": "plain", "tokens_per_s": 10.0},
-                                 {"question_id": 81, "method": "adaptive", "tokens_per_s": 12.0}]
+    path.write_text(
+        json.dumps(
+            {
+                "runs": [
+                    {
+                        "question_id": 81,
+                        "category": "writing",
+                        "plain": 10.0,
+                        "plain-again": 9.0,
+                        "adaptive": 12.0,
+                        "llama.cpp plain": 11.0,
+                    }
+                ]
+            }
+        )
+    )
+    assert _bench_runs(path) == [
+        {"question_id": 81, "method": "plain", "tokens_per_s": 10.0},
+        {"question_id": 81, "method": "adaptive", "tokens_per_s": 12.0},
+    ]

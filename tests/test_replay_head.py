@@ -32,19 +32,29 @@ CHUNK_MS = 1e-3
 PRICED = CostTable(TABLE.verify_ms, 1.0, draft_catchup_ms=CHUNK_MS / 32)
 PROMPTS = (HEAD_PROMPTS[0], HEAD_PROMPTS[2], HEAD_PROMPTS[4][:8])
 NEW = 20
-META = {"versions": {}, "machine": "m", "cpu": "c", "threads": 1, "created": "2025-01-01T00:00:00+00:00",
-        "command": "test", "grid": {}}
+META = {
+    "versions": {},
+    "machine": "m",
+    "cpu": "c",
+    "threads": 1,
+    "created": "2025-01-01T00:00:00+00:00",
+    "command": "test",
+    "grid": {},
+}
 
 
 def _profile(draft_ms: float, head: bool, chunk_ms: float | None = None):
     """Flat costs: verification 10 ms + 0.5 ms per token; the drafter (a head when ``head``) ``draft_ms``, its
     32-column catch-up ``chunk_ms`` (default 8 × draft_ms)."""
     chunk = 8 * draft_ms if chunk_ms is None else chunk_ms
-    cells = {"target": [ProfileCell(b, c, n, 10.0 + 0.5 * (n - 1))
-                        for b in (1, 2) for c in (16, 64) for n in (1, 4, 9)],
-             "draft": [ProfileCell(b, c, n, draft_ms if n == 1 else chunk) for b in (1, 2) for c in (16, 64)
-                       for n in (1, 32)],
-             "held_out_target": [ProfileCell(1, 40, 2, 10.5)], "held_out_draft": [ProfileCell(1, 40, 1, draft_ms)]}
+    cells = {
+        "target": [ProfileCell(b, c, n, 10.0 + 0.5 * (n - 1)) for b in (1, 2) for c in (16, 64) for n in (1, 4, 9)],
+        "draft": [
+            ProfileCell(b, c, n, draft_ms if n == 1 else chunk) for b in (1, 2) for c in (16, 64) for n in (1, 32)
+        ],
+        "held_out_target": [ProfileCell(1, 40, 2, 10.5)],
+        "held_out_draft": [ProfileCell(1, 40, 1, draft_ms)],
+    }
     identity = {"target": "tiny", "draft": {"name": "Eagle3Head" if head else "tiny-draft"}}
     return assemble_profile("tiny", identity, cells, META)
 
@@ -53,9 +63,15 @@ def _profile(draft_ms: float, head: bool, chunk_ms: float | None = None):
 def traces(models, tiny_head):
     target = models["target"]
     with single_thread():  # module fixtures are set up before one_thread
-        return [with_head(trace_ids(target, models["noisy_copy"], torch.tensor([p]), NEW, (200 + i, "cat"), ("t", "d"),
-                                    "test"), target, tiny_head, "tiny-head")
-                for i, p in enumerate(PROMPTS)]
+        return [
+            with_head(
+                trace_ids(target, models["noisy_copy"], torch.tensor([p]), NEW, (200 + i, "cat"), ("t", "d"), "test"),
+                target,
+                tiny_head,
+                "tiny-head",
+            )
+            for i, p in enumerate(PROMPTS)
+        ]
 
 
 def _clock(**kwargs) -> Clock:
@@ -76,32 +92,45 @@ def test_the_traced_chain_is_what_the_head_drafts(models, tiny_head, traces):
     truth = t.tokens[t.prompt_len + j : t.prompt_len + j + t.head_depth]
     assert list(t.head_next[j]) != list(truth)  # a miss: the chain goes on from the head's own token
     with torch.no_grad():
-        out = tiny_head.step(seq[:, 1 : s + 1], tiny_head.fuse(features[:, :s]), torch.ones(1, s, dtype=torch.bool),
-                             cache)[:, -1]
+        out = tiny_head.step(
+            seq[:, 1 : s + 1], tiny_head.fuse(features[:, :s]), torch.ones(1, s, dtype=torch.bool), cache
+        )[:, -1]
         for d in range(t.head_depth):
             probs = torch.softmax(tiny_head.logits(out), dim=-1)[0]
             assert int(probs.argmax()) == t.head_next[j][d]
             assert float(probs.max()) == pytest.approx(t.head_q[j][d], abs=1e-5)
-            out = tiny_head.step(probs.argmax()[None, None], out[:, None], torch.ones(1, 1, dtype=torch.bool),
-                                 cache)[:, -1]
+            out = tiny_head.step(probs.argmax()[None, None], out[:, None], torch.ones(1, 1, dtype=torch.bool), cache)[
+                :, -1
+            ]
     assert t.head_agreement() == [r > 0 for r in t.head_runs()] and any(t.head_agreement())
     with pytest.raises(ValueError, match="depth must be >= 1"):
         head_along(models["target"], tiny_head, seq, t.prompt_len, 0)
 
 
 def _real(models, head, prompt, kwargs):
-    out = models["target"].generate(input_ids=torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
-                                    return_dict_in_generate=True, speculation_costs=PRICED,
-                                    speculation_state=SpeculationState(), assistant_model=head, rest=False, **kwargs)
+    out = models["target"].generate(
+        input_ids=torch.tensor([prompt]),
+        max_new_tokens=NEW,
+        do_sample=False,
+        return_dict_in_generate=True,
+        speculation_costs=PRICED,
+        speculation_state=SpeculationState(),
+        assistant_model=head,
+        rest=False,
+        **kwargs,
+    )
     return out.speculation.steps, out.sequences[0].tolist()
 
 
-@pytest.mark.parametrize(("method", "kwargs"), [
-    ("fixed-head", {"speculation": "fixed", "num_speculative_tokens": 5}),
-    # adaptive: the confidence stop rule and the calibration also read the tokens drafted after a miss, which
-    # the trace holds as the head drafts them, so k and every predicted goodput are the real run's too
-    ("adaptive-head", {"speculation": "adaptive"}),
-])
+@pytest.mark.parametrize(
+    ("method", "kwargs"),
+    [
+        ("fixed-head", {"speculation": "fixed", "num_speculative_tokens": 5}),
+        # adaptive: the confidence stop rule and the calibration also read the tokens drafted after a miss, which
+        # the trace holds as the head drafts them, so k and every predicted goodput are the real run's too
+        ("adaptive-head", {"speculation": "adaptive"}),
+    ],
+)
 def test_replay_with_the_virtual_head_takes_the_real_runs_decisions(models, tiny_head, traces, method, kwargs):
     misses = 0
     for trace, prompt in zip(traces, PROMPTS, strict=True):
@@ -111,8 +140,9 @@ def test_replay_with_the_virtual_head_takes_the_real_runs_decisions(models, tiny
         run = replay_request([trace], method, SpeculationState(), clock, lambda b, c: PRICED)
         assert run.matches_trace and "draft_head" in run.drafter_histogram
         assert [(s.drafter, s.k, s.accepted) for s in run.stats.steps] == [(s.drafter, s.k, s.accepted) for s in steps]
-        assert [s.predicted_goodput for s in run.stats.steps] == pytest.approx([s.predicted_goodput for s in steps],
-                                                                               rel=1e-5)
+        assert [s.predicted_goodput for s in run.stats.steps] == pytest.approx(
+            [s.predicted_goodput for s in steps], rel=1e-5
+        )
         misses += sum(0 < s.k and s.accepted + 1 < s.k for s in steps)
     assert misses >= 5  # the tokens drafted after a miss are read (by the stop rule), not only the accepted ones
 
@@ -120,8 +150,12 @@ def test_replay_with_the_virtual_head_takes_the_real_runs_decisions(models, tiny
 def test_head_methods_replay_in_batches_priced_by_the_head_profile(traces):
     batched = replay_request(list(traces), "adaptive-head", SpeculationState(), _clock())
     assert batched.matches_trace and batched.new_tokens == sum(t.new_tokens for t in traces)
-    cheap, dear = (replay_request(traces[:1], "fixed-head", SpeculationState(),
-                                  Clock(_profile(2.0, False), head_profile=_profile(ms, True))) for ms in (0.5, 5.0))
+    cheap, dear = (
+        replay_request(
+            traces[:1], "fixed-head", SpeculationState(), Clock(_profile(2.0, False), head_profile=_profile(ms, True))
+        )
+        for ms in (0.5, 5.0)
+    )
     assert [(s.k, s.accepted) for s in cheap.stats.steps] == [(s.k, s.accepted) for s in dear.stats.steps]
     assert dear.time_ms > cheap.time_ms  # same fixed schedule, dearer head forwards
 
@@ -145,8 +179,12 @@ def test_head_methods_name_the_fix_when_traces_or_costs_lack_the_head(traces):
         replay_all(traces, ["plain", "adaptive-head"], Clock(_profile(2.0, False)))
     with pytest.raises(ValueError, match="measured with a draft model, not a head"):
         Clock(_profile(2.0, False), head_profile=_profile(0.5, False))
-    other = assemble_profile("x", {"target": "other", "draft": {"name": "Eagle3Head"}},
-                             {"target": [ProfileCell(1, 16, 1, 10.0), ProfileCell(1, 64, 4, 12.0)]}, {})
+    other = assemble_profile(
+        "x",
+        {"target": "other", "draft": {"name": "Eagle3Head"}},
+        {"target": [ProfileCell(1, 16, 1, 10.0), ProfileCell(1, 64, 4, 12.0)]},
+        {},
+    )
     with pytest.raises(ValueError, match="another target"):
         Clock(_profile(2.0, False), head_profile=other)
 
@@ -165,8 +203,13 @@ def test_head_fields_round_trip_and_old_traces_still_load(traces, tmp_path):
     with pytest.raises(ValueError, match="head_next/head_q need"):
         Trace(**{**traces[0].__dict__, "head_next": traces[0].head_next[:-1]})
     with pytest.raises(ValueError, match="one depth >= 1"):
-        Trace(**{**traces[0].__dict__, "head_next": ((),) * len(traces[0].head_next),
-                 "head_q": ((),) * len(traces[0].head_q)})
+        Trace(
+            **{
+                **traces[0].__dict__,
+                "head_next": ((),) * len(traces[0].head_next),
+                "head_q": ((),) * len(traces[0].head_q),
+            }
+        )
 
 
 def test_trace_cli_adds_a_heads_chains_without_generating_again(models, tiny_head, traces, tmp_path, monkeypatch):
@@ -174,13 +217,25 @@ def test_trace_cli_adds_a_heads_chains_without_generating_again(models, tiny_hea
     from hf_adaspec.bench.prompts import Prompt
 
     out, head_dir = tmp_path / "traces", save_head(tiny_head, tmp_path / "head")
-    bare = Trace(**{**traces[0].__dict__, "head": "", "head_next": (), "head_q": (), "max_new_tokens": 256,
-                    "target": "qwen2.5-coder-1.5b", "draft": ""})
+    bare = Trace(
+        **{
+            **traces[0].__dict__,
+            "head": "",
+            "head_next": (),
+            "head_q": (),
+            "max_new_tokens": 256,
+            "target": "qwen2.5-coder-1.5b",
+            "draft": "",
+        }
+    )
     save_trace(bare, out)
     loaded = []
     monkeypatch.setattr(trace_cli, "load_prompts", lambda path, n: [Prompt(bare.question_id, "cat", "hi")])
-    monkeypatch.setattr(trace_cli, "load_pair", lambda target, draft, q, d: loaded.append(draft) or (
-        LoadedModel(models["target"], None, "t"), None))
+    monkeypatch.setattr(
+        trace_cli,
+        "load_pair",
+        lambda target, draft, q, d: loaded.append(draft) or (LoadedModel(models["target"], None, "t"), None),
+    )
     monkeypatch.setattr(trace_cli, "take_trace", lambda *a, **k: pytest.fail("generated again"))
     args = ["trace", "--output", str(out), "--draft", "none", "--head", str(head_dir), "--head-depth", "3"]
     result = CliRunner().invoke(cli.app, args)
@@ -199,8 +254,17 @@ def test_replay_cli_prices_the_head_from_head_profile(traces, tmp_path):
         save_trace(t, tmp_path / "traces")
     profile = save_profile(_profile(2.0, False), tmp_path / "p.json")
     heads = save_profile(_profile(0.5, True), tmp_path / "h.json")
-    base = ["replay", "--traces", str(tmp_path / "traces"), "--profile", str(profile), "--methods",
-            "plain,adaptive-head", "--output", str(tmp_path / "r.json")]
+    base = [
+        "replay",
+        "--traces",
+        str(tmp_path / "traces"),
+        "--profile",
+        str(profile),
+        "--methods",
+        "plain,adaptive-head",
+        "--output",
+        str(tmp_path / "r.json"),
+    ]
     refused = CliRunner().invoke(cli.app, base)
     assert refused.exit_code == 2 and "--head-profile" in refused.output
     wrong = CliRunner().invoke(cli.app, [*base, "--head-profile", str(profile)])

@@ -14,21 +14,28 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteri
 from hf_adaspec import SpeculationConfig, SpeculationState
 from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
+from hf_adaspec.engine.loop import speculative_decode
 from hf_adaspec.engine.run import build_run
+from hf_adaspec.engine.settings import DecodeSettings, RunParts
 from hf_adaspec.policy.rest import RestSchedule, rest_steps
 from hf_adaspec.proposers import PromptLookupProposer
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 
 
-@pytest.mark.parametrize("decision_ms, step_ms, share, most, expected", [
-    (0.5, 5.0, 0.01, 16, 9),  # ⌈0.5 / 0.05⌉ − 1: the decision's 0.5 ms over 10 steps of 5 ms is 1%
-    (0.51, 5.0, 0.01, 16, 10),
-    (0.5, 5.0, 0.01, 4, 4),  # capped
-    (0.2, 80.0, 0.01, 16, 0),  # a decision far below 1% of a step: decide every step
-    (0.0, 5.0, 0.01, 16, 0), (0.5, math.nan, 0.01, 16, 0), (math.nan, 5.0, 0.01, 16, 0), (0.5, 0.0, 0.01, 16, 0),
-])
+@pytest.mark.parametrize(
+    "decision_ms, step_ms, share, most, expected",
+    [
+        (0.5, 5.0, 0.01, 16, 9),  # ⌈0.5 / 0.05⌉ − 1: the decision's 0.5 ms over 10 steps of 5 ms is 1%
+        (0.51, 5.0, 0.01, 16, 10),
+        (0.5, 5.0, 0.01, 4, 4),  # capped
+        (0.2, 80.0, 0.01, 16, 0),  # a decision far below 1% of a step: decide every step
+        (0.0, 5.0, 0.01, 16, 0),
+        (0.5, math.nan, 0.01, 16, 0),
+        (math.nan, 5.0, 0.01, 16, 0),
+        (0.5, 0.0, 0.01, 16, 0),
+    ],
+)
 def test_rest_steps_keep_the_decisions_within_their_share(decision_ms, step_ms, share, most, expected):
     assert rest_steps(decision_ms, step_ms, share, most) == expected
 
@@ -87,10 +94,16 @@ class _CountingOffers(PromptLookupProposer):
 @pytest.mark.parametrize("decision_ms", [None, 2.5])
 def test_a_rested_step_has_no_offer_and_no_observation(models, one_thread, decision_ms):
     lookup, controller = _CountingOffers(), PlainController(rest_on=lambda n: n % 2 == 0)
-    settings = DecodeSettings(LogitsProcessorList(), StoppingCriteriaList([MaxLengthCriteria(24 + 11)]), 24 + 11,
-                              False, decision_ms=decision_ms)
-    result = speculative_decode(RunParts(RaggedCache(models["target"], 1), (lookup,), controller, settings, 8), PROMPT,
-                                torch.ones_like(PROMPT))
+    settings = DecodeSettings(
+        LogitsProcessorList(),
+        StoppingCriteriaList([MaxLengthCriteria(24 + 11)]),
+        24 + 11,
+        False,
+        decision_ms=decision_ms,
+    )
+    result = speculative_decode(
+        RunParts(RaggedCache(models["target"], 1), (lookup,), controller, settings, 8), PROMPT, torch.ones_like(PROMPT)
+    )
     assert [r.decided for r in result.stats.steps] == [True, False] * 5  # 10 steps after the prefill's token
     assert lookup.offered == 5 and len(controller.outcomes) == 5
     assert all(o.hindsight[0] for o in controller.outcomes)  # decided steps still score the offer
@@ -99,16 +112,29 @@ def test_a_rested_step_has_no_offer_and_no_observation(models, one_thread, decis
 
 
 def _adaptive(models, decision_ms: float) -> tuple[torch.Tensor, list[bool]]:
-    settings = DecodeSettings(LogitsProcessorList(), StoppingCriteriaList([MaxLengthCriteria(24 + 48)]), 24 + 48,
-                              False, decision_ms=decision_ms)
+    settings = DecodeSettings(
+        LogitsProcessorList(),
+        StoppingCriteriaList([MaxLengthCriteria(24 + 48)]),
+        24 + 48,
+        False,
+        decision_ms=decision_ms,
+    )
 
     class Caches:
         def target(self, batch, layers=()):
             return RaggedCache(models["target"], batch)
 
     costs = CostTable(verify_ms=(10.0,) + (30.0,) * 8, draft_ms=0.0)  # speculation pays only on long matches
-    run = build_run(SpeculationConfig(), SpeculationState(), PROMPT, torch.ones_like(PROMPT), None, Caches(),
-                    lambda b: costs, settings)
+    run = build_run(
+        SpeculationConfig(),
+        SpeculationState(),
+        PROMPT,
+        torch.ones_like(PROMPT),
+        None,
+        Caches(),
+        lambda b: costs,
+        settings,
+    )
     result = speculative_decode(run.parts, PROMPT, torch.ones_like(PROMPT))
     return result.sequences, [r.decided for r in result.stats.steps]
 

@@ -4,12 +4,21 @@ processors run once over a step's positions only where that equals running them 
 from __future__ import annotations
 
 import torch
-from transformers import (EosTokenCriteria, LogitsProcessorList, MaxLengthCriteria, RepetitionPenaltyLogitsProcessor,
-                          StoppingCriteria, StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper)
+from transformers import (
+    EosTokenCriteria,
+    LogitsProcessorList,
+    MaxLengthCriteria,
+    RepetitionPenaltyLogitsProcessor,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
 from hf_adaspec.backend import hf_compat
-from hf_adaspec.engine.loop import DecodeSettings, _scores
 from hf_adaspec.engine.rows import TokenRows
+from hf_adaspec.engine.settings import DecodeSettings
+from hf_adaspec.engine.step_verify import processed_scores
 from hf_adaspec.proposers.base import Proposal, Proposals
 
 
@@ -58,8 +67,9 @@ def test_split_reads_only_transformers_own_classes():
     class OwnEos(EosTokenCriteria):
         """A subclass may read more than the last token: it is asked per prefix."""
 
-    split = hf_compat.split_stopping(StoppingCriteriaList([EosTokenCriteria([5, 6]), MaxLengthCriteria(9),
-                                                           MaxLengthCriteria(7), OwnEos(3)]))
+    split = hf_compat.split_stopping(
+        StoppingCriteriaList([EosTokenCriteria([5, 6]), MaxLengthCriteria(9), MaxLengthCriteria(7), OwnEos(3)])
+    )
     assert split.eos == {5, 6} and split.max_length == 7
     assert [type(c) for c in split.others] == [OwnEos]
     assert hf_compat.split_stopping(None) == hf_compat.StopSplit(frozenset(), None, None)
@@ -80,11 +90,11 @@ def test_scores_processed_at_once_equal_position_by_position():
     rows = _rows([])
     free = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(5)])
     settings = DecodeSettings(free, None, 50, True)
-    at_once = _scores(logits, proposals, rows, settings, free=True)
-    by_position = _scores(logits, proposals, rows, settings, free=False)
+    at_once = processed_scores(logits, proposals, rows, settings, free=True)
+    by_position = processed_scores(logits, proposals, rows, settings, free=False)
     assert torch.equal(at_once[0], by_position[0]) and torch.equal(at_once[1, :1], by_position[1, :1])
     penalty = DecodeSettings(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(2.0)]), None, 50, False)
-    scores = _scores(logits, proposals, rows, penalty, free=False)
+    scores = processed_scores(logits, proposals, rows, penalty, free=False)
     assert scores[0, 2, 3] != logits[0, 2, 3] and scores[0, 0, 3] == logits[0, 0, 3]  # 3 is in the prefix only then
 
 
@@ -102,7 +112,9 @@ def test_a_draft_column_is_processed_at_once_where_the_processors_are_position_f
     rows = torch.cat([free(v[None], logits[i : i + 1]) for i, v in enumerate(views)])  # [b, V]
     assert torch.equal(tokens, rows.argmax(-1))
     assert torch.allclose(conf, torch.softmax(rows, -1).max(-1).values)
-    penalty = Sampler(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(50.0)]), False, torch.zeros(0, dtype=torch.long))
+    penalty = Sampler(
+        LogitsProcessorList([RepetitionPenaltyLogitsProcessor(50.0)]), False, torch.zeros(0, dtype=torch.long)
+    )
     peaked = torch.full((3, 16), 0.5)
     peaked[:, 2] = 1.0  # token 2 leads everywhere, but row 0 holds it: the penalty moves row 0 off it only
     tokens, _, _ = penalty.draw(views, peaked, confident=False)

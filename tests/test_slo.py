@@ -25,8 +25,7 @@ PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])  # [1, 24]
 # Draft k=4: E = 4.0951 tokens / 130 ms → 31.5 tokens/s, TPOT 31.75 ms, but the 200 ms catch-up over a
 # 64-token horizon brings it to 28.7 tokens/s. Lookup, k=1: 1.5 tokens / 50 ms → 30 tokens/s, TPOT 33.3 ms.
 # Draft k=3: TPOT 31.99 ms, k=5: 32.01 ms; plain: TPOT 50 ms.
-DRAFTERS = [DrafterPaths((tuple(0.9**j for j in range(1, 9)),), draft_ms=20.0, setup_ms=200.0),
-            DrafterPaths(((0.5,),))]
+DRAFTERS = [DrafterPaths((tuple(0.9**j for j in range(1, 9)),), draft_ms=20.0, setup_ms=200.0), DrafterPaths(((0.5,),))]
 
 
 def _plan(tpot_slo_ms: float | None, drafters=DRAFTERS):
@@ -68,16 +67,19 @@ def test_adaptive_controller_drafts_when_plain_breaks_the_slo():
 
     def ks(slo):
         model = ConfidenceAcceptance(1, ConfidenceCalibrator(token_mean=0.12, optimism=0.0))
-        return decide(AdaptiveController(lambda b: costs, [model], [True], tpot_slo_ms=slo),
-                      StepView(((4,),), (0,), horizon=64)).ks
+        return decide(
+            AdaptiveController(lambda b: costs, [model], [True], tpot_slo_ms=slo), StepView(((4,),), (0,), horizon=64)
+        ).ks
 
     assert ks(None) == (0,)
     assert ks(9.9) == (4,)  # the stop rule ends the draft
 
 
 def _stats(slo: float | None = None) -> SpeculationStats:
-    steps = [StepRecord(3, 3, 4, "draft_model", 10.0, 30.0, 0.5, 1.0),  # 10 ms per token
-             StepRecord(0, 0, 1, "plain", 0.0, 25.0, 0.5, 1.0, step=1)]  # 25 ms per token
+    steps = [
+        StepRecord(3, 3, 4, "draft_model", 10.0, 30.0, 0.5, 1.0),  # 10 ms per token
+        StepRecord(0, 0, 1, "plain", 0.0, 25.0, 0.5, 1.0, step=1),
+    ]  # 25 ms per token
     return SpeculationStats(steps=steps, wall_ms=100.0, row_tokens=(6,), finish_ms=(100.0,), tpot_slo_ms=slo)
 
 
@@ -110,10 +112,17 @@ def test_bad_tpot_slo_is_rejected(value):
 def test_generate_with_slo_keeps_greedy_output_and_reports_attainment(models, mode, drafter):
     plain = models["target"].generate(PROMPT, max_new_tokens=20, do_sample=False)
     extra = {"num_speculative_tokens": 3} if mode == "fixed" else {}
-    out = models["target"].generate(PROMPT, max_new_tokens=20, do_sample=False, speculation=mode,
-                                    assistant_model=models.get(drafter), tpot_slo_ms=1000.0,
-                                    speculation_costs=CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0),
-                                    return_dict_in_generate=True, **extra)
+    out = models["target"].generate(
+        PROMPT,
+        max_new_tokens=20,
+        do_sample=False,
+        speculation=mode,
+        assistant_model=models.get(drafter),
+        tpot_slo_ms=1000.0,
+        speculation_costs=CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0),
+        return_dict_in_generate=True,
+        **extra,
+    )
     assert torch.equal(out.sequences, plain)
     assert out.speculation.tpot_slo_ms == 1000.0
     assert 0.0 <= out.speculation.slo_attainment() <= 1.0 and "TPOT SLO" in out.speculation.summary()

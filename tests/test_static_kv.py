@@ -41,9 +41,16 @@ def _same(a: RaggedCache, b: RaggedCache, tokens: torch.Tensor, valid: torch.Ten
 
 
 # fast: seed 0, with and without padding; the other seeds' schedules are slow
-@pytest.mark.parametrize("seed,pad", [(0, False), pytest.param(1, False, marks=pytest.mark.slow),
-                                      pytest.param(2, False, marks=pytest.mark.slow), (0, True),
-                                      pytest.param(1, True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "seed,pad",
+    [
+        (0, False),
+        pytest.param(1, False, marks=pytest.mark.slow),
+        pytest.param(2, False, marks=pytest.mark.slow),
+        (0, True),
+        pytest.param(1, True, marks=pytest.mark.slow),
+    ],
+)
 def test_random_appends_rollbacks_and_leaving_rows_match_the_dynamic_cache(models, seed, pad, monkeypatch):
     """A random schedule on 3 rows: ragged blocks of 1–6 columns (some rows without tokens), rollbacks of the
     last columns of random rows (holes), a row leaving; a 40-column arena must compact and then move. ``pad``:
@@ -96,10 +103,21 @@ def test_rows_stopping_at_different_times_match_the_dynamic_cache(models, drafte
     draft = {"assistant_model": models["noisy_copy"]} if drafter == "draft_model" else {}
     plain = models["target"].generate(**left_padded(prompts), max_new_tokens=30, do_sample=False)
     eos = int(plain[1, -20])  # a token row 1 emits early
-    out = {kv: models["target"].generate(**left_padded(prompts), **draft, speculation="adaptive",
-                                         speculation_costs=COSTS, speculation_state=SpeculationState(),
-                                         max_new_tokens=30, do_sample=False, eos_token_id=eos, kv_cache=kv,
-                                         return_dict_in_generate=True) for kv in ("dynamic", "static")}
+    out = {
+        kv: models["target"].generate(
+            **left_padded(prompts),
+            **draft,
+            speculation="adaptive",
+            speculation_costs=COSTS,
+            speculation_state=SpeculationState(),
+            max_new_tokens=30,
+            do_sample=False,
+            eos_token_id=eos,
+            kv_cache=kv,
+            return_dict_in_generate=True,
+        )
+        for kv in ("dynamic", "static")
+    }
     finish = out["static"].speculation.row_tokens
     assert len(set(finish)) > 1  # rows left at different times
     assert torch.equal(out["dynamic"].sequences, out["static"].sequences)
@@ -139,9 +157,16 @@ def test_each_width_is_recorded_once_and_replayed_across_requests(tiny_factory):
     arenas_of(model).drop()
     arenas_of(model).adopt("target", arena)
     for _ in range(2):
-        model.generate(torch.tensor([[5, 6, 7, 8, 9, 10] * 4]), speculation="fixed", num_speculative_tokens=3,
-                       speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=20,
-                       do_sample=False, kv_cache="static")
+        model.generate(
+            torch.tensor([[5, 6, 7, 8, 9, 10] * 4]),
+            speculation="fixed",
+            num_speculative_tokens=3,
+            speculation_costs=COSTS,
+            speculation_state=SpeculationState(),
+            max_new_tokens=20,
+            do_sample=False,
+            kv_cache="static",
+        )
     widths = sorted(r.width for r in arena.records)
     assert widths == sorted(set(widths)) and set(widths) <= {1, 2, 3, 4}  # once each; the 24-token prompt eager
     assert len(replays) > 2 * len(widths)  # both requests replayed
@@ -166,9 +191,21 @@ def test_padded_arenas_record_two_widths_and_keep_greedy_tokens(models, monkeypa
     for model in (target, draft):
         arenas_of(model).drop()
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])
-    out = {kv: target.generate(prompt, assistant_model=draft, speculation="adaptive", speculation_costs=COSTS,
-                               speculation_state=SpeculationState(), max_new_tokens=40, do_sample=False, kv_cache=kv,
-                               return_dict_in_generate=True, max_slowdown=math.inf) for kv in ("dynamic", "static")}
+    out = {
+        kv: target.generate(
+            prompt,
+            assistant_model=draft,
+            speculation="adaptive",
+            speculation_costs=COSTS,
+            speculation_state=SpeculationState(),
+            max_new_tokens=40,
+            do_sample=False,
+            kv_cache=kv,
+            return_dict_in_generate=True,
+            max_slowdown=math.inf,
+        )
+        for kv in ("dynamic", "static")
+    }
     assert torch.equal(out["dynamic"].sequences, out["static"].sequences)
     ks = {s.k for s in out["static"].speculation.steps}
     assert len(ks - {0}) > 1  # verifications of several widths ran
@@ -202,9 +239,16 @@ def test_a_slower_replay_is_dropped_for_the_eager_forward(tiny_factory):
     model = hf_adaspec.enable(tiny_factory(0))
     arenas_of(model).drop()
     arenas_of(model).adopt("target", static_kv.Arena(model, 1, 256, Rerun(), choose_by_time=True))
-    out = model.generate(torch.tensor([[5, 6, 7, 8]]), speculation="fixed", num_speculative_tokens=2,
-                         speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=8,
-                         do_sample=False, kv_cache="static")
+    out = model.generate(
+        torch.tensor([[5, 6, 7, 8]]),
+        speculation="fixed",
+        num_speculative_tokens=2,
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        max_new_tokens=8,
+        do_sample=False,
+        kv_cache="static",
+    )
     plain = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=8, do_sample=False)
     arena = arenas_of(model).kept("target", 1, 256)
     assert torch.equal(out, plain) and arena.records
@@ -225,13 +269,24 @@ def test_capacity_buckets_and_store_choice(models):
 def test_sliding_window_architectures_get_an_arena_and_recurrent_ones_are_refused():
     import transformers
 
-    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                           sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    config = transformers.Gemma3TextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )
     model = transformers.Gemma3ForCausalLM(config).eval()
     assert (store_kind(model, "auto"), store_kind(model, "static")) == ("dynamic", "static")  # a CPU: dynamic
-    mamba = transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                                                                   state_size=4, expand=2, conv_kernel=2))
+    mamba = transformers.MambaForCausalLM(
+        transformers.MambaConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=2, state_size=4, expand=2, conv_kernel=2
+        )
+    )
     assert store_kind(mamba, "auto") == "dynamic"
     with pytest.raises(ValueError, match=r"kv_cache='static' cannot serve .*use kv_cache='dynamic'"):
         store_kind(mamba, "static")
@@ -256,9 +311,17 @@ def test_a_compiled_recording_gives_plain_greedy_tokens(tiny_factory):
     """The width-1 forward recorded after torch.compile (inductor on the CPU: seconds) drafts as before."""
     model, draft = hf_adaspec.enable(tiny_factory(0)), hf_adaspec.compile_steps(tiny_factory(0), (1,))
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10] * 4])
-    out = model.generate(prompt, assistant_model=draft, speculation="fixed", num_speculative_tokens=3,
-                         speculation_costs=COSTS, speculation_state=SpeculationState(), max_new_tokens=16,
-                         do_sample=False, kv_cache="static")
+    out = model.generate(
+        prompt,
+        assistant_model=draft,
+        speculation="fixed",
+        num_speculative_tokens=3,
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        max_new_tokens=16,
+        do_sample=False,
+        kv_cache="static",
+    )
     assert torch.equal(out, model.generate(prompt, max_new_tokens=16, do_sample=False))
     records = arenas_of(draft).records()
     assert any(r.compiled and r.width == 1 for r in records) and not any(r.compiled and r.width != 1 for r in records)

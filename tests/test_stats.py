@@ -57,10 +57,18 @@ def _generate(models, prompts, **kwargs) -> SpeculativeGenerateOutput:
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
-    return models["target"].generate(ids, attention_mask=mask, assistant_model=models["noisy_copy"],
-                                     speculation="fixed", num_speculative_tokens=3, speculation_costs=COSTS,
-                                     speculation_state=SpeculationState(), do_sample=False,
-                                     return_dict_in_generate=True, **kwargs)
+    return models["target"].generate(
+        ids,
+        attention_mask=mask,
+        assistant_model=models["noisy_copy"],
+        speculation="fixed",
+        num_speculative_tokens=3,
+        speculation_costs=COSTS,
+        speculation_state=SpeculationState(),
+        do_sample=False,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
 
 
 def test_batch_stats_rows_partition_the_records_and_match_the_output(models, one_thread):
@@ -124,10 +132,16 @@ def test_summary_numbers_from_hand_built_records():
 def test_every_step_records_its_predicted_time(models, one_thread):
     """With a cost table, each step's ``predicted_ms`` is the table's price of the step as it ran."""
     table = CostTable(verify_ms=tuple(10.0 + n for n in range(9)), draft_ms=3.0)
-    out = models["target"].generate(torch.tensor([[5, 9, 13, 2, 7, 5, 9, 13]]), assistant_model=models["noisy_copy"],
-                                    speculation="adaptive", speculation_costs=table, max_new_tokens=24,
-                                    do_sample=False, return_dict_in_generate=True,
-                                    speculation_state=SpeculationState())
+    out = models["target"].generate(
+        torch.tensor([[5, 9, 13, 2, 7, 5, 9, 13]]),
+        assistant_model=models["noisy_copy"],
+        speculation="adaptive",
+        speculation_costs=table,
+        max_new_tokens=24,
+        do_sample=False,
+        return_dict_in_generate=True,
+        speculation_state=SpeculationState(),
+    )
     steps = out.speculation.steps
     assert steps and all(s.predicted_ms >= table.t_verify(s.k + 1) for s in steps)
     assert all(s.predicted_ms == table.t_verify(1) for s in steps if s.k == 0)

@@ -12,7 +12,8 @@ from hf_adaspec import SpeculationState
 from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
-from hf_adaspec.engine.loop import DecodeSettings, RunParts, speculative_decode
+from hf_adaspec.engine.loop import speculative_decode
+from hf_adaspec.engine.settings import DecodeSettings, RunParts
 from hf_adaspec.policy.controller import FixedController
 from hf_adaspec.proposers.base import Rows
 from hf_adaspec.proposers.suffix import SuffixMemory, SuffixProposer, best_draft, speculate
@@ -60,14 +61,17 @@ def test_no_match_and_separators():
     assert speculate(_a(1, 2, -1, 3), _a(9, 2), 8).tokens == ()  # nothing continues across a separator
 
 
-def _every_length(buf: np.ndarray, context: np.ndarray, k: int, depth: int, min_prob: float
-                  ) -> tuple[tuple[int, ...], float, int]:
+def _every_length(
+    buf: np.ndarray, context: np.ndarray, k: int, depth: int, min_prob: float
+) -> tuple[tuple[int, ...], float, int]:
     """The reference search: every match length L = 1 … from the shortest, each node's children counted
     with ``np.unique`` (ties as arctic's), the best score kept, ties to the longer match."""
     context, best, n = context[-depth:], ((), 0.0, 0), buf.shape[0]
     for length in range(1, context.shape[0]):
-        ends = np.array([e for e in range(length - 1, n)
-                         if buf[e - length + 1 : e + 1].tolist() == context[-length:].tolist()], dtype=np.int64)
+        ends = np.array(
+            [e for e in range(length - 1, n) if buf[e - length + 1 : e + 1].tolist() == context[-length:].tolist()],
+            dtype=np.int64,
+        )
         if not ends.size:
             break
         tokens, probs, prob = [], [], 1.0
@@ -172,12 +176,19 @@ def test_generate_remembers_responses_and_drafts_them_again(models, one_thread):
     plain = target.generate(prompt, max_new_tokens=24, do_sample=False)
 
     def spec():
-        return target.generate(prompt, max_new_tokens=24, do_sample=False, speculation="adaptive",
-                               speculation_costs=table, speculation_state=state, return_dict_in_generate=True)
+        return target.generate(
+            prompt,
+            max_new_tokens=24,
+            do_sample=False,
+            speculation="adaptive",
+            speculation_costs=table,
+            speculation_state=state,
+            return_dict_in_generate=True,
+        )
 
     first = spec()
     assert torch.equal(first.sequences, plain)
-    assert [s.tolist() for s in state.suffixes.sequences] == [plain[0, prompt.shape[1]:].tolist()]
+    assert [s.tolist() for s in state.suffixes.sequences] == [plain[0, prompt.shape[1] :].tolist()]
     again = spec()  # the same request: its answer is in memory
     assert torch.equal(again.sequences, plain)
     used = [s for s in again.speculation.steps if s.drafter == "suffix"]
@@ -188,9 +199,12 @@ def test_generate_remembers_responses_and_drafts_them_again(models, one_thread):
 def test_replay_carries_the_memory_across_requests():
     tokens = (1, 2, 3, 4, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42)
     trace = Trace(7, "c", 4, tokens, (), (), (99,), 10.0, 13, "t", "")
-    cells = {"target": [ProfileCell(1, c, n, 10.0 + 0.5 * (n - 1)) for c in (16, 64) for n in (1, 4, 9)],
-             "draft": [ProfileCell(1, c, n, 2.0 if n == 1 else 16.0) for c in (16, 64) for n in (1, 32)],
-             "held_out_target": [ProfileCell(1, 40, 2, 10.5)], "held_out_draft": [ProfileCell(1, 40, 1, 2.0)]}
+    cells = {
+        "target": [ProfileCell(1, c, n, 10.0 + 0.5 * (n - 1)) for c in (16, 64) for n in (1, 4, 9)],
+        "draft": [ProfileCell(1, c, n, 2.0 if n == 1 else 16.0) for c in (16, 64) for n in (1, 32)],
+        "held_out_target": [ProfileCell(1, 40, 2, 10.5)],
+        "held_out_draft": [ProfileCell(1, 40, 1, 2.0)],
+    }
     state, clock = SpeculationState(), Clock(assemble_profile("tiny", {"target": "tiny"}, cells, {}))
     first = replay_request([trace], "adaptive-lookup", state, clock)
     assert first.matches_trace and [s.tolist() for s in state.suffixes.sequences] == [list(tokens[4:])]

@@ -81,12 +81,26 @@ def test_generate_picks_threads_per_step_and_hands_torchs_count_back(models, one
     target = hf_adaspec.enable(models["target"])
     state = SpeculationState(threads=ThreadChooser((2, 1)))
     prompt = torch.tensor([[5, 9, 13, 2, 7, 5, 9, 13]])
-    out = target.generate(prompt, speculation="adaptive", speculation_costs=table, max_new_tokens=40, do_sample=False,
-                          speculation_state=state, return_dict_in_generate=True,
-                          max_slowdown=math.inf)  # a try from the 9th step (with the bound it waits for slack)
+    out = target.generate(
+        prompt,
+        speculation="adaptive",
+        speculation_costs=table,
+        max_new_tokens=40,
+        do_sample=False,
+        speculation_state=state,
+        return_dict_in_generate=True,
+        max_slowdown=math.inf,
+    )  # a try from the 9th step (with the bound it waits for slack)
     assert torch.get_num_threads() == before
     assert set(state.threads.seen) == {2, 1} and sum(state.threads.seen.values()) == len(out.speculation.steps)
     fixed = SpeculationState(threads=ThreadChooser((2, 1)))
-    target.generate(prompt, speculation="adaptive", speculation_costs=table, max_new_tokens=40, do_sample=False,
-                    speculation_state=fixed, adapt_threads=False)
+    target.generate(
+        prompt,
+        speculation="adaptive",
+        speculation_costs=table,
+        max_new_tokens=40,
+        do_sample=False,
+        speculation_state=fixed,
+        adapt_threads=False,
+    )
     assert fixed.threads.seen == {} and torch.get_num_threads() == before

@@ -91,11 +91,12 @@ def test_speculative_sample_is_reproducible_with_generator():
 
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_rows_of_different_k_in_one_step_get_their_own_verification(do_sample):
-    """The loop verifies every row at once (greedy) or the rows of one k together (``verify_group``, sampling) and hands each row its own outcome: rows
-    with k = 2, 0, 1, 2 against targets sure of their tokens (so sampling is deterministic here) accept up to
-    their first wrong token and emit the target's token after it."""
-    from hf_adaspec.engine.loop import DecodeSettings, _verify
+    """The loop verifies every row at once (greedy) or the rows of one k together (``verify_group``, sampling) and
+    hands each row its own outcome: rows with k = 2, 0, 1, 2 against targets sure of their tokens (so sampling is
+    deterministic here) accept up to their first wrong token and emit the target's token after it."""
     from hf_adaspec.engine.rows import TokenRows
+    from hf_adaspec.engine.settings import DecodeSettings
+    from hf_adaspec.engine.step_verify import verify_step
     from hf_adaspec.proposers.base import Proposal, Proposals
 
     sure = [[1, 2, 3], [4, 0, 0], [5, 1, 0], [2, 2, 5]]  # per row the target's token at each position
@@ -104,6 +105,6 @@ def test_rows_of_different_k_in_one_step_get_their_own_verification(do_sample):
     proposals = Proposals.of([Proposal(torch.tensor([d], dtype=torch.long).view(1, len(d))) for d in drafts])
     rows = TokenRows.open(torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 1), 100, None, 0)
     settings = DecodeSettings([], None, 100, do_sample, generator=torch.Generator().manual_seed(0))
-    accepted, new = _verify(logits, proposals, rows, settings, free=True)
+    accepted, new = verify_step(logits, proposals, rows, settings, free=True)
     assert accepted == [2, 0, 0, 1]
     assert new == [[1, 2, 3], [4], [5], [2, 2]]

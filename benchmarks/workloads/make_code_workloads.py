@@ -47,8 +47,9 @@ COMPLETION_FRACTION = 0.4
 MIN_LINES, MAX_LINES = 15, 70  # lines of code in each prompt
 MAX_CHARS = 2500  # characters of code in each prompt (~700 tokens)
 
-COMPLETION_MESSAGE = ("Complete the following Python function. Reply with the whole function in one code block."
-                      "\n\n```python\n{code}\n```")
+COMPLETION_MESSAGE = (
+    "Complete the following Python function. Reply with the whole function in one code block.\n\n```python\n{code}\n```"
+)
 EDITING_MESSAGE = "{instruction}. Reply with the whole edited function in one code block.\n\n```python\n{code}\n```"
 
 # (module, qualified function name) for code-completion, question_id 10001..10008.
@@ -65,27 +66,42 @@ COMPLETION = [
 
 # (module, qualified function name, instruction) for code-editing, question_id 10009..10016.
 EDITING = [
-    ("string", "Formatter._vformat",
-     "Rename the variable `auto_arg_index` to `next_auto_index` everywhere, including the keyword argument"),
-    ("email.utils", "formataddr",
-     "Replace the %-style string formatting with f-strings"),
-    ("locale", "_group",
-     "Add a docstring in Google style (with Args and Returns sections) that explains what the function does"),
-    ("colorsys", "rgb_to_hls",
-     "Add input validation that raises ValueError if any of r, g or b is not a number between 0.0 and 1.0 "
-     "inclusive"),
-    ("calendar", "TextCalendar.formatyear",
-     "Add type hints to every parameter and the return value"),
-    ("quopri", "decode",
-     "Split every line that holds several statements joined with semicolons into one statement per line, "
-     "and replace `while 1:` with `while True:`"),
-    ("graphlib", "TopologicalSorter.done",
-     "Convert the comments to proper sentences: capitalize the first word, fix the grammar and end each "
-     "comment with a period"),
-    ("shutil", "get_terminal_size",
-     "Move the repeated parsing of the COLUMNS and LINES environment variables into a nested helper "
-     "function `_env_int(name)` that returns 0 when the variable is missing or not an integer, and use it "
-     "for both"),
+    (
+        "string",
+        "Formatter._vformat",
+        "Rename the variable `auto_arg_index` to `next_auto_index` everywhere, including the keyword argument",
+    ),
+    ("email.utils", "formataddr", "Replace the %-style string formatting with f-strings"),
+    (
+        "locale",
+        "_group",
+        "Add a docstring in Google style (with Args and Returns sections) that explains what the function does",
+    ),
+    (
+        "colorsys",
+        "rgb_to_hls",
+        "Add input validation that raises ValueError if any of r, g or b is not a number between 0.0 and 1.0 inclusive",
+    ),
+    ("calendar", "TextCalendar.formatyear", "Add type hints to every parameter and the return value"),
+    (
+        "quopri",
+        "decode",
+        "Split every line that holds several statements joined with semicolons into one statement per line, "
+        "and replace `while 1:` with `while True:`",
+    ),
+    (
+        "graphlib",
+        "TopologicalSorter.done",
+        "Convert the comments to proper sentences: capitalize the first word, fix the grammar and end each "
+        "comment with a period",
+    ),
+    (
+        "shutil",
+        "get_terminal_size",
+        "Move the repeated parsing of the COLUMNS and LINES environment variables into a nested helper "
+        "function `_env_int(name)` that returns 0 when the variable is missing or not an integer, and use it "
+        "for both",
+    ),
 ]
 
 
@@ -113,15 +129,23 @@ def _partial(code: str) -> str:
     assert isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)), func
     body = func.body
     first = body[0]
-    has_doc = (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-               and isinstance(first.value.value, str))
+    has_doc = (
+        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    )
     body_start = first.end_lineno if has_doc else first.lineno - 1  # lines[:body_start] = signature (+ docstring)
     n_body = len(lines) - body_start
     target = body_start + COMPLETION_FRACTION * n_body
     # Cut points: the last line of any statement of the body (nested ones too), after the docstring.
-    ends = sorted({node.end_lineno for node in ast.walk(func)
-                   if isinstance(node, ast.stmt) and node is not func and node.end_lineno > body_start
-                   and node.end_lineno < len(lines)})
+    ends = sorted(
+        {
+            node.end_lineno
+            for node in ast.walk(func)
+            if isinstance(node, ast.stmt)
+            and node is not func
+            and node.end_lineno > body_start
+            and node.end_lineno < len(lines)
+        }
+    )
     cut = min(ends, key=lambda end: (abs(end - target), end))
     return "\n".join(lines[:cut]).rstrip() + "\n"
 
@@ -129,8 +153,9 @@ def _partial(code: str) -> str:
 def _check(code: str, where: str) -> None:
     n = len(code.splitlines())
     if not (MIN_LINES <= n <= MAX_LINES and len(code) <= MAX_CHARS):
-        raise SystemExit(f"{where}: {n} lines, {len(code)} chars (want {MIN_LINES}-{MAX_LINES} lines, "
-                         f"<= {MAX_CHARS} chars)")
+        raise SystemExit(
+            f"{where}: {n} lines, {len(code)} chars (want {MIN_LINES}-{MAX_LINES} lines, <= {MAX_CHARS} chars)"
+        )
 
 
 def build() -> list[dict]:
@@ -140,17 +165,28 @@ def build() -> list[dict]:
         code, where = _source(module, qualname)
         partial = _partial(code)
         _check(partial, where)
-        rows.append({"question_id": qid, "category": "code-completion",
-                     "turns": [COMPLETION_MESSAGE.format(code=partial.rstrip("\n"))], "source": where})
+        rows.append(
+            {
+                "question_id": qid,
+                "category": "code-completion",
+                "turns": [COMPLETION_MESSAGE.format(code=partial.rstrip("\n"))],
+                "source": where,
+            }
+        )
         qid += 1
     for module, qualname, instruction in EDITING:
         code, where = _source(module, qualname)
         _check(code, where)
         if not 20 <= len(code.splitlines()) <= 60:
             raise SystemExit(f"{where}: an editing function should have 20-60 lines")
-        rows.append({"question_id": qid, "category": "code-editing",
-                     "turns": [EDITING_MESSAGE.format(instruction=instruction, code=code.rstrip("\n"))],
-                     "source": where})
+        rows.append(
+            {
+                "question_id": qid,
+                "category": "code-editing",
+                "turns": [EDITING_MESSAGE.format(instruction=instruction, code=code.rstrip("\n"))],
+                "source": where,
+            }
+        )
         qid += 1
     return rows
 
@@ -169,7 +205,7 @@ def main() -> None:
     categories: dict[str, int] = {}
     for row in rows:
         categories[row["category"]] = categories.get(row["category"], 0) + 1
-        print(f'{row["question_id"]}  {row["category"]:15}  {row["source"]}')
+        print(f"{row['question_id']}  {row['category']:15}  {row['source']}")
     print(json.dumps({"output": str(args.output), "prompts": len(rows), "categories": categories}))
 
 

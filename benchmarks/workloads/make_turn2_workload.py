@@ -45,10 +45,16 @@ def build(questions: Path, traces: Path) -> list[dict]:
     out = []
     for t in sorted(firsts, key=lambda t: (t.category, t.question_id)):
         row = rows[t.question_id]
-        answer = tokenizer.decode(t.tokens[t.prompt_len:], skip_special_tokens=True).strip()
-        out.append({"question_id": t.question_id + ID_OFFSET, "category": t.category,
-                    "history": [row["turns"][0], answer], "turns": [row["turns"][1]],
-                    "source": f"Spec-Bench question {t.question_id}, second turn; answer: {t.target} greedy"})
+        answer = tokenizer.decode(t.tokens[t.prompt_len :], skip_special_tokens=True).strip()
+        out.append(
+            {
+                "question_id": t.question_id + ID_OFFSET,
+                "category": t.category,
+                "history": [row["turns"][0], answer],
+                "turns": [row["turns"][1]],
+                "source": f"Spec-Bench question {t.question_id}, second turn; answer: {t.target} greedy",
+            }
+        )
     return out
 
 
@@ -57,8 +63,15 @@ def sessions(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         q = r["question_id"] - ID_OFFSET
-        out += [{"question_id": q, "category": r["category"], "turns": [r["history"][0]],
-                 "source": f"Spec-Bench question {q}, first turn"}, r]
+        out += [
+            {
+                "question_id": q,
+                "category": r["category"],
+                "turns": [r["history"][0]],
+                "source": f"Spec-Bench question {q}, first turn",
+            },
+            r,
+        ]
     return out
 
 
@@ -66,7 +79,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=Path, default=ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl")
     ap.add_argument("--traces", type=Path, default=ROOT / "benchmarks" / "traces")
-    ap.add_argument("--output", type=Path, default=None, help=f"default: {OUTPUT.name} ({SESSIONS.name} with --sessions)")
+    ap.add_argument(
+        "--output", type=Path, default=None, help=f"default: {OUTPUT.name} ({SESSIONS.name} with --sessions)"
+    )
     ap.add_argument("--sessions", action="store_true", help="each second turn after its first turn")
     args = ap.parse_args()
     rows = build(args.questions, args.traces)
@@ -74,8 +89,11 @@ def main() -> None:
     args.output = args.output or (SESSIONS if args.sessions else OUTPUT)
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     atomic_write(args.output, lambda f: f.write(text.encode("utf-8")))
-    print(json.dumps({"output": str(args.output), "prompts": len(rows),
-                      "categories": dict(Counter(r["category"] for r in rows))}))
+    print(
+        json.dumps(
+            {"output": str(args.output), "prompts": len(rows), "categories": dict(Counter(r["category"] for r in rows))}
+        )
+    )
 
 
 if __name__ == "__main__":

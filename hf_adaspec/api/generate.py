@@ -28,9 +28,9 @@ from ..backend import hf_compat, static_kv
 from ..backend.arenas import arenas_of
 from ..config import SpeculationConfig
 from ..costs.table import CostTable
-from ..engine.loop import DecodeSettings, predicted_time
 from ..engine.owner import ModelState
 from ..engine.run import SpeculationState, run_request
+from ..engine.settings import DecodeSettings, predicted_time
 from ..engine.stats import SpeculationStats, StepRecord
 from ..policy.modes import assistant_kind
 
@@ -56,8 +56,7 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
     speculation: SpeculationStats | None = None
 
 
-def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: SpeculationRequest,
-                  gen_config) -> None:
+def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: SpeculationRequest, gen_config) -> None:
     """Raise ValueError for inputs the engine does not support, naming the fix.
 
     Raises:
@@ -75,8 +74,10 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
         if (reason := hf_compat.speculation_reason(checked)) is not None:
             raise ValueError(f"{reason}: leave speculation out (plain generate), or pick another model")
     if assistant_kind(draft) == "head" and draft.config.target_vocab_size != hf_compat.vocab_size(model):
-        raise ValueError(f"the draft head was made for a vocabulary of {draft.config.target_vocab_size} tokens, "
-                         f"the target's is {hf_compat.vocab_size(model)}: load a head trained for this target")
+        raise ValueError(
+            f"the draft head was made for a vocabulary of {draft.config.target_vocab_size} tokens, "
+            f"the target's is {hf_compat.vocab_size(model)}: load a head trained for this target"
+        )
     elif assistant_kind(draft) == "model" and hf_compat.vocab_size(draft) > hf_compat.vocab_size(model):
         raise ValueError(
             f"draft model vocabulary ({hf_compat.vocab_size(draft)}) is larger than the target's "
@@ -89,8 +90,10 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
     if empty:
         raise ValueError(f"prompt(s) {empty} of the batch are empty; every prompt needs at least one token")
     if bool((mask[:, 1:] < mask[:, :-1]).any()):
-        raise ValueError("the batch is right-padded; speculation needs left padding: set "
-                         "tokenizer.padding_side = 'left' before tokenizing the prompts")
+        raise ValueError(
+            "the batch is right-padded; speculation needs left padding: set "
+            "tokenizer.padding_side = 'left' before tokenizing the prompts"
+        )
     if input_ids.shape[0] > 1 or not bool(mask.all()):
         if request.streamer is not None or request.on_step is not None:
             raise ValueError("streamer and speculation_callback support batch size 1; drop them for batches")
@@ -101,30 +104,51 @@ def _check_inputs(model, input_ids: torch.Tensor, mask: torch.Tensor, request: S
 def _check_outputs(gen_config) -> None:
     """Raise ValueError naming the per-step outputs requested (output_scores, output_logits,
     output_attentions, output_hidden_states): speculation returns sequences and its stats only."""
-    requested = {"output_scores": gen_config.output_scores, "output_logits": gen_config.output_logits,
-                 "output_attentions": gen_config.output_attentions,
-                 "output_hidden_states": gen_config.output_hidden_states}
+    requested = {
+        "output_scores": gen_config.output_scores,
+        "output_logits": gen_config.output_logits,
+        "output_attentions": gen_config.output_attentions,
+        "output_hidden_states": gen_config.output_hidden_states,
+    }
     named = [f"{name}=True" for name, value in requested.items() if value]
     if named:
-        raise ValueError("speculation does not return scores, logits, attentions or hidden states; drop "
-                         + ", ".join(named) + " (or leave speculation out to get them from plain generate)")
+        raise ValueError(
+            "speculation does not return scores, logits, attentions or hidden states; drop "
+            + ", ".join(named)
+            + " (or leave speculation out to get them from plain generate)"
+        )
 
 
-def _settings(model, request: SpeculationRequest, logits_processor, stopping_criteria, gen_config
-              ) -> DecodeSettings:
+def _settings(model, request: SpeculationRequest, logits_processor, stopping_criteria, gen_config) -> DecodeSettings:
     """What the loop takes from the generation config and the request (on a CPU with ``adapt_threads``, the
     state's thread chooser; with ``rest=False``, decisions priced at no time and steps booked at their
     predicted time, so that no decision depends on the engine's timing)."""
     chooser = request.state.threads if request.config.adapt_threads and model.device.type == "cpu" else None
-    return DecodeSettings(logits_processor, stopping_criteria, gen_config.max_length, gen_config.do_sample,
-                          hf_compat.pad_token_id(gen_config), hf_compat.eos_token_ids(gen_config),
-                          hf_compat.vocab_size(model), request.streamer, on_step=request.on_step, threads=chooser,
-                          decision_ms=None if request.config.rest else 0.0,
-                          step_ms=None if request.config.rest else predicted_time)
+    return DecodeSettings(
+        logits_processor,
+        stopping_criteria,
+        gen_config.max_length,
+        gen_config.do_sample,
+        hf_compat.pad_token_id(gen_config),
+        hf_compat.eos_token_ids(gen_config),
+        hf_compat.vocab_size(model),
+        request.streamer,
+        on_step=request.on_step,
+        threads=chooser,
+        decision_ms=None if request.config.rest else 0.0,
+        step_ms=None if request.config.rest else predicted_time,
+    )
 
 
-def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
-                         adaspec_request: SpeculationRequest | None = None, **model_kwargs):
+def speculative_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    adaspec_request: SpeculationRequest | None = None,
+    **model_kwargs,
+):
     """``custom_generate`` callable: speculative decoding with the request's drafters and controller.
 
     input_ids: [B, T] long, left-padded when rows differ in length (``attention_mask`` [B, T]). Returns
@@ -137,8 +161,17 @@ def speculative_generate(model, input_ids: torch.LongTensor, logits_processor, s
     mask = torch.ones_like(input_ids) if mask is None else mask
     _check_inputs(model, input_ids, mask, request, generation_config)
     settings = _settings(model, request, logits_processor, stopping_criteria, generation_config)
-    result = run_request(model, request.draft_model, request.config, request.state, input_ids, mask, settings,
-                         request.costs, request.profile)
+    result = run_request(
+        model,
+        request.draft_model,
+        request.config,
+        request.state,
+        input_ids,
+        mask,
+        settings,
+        request.costs,
+        request.profile,
+    )
     if generation_config.return_dict_in_generate:
         return SpeculativeGenerateOutput(sequences=result.sequences, speculation=result.stats)
     return result.sequences
@@ -157,11 +190,14 @@ def _check_keywords(kwargs: dict[str, Any]) -> None:
     """
     prompt = kwargs.get("inputs", kwargs.get("input_ids"))
     if isinstance(prompt, torch.Tensor) and prompt.numel() == 0:
-        raise ValueError(f"the prompt has no tokens (input_ids of shape {tuple(prompt.shape)}); tokenize non-empty "
-                         "text, or add the BOS token, e.g. tokenizer(text, add_special_tokens=True)")
+        raise ValueError(
+            f"the prompt has no tokens (input_ids of shape {tuple(prompt.shape)}); tokenize non-empty "
+            "text, or add the BOS token, e.g. tokenizer(text, add_special_tokens=True)"
+        )
     assisted = hf_compat.assisted_generation_options(kwargs)
-    if kwargs.get("token_healing") or (kwargs.get("generation_config") is not None
-                                       and kwargs["generation_config"].token_healing):
+    if kwargs.get("token_healing") or (
+        kwargs.get("generation_config") is not None and kwargs["generation_config"].token_healing
+    ):
         raise ValueError("speculation does not support token_healing; drop it, or leave speculation out")
     if assisted:
         raise ValueError(
@@ -169,7 +205,8 @@ def _check_keywords(kwargs: dict[str, Any]) -> None:
             "drop them and use hf-adaspec's: max_speculative_tokens (cap on drafted tokens per step), "
             "prompt_lookup_max_ngram (prompt lookup's n-gram size, drafting without assistant_model), or "
             'speculation="fixed" with num_speculative_tokens (a fixed number per step); the draft model must '
-            "share the target's tokenizer. Or leave speculation out for transformers' assisted generation")
+            "share the target's tokenizer. Or leave speculation out for transformers' assisted generation"
+        )
 
 
 def _speculative_entry(original, owner: ModelState, speculation=None, **kwargs):
@@ -194,8 +231,9 @@ def _speculative_entry(original, owner: ModelState, speculation=None, **kwargs):
     given_config = {name: kwargs.pop(name) for name in _CONFIG_KEYWORDS if name in kwargs}
     config = SpeculationConfig(speculation=speculation, **given_config)  # the rest: SpeculationConfig's defaults
     draft = kwargs.pop("assistant_model", None)
-    costs, on_step, profile = (kwargs.pop(k, None) for k in ("speculation_costs", "speculation_callback",
-                                                              "speculation_profile"))
+    costs, on_step, profile = (
+        kwargs.pop(k, None) for k in ("speculation_costs", "speculation_callback", "speculation_profile")
+    )
     device, kwargs = _prompt_on_cpu(kwargs)
     with owner.request(draft, given) as learned:
         request = SpeculationRequest(config, learned, draft, kwargs.get("streamer"), costs, on_step, profile)
@@ -215,8 +253,9 @@ def _prompt_on_cpu(kwargs: dict[str, Any]) -> tuple[torch.device, dict[str, Any]
     forwards move each model's inputs to that model's device. Sequences go back to the prompt's device."""
     tensors = [kwargs[k] for k in _PROMPT_KEYWORDS if isinstance(kwargs.get(k), torch.Tensor)]
     device = tensors[0].device if tensors else torch.device("cpu")
-    return device, {k: v.cpu() if k in _PROMPT_KEYWORDS and isinstance(v, torch.Tensor) else v
-                    for k, v in kwargs.items()}
+    return device, {
+        k: v.cpu() if k in _PROMPT_KEYWORDS and isinstance(v, torch.Tensor) else v for k, v in kwargs.items()
+    }
 
 
 def enable(model) -> Any:

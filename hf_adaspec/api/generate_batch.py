@@ -36,8 +36,10 @@ def encode_batch(tokenizer, prompts: Sequence[str], chat: bool = True) -> dict[s
         raise ValueError(f"prompt(s) {empty} are empty; every prompt needs text")
     texts = list(prompts)
     if chat and getattr(tokenizer, "chat_template", None):
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                               add_generation_prompt=True) for p in prompts]
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
     side, pad = tokenizer.padding_side, tokenizer.pad_token
     tokenizer.padding_side = "left"
     if pad is None:  # many causal LM tokenizers have none; pad with EOS, as transformers' generate does
@@ -80,8 +82,14 @@ def generate_batch(
     if speculation is None:
         sequences, stats = model.generate(**inputs, max_new_tokens=max_new_tokens, **generate_kwargs), None
     else:
-        out = model.generate(**inputs, assistant_model=draft_model, speculation=speculation,
-                             max_new_tokens=max_new_tokens, return_dict_in_generate=True, **generate_kwargs)
+        out = model.generate(
+            **inputs,
+            assistant_model=draft_model,
+            speculation=speculation,
+            max_new_tokens=max_new_tokens,
+            return_dict_in_generate=True,
+            **generate_kwargs,
+        )
         sequences, stats = out.sequences, out.speculation
     new = sequences[:, inputs["input_ids"].shape[1] :]
     texts = tuple(tokenizer.batch_decode(new, skip_special_tokens=True))

@@ -59,9 +59,11 @@ class ModelArenas:
             RuntimeError: the calling thread already holds it (a request started inside another on this model).
         """
         if self._holder == threading.get_ident():
-            raise RuntimeError(f"a speculative generate on {type(self.model).__name__} started inside another on the "
-                               "same model (a streamer or speculation_callback that calls generate?): hf-adaspec runs "
-                               "one request per model at a time; generate after the first returns, or on another model")
+            raise RuntimeError(
+                f"a speculative generate on {type(self.model).__name__} started inside another on the "
+                "same model (a streamer or speculation_callback that calls generate?): hf-adaspec runs "
+                "one request per model at a time; generate after the first returns, or on another model"
+            )
         with self._lock:
             self._holder = threading.get_ident()
             try:
@@ -82,8 +84,16 @@ class ModelArenas:
             for old in mine[: max(0, len(mine) - static_kv.ARENAS_PER_ROLE + 1)]:
                 del self._arenas[old]
             device = model.device
-            arena = Arena(model, key[1], capacity, capture_for(device), choose_by_time=device.type == "cuda",
-                          pad=device.type in static_kv.PAD_DEVICES, shape=shape, compiled=self.compiled)
+            arena = Arena(
+                model,
+                key[1],
+                capacity,
+                capture_for(device),
+                choose_by_time=device.type == "cuda",
+                pad=device.type in static_kv.PAD_DEVICES,
+                shape=shape,
+                compiled=self.compiled,
+            )
         self._arenas[key] = arena  # most recently used last
         return arena
 

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 
-def packed_gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-               scale: float) -> torch.Tensor:
+def packed_gqa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     """Scaled dot-product attention, softmax(q·kᵀ·scale + mask)·v (Vaswani et al. 2017, eq. 1, with
     ``scale`` for 1/√D), with query heads packed by key/value head.
 

@@ -24,14 +24,23 @@ from .stores import open_store
 NEW_TOKENS_SIZED = 1024  # a request's arena is first sized for at most this many new tokens; a longer one moves
 
 
-def open_cache(model: torch.nn.Module, batch: int, kv_cache: str = "dynamic", capacity: int = 0, role: str = "target",
-               graph_width: int = 1, seed: object | None = None, layers: tuple[int, ...] = ()) -> RaggedCache:
+def open_cache(
+    model: torch.nn.Module,
+    batch: int,
+    kv_cache: str = "dynamic",
+    capacity: int = 0,
+    role: str = "target",
+    graph_width: int = 1,
+    seed: object | None = None,
+    layers: tuple[int, ...] = (),
+) -> RaggedCache:
     """An empty ``RaggedCache`` of ``model`` for ``batch`` rows (``seed``: a transformers cache holding a
     prefix to start from, batch 1), its keys and values where ``kv_cache`` puts them: the arena of ``role``
     with ``capacity`` columns whose forwards of up to ``graph_width`` columns (for feature ``layers``) replay
     recordings, or a ``DynamicCache``. Raises ValueError as ``stores.store_kind``."""
-    return RaggedCache(model, batch, store=open_store(model, batch, kv_cache, capacity, role, graph_width, seed,
-                                                      layers))
+    return RaggedCache(
+        model, batch, store=open_store(model, batch, kv_cache, capacity, role, graph_width, seed, layers)
+    )
 
 
 def open_head_cache(head: Eagle3Head, batch: int, kv_cache: str = "dynamic") -> HeadKV:
@@ -57,22 +66,37 @@ class ModelCaches:
     graph_width: int = 1
 
     @classmethod
-    def for_request(cls, target: torch.nn.Module, assistant: torch.nn.Module | None, kv_cache: str, k_max: int,
-                    width: int, max_length: int) -> ModelCaches:
+    def for_request(
+        cls,
+        target: torch.nn.Module,
+        assistant: torch.nn.Module | None,
+        kv_cache: str,
+        k_max: int,
+        width: int,
+        max_length: int,
+    ) -> ModelCaches:
         """Sized for a request of a ``width``-token padded prompt, up to ``max_length`` tokens in all (at most
         ``NEW_TOKENS_SIZED`` new) and one proposal of up to ``k_max`` tokens; recordings up to k_max + 1 wide."""
         new = min(max(max_length - width, 0), NEW_TOKENS_SIZED) + k_max + 1
         return cls(target, assistant, kv_cache, capacity_for(width, new), k_max + 1)
 
     def target(self, batch: int, layers: tuple[int, ...] = ()) -> RaggedCache:
-        return open_cache(self.target_model, batch, self.kv_cache, self.capacity, "target", self.graph_width,
-                          layers=layers)
+        return open_cache(
+            self.target_model, batch, self.kv_cache, self.capacity, "target", self.graph_width, layers=layers
+        )
 
     def draft(self, batch: int, seed: PrefixSeed | None) -> RaggedCache:
         if self.assistant is None:
             raise ValueError("no draft model to make a cache for")
-        return open_cache(self.assistant, batch, self.kv_cache, self.capacity, "draft", self.graph_width,
-                          seed.cache if seed is not None else None)
+        return open_cache(
+            self.assistant,
+            batch,
+            self.kv_cache,
+            self.capacity,
+            "draft",
+            self.graph_width,
+            seed.cache if seed is not None else None,
+        )
 
     def head(self, batch: int) -> HeadKV:
         if not isinstance(self.assistant, Eagle3Head):

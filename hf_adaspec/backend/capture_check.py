@@ -33,8 +33,15 @@ from torch.utils._pytree import tree_leaves
 
 HOST = torch.device("meta")  # where a tensor made without a device lands inside the check
 _DATA_DEPENDENT = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
-_INDEXING = frozenset({torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
-                       torch.ops.aten._unsafe_index.Tensor, torch.ops.aten._unsafe_index_put.default})
+_INDEXING = frozenset(
+    {
+        torch.ops.aten.index.Tensor,
+        torch.ops.aten.index_put.default,
+        torch.ops.aten.index_put_.default,
+        torch.ops.aten._unsafe_index.Tensor,
+        torch.ops.aten._unsafe_index_put.default,
+    }
+)
 _HOST_COPIES = frozenset({torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu, torch.Tensor.__array__})
 
 

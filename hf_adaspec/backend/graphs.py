@@ -148,8 +148,11 @@ def remember_failure(owner: torch.nn.Module, key: object, what: str, error: Base
     _FAILED.setdefault(owner, {})[key] = line
     if line not in _SAID:
         _SAID.add(line)
-        print(f"hf-adaspec: recording {type(owner).__name__}'s {what} as a CUDA graph failed ({line}); it runs "
-              "eagerly from now on", file=sys.stderr)
+        print(
+            f"hf-adaspec: recording {type(owner).__name__}'s {what} as a CUDA graph failed ({line}); it runs "
+            "eagerly from now on",
+            file=sys.stderr,
+        )
     return line
 
 

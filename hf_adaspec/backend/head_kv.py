@@ -101,7 +101,9 @@ class StaticHeadCache:
             self.arena = arenas_of(self.head).arena("head", old.batch, wider, kv_shape(self.head))
             self.arena.rowmask.zero_()
             self.arena.keys[0][:, :, :start], self.arena.values[0][:, :, :start] = (
-                old.keys[0][:, :, :start], old.values[0][:, :, :start])
+                old.keys[0][:, :, :start],
+                old.values[0][:, :, :start],
+            )
             self.arena.rowmask[:, :start] = old.rowmask[:, :start]
         return start
 
@@ -118,8 +120,9 @@ class StaticHeadCache:
         return allowed | ~allowed.any(dim=-1, keepdim=True)
 
     @torch.no_grad()
-    def draft_column(self, head: Eagle3Head, tokens: torch.Tensor, hidden: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_column(
+        self, head: Eagle3Head, tokens: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``HeadCache.draft_column`` by the recording: tokens [b, 1], hidden [b, 1, H] → pre-norm outputs
         [b, 1, H] (a copy) and float32 logits [b, V] on the CPU. Raises ValueError for another head."""
         if head is not self.head:
@@ -131,8 +134,11 @@ class StaticHeadCache:
             rows, device = arena.batch, arena.device
             ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
             inputs = arena.inputs[COLUMN] = _ColumnInputs(
-                ids, torch.zeros(rows, 1, head.config.hidden_size, dtype=head.dtype, device=device),
-                torch.zeros_like(ids), torch.zeros(1, dtype=torch.long, device=device))
+                ids,
+                torch.zeros(rows, 1, head.config.hidden_size, dtype=head.dtype, device=device),
+                torch.zeros_like(ids),
+                torch.zeros(1, dtype=torch.long, device=device),
+            )
         inputs.tokens.zero_()
         inputs.tokens[:b] = tokens.to(arena.device)
         inputs.hidden[:b] = hidden.to(arena.device, inputs.hidden.dtype)

@@ -36,8 +36,9 @@ class KVCache(Protocol):
         [B, keep, V]."""
         ...
 
-    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def append_features(
+        self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``append``, and the residual stream at the inputs of ``layers`` for every column
         ([B, M, len(layers)·H]; None without layers)."""
         ...
@@ -65,8 +66,9 @@ class RaggedCache:
     common case (one row, or rows that advance together) is a few integer updates.
     """
 
-    def __init__(self, model: torch.nn.Module, batch: int, cache: object | None = None,
-                 store: KVStore | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, batch: int, cache: object | None = None, store: KVStore | None = None
+    ) -> None:
         """``cache``: a transformers cache of ``batch`` rows that already holds the same number of tokens
         in every row (a reused prompt prefix, ``draft_prefix``), or ``store``: where the keys and values live
         (a ``StaticStore``, possibly seeded); neither: an empty ``DynamicCache``."""
@@ -116,8 +118,9 @@ class RaggedCache:
         """
         return self.append_features(tokens, valid, keep, ())[0]
 
-    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def append_features(
+        self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``append``, also returning the residual stream at the inputs of ``layers`` for every column of
         the block, concatenated: [B, M, len(layers)·H] float32 on the CPU (None without layers)."""
         n = tokens.shape[1]
@@ -138,8 +141,9 @@ class RaggedCache:
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep only the first ``lengths`` [B] tokens of each row; crop columns no row uses any more."""
         wanted = lengths.tolist()
-        if all(w >= h for w, h in zip(wanted, self._held, strict=True)) and \
-                (self._mask is None or not self._width or bool(self._mask[:, -1].any())):
+        if all(w >= h for w, h in zip(wanted, self._held, strict=True)) and (
+            self._mask is None or not self._width or bool(self._mask[:, -1].any())
+        ):
             return  # every row keeps all it holds and the last column is in use: nothing changes (a plain step)
         mask = self.mask
         kept = (mask.cumsum(dim=1) <= lengths[:, None]) & mask.bool()  # [B, L]

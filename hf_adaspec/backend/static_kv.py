@@ -61,9 +61,18 @@ def capacity_for(context: int, new_tokens: int = STANDARD_NEW_TOKENS) -> int:
     return next_power(context + new_tokens, CAPACITY_FLOOR)
 
 
-def block_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor,
-                  cache: object, rowmask: torch.Tensor, column_positions: torch.Tensor, column_index: torch.Tensor,
-                  keep: int, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def block_forward(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    columns: torch.Tensor,
+    cache: object,
+    rowmask: torch.Tensor,
+    column_positions: torch.Tensor,
+    column_index: torch.Tensor,
+    keep: int,
+    layers: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of a block ids [B, n] (RoPE ``positions`` [B, n]) written at ``columns`` [n] of an arena
     (``cache``; ``column_positions`` [B, L], each column's token position, takes the block's), the 4-D mask
     [B, 1, n, L] built from the row mask [B, L]: column j is visible to block column i when it is a token of the
@@ -152,9 +161,17 @@ class Arena:
     ``hf_compat.kv_shape``; a draft head gives its own, ``head_kv``); ``compiled``: the widths recorded through
     ``torch.compile`` (``arenas.ModelArenas.compile``)."""
 
-    def __init__(self, model: torch.nn.Module, batch: int, capacity: int, capture: Capture,
-                 choose_by_time: bool, pad: bool = False, shape: KVShape | None = None,
-                 compiled: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch: int,
+        capacity: int,
+        capture: Capture,
+        choose_by_time: bool,
+        pad: bool = False,
+        shape: KVShape | None = None,
+        compiled: frozenset[int] = frozenset(),
+    ) -> None:
         layers, heads, dim, dtype = shape or hf_compat.kv_shape(model)
         self.device, self.batch, self.capacity, self.owner = model.device, batch, capacity, weakref.ref(model)
         shape = (batch, heads, capacity, dim)
@@ -173,11 +190,22 @@ class Arena:
         columns = torch.zeros(n, dtype=torch.long, device=self.device)
         return _Inputs(ids, torch.zeros_like(ids), columns, hf_compat.column_cache(self.keys, self.values, columns))
 
-    def _step(self, model: torch.nn.Module, inputs: _Inputs, keep: int, layers: tuple[int, ...],
-              compiled: bool = False) -> tuple:
+    def _step(
+        self, model: torch.nn.Module, inputs: _Inputs, keep: int, layers: tuple[int, ...], compiled: bool = False
+    ) -> tuple:
         forward = _compiled_block() if compiled else block_forward
-        return forward(model, inputs.ids, inputs.positions, inputs.columns, inputs.cache, self.rowmask,
-                       self.positions, self.column_index, keep, layers)
+        return forward(
+            model,
+            inputs.ids,
+            inputs.positions,
+            inputs.columns,
+            inputs.cache,
+            self.rowmask,
+            self.positions,
+            self.column_index,
+            keep,
+            layers,
+        )
 
     @torch.no_grad()
     def prime(self, model: torch.nn.Module, graph_width: int, layers: tuple[int, ...]) -> None:
@@ -194,9 +222,18 @@ class Arena:
                 self._record(model, inputs, key)
 
     @torch.no_grad()
-    def run(self, model: torch.nn.Module, slots: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-            mask: torch.Tensor, start: int, keep: int, layers: tuple[int, ...], graph_width: int
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(
+        self,
+        model: torch.nn.Module,
+        slots: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        start: int,
+        keep: int,
+        layers: tuple[int, ...],
+        graph_width: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Write the block tokens [b, n] (positions [b, n]; the batch rows' masks [b, start + n]) at columns
         start … start + n − 1 of arena rows ``slots`` [b] (on the device) → logits [b, keep, V] and features
         [b, n, F] (None without ``layers``) in the model's dtype, on the device. A padded block (``run_width``)
@@ -256,8 +293,13 @@ class Arena:
             self.recordings[key] = plain if first.kept else None
         return self.recordings[key]
 
-    def record(self, key: tuple[int, tuple[int, ...]], fn: Callable[[], tuple],
-               eager: Callable[[], object] | None = None, compiled: bool = False) -> _Recording | None:
+    def record(
+        self,
+        key: tuple[int, tuple[int, ...]],
+        fn: Callable[[], tuple],
+        eager: Callable[[], object] | None = None,
+        compiled: bool = False,
+    ) -> _Recording | None:
         """Capture ``fn`` (a step that reads only this arena's tensors and the static inputs kept in
         ``inputs[key]``; → its outputs) as ``recordings[key]``, with what capturing took in ``records``. With
         ``eager`` (the same step run eagerly) that and one replay are timed too, and the recording is dropped
@@ -273,17 +315,42 @@ class Arena:
             capture_ms = timed_ms(lambda: made.append(self.capture(fn)), self.device)
         except Exception as e:  # noqa: BLE001 - whatever breaks a recording, the step runs eagerly instead
             error = graphs.remember_failure(self.owner(), key, f"step of width {key[0]}", e)
-            self.records.append(CaptureRecord(self.batch, self.capacity, key[0], key[1], compiled, 0.0,
-                                              None if eager_ms is None else round(eager_ms, 3), None, False, error))
+            self.records.append(
+                CaptureRecord(
+                    self.batch,
+                    self.capacity,
+                    key[0],
+                    key[1],
+                    compiled,
+                    0.0,
+                    None if eager_ms is None else round(eager_ms, 3),
+                    None,
+                    False,
+                    error,
+                )
+            )
             self.recordings[key] = None
             return None
         captured, static_out = made[0]
-        replay_ms = (statistics.median(timed_ms(captured.replay, self.device) for _ in range(REPLAY_TIMINGS))
-                     if eager is not None else None)
+        replay_ms = (
+            statistics.median(timed_ms(captured.replay, self.device) for _ in range(REPLAY_TIMINGS))
+            if eager is not None
+            else None
+        )
         kept = eager_ms is None or replay_ms < eager_ms
-        self.records.append(CaptureRecord(self.batch, self.capacity, key[0], key[1], compiled, round(capture_ms, 2),
-                                          None if eager_ms is None else round(eager_ms, 3),
-                                          None if replay_ms is None else round(replay_ms, 3), kept))
+        self.records.append(
+            CaptureRecord(
+                self.batch,
+                self.capacity,
+                key[0],
+                key[1],
+                compiled,
+                round(capture_ms, 2),
+                None if eager_ms is None else round(eager_ms, 3),
+                None if replay_ms is None else round(replay_ms, 3),
+                kept,
+            )
+        )
         self.recordings[key] = _Recording(captured, static_out) if kept else None
         return self.recordings[key]
 

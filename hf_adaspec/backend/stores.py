@@ -26,8 +26,14 @@ class KVStore(Protocol):
     held: int
     dense_forward: bool
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, keep: int,
-                layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        keep: int,
+        layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Block tokens [b, n] (mask [b, L + n] long over held and new columns, RoPE positions [b, n]; both None:
         no holes, positions follow the columns — only where ``dense_forward``) → logits [b, keep, V] float32 on
         the model's device, features [b, n, F] float32 on the CPU or None."""
@@ -70,8 +76,14 @@ class DynamicStore:
 
     dense_forward = True  # without holes transformers' own positions and masks are the right ones
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, keep: int,
-                layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        keep: int,
+        layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if mask is None or bool(mask.all()):  # no holes: positions follow the cache length, as in a plain forward
             return hf_compat.forward(self.model, tokens, self.cache, keep, feature_layers=layers)
         return hf_compat.forward(self.model, tokens, self.cache, keep, mask, positions, layers)
@@ -98,8 +110,16 @@ class StaticStore:
     prefix store's copy). Forwards of up to ``graph_width`` columns replay recordings; an arena that pads
     (on a GPU) records its widths for the feature ``layers`` the request will ask for as the store opens it."""
 
-    def __init__(self, model: torch.nn.Module, batch: int, capacity: int, role: str, graph_width: int,
-                 seed: object | None = None, layers: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch: int,
+        capacity: int,
+        role: str,
+        graph_width: int,
+        seed: object | None = None,
+        layers: tuple[int, ...] = (),
+    ) -> None:
         self.model, self.role, self.graph_width = model, role, graph_width
         self.arena = arenas_of(model).arena(role, batch, capacity)
         if self.arena.pad:
@@ -117,11 +137,18 @@ class StaticStore:
 
     dense_forward = False  # a recorded forward reads the row mask and positions it was recorded with
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, keep: int,
-                layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor | None,
+        keep: int,
+        layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         start = self.held
-        logits, features = self.arena.run(self.model, self.slots, tokens, positions, mask, start, keep, layers,
-                                          self.graph_width)
+        logits, features = self.arena.run(
+            self.model, self.slots, tokens, positions, mask, start, keep, layers, self.graph_width
+        )
         self.held = start + tokens.shape[1]
         return logits.float(), None if features is None else features.float().cpu()
 
@@ -151,8 +178,11 @@ class StaticStore:
 
     def export(self, length: int) -> object | None:
         slot = int(self.slots[0])
-        return hf_compat.dynamic_cache_of(self.model, [k[slot : slot + 1, :, :length] for k in self.arena.keys],
-                                          [v[slot : slot + 1, :, :length] for v in self.arena.values])
+        return hf_compat.dynamic_cache_of(
+            self.model,
+            [k[slot : slot + 1, :, :length] for k in self.arena.keys],
+            [v[slot : slot + 1, :, :length] for v in self.arena.values],
+        )
 
     def fill_random(self, batch: int, context: int) -> None:
         if batch != self.slots.shape[0]:
@@ -167,7 +197,7 @@ class StaticStore:
 
 
 def store_kind(model: torch.nn.Module, kv_cache: str) -> str:
-    """"static" or "dynamic": what ``kv_cache`` (``config.KV_CACHES``) gives ``model``: "auto" is an arena on a
+    """ "static" or "dynamic": what ``kv_cache`` (``config.KV_CACHES``) gives ``model``: "auto" is an arena on a
     GPU and a ``DynamicCache`` elsewhere or where the architecture needs per-layer masks.
 
     Raises:
@@ -181,8 +211,16 @@ def store_kind(model: torch.nn.Module, kv_cache: str) -> str:
     return "dynamic"
 
 
-def open_store(model: torch.nn.Module, batch: int, kv_cache: str, capacity: int, role: str, graph_width: int,
-               seed: object | None = None, layers: tuple[int, ...] = ()) -> KVStore:
+def open_store(
+    model: torch.nn.Module,
+    batch: int,
+    kv_cache: str,
+    capacity: int,
+    role: str,
+    graph_width: int,
+    seed: object | None = None,
+    layers: tuple[int, ...] = (),
+) -> KVStore:
     """Where a request's cache of ``model`` lives (``store_kind``): an arena (``StaticStore``: ``capacity``
     columns, recordings up to ``graph_width`` columns, for feature ``layers``) or a ``DynamicStore``.
     ``seed``: a transformers cache holding a prefix to start from (batch 1). Raises ValueError as

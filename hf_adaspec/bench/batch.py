@@ -58,8 +58,10 @@ def pick_prompts(path: Path, count: int) -> list[Prompt]:
         by_cat.setdefault(p.category, []).append(p)
     ordered = [b[i] for i in range(count) for b in by_cat.values() if i < len(b)]
     if len(ordered) < count:
-        raise ValueError(f"{path} has only {len(ordered)} prompts to pick from, asked for {count}; lower "
-                         "--batch-prompts / the largest --batch-size, or pass --prompts to a larger file")
+        raise ValueError(
+            f"{path} has only {len(ordered)} prompts to pick from, asked for {count}; lower "
+            "--batch-prompts / the largest --batch-size, or pass --prompts to a larger file"
+        )
     return ordered[:count]
 
 
@@ -70,8 +72,13 @@ def _run(model, tokenizer, draft, texts: list[str], method: str, cfg: dict, stat
     if method == "hf-assisted":
         inputs = encode_batch(tokenizer, texts)
         try:
-            out = model.generate(**inputs, assistant_model=draft, max_new_tokens=cfg["max_new_tokens"],
-                                 do_sample=False, pad_token_id=tokenizer.pad_token_id)
+            out = model.generate(
+                **inputs,
+                assistant_model=draft,
+                max_new_tokens=cfg["max_new_tokens"],
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
         except ValueError as err:
             return None, None, 0.0, str(err).splitlines()[0]
         return out, None, time.perf_counter() - start, None
@@ -79,8 +86,15 @@ def _run(model, tokenizer, draft, texts: list[str], method: str, cfg: dict, stat
     extra = {"num_speculative_tokens": cfg["fixed_k"]} if spec == "fixed" else {}
     if spec is not None:
         extra["speculation_state"] = state if state is not None else SpeculationState()
-    gen = generate_batch(model, tokenizer, texts, draft_model=draft if spec else None, speculation=spec,
-                         max_new_tokens=cfg["max_new_tokens"], **extra)
+    gen = generate_batch(
+        model,
+        tokenizer,
+        texts,
+        draft_model=draft if spec else None,
+        speculation=spec,
+        max_new_tokens=cfg["max_new_tokens"],
+        **extra,
+    )
     return gen.sequences, gen.stats, time.perf_counter() - start, None
 
 
@@ -91,10 +105,19 @@ def run_sizes(model, tokenizer, draft, prompts: list[Prompt], sizes: list[int], 
     from tqdm.auto import tqdm
 
     for b in sizes:
-        generate_batch(model, tokenizer, ["Say hello."] * b, draft_model=draft, max_new_tokens=4,
-                       speculation_state=SpeculationState())
-    return [run for b in tqdm(sizes, desc="batch sizes")
-            for run in run_batch_size(model, tokenizer, draft, prompts, b, methods, cfg)]
+        generate_batch(
+            model,
+            tokenizer,
+            ["Say hello."] * b,
+            draft_model=draft,
+            max_new_tokens=4,
+            speculation_state=SpeculationState(),
+        )
+    return [
+        run
+        for b in tqdm(sizes, desc="batch sizes")
+        for run in run_batch_size(model, tokenizer, draft, prompts, b, methods, cfg)
+    ]
 
 
 def run_batch_size(model, tokenizer, draft, prompts: list[Prompt], batch: int, methods: list[str], cfg: dict):
@@ -118,28 +141,51 @@ def run_batch_size(model, tokenizer, draft, prompts: list[Prompt], batch: int, m
             latency = stats.mean_latency_ms / 1000.0 if stats is not None else seconds
             gaps = [_row_gap(model, plain[i], seq[i], tokenizer.pad_token_id) for i in range(len(texts))]
             known = [g for g in gaps if g is not None]
-            runs.append(BatchRun(batch, m, len(texts), new, seconds, latency, stats.mean_k if stats else None,
-                                 stats.acceptance_rate if stats else None, gaps.count(None),
-                                 max(known) if known else None))
+            runs.append(
+                BatchRun(
+                    batch,
+                    m,
+                    len(texts),
+                    new,
+                    seconds,
+                    latency,
+                    stats.mean_k if stats else None,
+                    stats.acceptance_rate if stats else None,
+                    gaps.count(None),
+                    max(known) if known else None,
+                )
+            )
     return runs
 
 
 def overall_line(summary: dict, output: Path, prompts: int, methods: list[str]) -> dict:
     """The batch bench's last stdout line: speedups vs plain per batch size and the adaptive method's mean k."""
     table = summary["table"]
-    return {"output": str(output), "prompts": prompts,
-            "speedup_vs_plain": {b: {m: round(r["speedup"], 3) for m, r in row.items() if "speedup" in r}
-                                 for b, row in table.items()},
-            "mean_k": {b: {m: round(row[m]["mean_k"], 2) for m in ("adaptive",)
-                           if m in methods and row[m].get("mean_k") is not None} for b, row in table.items()}}
+    return {
+        "output": str(output),
+        "prompts": prompts,
+        "speedup_vs_plain": {
+            b: {m: round(r["speedup"], 3) for m, r in row.items() if "speedup" in r} for b, row in table.items()
+        },
+        "mean_k": {
+            b: {
+                m: round(row[m]["mean_k"], 2)
+                for m in ("adaptive",)
+                if m in methods and row[m].get("mean_k") is not None
+            }
+            for b, row in table.items()
+        },
+    }
 
 
 def _row_gap(model, plain, other, pad_id: int) -> float | None:
     """None if the rows are equal, else the target's top-2 logit gap where ``other`` first leaves plain
     (rows [T] with left and right padding stripped; a small gap is a near-tie, not a bug)."""
+
     def strip(row):
         real = (row != pad_id).nonzero().flatten()
         return row[int(real[0]) : int(real[-1]) + 1][None].to(model.device)
+
     if plain.tolist() == other.tolist():
         return None
     return divergence_gap(model, strip(plain), strip(other))
@@ -151,7 +197,8 @@ def summarize(runs: list[BatchRun], methods: list[str]) -> dict:
     for batch in sorted({r.batch_size for r in runs}):
         rows = [r for r in runs if r.batch_size == batch]
         plain_rate = sum(r.new_tokens for r in rows if r.method == "plain") / sum(
-            r.seconds for r in rows if r.method == "plain")
+            r.seconds for r in rows if r.method == "plain"
+        )
         table[batch] = {}
         for m in methods:
             mine = [r for r in rows if r.method == m]
@@ -162,13 +209,16 @@ def summarize(runs: list[BatchRun], methods: list[str]) -> dict:
             ks = [r.mean_k for r in mine if r.mean_k is not None]
             acc = [r.acceptance for r in mine if r.acceptance is not None and r.acceptance == r.acceptance]
             table[batch][m] = {
-                "tokens_per_s": rate, "speedup": rate / plain_rate,
+                "tokens_per_s": rate,
+                "speedup": rate / plain_rate,
                 "mean_latency_s": statistics.fmean(r.mean_latency_s for r in mine),
                 "mean_k": statistics.fmean(ks) if ks else None,
                 "acceptance": statistics.fmean(acc) if acc else None,
-                "rows_equal_plain": sum(r.rows_equal_plain or 0 for r in mine), "rows": sum(r.rows for r in mine),
-                "max_divergence_gap": max((r.max_divergence_gap for r in mine if r.max_divergence_gap is not None),
-                                          default=None),
+                "rows_equal_plain": sum(r.rows_equal_plain or 0 for r in mine),
+                "rows": sum(r.rows for r in mine),
+                "max_divergence_gap": max(
+                    (r.max_divergence_gap for r in mine if r.max_divergence_gap is not None), default=None
+                ),
             }
     return {"table": table}
 

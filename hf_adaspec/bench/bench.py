@@ -33,13 +33,35 @@ from ..engine.run import SpeculationState
 from .oracle_inputs import PromptOracle, prompt_oracle
 from .prompts import Prompt
 
-METHODS = ("plain", "plain-again", "hf-assisted", "hf-prompt-lookup", "fixed-k", "pmin", "adaptive",
-           "adaptive-fixed-threads", "adaptive-lookup")
-NEEDS_DRAFT = ("hf-assisted", "fixed-k", "pmin", "adaptive", "adaptive-fixed-threads")  # methods that run the draft model
+METHODS = (
+    "plain",
+    "plain-again",
+    "hf-assisted",
+    "hf-prompt-lookup",
+    "fixed-k",
+    "pmin",
+    "adaptive",
+    "adaptive-fixed-threads",
+    "adaptive-lookup",
+)
+NEEDS_DRAFT = (
+    "hf-assisted",
+    "fixed-k",
+    "pmin",
+    "adaptive",
+    "adaptive-fixed-threads",
+)  # methods that run the draft model
 
 # which oracle bounds a method: the drafters it may use (plain has none)
-METHOD_FAMILY = {"hf-assisted": "draft", "hf-prompt-lookup": "lookup", "fixed-k": "draft", "pmin": "draft",
-                 "adaptive": "hybrid", "adaptive-fixed-threads": "hybrid", "adaptive-lookup": "lookup"}
+METHOD_FAMILY = {
+    "hf-assisted": "draft",
+    "hf-prompt-lookup": "lookup",
+    "fixed-k": "draft",
+    "pmin": "draft",
+    "adaptive": "hybrid",
+    "adaptive-fixed-threads": "hybrid",
+    "adaptive-lookup": "lookup",
+}
 
 
 @dataclass(frozen=True)
@@ -118,10 +140,11 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
     ran. Every repeat starts from the method's state as it was before this prompt: the first repeat runs on
     the state itself (what it learns is kept for the next prompts), a later one on a copy taken before the
     first, so no run is timed with this prompt's answer already in memory."""
-    inputs = tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, return_tensors="pt",
-                                           return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        prompt.messages(), add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     prompt_len = inputs["input_ids"].shape[1]
-    order = methods[rotation % len(methods):] + methods[: rotation % len(methods)]
+    order = methods[rotation % len(methods) :] + methods[: rotation % len(methods)]
     outputs: dict[str, tuple] = {}
     seconds: dict[str, list[float]] = {m: [] for m in methods}
     repeats, states = cfg.get("repeats", 1), cfg.get("states", {})
@@ -137,8 +160,16 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
     reused = [getattr(getattr(out, "speculation", None), "draft_prefix_tokens", 0) for out, _ in outputs.values()]
     oracle = None
     if plain_seq is not None and cfg.get("costs") is not None:  # the draft's catch-up less the best reused prefix
-        oracle = prompt_oracle(model, draft, plain_seq, prompt_len, cfg["costs"](prompt_len), cfg.get("k_max", 8),
-                               (prompt.question_id, prompt.category), max(reused))
+        oracle = prompt_oracle(
+            model,
+            draft,
+            plain_seq,
+            prompt_len,
+            cfg["costs"](prompt_len),
+            cfg.get("k_max", 8),
+            (prompt.question_id, prompt.category),
+            max(reused),
+        )
     runs = []
     for method in methods:
         out, elapsed = outputs[method][0], statistics.median(seconds[method])
@@ -147,11 +178,24 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
         gap = divergence_gap(model, plain_seq, out.sequences) if plain_seq is not None else None
         family = METHOD_FAMILY.get(method)
         bound = oracle.tokens_per_s.get(family) if oracle is not None and family else None
-        runs.append(Run(prompt.question_id, prompt.category, method, new, elapsed, new / elapsed,
-                        plain_seq is not None and gap is None,
-                        stats.mean_accepted_length if stats else None, stats.plain_share if stats else None,
-                        gap, stats.acceptance_rate if stats else None, stats.mean_k if stats else None, bound,
-                        stats.draft_prefix_tokens if stats else None))
+        runs.append(
+            Run(
+                prompt.question_id,
+                prompt.category,
+                method,
+                new,
+                elapsed,
+                new / elapsed,
+                plain_seq is not None and gap is None,
+                stats.mean_accepted_length if stats else None,
+                stats.plain_share if stats else None,
+                gap,
+                stats.acceptance_rate if stats else None,
+                stats.mean_k if stats else None,
+                bound,
+                stats.draft_prefix_tokens if stats else None,
+            )
+        )
     return PromptResult(runs, oracle)
 
 
@@ -197,8 +241,10 @@ def _oracle_cell(oracles: list[PromptOracle], plain: dict[int, float]) -> dict:
     return {
         "draft_agreement": _mean([o.draft_agreement for o in oracles]),
         "lookup_hit_rate": _mean([o.lookup_agreement for o in oracles]),
-        "oracle_speedup": {f: _geomean([o.tokens_per_s[f] / plain[o.question_id] for o in oracles
-                                        if f in o.tokens_per_s]) for f in families},
+        "oracle_speedup": {
+            f: _geomean([o.tokens_per_s[f] / plain[o.question_id] for o in oracles if f in o.tokens_per_s])
+            for f in families
+        },
     }
 
 
@@ -216,10 +262,17 @@ def summarize(runs: list[Run], methods: list[str], oracles: list[PromptOracle] =
         if picked:
             oracle_table[cat] = _oracle_cell(picked, plain)
     mismatches = {m: sum(1 for r in runs if r.method == m and not r.matches_plain) for m in methods}
-    gaps = {m: max((r.divergence_gap for r in runs if r.method == m and r.divergence_gap is not None),
-                   default=None) for m in methods}
-    return {"table": table, "oracle": oracle_table, "greedy_mismatches": mismatches, "max_divergence_gap": gaps,
-            "prompts": len(plain)}
+    gaps = {
+        m: max((r.divergence_gap for r in runs if r.method == m and r.divergence_gap is not None), default=None)
+        for m in methods
+    }
+    return {
+        "table": table,
+        "oracle": oracle_table,
+        "greedy_mismatches": mismatches,
+        "max_divergence_gap": gaps,
+        "prompts": len(plain),
+    }
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -232,23 +285,37 @@ def markdown(summary: dict, methods: list[str]) -> str:
     head = "| category | " + " | ".join(methods) + " |\n|---|" + "---|" * len(methods) + "\n"
     speed = head + "".join(
         f"| {cat} | " + " | ".join(f"{row[m]['tokens_per_s']:.2f} ({row[m]['speedup']:.2f}x)" for m in methods) + " |\n"
-        for cat, row in summary["table"].items())
+        for cat, row in summary["table"].items()
+    )
     spec = [m for m in methods if m != "plain"]
     head = "| category | " + " | ".join(spec) + " |\n|---|" + "---|" * len(spec) + "\n"
-    pct = head + "".join(f"| {cat} | " + " | ".join(_fmt(row[m].get("pct_oracle"), ".0f") + "%" for m in spec) + " |\n"
-                         for cat, row in summary["table"].items())
+    pct = head + "".join(
+        f"| {cat} | " + " | ".join(_fmt(row[m].get("pct_oracle"), ".0f") + "%" for m in spec) + " |\n"
+        for cat, row in summary["table"].items()
+    )
     acc = head + "".join(
-        f"| {cat} | " + " | ".join(f"{_fmt(row[m].get('acceptance'), '.2f')} / {_fmt(row[m].get('mean_k'), '.2f')}"
-                                   for m in spec) + " |\n" for cat, row in summary["table"].items())
+        f"| {cat} | "
+        + " | ".join(f"{_fmt(row[m].get('acceptance'), '.2f')} / {_fmt(row[m].get('mean_k'), '.2f')}" for m in spec)
+        + " |\n"
+        for cat, row in summary["table"].items()
+    )
     text = f"tokens/s (speedup vs plain)\n\n{speed}\n% of oracle tokens/s\n\n{pct}\nacceptance / mean k\n\n{acc}"
     if summary.get("oracle"):
         fams = sorted({f for row in summary["oracle"].values() for f in row["oracle_speedup"]})
-        text += ("\ndraft agreement, prompt-lookup hit rate, oracle speedup vs plain\n\n| category | draft agreement | "
-                 "lookup hit rate | " + " | ".join(f"oracle {f}" for f in fams) + " |\n|---|---|---|"
-                 + "---|" * len(fams) + "\n")
+        text += (
+            "\ndraft agreement, prompt-lookup hit rate, oracle speedup vs plain\n\n| category | draft agreement | "
+            "lookup hit rate | "
+            + " | ".join(f"oracle {f}" for f in fams)
+            + " |\n|---|---|---|"
+            + "---|" * len(fams)
+            + "\n"
+        )
         for cat, row in summary["oracle"].items():
-            text += (f"| {cat} | {_fmt(row['draft_agreement'], '.2f')} | {_fmt(row['lookup_hit_rate'], '.2f')} | "
-                     + " | ".join(f"{row['oracle_speedup'].get(f, float('nan')):.2f}x" for f in fams) + " |\n")
+            text += (
+                f"| {cat} | {_fmt(row['draft_agreement'], '.2f')} | {_fmt(row['lookup_hit_rate'], '.2f')} | "
+                + " | ".join(f"{row['oracle_speedup'].get(f, float('nan')):.2f}x" for f in fams)
+                + " |\n"
+            )
     return text
 
 

@@ -56,8 +56,9 @@ def agreement_runs(agree: Sequence[bool]) -> list[int]:
     return runs[:-1]
 
 
-def _fastest(drafters: Sequence[OracleDrafter], enabled: Sequence[int], n: int, k_max: int,
-             t_verify_ms: Callable[[int], float]) -> OracleResult:
+def _fastest(
+    drafters: Sequence[OracleDrafter], enabled: Sequence[int], n: int, k_max: int, t_verify_ms: Callable[[int], float]
+) -> OracleResult:
     """Minimum-time schedule over n tokens using only drafters ``enabled`` (setup excluded)."""
     best = [0.0] * (n + 1)  # best[i]: fastest time (ms) for tokens i..n-1
     move: list[tuple[int, int]] = [(0, -1)] * n  # (k, drafter) chosen at i
@@ -77,9 +78,7 @@ def _fastest(drafters: Sequence[OracleDrafter], enabled: Sequence[int], n: int, 
     return OracleResult(tuple(ks), tuple(used), best[0], n)
 
 
-def oracle_schedule(
-    drafters: Sequence[OracleDrafter], k_max: int, t_verify_ms: Callable[[int], float]
-) -> OracleResult:
+def oracle_schedule(drafters: Sequence[OracleDrafter], k_max: int, t_verify_ms: Callable[[int], float]) -> OracleResult:
     """The fastest schedule over the ``len(runs)`` generated tokens, knowing every acceptance.
 
     A step at position i drafts k ≤ min(runs[d][i], k_max, tokens left − 1) tokens with drafter d and

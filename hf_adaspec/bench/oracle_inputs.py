@@ -74,8 +74,9 @@ def costless_runs(sequence: torch.Tensor, prompt_len: int, k_max: int, max_ngram
     tokens = sequence[0].cpu()
     memory = SuffixMemory()
     runs = []
-    for pos, lookup in zip(range(prompt_len + 1, tokens.shape[0]), lookup_runs(sequence, prompt_len, k_max, max_ngram),
-                           strict=True):
+    for pos, lookup in zip(
+        range(prompt_len + 1, tokens.shape[0]), lookup_runs(sequence, prompt_len, k_max, max_ngram), strict=True
+    ):
         guess = torch.tensor(best_draft(memory, tokens[:pos], prompt_len, k_max).tokens, dtype=torch.long)
         truth = tokens[pos : pos + guess.shape[0]]
         same = (guess[: truth.shape[0]] == truth).int()
@@ -91,17 +92,36 @@ def time_prefill_ms(target: torch.nn.Module, prompt: torch.Tensor) -> float:
     return (time.perf_counter() - start) * 1000.0
 
 
-def _family_rates(agree_runs: tuple[int, ...], lookup: OracleDrafter, has_draft: bool, costs: CostTable,
-                  n: int, catchup_tokens: int, prefill_ms: float, k_max: int) -> dict[str, float]:
+def _family_rates(
+    agree_runs: tuple[int, ...],
+    lookup: OracleDrafter,
+    has_draft: bool,
+    costs: CostTable,
+    n: int,
+    catchup_tokens: int,
+    prefill_ms: float,
+    k_max: int,
+) -> dict[str, float]:
     """Oracle tokens/s (prefill included) per family under ``costs``."""
     model = OracleDrafter(agree_runs, costs.draft_ms, catchup_tokens * costs.draft_catchup_ms)
     sets = {"draft": [model] if has_draft else [], "lookup": [lookup], "hybrid": [model, lookup] if has_draft else []}
-    return {family: 1000.0 * n / (prefill_ms + oracle_schedule(drafters, k_max, costs.t_verify).time_ms)
-            for family, drafters in sets.items() if drafters}
+    return {
+        family: 1000.0 * n / (prefill_ms + oracle_schedule(drafters, k_max, costs.t_verify).time_ms)
+        for family, drafters in sets.items()
+        if drafters
+    }
 
 
-def prompt_oracle(target, draft, sequence: torch.Tensor, prompt_len: int, costs: CostTable, k_max: int,
-                  ids: tuple[int, str], reused: int = 0) -> PromptOracle:
+def prompt_oracle(
+    target,
+    draft,
+    sequence: torch.Tensor,
+    prompt_len: int,
+    costs: CostTable,
+    k_max: int,
+    ids: tuple[int, str],
+    reused: int = 0,
+) -> PromptOracle:
     """Oracle tokens/s per family for one greedy output ``sequence`` [1, T]; ids = (question_id, category).
 
     draft: the draft model alone (its setup: ingesting the prompt at ``costs.draft_catchup_ms`` per
@@ -113,8 +133,23 @@ def prompt_oracle(target, draft, sequence: torch.Tensor, prompt_len: int, costs:
     agree = draft_agreement(draft, sequence, prompt_len) if draft is not None else []
     lookup = OracleDrafter(tuple(costless_runs(sequence, prompt_len, k_max)))
     prefill = time_prefill_ms(target, sequence[:, :prompt_len])
-    rates = functools.partial(_family_rates, tuple(agreement_runs(agree)), lookup, draft is not None,
-                              n=n, catchup_tokens=prompt_len - reused, prefill_ms=prefill, k_max=k_max)
+    rates = functools.partial(
+        _family_rates,
+        tuple(agreement_runs(agree)),
+        lookup,
+        draft is not None,
+        n=n,
+        catchup_tokens=prompt_len - reused,
+        prefill_ms=prefill,
+        k_max=k_max,
+    )
     hits = sum(1 for r in lookup.runs if r > 0)
-    return PromptOracle(ids[0], ids[1], n, prefill, sum(agree) / len(agree) if agree else float("nan"),
-                        hits / len(lookup.runs) if lookup.runs else float("nan"), rates(costs))
+    return PromptOracle(
+        ids[0],
+        ids[1],
+        n,
+        prefill,
+        sum(agree) / len(agree) if agree else float("nan"),
+        hits / len(lookup.runs) if lookup.runs else float("nan"),
+        rates(costs),
+    )

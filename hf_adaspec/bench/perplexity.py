@@ -32,10 +32,12 @@ def chunks(tokens: Sequence[int], n_ctx: int, n_chunks: int | None = None, bos: 
     if n_ctx < 4:
         raise ValueError(f"n_ctx={n_ctx}: use at least 4 tokens a chunk")
     if len(tokens) < 2 * n_ctx:
-        raise ValueError(f"{len(tokens)} tokens: perplexity with n_ctx={n_ctx} needs at least {2 * n_ctx}; "
-                         "pass a longer text or a smaller --n-ctx")
+        raise ValueError(
+            f"{len(tokens)} tokens: perplexity with n_ctx={n_ctx} needs at least {2 * n_ctx}; "
+            "pass a longer text or a smaller --n-ctx"
+        )
     n = len(tokens) // n_ctx if n_chunks is None else min(n_chunks, len(tokens) // n_ctx)
-    out = [list(tokens[i * n_ctx:(i + 1) * n_ctx]) for i in range(n)]
+    out = [list(tokens[i * n_ctx : (i + 1) * n_ctx]) for i in range(n)]
     if bos is not None:
         for c in out:
             c[0] = bos
@@ -52,8 +54,8 @@ def chunk_nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     first, offset = n_ctx // 2, n_ctx - logits.shape[0]
     if offset > first:
         raise ValueError(f"logits for the last {logits.shape[0]} positions; scoring needs the last {n_ctx - first}")
-    logp = torch.log_softmax(logits[first - offset:n_ctx - 1 - offset].float(), dim=-1)  # [n, V]
-    return -logp.gather(-1, tokens[first + 1:].long().unsqueeze(-1)).squeeze(-1).double()  # [n]
+    logp = torch.log_softmax(logits[first - offset : n_ctx - 1 - offset].float(), dim=-1)  # [n, V]
+    return -logp.gather(-1, tokens[first + 1 :].long().unsqueeze(-1)).squeeze(-1).double()  # [n]
 
 
 def estimate(nll: torch.Tensor) -> Perplexity:

@@ -28,7 +28,7 @@ SPLITS = ("all", "tune", "held-out")
 
 
 def split_of(question_id: int) -> str:
-    """"tune" (even question id) or "held-out" (odd): Spec-Bench's ids run consecutively within a category,
+    """ "tune" (even question id) or "held-out" (odd): Spec-Bench's ids run consecutively within a category,
     so every category has prompts in both halves. Policies are tuned on one and reported on the other."""
     return "tune" if question_id % 2 == 0 else "held-out"
 
@@ -46,8 +46,9 @@ SPEC_BENCH = packaged_prompts()
 PACKAGED_PER_CATEGORY = 8
 
 
-def load_prompts(path: Path, per_category: int, categories: list[str] | None = None,
-                 split: str = "all") -> list[Prompt]:
+def load_prompts(
+    path: Path, per_category: int, categories: list[str] | None = None, split: str = "all"
+) -> list[Prompt]:
     """First ``per_category`` prompts of each category from a Spec-Bench style JSONL (the first of a row's
     ``turns``, after its ``history`` if the row has one), from the ``split`` ("all", or one half: ``split_of``).
     ``SPEC_BENCH`` (the packaged subset) has ``PACKAGED_PER_CATEGORY`` prompts per category.
@@ -60,10 +61,15 @@ def load_prompts(path: Path, per_category: int, categories: list[str] | None = N
         raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
     path = Path(path)
     if not path.is_file():
-        fix = ("this install of hf-adaspec lacks its packaged prompts: reinstall it" if path == SPEC_BENCH else
-               f"leave --prompts out for the packaged Spec-Bench subset ({SPEC_BENCH})")
-        raise FileNotFoundError(f"prompts file not found: {path}; pass --prompts PATH to a Spec-Bench style "
-                                f"JSONL (fields question_id, category, turns), or {fix}")
+        fix = (
+            "this install of hf-adaspec lacks its packaged prompts: reinstall it"
+            if path == SPEC_BENCH
+            else f"leave --prompts out for the packaged Spec-Bench subset ({SPEC_BENCH})"
+        )
+        raise FileNotFoundError(
+            f"prompts file not found: {path}; pass --prompts PATH to a Spec-Bench style "
+            f"JSONL (fields question_id, category, turns), or {fix}"
+        )
     taken: dict[str, list[Prompt]] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)

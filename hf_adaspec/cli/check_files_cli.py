@@ -123,8 +123,16 @@ def check_files(cache: Path | None = CACHE_OPTION) -> None:
         typer.echo(f"no cache at {root}: nothing to check (it is filled at the first load)")
     checks = check_cache(root, lambda check: typer.echo(check.line())) if root.is_dir() else []
     failed = [c for c in checks if not c.ok]
-    typer.echo(json.dumps({"cache": str(root), "entries": len(checks), "ok": len(checks) - len(failed),
-                           "failed": [{**asdict(c), "path": str(c.path)} for c in failed]}))
+    typer.echo(
+        json.dumps(
+            {
+                "cache": str(root),
+                "entries": len(checks),
+                "ok": len(checks) - len(failed),
+                "failed": [{**asdict(c), "path": str(c.path)} for c in failed],
+            }
+        )
+    )
     if failed:
         raise typer.Exit(1)
 

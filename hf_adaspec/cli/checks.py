@@ -34,8 +34,11 @@ def check_prompts_file(path: Path) -> None:
     """Refuse a prompts file that is not Spec-Bench style JSONL: every line a JSON object with an integer
     ``question_id``, a ``category`` and a non-empty list of ``turns`` (a missing file is ``load_prompts``' error)."""
     if path.is_dir():
-        raise typer.BadParameter(f"{path} is a folder; give a Spec-Bench style JSONL file, or leave --prompts out "
-                                 "for the packaged Spec-Bench subset", param_hint="--prompts")
+        raise typer.BadParameter(
+            f"{path} is a folder; give a Spec-Bench style JSONL file, or leave --prompts out "
+            "for the packaged Spec-Bench subset",
+            param_hint="--prompts",
+        )
     if not path.is_file():
         return
     fix = "fix that line, or leave --prompts out for the packaged Spec-Bench subset"
@@ -46,13 +49,21 @@ def check_prompts_file(path: Path) -> None:
     for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
-            ok = (isinstance(row, dict) and isinstance(row.get("category"), str) and isinstance(row.get("turns"), list)
-                  and bool(row["turns"]) and str(row.get("question_id")).strip().lstrip("-").isdigit())
+            ok = (
+                isinstance(row, dict)
+                and isinstance(row.get("category"), str)
+                and isinstance(row.get("turns"), list)
+                and bool(row["turns"])
+                and str(row.get("question_id")).strip().lstrip("-").isdigit()
+            )
         except (ValueError, TypeError):
             ok = False
         if not ok:
-            raise typer.BadParameter(f"line {number} of {path} is not a JSON object with question_id (an integer), "
-                                     f"category and turns (a list); {fix}", param_hint="--prompts")
+            raise typer.BadParameter(
+                f"line {number} of {path} is not a JSON object with question_id (an integer), "
+                f"category and turns (a list); {fix}",
+                param_hint="--prompts",
+            )
 
 
 def parse_methods(text: str, known: tuple[str, ...], flag: str, draft: str, needs_draft: tuple[str, ...]) -> list[str]:
@@ -61,13 +72,17 @@ def parse_methods(text: str, known: tuple[str, ...], flag: str, draft: str, need
     methods = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in methods if m not in known]
     if unknown or "plain" not in methods:
-        raise typer.BadParameter(f"{text!r}: choose from {', '.join(known)}, including plain (speedups are "
-                                 "relative to it)", param_hint=flag)
+        raise typer.BadParameter(
+            f"{text!r}: choose from {', '.join(known)}, including plain (speedups are relative to it)", param_hint=flag
+        )
     drafted = [m for m in methods if m in needs_draft]
     if draft == "none" and drafted:
         others = ",".join(m for m in known if m not in needs_draft)
-        raise typer.BadParameter(f"{', '.join(drafted)} need a draft model; name one with --draft, or run only "
-                                 f"methods without one: {flag} {others}", param_hint="--draft none")
+        raise typer.BadParameter(
+            f"{', '.join(drafted)} need a draft model; name one with --draft, or run only "
+            f"methods without one: {flag} {others}",
+            param_hint="--draft none",
+        )
     return methods
 
 

@@ -23,8 +23,9 @@ from .pair import QUANTIZATION_HELP
 from .pair import load_pair as _load_pair
 
 # rich_markup_mode=None: an error is printed as one plain ``Error: ...`` line, not wrapped in a panel
-app = typer.Typer(help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True,
-                  rich_markup_mode=None)
+app = typer.Typer(
+    help="Adaptive speculative decoding for Hugging Face transformers.", no_args_is_help=True, rich_markup_mode=None
+)
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
 SPEC_BENCH = trace_cli.SPEC_BENCH  # the packaged Spec-Bench subset (hf_adaspec/data/spec_bench.jsonl)
@@ -58,8 +59,10 @@ def generate(
     if speculation not in (*SPECULATION_MODES, "off"):
         raise typer.BadParameter(f"--speculation {speculation!r}: use one of {', '.join(SPECULATION_MODES)} or off")
     if do_sample and not (temperature > 0 and 0 < top_p <= 1):
-        raise typer.BadParameter(f"--temperature {temperature} --top-p {top_p}: sampling needs a temperature > 0 "
-                                 "and 0 < top-p <= 1 (or leave --do-sample out for greedy)")
+        raise typer.BadParameter(
+            f"--temperature {temperature} --top-p {top_p}: sampling needs a temperature > 0 "
+            "and 0 < top-p <= 1 (or leave --do-sample out for greedy)"
+        )
 
     tgt, drf = _load_pair(target, "none" if head else draft, quantization, dtype)
     inputs = tgt.tokenizer.apply_chat_template(
@@ -88,8 +91,11 @@ def generate(
 
 @app.command()
 def bench(
-    prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (fields question_id, category, turns).",
-                                 show_default=trace_cli.SPEC_BENCH_SHOWN),
+    prompts: Path = typer.Option(
+        SPEC_BENCH,
+        help="Spec-Bench style JSONL (fields question_id, category, turns).",
+        show_default=trace_cli.SPEC_BENCH_SHOWN,
+    ),
     per_category: int = typer.Option(1, min=1, help="Prompts per category (the packaged default file has 8)."),
     categories: str = typer.Option("", help="Comma-separated categories (default: all)."),
     split: str = typer.Option("all", help="all | tune (even question ids) | held-out (odd)."),
@@ -102,11 +108,17 @@ def bench(
     quantization: str = typer.Option("auto", help=QUANTIZATION_HELP),
     dtype: str = typer.Option("bfloat16"),
     output: Path = typer.Option(Path("benchmarks/results/bench.json"), help="JSON out; a .md table beside it."),
-    batch_size: str = typer.Option("", help="e.g. 1,2,4,8,16: the batch benchmark (plain batched generate, "
-                                   "hf-assisted, fixed-k, adaptive) at these batch sizes instead."),
+    batch_size: str = typer.Option(
+        "",
+        help="e.g. 1,2,4,8,16: the batch benchmark (plain batched generate, "
+        "hf-assisted, fixed-k, adaptive) at these batch sizes instead.",
+    ),
     batch_prompts: int = typer.Option(16, min=1, help="Prompts for the batch benchmark (round-robin over categories)."),
-    batch_methods: str = typer.Option("", help="Comma-separated subset of the batch methods (default: all of "
-                                      "plain, plain-again (A/A), hf-assisted, fixed-k, adaptive)."),
+    batch_methods: str = typer.Option(
+        "",
+        help="Comma-separated subset of the batch methods (default: all of "
+        "plain, plain-again (A/A), hf-assisted, fixed-k, adaptive).",
+    ),
 ) -> None:
     """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
     from ..bench import bench as bm
@@ -115,27 +127,58 @@ def bench(
     check_prompts_file(prompts)
     if batch_size:
         sizes = parse_sizes(batch_size)
-        _batch_bench(prompts, sizes, batch_prompts, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
-                     batch_methods)
+        _batch_bench(
+            prompts,
+            sizes,
+            batch_prompts,
+            max_new_tokens,
+            fixed_k,
+            target,
+            draft,
+            quantization,
+            dtype,
+            output,
+            batch_methods,
+        )
         return
     method_list = parse_methods(methods, METHODS, "--methods", draft, bm.NEEDS_DRAFT)
     selected = _bench_prompts(prompts, per_category, categories, split)
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     draft_model = drf.model if drf is not None else None
     warm = Prompt(-1, "warm-up", "Say hello.")
-    bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8})
+    bm.run_prompt(
+        tgt.model, tgt.tokenizer, draft_model, warm, method_list, 0, {"fixed_k": fixed_k, "max_new_tokens": 8}
+    )
     runs, oracles = [], []
-    cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens, "repeats": repeats, "k_max": 8,
-           "costs": _controller_costs(tgt.model, draft_model, 8), "states": {}}
+    cfg = {
+        "fixed_k": fixed_k,
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "k_max": 8,
+        "costs": _controller_costs(tgt.model, draft_model, 8),
+        "states": {},
+    }
     for i, prompt in enumerate(tqdm(selected, desc="bench prompts")):
         result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
         runs += result.runs
         oracles += [result.oracle] if result.oracle is not None else []
     summary = bm.summarize(runs, method_list, oracles)
-    meta = {"target": target, "draft": draft, "quantization": tgt.format_label, "dtype": dtype, "methods": method_list,
-            "max_new_tokens": max_new_tokens, "per_category": per_category, "split": split, "fixed_k": fixed_k, "repeats": repeats,
-            "learned_state": "per method",
-            "machine": platform.machine(), "prompts_file": str(prompts), "oracle_k_max": 8}
+    meta = {
+        "target": target,
+        "draft": draft,
+        "quantization": tgt.format_label,
+        "dtype": dtype,
+        "methods": method_list,
+        "max_new_tokens": max_new_tokens,
+        "per_category": per_category,
+        "split": split,
+        "fixed_k": fixed_k,
+        "repeats": repeats,
+        "learned_state": "per method",
+        "machine": platform.machine(),
+        "prompts_file": str(prompts),
+        "oracle_k_max": 8,
+    }
     bm.write_results(output, runs, summary, meta, oracles)
     typer.echo(bm.markdown(summary, method_list))
     _echo_overall(summary, method_list, output)
@@ -144,12 +187,20 @@ def bench(
 def _echo_overall(summary: dict, method_list: list[str], output: Path) -> None:
     """The bench's last stdout line: one JSON object of overall speedups, % of oracle and greedy checks."""
     overall = summary["table"]["overall"]
-    typer.echo(json.dumps({"output": str(output), "prompts": summary["prompts"],
-                           "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},
-                           "pct_oracle": {m: round(overall[m]["pct_oracle"], 1) for m in method_list
-                                          if overall[m]["pct_oracle"] is not None},
-                           "greedy_mismatches": summary["greedy_mismatches"],
-                           "max_divergence_gap": summary["max_divergence_gap"]}))
+    typer.echo(
+        json.dumps(
+            {
+                "output": str(output),
+                "prompts": summary["prompts"],
+                "overall_speedup": {m: round(overall[m]["speedup"], 3) for m in method_list},
+                "pct_oracle": {
+                    m: round(overall[m]["pct_oracle"], 1) for m in method_list if overall[m]["pct_oracle"] is not None
+                },
+                "greedy_mismatches": summary["greedy_mismatches"],
+                "max_divergence_gap": summary["max_divergence_gap"],
+            }
+        )
+    )
 
 
 def _controller_costs(model, draft_model, k_max: int):
@@ -174,27 +225,42 @@ def _bench_prompts(path: Path, per_category: int, categories: str, split: str) -
         selected = load_prompts(path, per_category, wanted, split)
     if not selected:
         there = sorted({p.category for p in load_prompts(path, 1)})
-        raise typer.BadParameter(f"no prompts of {path} match --categories {categories!r} with --split {split}; "
-                                 f"its categories: {', '.join(there)}", param_hint="--categories")
+        raise typer.BadParameter(
+            f"no prompts of {path} match --categories {categories!r} with --split {split}; "
+            f"its categories: {', '.join(there)}",
+            param_hint="--categories",
+        )
     return selected
 
 
-def _batch_bench(prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output,
-                 batch_methods: str = "") -> None:
+def _batch_bench(
+    prompts, sizes, count, max_new_tokens, fixed_k, target, draft, quantization, dtype, output, batch_methods: str = ""
+) -> None:
     """``bench --batch-size``: every size on the same prompts; JSON + markdown + PNG; last line JSON."""
     from ..bench import batch as bb
 
-    methods = parse_methods(batch_methods or ",".join(bb.BATCH_METHODS), bb.BATCH_METHODS, "--batch-methods", draft,
-                           bb.NEEDS_DRAFT)
+    methods = parse_methods(
+        batch_methods or ",".join(bb.BATCH_METHODS), bb.BATCH_METHODS, "--batch-methods", draft, bb.NEEDS_DRAFT
+    )
     with usage_errors(FileNotFoundError, ValueError, hint="--prompts"):
         selected = bb.pick_prompts(prompts, max(count, max(sizes)))
     tgt, drf = _load_pair(target, draft, quantization, dtype)
     cfg = {"fixed_k": fixed_k, "max_new_tokens": max_new_tokens}
     runs = bb.run_sizes(tgt.model, tgt.tokenizer, drf.model if drf is not None else None, selected, sizes, methods, cfg)
     summary = bb.summarize(runs, methods)
-    meta = {"target": target, "draft": draft, "quantization": tgt.format_label, "dtype": dtype, "methods": methods,
-            "batch_sizes": sizes, "prompts": len(selected), "max_new_tokens": max_new_tokens, "fixed_k": fixed_k,
-            "machine": platform.machine(), "prompts_file": str(prompts)}
+    meta = {
+        "target": target,
+        "draft": draft,
+        "quantization": tgt.format_label,
+        "dtype": dtype,
+        "methods": methods,
+        "batch_sizes": sizes,
+        "prompts": len(selected),
+        "max_new_tokens": max_new_tokens,
+        "fixed_k": fixed_k,
+        "machine": platform.machine(),
+        "prompts_file": str(prompts),
+    }
     bb.write_results(output, runs, summary, meta)
     typer.echo(bb.markdown(summary, methods))
     typer.echo(json.dumps(bb.overall_line(summary, output, len(selected), methods)))

@@ -8,8 +8,10 @@ import typer
 from ..models.formats import choices_text
 
 # the --quantization option's help, from the format registry
-QUANTIZATION_HELP = (f"{choices_text()}. auto: the fastest format on this machine within the quality tolerance, "
-                     "measured at the first load.")
+QUANTIZATION_HELP = (
+    f"{choices_text()}. auto: the fastest format on this machine within the quality tolerance, "
+    "measured at the first load."
+)
 
 
 def load_pair(target: str, draft: str, quantization: str, dtype: str, device: str = "cpu"):
@@ -21,8 +23,11 @@ def load_pair(target: str, draft: str, quantization: str, dtype: str, device: st
 
     try:
         tgt = load(target, quantization=quantization, dtype=dtype, device=device)
-        drf = (load(draft, quantization=quantization, dtype=dtype, quantize_lm_head=True, device=device)
-               if draft != "none" else None)
+        drf = (
+            load(draft, quantization=quantization, dtype=dtype, quantize_lm_head=True, device=device)
+            if draft != "none"
+            else None
+        )
     except (ValueError, FileNotFoundError, AssetError) as e:  # a wrong name or a missing part: say so, no traceback
         raise typer.BadParameter(str(e)) from None
     enable(tgt.model)

@@ -32,19 +32,34 @@ def profile(
     new_tokens: str = typer.Option("", help="New tokens per target forward (default 1..9,12,16,24,32)."),
     repeats: int | None = typer.Option(None, min=1, help="Timed rounds per cell, median kept (default 3; --quick 1)."),
     max_tokens_per_forward: int = typer.Option(64, min=1, help="Skip target cells with batch × new tokens above it."),
-    output: Path | None = typer.Option(None, help="JSON out (default model_cards/<pair>/profile.json); "
-                                       "cost_curves.png beside it; a copy goes to the cache for the engine."),
+    output: Path | None = typer.Option(
+        None,
+        help="JSON out (default model_cards/<pair>/profile.json); "
+        "cost_curves.png beside it; a copy goes to the cache for the engine.",
+    ),
     device: str = typer.Option("cpu", help="cpu | cuda (timings synchronise the GPU; NF4 via bitsandbytes there)."),
-    random_weights: bool = typer.Option(False, help="Build each model from its architecture (a preset's shipped "
-                                        "config.json, or a folder's) with random weights: costs do not depend "
-                                        "on the weights, so no model files are needed."),
-    head: str = typer.Option("", help="Profile an EAGLE-3 draft head as the drafter instead of --draft: a "
-                             "speculators folder, or random[:V[:I]] (the target's width, random weights, a draft "
-                             "vocabulary of V tokens, default 32000, and an MLP I wide, default the target's)."),
-    kv_cache: str = typer.Option("auto", help="auto | dynamic | static: where the timed forwards keep their "
-                                 "caches, as a request's would (auto: recorded CUDA graphs on a GPU)."),
-    compile_draft: bool = typer.Option(False, help="Record the draft's 1-token forward after torch.compile "
-                                       "(hf_adaspec.compile_steps; GPU), as the engine will."),
+    random_weights: bool = typer.Option(
+        False,
+        help="Build each model from its architecture (a preset's shipped "
+        "config.json, or a folder's) with random weights: costs do not depend "
+        "on the weights, so no model files are needed.",
+    ),
+    head: str = typer.Option(
+        "",
+        help="Profile an EAGLE-3 draft head as the drafter instead of --draft: a "
+        "speculators folder, or random[:V[:I]] (the target's width, random weights, a draft "
+        "vocabulary of V tokens, default 32000, and an MLP I wide, default the target's).",
+    ),
+    kv_cache: str = typer.Option(
+        "auto",
+        help="auto | dynamic | static: where the timed forwards keep their "
+        "caches, as a request's would (auto: recorded CUDA graphs on a GPU).",
+    ),
+    compile_draft: bool = typer.Option(
+        False,
+        help="Record the draft's 1-token forward after torch.compile "
+        "(hf_adaspec.compile_steps; GPU), as the engine will.",
+    ),
 ) -> None:
     """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
     vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
@@ -61,12 +76,16 @@ def profile(
         raise typer.BadParameter(f"{device!r}; use cpu, cuda or cuda:N", param_hint="--device")
     if kv_cache not in KV_CACHES:
         raise typer.BadParameter(f"{kv_cache!r}; use one of {', '.join(KV_CACHES)}", param_hint="--kv-cache")
-    command = (f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
-               f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
-               f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
-               f"--max-tokens-per-forward {grid.max_tokens_per_forward} --device {device}"
-               + (" --random-weights" if random_weights else "") + (f" --head {head}" if head else "")
-               + (f" --kv-cache {kv_cache}" if kv_cache != "auto" else "") + (" --compile-draft" if compile_draft else ""))
+    command = (
+        f"hf-adaspec profile --target {target} --draft {draft} --quantization {quantization} --dtype {dtype} "
+        f"--contexts {_csv(grid.contexts)} --batch-sizes {_csv(grid.batch_sizes)} --new-tokens "
+        f"{_csv(grid.new_tokens)} --repeats {grid.repeats} "
+        f"--max-tokens-per-forward {grid.max_tokens_per_forward} --device {device}"
+        + (" --random-weights" if random_weights else "")
+        + (f" --head {head}" if head else "")
+        + (f" --kv-cache {kv_cache}" if kv_cache != "auto" else "")
+        + (" --compile-draft" if compile_draft else "")
+    )
     start = time.perf_counter()
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise typer.BadParameter("--device cuda: torch sees no CUDA device (a CPU build of torch, or no GPU)")
@@ -82,16 +101,26 @@ def profile(
     try:
         profiling.plot_profile(result, output.with_name("cost_curves.png"))
     except ImportError:
-        typer.echo("hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot",
-                   err=True)
+        typer.echo(
+            "hf-adaspec: no PNG written; pip install matplotlib (or the [notebooks] extra) for the plot", err=True
+        )
     held_out = len(result.held_out_target) + len(result.held_out_draft)
     cells = len(result.target_cells) + len(result.draft_cells) + held_out
-    typer.echo(json.dumps({"output": str(output), "cache_copy": str(cached), "cells_measured": cells,
-                           "held_out_cells": held_out,
-                           "held_out_mape_pct": {q: {"table": _round(s.table_mape), "fit": _round(s.fit_mape)}
-                                                 for q, s in result.scores.items()},
-                           "predictors": {q: s.predictor for q, s in result.scores.items()},
-                           "seconds": round(time.perf_counter() - start, 1)}))
+    typer.echo(
+        json.dumps(
+            {
+                "output": str(output),
+                "cache_copy": str(cached),
+                "cells_measured": cells,
+                "held_out_cells": held_out,
+                "held_out_mape_pct": {
+                    q: {"table": _round(s.table_mape), "fit": _round(s.fit_mape)} for q, s in result.scores.items()
+                },
+                "predictors": {q: s.predictor for q, s in result.scores.items()},
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+        )
+    )
 
 
 def _profiled_models(target: str, draft: str, quantization: str, dtype: str, device: str, random_weights: bool):
@@ -102,8 +131,10 @@ def _profiled_models(target: str, draft: str, quantization: str, dtype: str, dev
     from ..models.architecture import load_architecture
 
     try:
-        return (load_architecture(target, quantization, dtype, device),
-                load_architecture(draft, quantization, dtype, device, quantize_lm_head=True) if draft != "none" else None)
+        return (
+            load_architecture(target, quantization, dtype, device),
+            load_architecture(draft, quantization, dtype, device, quantize_lm_head=True) if draft != "none" else None,
+        )
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e)) from None
 
@@ -116,8 +147,10 @@ def _round(value: float | None) -> float | None:
     return round(value, 2) if value is not None else None
 
 
-HEAD_SPEC_HELP = ("random[:V[:I]] with V the draft vocabulary (tokens) and I the decoder layer's MLP "
-                  "intermediate size, positive integers, e.g. random:32000 or random:16000:2048")
+HEAD_SPEC_HELP = (
+    "random[:V[:I]] with V the draft vocabulary (tokens) and I the decoder layer's MLP "
+    "intermediate size, positive integers, e.g. random:32000 or random:16000:2048"
+)
 
 
 def parse_random_head(spec: str) -> tuple[int, int | None] | None:
@@ -140,16 +173,18 @@ def _head(spec: str, target):
     return load_head(Path(spec), target)
 
 
-def profile_grid(quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None,
-                 max_tokens_per_forward: int):
+def profile_grid(
+    quick: bool, contexts: str, batch_sizes: str, new_tokens: str, repeats: int | None, max_tokens_per_forward: int
+):
     """The ``profile`` command's grid: the default (or ``--quick``) one with the given options replaced."""
     import dataclasses
 
     from ..costs.measure import QUICK_GRID, ProfileGrid
 
     lists = {"contexts": contexts, "batch_sizes": batch_sizes, "new_tokens": new_tokens}
-    changes: dict = {name: tuple(parse_sizes(text, "--" + name.replace("_", "-")))
-                     for name, text in lists.items() if text}
+    changes: dict = {
+        name: tuple(parse_sizes(text, "--" + name.replace("_", "-"))) for name, text in lists.items() if text
+    }
     if repeats is not None:
         changes["repeats"] = repeats
     base = QUICK_GRID if quick else ProfileGrid()

@@ -46,8 +46,9 @@ def _existing(directory: Path, prompt: Prompt, max_new_tokens: int, names: tuple
 
 
 def trace(
-    prompts: Path = typer.Option(SPEC_BENCH, help="Spec-Bench style JSONL (question_id, category, turns).",
-                                 show_default=SPEC_BENCH_SHOWN),
+    prompts: Path = typer.Option(
+        SPEC_BENCH, help="Spec-Bench style JSONL (question_id, category, turns).", show_default=SPEC_BENCH_SHOWN
+    ),
     per_category: int = typer.Option(8, min=1, help="Prompts per category (the first ones of each)."),
     max_new_tokens: int = typer.Option(256, min=1),
     output: Path = typer.Option(Path("benchmarks/traces"), help="Directory: one <question_id>.json per prompt."),
@@ -56,9 +57,12 @@ def trace(
     quantization: str = typer.Option("auto", help=QUANTIZATION_HELP),
     dtype: str = typer.Option("bfloat16"),
     workload: str = typer.Option("", help="Workload name stored in each trace (default: the prompts file's stem)."),
-    head: str = typer.Option("", help="Also record an EAGLE-3 head's chains (a speculators folder) along each "
-                             "output, for replay's head methods; traces of the pair already there gain them "
-                             "without generating again."),
+    head: str = typer.Option(
+        "",
+        help="Also record an EAGLE-3 head's chains (a speculators folder) along each "
+        "output, for replay's head methods; traces of the pair already there gain them "
+        "without generating again.",
+    ),
     head_depth: int = typer.Option(HEAD_DEPTH, min=1, help="Tokens of the head's chain recorded per position."),
 ) -> None:
     """Per prompt: the target's plain greedy output and the draft's argmax and q(x) along it (one teacher-forced
@@ -67,26 +71,47 @@ def trace(
     check_output(output, folder=True)
     check_prompts_file(prompts)
     if head and not Path(head).is_dir():
-        raise typer.BadParameter(f"no folder at {head}; give a speculators-format head folder "
-                                 "(config.json + model.safetensors)", param_hint="--head")
+        raise typer.BadParameter(
+            f"no folder at {head}; give a speculators-format head folder (config.json + model.safetensors)",
+            param_hint="--head",
+        )
     with usage_errors(FileNotFoundError, hint="--prompts"):
         selected = interleave_categories(load_prompts(prompts, per_category))
     sweep(output)
     names = (target, "" if draft == "none" else draft)
     found = {p.question_id: _existing(output, p, max_new_tokens, names) for p in selected}
-    todo = [p for p in selected if found[p.question_id] is None
-            or (head and (found[p.question_id].head, found[p.question_id].head_depth) != (head, head_depth))]
+    todo = [
+        p
+        for p in selected
+        if found[p.question_id] is None
+        or (head and (found[p.question_id].head, found[p.question_id].head_depth) != (head, head_depth))
+    ]
     start = time.perf_counter()
     if todo:
         generate = any(found[p.question_id] is None for p in todo)
         tgt, drf = load_pair(target, draft if generate else "none", quantization, dtype)
         chains = _load_head(head, tgt.model) if head else None
         for p in tqdm(todo, desc="trace prompts"):
-            t = found[p.question_id] or take_trace(tgt.model, tgt.tokenizer, drf.model if drf is not None else None,
-                                                   p, max_new_tokens, names, source=workload or prompts.stem)
+            t = found[p.question_id] or take_trace(
+                tgt.model,
+                tgt.tokenizer,
+                drf.model if drf is not None else None,
+                p,
+                max_new_tokens,
+                names,
+                source=workload or prompts.stem,
+            )
             save_trace(with_head(t, tgt.model, chains, head, head_depth) if chains is not None else t, output)
-    typer.echo(json.dumps({"output": str(output), "prompts": len(selected), "traced_now": len(todo),
-                           "seconds": round(time.perf_counter() - start, 1)}))
+    typer.echo(
+        json.dumps(
+            {
+                "output": str(output),
+                "prompts": len(selected),
+                "traced_now": len(todo),
+                "seconds": round(time.perf_counter() - start, 1),
+            }
+        )
+    )
 
 
 def _load_head(folder: str, target):
@@ -105,8 +130,16 @@ def _bench_runs(bench: Path) -> list[dict]:
         raise typer.BadParameter(f"no file at {bench}; {fix}", param_hint="--bench")
     try:
         runs = json.loads(bench.read_text())["runs"]
-        runs = [{"question_id": r["question_id"], "method": m, "tokens_per_s": r[m]} for r in runs
-                for m in ("plain", "adaptive") if m in r] if runs and "method" not in runs[0] else runs
+        runs = (
+            [
+                {"question_id": r["question_id"], "method": m, "tokens_per_s": r[m]}
+                for r in runs
+                for m in ("plain", "adaptive")
+                if m in r
+            ]
+            if runs and "method" not in runs[0]
+            else runs
+        )
         if not runs or not all({"question_id", "method", "tokens_per_s"} <= set(r) for r in runs):
             raise ValueError("its runs lack question_id, method or tokens_per_s")
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -122,9 +155,11 @@ def _select(traces_dir: Path, split: str, workload: str, bench: Path | None) -> 
     if split not in SPLITS:
         raise typer.BadParameter(f"{split!r}; choose one of {', '.join(SPLITS)}", param_hint="--split")
     if not traces_dir.is_dir():
-        raise typer.BadParameter(f"no folder at {traces_dir}; take traces with `hf-adaspec trace --output "
-                                 f"{traces_dir}`, or pass --traces (the repository's are in benchmarks/traces)",
-                                 param_hint="--traces")
+        raise typer.BadParameter(
+            f"no folder at {traces_dir}; take traces with `hf-adaspec trace --output "
+            f"{traces_dir}`, or pass --traces (the repository's are in benchmarks/traces)",
+            param_hint="--traces",
+        )
     runs = _bench_runs(bench) if bench is not None else []
     with usage_errors(FileNotFoundError, ValueError, hint="--traces"):
         loaded = load_traces(traces_dir, list(dict.fromkeys(r["question_id"] for r in runs)) if runs else None)
@@ -132,38 +167,64 @@ def _select(traces_dir: Path, split: str, workload: str, bench: Path | None) -> 
         return loaded, runs
     chosen = [t for t in loaded if split in ("all", t.split) and workload in ("all", t.source)]
     if not chosen:
-        raise typer.BadParameter(f"no traces in {traces_dir} for --split {split} --workload {workload}; the "
-                                 f"workloads there: {', '.join(sorted({t.source for t in loaded}))}")
+        raise typer.BadParameter(
+            f"no traces in {traces_dir} for --split {split} --workload {workload}; the "
+            f"workloads there: {', '.join(sorted({t.source for t in loaded}))}"
+        )
     return chosen, []
 
 
 def replay(
     traces: Path = typer.Option(Path("benchmarks/traces"), help="Directory of `hf-adaspec trace` files."),
-    profile: Path = typer.Option(..., help="Cost profile JSON (`hf-adaspec profile`); another machine's "
-                                 "profile makes the output a projection for that machine."),
-    methods: str = typer.Option("plain,fixed-k,pmin,adaptive,adaptive-lookup", help="Comma-separated methods; "
-                                "fixed-head and adaptive-head draft with a head (traces from `hf-adaspec trace "
-                                "--head`, costs from --head-profile)."),
+    profile: Path = typer.Option(
+        ...,
+        help="Cost profile JSON (`hf-adaspec profile`); another machine's "
+        "profile makes the output a projection for that machine.",
+    ),
+    methods: str = typer.Option(
+        "plain,fixed-k,pmin,adaptive,adaptive-lookup",
+        help="Comma-separated methods; "
+        "fixed-head and adaptive-head draft with a head (traces from `hf-adaspec trace "
+        "--head`, costs from --head-profile).",
+    ),
     split: str = typer.Option("all", help="tune (even question ids) | held-out (odd) | all."),
     workload: str = typer.Option("all", help="Workload name the traces were taken with (e.g. spec_bench, code)."),
     batch_size: int = typer.Option(1, min=1, help="Rows per replayed request (static batches, in trace order)."),
-    bench: Path | None = typer.Option(None, help="A bench JSON (or llama_cpp_prompts.py --beside's): replay its "
-                                      "prompts in its order and report the error of each predicted speedup against "
-                                      "the measured one."),
-    controller_costs: Path | None = typer.Option(None, help="CostTable JSON the controller decides with (default: "
-                                                 "the profile, as the engine uses one); e.g. the calibration a bench "
-                                                 "ran with, from <cache>/costs/."),
+    bench: Path | None = typer.Option(
+        None,
+        help="A bench JSON (or llama_cpp_prompts.py --beside's): replay its "
+        "prompts in its order and report the error of each predicted speedup against "
+        "the measured one.",
+    ),
+    controller_costs: Path | None = typer.Option(
+        None,
+        help="CostTable JSON the controller decides with (default: "
+        "the profile, as the engine uses one); e.g. the calibration a bench "
+        "ran with, from <cache>/costs/.",
+    ),
     step_overhead_ms: float = typer.Option(0.0, help="Engine time per speculative step beyond the forwards (ms)."),
     plain_overhead_ms: float = typer.Option(0.0, help="transformers' time per plain step beyond the forward (ms)."),
-    fit_overheads: bool = typer.Option(False, help="With --bench: fit both overheads on the bench's tune-split "
-                                       "prompts (even ids) and report the errors on the held-out ones (odd)."),
+    fit_overheads: bool = typer.Option(
+        False,
+        help="With --bench: fit both overheads on the bench's tune-split "
+        "prompts (even ids) and report the errors on the held-out ones (odd).",
+    ),
     output: Path = typer.Option(Path("benchmarks/results/replay.json"), help="JSON out; a .md table beside it."),
-    head_profile: Path | None = typer.Option(None, help="A draft head's cost profile (`hf-adaspec profile --head "
-                                             "FOLDER`, same target): prices the head methods and the head oracle."),
-    prefill: str = typer.Option("trace", help="trace: the prefill as the traces timed it; profile: priced by the "
-                                "profile (a projection onto another machine, e.g. a GPU's profile)."),
-    max_new_tokens: int | None = typer.Option(None, min=1, help="Replay each request asked for at most this many "
-                                              "tokens (its trace's first ones; default: as traced)."),
+    head_profile: Path | None = typer.Option(
+        None,
+        help="A draft head's cost profile (`hf-adaspec profile --head "
+        "FOLDER`, same target): prices the head methods and the head oracle.",
+    ),
+    prefill: str = typer.Option(
+        "trace",
+        help="trace: the prefill as the traces timed it; profile: priced by the "
+        "profile (a projection onto another machine, e.g. a GPU's profile).",
+    ),
+    max_new_tokens: int | None = typer.Option(
+        None,
+        min=1,
+        help="Replay each request asked for at most this many tokens (its trace's first ones; default: as traced).",
+    ),
 ) -> None:
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
@@ -183,34 +244,59 @@ def replay(
     table = _load_table(controller_costs) if controller_costs is not None else None
     costs_for = (lambda b, c: table) if table is not None else None
     if fit_overheads:
-        step_overhead_ms, plain_overhead_ms = _fitted_overheads(chosen, method_list, (loaded, heads), costs_for,
-                                                                bench_runs)
-    clock, result = _replayed(chosen, method_list, (loaded, heads), (step_overhead_ms, plain_overhead_ms), batch_size,
-                              costs_for, prefill)
+        step_overhead_ms, plain_overhead_ms = _fitted_overheads(
+            chosen, method_list, (loaded, heads), costs_for, bench_runs
+        )
+    clock, result = _replayed(
+        chosen, method_list, (loaded, heads), (step_overhead_ms, plain_overhead_ms), batch_size, costs_for, prefill
+    )
     summary = bm.summarize(result.runs, method_list, result.oracles)
-    meta = {"kind": "replay prediction (virtual clock, not measured)", "profile": str(profile),
-            "profile_machine": clock.profile.meta.get("cpu"), "traces": str(traces), "split": split,
-            "workload": workload, "batch_size": batch_size, "methods": method_list, "prompts": len(chosen),
-            "head_profile": str(head_profile) if head_profile else None,
-            "controller_costs": str(controller_costs) if controller_costs else "profile",
-            "step_overhead_ms": step_overhead_ms, "plain_overhead_ms": plain_overhead_ms, "prefill": prefill,
-            "max_new_tokens": max_new_tokens}
+    meta = {
+        "kind": "replay prediction (virtual clock, not measured)",
+        "profile": str(profile),
+        "profile_machine": clock.profile.meta.get("cpu"),
+        "traces": str(traces),
+        "split": split,
+        "workload": workload,
+        "batch_size": batch_size,
+        "methods": method_list,
+        "prompts": len(chosen),
+        "head_profile": str(head_profile) if head_profile else None,
+        "controller_costs": str(controller_costs) if controller_costs else "profile",
+        "step_overhead_ms": step_overhead_ms,
+        "plain_overhead_ms": plain_overhead_ms,
+        "prefill": prefill,
+        "max_new_tokens": max_new_tokens,
+    }
     extra = {"oracles": result.oracles, "replays": [r.summary() for r in result.replays]}
-    line = {"output": str(output), "prompts": len(chosen), "all_match_traces": all(r.matches_plain for r in result.runs),
-            "predicted_speedup": {m: round(summary["table"]["overall"][m]["speedup"], 3) for m in method_list}}
+    line = {
+        "output": str(output),
+        "prompts": len(chosen),
+        "all_match_traces": all(r.matches_plain for r in result.runs),
+        "predicted_speedup": {m: round(summary["table"]["overall"][m]["speedup"], 3) for m in method_list},
+    }
     if bench_runs:
         judged = [r for r in result.runs if not fit_overheads or r.question_id % 2 == 1]  # held-out when fitted
         with usage_errors(ValueError, hint="--bench"):
             check = validate(judged, bench_runs)
-        meta["validation"] = {"prompts": "held-out (odd ids)" if fit_overheads else "all",
-                              "median_abs_error": check.median_abs_error, "p90_abs_error": check.p90_abs_error,
-                              "per_method": check.per_method, "bench": str(bench)}
+        meta["validation"] = {
+            "prompts": "held-out (odd ids)" if fit_overheads else "all",
+            "median_abs_error": check.median_abs_error,
+            "p90_abs_error": check.p90_abs_error,
+            "per_method": check.per_method,
+            "bench": str(bench),
+        }
         extra["validation"] = check.pairs
-        line.update(median_abs_error=round(check.median_abs_error, 4), p90_abs_error=round(check.p90_abs_error, 4),
-                    step_overhead_ms=round(step_overhead_ms, 2), plain_overhead_ms=round(plain_overhead_ms, 2))
+        line.update(
+            median_abs_error=round(check.median_abs_error, 4),
+            p90_abs_error=round(check.p90_abs_error, 4),
+            step_overhead_ms=round(step_overhead_ms, 2),
+            plain_overhead_ms=round(plain_overhead_ms, 2),
+        )
     bm.write_json(output, meta, summary, result.runs, **extra)
-    output.with_suffix(".md").write_text("Replay prediction (virtual clock from the profile, not measured)\n\n"
-                                         + bm.markdown(summary, method_list))
+    output.with_suffix(".md").write_text(
+        "Replay prediction (virtual clock from the profile, not measured)\n\n" + bm.markdown(summary, method_list)
+    )
     typer.echo(bm.markdown(summary, method_list))
     line["seconds"] = round(time.perf_counter() - start, 1)
     typer.echo(json.dumps(line))
@@ -223,8 +309,9 @@ def _replay_methods(methods: str) -> list[str]:
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in method_list if m not in REPLAY_METHODS]
     if unknown:
-        raise typer.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(REPLAY_METHODS)}",
-                                 param_hint="--methods")
+        raise typer.BadParameter(
+            f"unknown {', '.join(unknown)}; choose from {', '.join(REPLAY_METHODS)}", param_hint="--methods"
+        )
     return method_list if "plain" in method_list else ["plain", *method_list]
 
 
@@ -238,8 +325,15 @@ def _fitted_overheads(chosen: list, methods: list[str], profiles: tuple, costs_f
         return fit_overheads(unpriced.replays, bench_runs, {t.question_id for t in chosen if t.split == "tune"})
 
 
-def _replayed(chosen: list, methods: list[str], profiles: tuple, overheads: tuple[float, float], batch_size: int,
-              costs_for, prefill: str = "trace"):
+def _replayed(
+    chosen: list,
+    methods: list[str],
+    profiles: tuple,
+    overheads: tuple[float, float],
+    batch_size: int,
+    costs_for,
+    prefill: str = "trace",
+):
     """(clock, ``replay_all``'s result); a usage error for methods the traces or profiles cannot replay."""
     from ..replay.report import replay_all
 
@@ -272,5 +366,8 @@ def _load_table(path: Path):
     try:
         return read_table(path)
     except TABLE_ERRORS as e:
-        raise typer.BadParameter(f"{path} is not a cost table ({e}); give a JSON from <cache>/costs/, or leave "
-                                 "--controller-costs out to decide with the profile", param_hint="--controller-costs") from None
+        raise typer.BadParameter(
+            f"{path} is not a cost table ({e}); give a JSON from <cache>/costs/, or leave "
+            "--controller-costs out to decide with the profile",
+            param_hint="--controller-costs",
+        ) from None

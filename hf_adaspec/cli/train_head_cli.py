@@ -32,8 +32,11 @@ def train_head(
     tokens: int = typer.Option(200_000, help="Training tokens: the first this many of the recorded stream."),
     data: Path = typer.Option(Path("runs/head-data"), help="Folder of recorded shards (shared by runs)."),
     out: Path = typer.Option(None, help="Run folder (checkpoint, curve, head/); default runs/head-<tokens>."),
-    source: list[Path] = typer.Option(None, help="Folders of Python source to train on (repeatable); "
-                                      "default: the installed transformers and torch packages."),
+    source: list[Path] = typer.Option(
+        None,
+        help="Folders of Python source to train on (repeatable); "
+        "default: the installed transformers and torch packages.",
+    ),
     traces: Path = typer.Option(Path("benchmarks/traces"), help="Greedy traces: held-out ones validate."),
     epochs: float = typer.Option(2.0, help="Passes over the data."),
     train_steps: int = typer.Option(0, help="Optimizer steps (0: epochs decide); equal steps compare data sizes."),
@@ -47,30 +50,47 @@ def train_head(
     seq_len: int = typer.Option(512, help="Tokens per training sequence."),
     quantization: str = typer.Option("auto", help="The target's weight format (as served): " + QUANTIZATION_HELP),
     dtype: str = typer.Option("bfloat16", help="The target's dtype."),
-    profile: Path = typer.Option(Path("model_cards/qwen2.5-coder-1.5b_0.5b/profile.json"),
-                                 help="The pair's cost profile: the draft model's goodput the head must beat."),
+    profile: Path = typer.Option(
+        Path("model_cards/qwen2.5-coder-1.5b_0.5b/profile.json"),
+        help="The pair's cost profile: the draft model's goodput the head must beat.",
+    ),
 ):
     """Train an EAGLE-3 draft head for TARGET by self-distillation; resumable, curve in curve.jsonl."""
     from .. import load
     from ..training.head_data import held_out, read_shards, record, record_traces
     from ..training.train_head import TrainConfig, train
 
-    config = TrainConfig(tokens, epochs, steps, lr, batch=batch, draft_vocab=draft_vocab,
-                         intermediate=intermediate, eval_every=eval_every, train_steps=train_steps)
+    config = TrainConfig(
+        tokens,
+        epochs,
+        steps,
+        lr,
+        batch=batch,
+        draft_vocab=draft_vocab,
+        intermediate=intermediate,
+        eval_every=eval_every,
+        train_steps=train_steps,
+    )
     out = out or Path(f"runs/head-{tokens}")
     loaded = load(target, quantization=quantization, dtype=dtype)
     aux = _aux_layers(loaded.model)
-    shards = record(loaded.model, loaded.tokenizer, source or default_sources(), data / f"seq{seq_len}", tokens,
-                    aux, seq_len)
+    shards = record(
+        loaded.model, loaded.tokenizer, source or default_sources(), data / f"seq{seq_len}", tokens, aux, seq_len
+    )
     all_traces = load_traces(traces)
-    validation = {name: _spaced(record_traces(loaded.model, held_out(all_traces, name),
-                                              data / f"val-{name}.safetensors", aux), validation_sequences)
-                  for name in ("spec_bench", "code")}
+    validation = {
+        name: _spaced(
+            record_traces(loaded.model, held_out(all_traces, name), data / f"val-{name}.safetensors", aux),
+            validation_sequences,
+        )
+        for name in ("spec_bench", "code")
+    }
     head = train(loaded.model, read_shards(shards), validation, config, out)
     last = [json.loads(line) for line in (out / "curve.jsonl").read_text().splitlines()][-1]
     costs = break_even(load_profile(profile), load_head(head, loaded.model), held_out(all_traces, "spec_bench"))
-    costs["predicted_speedup"] = {name: predicted_speedup(alpha, costs["head_ms"], load_profile(profile))
-                                  for name, alpha in last["alpha"].items()}
+    costs["predicted_speedup"] = {
+        name: predicted_speedup(alpha, costs["head_ms"], load_profile(profile)) for name, alpha in last["alpha"].items()
+    }
     atomic_write(out / "break_even.json", lambda f: f.write(json.dumps(costs, indent=2).encode()))
     typer.echo(json.dumps({"head": str(head), "curve": str(out / "curve.jsonl"), "last": last, "break_even": costs}))
 
@@ -88,19 +108,25 @@ def break_even(profile, head, traces, context: int = 512, repeats: int = 15) -> 
 
     probe = HeadProbe(head, context)
     head_ms = statistics.median(probe.time_ms(1) for _ in range(repeats))
-    hits = [int(t.draft_next[j] == t.tokens[t.prompt_len + j]) for t in traces
-            for j in range(len(t.tokens) - t.prompt_len)]
+    hits = [
+        int(t.draft_next[j] == t.tokens[t.prompt_len + j]) for t in traces for j in range(len(t.tokens) - t.prompt_len)
+    ]
     alpha = sum(hits) / len(hits)
 
     def verify(n: int) -> float:
         return profile.verify_ms(1, context, n, forced="fit")
 
     rival = best_goodput(alpha, profile.draft_ms(1, context, forced="fit"), verify)
-    return {"context": context, "head_ms": round(head_ms, 2), "target_step_ms": round(verify(1), 2),
-            "draft_ms": round(profile.draft_ms(1, context, forced="fit"), 2), "draft_alpha": round(alpha, 4),
-            "draft_speedup": round(rival * verify(1) / 1000, 3),
-            "break_even_alpha": round(break_even_alpha(head_ms, verify, rival), 4),
-            "alpha_for_1_5x": round(break_even_alpha(head_ms, verify, 1.5 * 1000 / verify(1)), 4)}
+    return {
+        "context": context,
+        "head_ms": round(head_ms, 2),
+        "target_step_ms": round(verify(1), 2),
+        "draft_ms": round(profile.draft_ms(1, context, forced="fit"), 2),
+        "draft_alpha": round(alpha, 4),
+        "draft_speedup": round(rival * verify(1) / 1000, 3),
+        "break_even_alpha": round(break_even_alpha(head_ms, verify, rival), 4),
+        "alpha_for_1_5x": round(break_even_alpha(head_ms, verify, 1.5 * 1000 / verify(1)), 4),
+    }
 
 
 def predicted_speedup(alphas: list[float], head_ms: float, profile, context: int = 512) -> float:

@@ -73,8 +73,9 @@ class CostCache:
         tables = {b: self._calibrated(target, draft, n_max, log, b, kv_cache) for b in sizes}
         return lambda b: tables[min(s for s in sizes if s >= b)]
 
-    def _calibrated(self, target, draft, n_max: int, log: Callable[[str], None], batch: int,
-                    kv_cache: str = "auto") -> CostTable:
+    def _calibrated(
+        self, target, draft, n_max: int, log: Callable[[str], None], batch: int, kv_cache: str = "auto"
+    ) -> CostTable:
         """The cached calibration at ``batch`` rows, or calibrate (seconds) and cache it. A cached table is
         used only if its digest and values check out (finite, positive, at most ``MAX_FORWARD_MS``);
         otherwise it is measured again and replaced. Where it cannot be cached (the path is a folder, a
@@ -87,8 +88,10 @@ class CostCache:
                 return read_table(path)
             except TABLE_ERRORS as e:
                 log(f"hf-adaspec: ignoring cost table {path} ({e}); recalibrating")
-        log(f"hf-adaspec: calibrating step costs for this model pair at batch {batch} (first use), cached at {path}; "
-            "run `hf-adaspec profile` for context-aware costs")
+        log(
+            f"hf-adaspec: calibrating step costs for this model pair at batch {batch} (first use), cached at {path}; "
+            "run `hf-adaspec profile` for context-aware costs"
+        )
         table = measure(target, draft, n_max, batch=batch, kv_cache=kv_cache)
         try:
             write_json_verified(path, {**asdict(table), "verify_ms": list(table.verify_ms)})

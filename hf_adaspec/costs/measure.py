@@ -35,9 +35,11 @@ from .table import ForwardProbe, HeadProbe
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)
 SKIP_RULE = "target cells with batch * new_tokens > max_tokens_per_forward are not measured"
-HELD_OUT_RULE = ("off-grid cells used only to score the predictors: contexts midway between buckets at the smallest "
-                 "and middle grid n, and n midway across gaps of the grid at the middle context; smallest and "
-                 "largest batch; draft cells at the midway contexts")
+HELD_OUT_RULE = (
+    "off-grid cells used only to score the predictors: contexts midway between buckets at the smallest "
+    "and middle grid n, and n midway across gaps of the grid at the middle context; smallest and "
+    "largest batch; draft cells at the midway contexts"
+)
 
 
 def _check_sizes(name: str, values: tuple[int, ...]) -> None:
@@ -63,8 +65,10 @@ class ProfileGrid:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         smallest = self.batch_sizes[-1] * self.new_tokens[0]
         if smallest > self.max_tokens_per_forward:
-            raise ValueError(f"max_tokens_per_forward={self.max_tokens_per_forward} skips every cell at batch "
-                             f"{self.batch_sizes[-1]}; raise it to at least {smallest}")
+            raise ValueError(
+                f"max_tokens_per_forward={self.max_tokens_per_forward} skips every cell at batch "
+                f"{self.batch_sizes[-1]}; raise it to at least {smallest}"
+            )
 
     def target_ns(self, batch: int) -> tuple[int, ...]:
         """The grid's n measured at ``batch`` (b·n within the limit)."""
@@ -89,8 +93,10 @@ QUICK_GRID = ProfileGrid(new_tokens=(1, 2, 3, 4), batch_sizes=(1, 2), contexts=(
 def pair_name(target: str, draft: str) -> str:
     """Folder name of a pair under model_cards: ``qwen2.5-coder-1.5b_0.5b`` (the draft's name without
     the prefix it shares with the target's); paths and HF ids contribute their last component's stem."""
-    t, d = (Path(name.rstrip("/").split("/")[-1]).stem if "/" in name or name.endswith(".gguf") else name
-            for name in (target, draft))
+    t, d = (
+        Path(name.rstrip("/").split("/")[-1]).stem if "/" in name or name.endswith(".gguf") else name
+        for name in (target, draft)
+    )
     cut = os.path.commonprefix([t, d]).rfind("-") + 1
     return f"{t}_{d[cut:] or d}"
 
@@ -107,11 +113,15 @@ class _Job:
 def _plan(grid: ProfileGrid, with_draft: bool) -> dict[tuple[int, int], list[_Job]]:
     """(batch, context) → the cells timed there: the grid's, then held-out ones (draft ones at the
     held-out contexts)."""
+
     def draft_jobs(held: bool) -> list[_Job]:
         return [_Job("draft", n, held) for n in DRAFT_NEW_TOKENS] if with_draft else []
 
-    plan = {(b, c): [_Job("target", n, False) for n in grid.target_ns(b)] + draft_jobs(False)
-            for b in grid.batch_sizes for c in grid.contexts}
+    plan = {
+        (b, c): [_Job("target", n, False) for n in grid.target_ns(b)] + draft_jobs(False)
+        for b in grid.batch_sizes
+        for c in grid.contexts
+    }
     for b, c, n in grid.held_out():
         plan.setdefault((b, c), []).append(_Job("target", n, True))
     for b, c in sorted({(b, c) for b, c, _ in grid.held_out() if c not in grid.contexts}):
@@ -128,14 +138,17 @@ def _probe(model, batch: int, context: int, longest: int, kv_cache: str) -> Forw
     return ForwardProbe(model, context, longest, batch, kv_cache, prefill=False)
 
 
-def _measure_group(models: dict, batch: int, context: int, jobs: list[_Job], repeats: int,
-                   kv_cache: str) -> dict[_Job, list[float]]:
+def _measure_group(
+    models: dict, batch: int, context: int, jobs: list[_Job], repeats: int, kv_cache: str
+) -> dict[_Job, list[float]]:
     """Timed ms per job: one synthetic cache per model, a warm-up round, then ``repeats`` rounds with
     every job interleaved (order alternating between rounds). The draft keeps 1 position's logits, as
     when it drafts or catches up; the target keeps all n, as when it verifies."""
     roles = sorted({j.role for j in jobs})
-    timers = {r: _probe(models[r], batch, context, max(j.new_tokens for j in jobs if j.role == r), kv_cache).time_ms
-              for r in roles}
+    timers = {
+        r: _probe(models[r], batch, context, max(j.new_tokens for j in jobs if j.role == r), kv_cache).time_ms
+        for r in roles
+    }
     samples: dict[_Job, list[float]] = {j: [] for j in jobs}
     for round_ in range(repeats + 1):
         for job in jobs if round_ % 2 == 0 else jobs[::-1]:
@@ -145,8 +158,15 @@ def _measure_group(models: dict, batch: int, context: int, jobs: list[_Job], rep
     return samples
 
 
-def measure_profile(target: torch.nn.Module, draft: torch.nn.Module | None, grid: ProfileGrid = ProfileGrid(),
-                    pair: str = "", command: str = "", progress: bool = False, kv_cache: str = "auto") -> Profile:
+def measure_profile(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    grid: ProfileGrid = ProfileGrid(),
+    pair: str = "",
+    command: str = "",
+    progress: bool = False,
+    kv_cache: str = "auto",
+) -> Profile:
     """Measure ``grid`` for the pair (``draft`` None: target only, for prompt lookup) and return the
     profile with fits, held-out errors and each quantity's predictor. ``progress``: a tqdm bar per group;
     ``kv_cache``: where the probes keep their caches (``config.KV_CACHES``: on a GPU by default an arena whose
@@ -156,8 +176,9 @@ def measure_profile(target: torch.nn.Module, draft: torch.nn.Module | None, grid
     cells: dict[str, list[ProfileCell]] = {"target": [], "draft": [], "held_out_target": [], "held_out_draft": []}
     paired = [m for m in (target, draft) if m is not None and not isinstance(m, Eagle3Head)]
     with hf_compat.speculative_attention(*(hf_compat.AttentionSwap(m) for m in paired)):
-        for (b, c), jobs in tqdm(_plan(grid, draft is not None).items(), desc="profile (batch, context)",
-                                 disable=not progress):
+        for (b, c), jobs in tqdm(
+            _plan(grid, draft is not None).items(), desc="profile (batch, context)", disable=not progress
+        ):
             for job, samples in _measure_group(models, b, c, jobs, grid.repeats, kv_cache).items():
                 name = ("held_out_" if job.held_out else "") + job.role
                 cells[name].append(ProfileCell(b, c, job.new_tokens, statistics.median(samples), tuple(samples)))
@@ -168,11 +189,20 @@ def _meta(grid: ProfileGrid, command: str) -> dict:
     """Where and how a profile was measured: library versions, machine, cpu, threads, UTC time, the
     command line, and the grid with its skip and held-out rules (JSON types: lists, not tuples)."""
     grid_json = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(grid).items()}
-    return {"versions": library_versions(), "machine": platform.machine(), "cpu": processor_name(),
-            "threads": torch.get_num_threads(),
-            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "command": command,
-            "grid": {**grid_json, "skip_rule": SKIP_RULE, "draft_new_tokens": list(DRAFT_NEW_TOKENS),
-                     "held_out_rule": HELD_OUT_RULE}}
+    return {
+        "versions": library_versions(),
+        "machine": platform.machine(),
+        "cpu": processor_name(),
+        "threads": torch.get_num_threads(),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "grid": {
+            **grid_json,
+            "skip_rule": SKIP_RULE,
+            "draft_new_tokens": list(DRAFT_NEW_TOKENS),
+            "held_out_rule": HELD_OUT_RULE,
+        },
+    }
 
 
 def plot_profile(profile: Profile, path: str | Path) -> None:

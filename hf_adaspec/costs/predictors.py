@@ -109,7 +109,7 @@ def _relative_errors(predict: Callable[[int, int, int], float], cells: Sequence[
 
 
 def choose_predictor(table_mape: float | None, fit_mape: float | None) -> str:
-    """"fit" only when it has a held-out error strictly below the table's, else "table"."""
+    """ "fit" only when it has a held-out error strictly below the table's, else "table"."""
     if fit_mape is not None and (table_mape is None or fit_mape < table_mape):
         return "fit"
     return "table"
@@ -134,15 +134,22 @@ def _mape(predict: Callable[[int, int, int], float], held: Sequence[ProfileCell]
     return 100.0 * statistics.fmean(_relative_errors(predict, held)) if held else None
 
 
-def score_predictors(cells: dict[str, tuple[ProfileCell, ...]], target_fit: CostFit, draft_fit: CostFit | None
-                     ) -> dict[str, HeldOutScore]:
+def score_predictors(
+    cells: dict[str, tuple[ProfileCell, ...]], target_fit: CostFit, draft_fit: CostFit | None
+) -> dict[str, HeldOutScore]:
     """Per quantity (``QUANTITIES``), both predictors' errors on its held-out cells: verification on
     "held_out_target", the draft token and the catch-up chunk on "held_out_draft" cells of 1 and
     ``CATCHUP_CHUNK`` new tokens. ``cells``: the four cell groups, as in ``assemble_profile``."""
     held_draft = cells.get("held_out_draft", ())
-    groups = {"verify": (cells["target"], target_fit, cells.get("held_out_target", ())),
-              "draft": (cells.get("draft", ()), draft_fit, [c for c in held_draft if c.new_tokens == 1]),
-              "catchup": (cells.get("draft", ()), draft_fit, [c for c in held_draft if c.new_tokens == CATCHUP_CHUNK])}
-    return {q: HeldOutScore(_mape(functools.partial(table_predict, grid), held) if grid else None,
-                            _mape(fit.predict, held) if fit is not None else None)
-            for q, (grid, fit, held) in groups.items()}
+    groups = {
+        "verify": (cells["target"], target_fit, cells.get("held_out_target", ())),
+        "draft": (cells.get("draft", ()), draft_fit, [c for c in held_draft if c.new_tokens == 1]),
+        "catchup": (cells.get("draft", ()), draft_fit, [c for c in held_draft if c.new_tokens == CATCHUP_CHUNK]),
+    }
+    return {
+        q: HeldOutScore(
+            _mape(functools.partial(table_predict, grid), held) if grid else None,
+            _mape(fit.predict, held) if fit is not None else None,
+        )
+        for q, (grid, fit, held) in groups.items()
+    }

@@ -84,7 +84,7 @@ class Profile:
         return (self.identity.get("draft") or {}).get("name") == Eagle3Head.__name__
 
     def predictor(self, quantity: str) -> str:
-        """"table" or "fit": the one with the lower held-out error for ``quantity`` (``QUANTITIES``)."""
+        """ "table" or "fit": the one with the lower held-out error for ``quantity`` (``QUANTITIES``)."""
         return self.scores[quantity].predictor
 
     def _predict(self, quantity: str, batch: int, context: int, n: int, forced: str | None = None) -> float:
@@ -122,18 +122,27 @@ class Profile:
         if forced is not None and forced not in PREDICTORS:
             raise ValueError(f"forced predictor must be one of {PREDICTORS}, got {forced!r}")
         verify = tuple(self.verify_ms(batch, context, n, forced) for n in range(1, n_max + 1))
-        return CostTable(verify, self.draft_ms(batch, context, forced), context, self.key,
-                         self.catchup_ms(batch, context, forced))
+        return CostTable(
+            verify, self.draft_ms(batch, context, forced), context, self.key, self.catchup_ms(batch, context, forced)
+        )
 
     def to_json(self) -> dict:
         """The JSON document ``save_profile`` writes (schema ``SCHEMA``)."""
         cells = _cells_json
-        return {"schema": SCHEMA, "pair": self.pair, "key": self.key, "identity": self.identity, **self.meta,
-                "target_cells": cells(self.target_cells), "draft_cells": cells(self.draft_cells),
-                "held_out_target": cells(self.held_out_target), "held_out_draft": cells(self.held_out_draft),
-                "fit": {"target": asdict(self.target_fit), "draft": asdict(self.draft_fit) if self.draft_fit else None},
-                "held_out_mape_pct": {q: {"table": s.table_mape, "fit": s.fit_mape} for q, s in self.scores.items()},
-                "predictors": {q: s.predictor for q, s in self.scores.items()}}
+        return {
+            "schema": SCHEMA,
+            "pair": self.pair,
+            "key": self.key,
+            "identity": self.identity,
+            **self.meta,
+            "target_cells": cells(self.target_cells),
+            "draft_cells": cells(self.draft_cells),
+            "held_out_target": cells(self.held_out_target),
+            "held_out_draft": cells(self.held_out_draft),
+            "fit": {"target": asdict(self.target_fit), "draft": asdict(self.draft_fit) if self.draft_fit else None},
+            "held_out_mape_pct": {q: {"table": s.table_mape, "fit": s.fit_mape} for q, s in self.scores.items()},
+            "predictors": {q: s.predictor for q, s in self.scores.items()},
+        }
 
 
 def _cells_json(cells: Sequence[ProfileCell]) -> list[dict]:
@@ -148,8 +157,16 @@ def assemble_profile(pair: str, identity: dict, cells: dict[str, Sequence[Profil
     groups = {name: tuple(cells.get(name, ())) for name in ("target", "draft", "held_out_target", "held_out_draft")}
     target_fit = fit_costs(groups["target"])
     draft_fit = fit_costs(groups["draft"]) if groups["draft"] else None
-    return Profile(pair, identity_key(identity), identity, *groups.values(), target_fit, draft_fit,
-                   score_predictors(groups, target_fit, draft_fit), meta)
+    return Profile(
+        pair,
+        identity_key(identity),
+        identity,
+        *groups.values(),
+        target_fit,
+        draft_fit,
+        score_predictors(groups, target_fit, draft_fit),
+        meta,
+    )
 
 
 def profile_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cache: str = "auto") -> dict:
@@ -175,8 +192,18 @@ def library_versions() -> dict[str, str | None]:
 
 
 _META_FIELDS = ("versions", "machine", "cpu", "threads", "created", "command", "grid")
-_FIELDS = ("schema", "pair", "key", "identity", "target_cells", "draft_cells", "held_out_target", "held_out_draft",
-           "fit", *_META_FIELDS)
+_FIELDS = (
+    "schema",
+    "pair",
+    "key",
+    "identity",
+    "target_cells",
+    "draft_cells",
+    "held_out_target",
+    "held_out_draft",
+    "fit",
+    *_META_FIELDS,
+)
 
 
 def _from_json(data: dict) -> Profile:
@@ -192,15 +219,29 @@ def _from_json(data: dict) -> Profile:
         raise ValueError(f"schema {data['schema']!r}, this version reads {SCHEMA}")
     if data["key"] != identity_key(data["identity"]):
         raise ValueError("its key does not match its identity (edited by hand?)")
-    cells = {name: tuple(ProfileCell(**{**c, "samples": tuple(c["samples"])}) for c in data[name])
-             for name in ("target_cells", "draft_cells", "held_out_target", "held_out_draft")}
+    cells = {
+        name: tuple(ProfileCell(**{**c, "samples": tuple(c["samples"])}) for c in data[name])
+        for name in ("target_cells", "draft_cells", "held_out_target", "held_out_draft")
+    }
     fits = data["fit"]
     target_fit = CostFit(**fits["target"])
     draft_fit = CostFit(**fits["draft"]) if fits["draft"] is not None else None
-    groups = {"target": cells["target_cells"], "draft": cells["draft_cells"],
-              "held_out_target": cells["held_out_target"], "held_out_draft": cells["held_out_draft"]}
-    return Profile(data["pair"], data["key"], data["identity"], *cells.values(), target_fit, draft_fit,
-                   score_predictors(groups, target_fit, draft_fit), {k: data[k] for k in _META_FIELDS})
+    groups = {
+        "target": cells["target_cells"],
+        "draft": cells["draft_cells"],
+        "held_out_target": cells["held_out_target"],
+        "held_out_draft": cells["held_out_draft"],
+    }
+    return Profile(
+        data["pair"],
+        data["key"],
+        data["identity"],
+        *cells.values(),
+        target_fit,
+        draft_fit,
+        score_predictors(groups, target_fit, draft_fit),
+        {k: data[k] for k in _META_FIELDS},
+    )
 
 
 def _missing(path: Path) -> str:
@@ -278,8 +319,13 @@ def _same_target(now: dict, then: dict) -> bool:
     return {k: v for k, v in now.items() if k != "draft"} == {k: v for k, v in then.items() if k != "draft"}
 
 
-def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explicit: str | Path | None = None,
-                 log: Callable[[str], None] = print, kv_cache: str = "auto") -> Profile | None:
+def find_profile(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    explicit: str | Path | None = None,
+    log: Callable[[str], None] = print,
+    kv_cache: str = "auto",
+) -> Profile | None:
     """The cost profile of this pair: ``explicit`` (a path), else ``$HF_ADASPEC_PROFILE``, else
     ``<cache>/profiles/<key>.json``; logs (once per message) which one is used.
 
@@ -303,17 +349,23 @@ def find_profile(target: torch.nn.Module, draft: torch.nn.Module | None, explici
         return None
     measured_on = profile.meta.get("cpu")
     if identity["target"]["device"] == "cpu" and measured_on not in (None, machine.processor_name()):
-        _say_once(log, f"hf-adaspec: warning: cost profile {path} was measured on another processor ({measured_on}; "
-                       f"this one is {machine.processor_name()}); falling back to calibrated costs; "
-                       "run `hf-adaspec profile` here")
+        _say_once(
+            log,
+            f"hf-adaspec: warning: cost profile {path} was measured on another processor ({measured_on}; "
+            f"this one is {machine.processor_name()}); falling back to calibrated costs; "
+            "run `hf-adaspec profile` here",
+        )
         return None
     if profile.key != identity_key(identity) and draft is None and _same_target(identity, profile.identity):
         _say_once(log, f"hf-adaspec: using the target's cells of cost profile {path} (no draft model)")
         return profile  # its draft costs go unused: without a draft model no drafter pays them
     if profile.key != identity_key(identity):
-        _say_once(log, f"hf-adaspec: warning: cost profile {path} was measured for other models/versions "
-                       f"(differs in: {', '.join(_differences(identity, profile.identity))}); falling back to "
-                       "calibrated costs; run `hf-adaspec profile` for this pair")
+        _say_once(
+            log,
+            f"hf-adaspec: warning: cost profile {path} was measured for other models/versions "
+            f"(differs in: {', '.join(_differences(identity, profile.identity))}); falling back to "
+            "calibrated costs; run `hf-adaspec profile` for this pair",
+        )
         return None
     chosen = ", ".join(f"{q}: {profile.predictor(q)}" for q in QUANTITIES)
     _say_once(log, f"hf-adaspec: using cost profile {path} ({chosen})")

@@ -47,11 +47,14 @@ class CostTable:
 
     def __post_init__(self) -> None:
         if not self.verify_ms or not all(math.isfinite(t) and 0 < t <= MAX_FORWARD_MS for t in self.verify_ms):
-            raise ValueError(f"verify_ms must be non-empty, finite and in (0, {MAX_FORWARD_MS}] ms, "
-                             f"got {self.verify_ms}")
+            raise ValueError(
+                f"verify_ms must be non-empty, finite and in (0, {MAX_FORWARD_MS}] ms, got {self.verify_ms}"
+            )
         if not all(math.isfinite(t) and 0 <= t <= MAX_FORWARD_MS for t in (self.draft_ms, self.draft_catchup_ms)):
-            raise ValueError(f"draft costs must be finite and in [0, {MAX_FORWARD_MS}] ms, got {self.draft_ms}, "
-                             f"{self.draft_catchup_ms}")
+            raise ValueError(
+                f"draft costs must be finite and in [0, {MAX_FORWARD_MS}] ms, got {self.draft_ms}, "
+                f"{self.draft_catchup_ms}"
+            )
 
     @property
     def max_tokens(self) -> int:
@@ -86,10 +89,15 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
     which its layers take the dense route (``kernels.route``; 0: never)."""
     import transformers
 
-    compiled = {role: sorted(arenas_of(m).compiled) for role, m in (("target", target), ("draft", draft))
-                if isinstance(m, torch.nn.Module) and arenas_of(m).compiled}
-    models = {"target": hf_compat.model_identity(target),
-              "draft": hf_compat.model_identity(draft) if draft is not None else None}
+    compiled = {
+        role: sorted(arenas_of(m).compiled)
+        for role, m in (("target", target), ("draft", draft))
+        if isinstance(m, torch.nn.Module) and arenas_of(m).compiled
+    }
+    models = {
+        "target": hf_compat.model_identity(target),
+        "draft": hf_compat.model_identity(draft) if draft is not None else None,
+    }
     q4_layers = [m for model in (target, draft) if isinstance(model, torch.nn.Module) for m in route.layers(model)]
     return {
         **models,
@@ -99,8 +107,15 @@ def pair_identity(target: torch.nn.Module, draft: torch.nn.Module | None, kv_cac
         "threads": torch.get_num_threads(),
         **({"kv": "static"} if store_kind(target, kv_cache) == "static" else {}),
         **({"compiled": compiled} if compiled else {}),
-        **({"q4_kernel": q4.source_tag(), "q4_path": q4.path(q4_layers[0].directory),
-            "q4_dense_rows": sorted({m.dense_rows or 0 for m in q4_layers})} if q4_layers else {}),
+        **(
+            {
+                "q4_kernel": q4.source_tag(),
+                "q4_path": q4.path(q4_layers[0].directory),
+                "q4_dense_rows": sorted({m.dense_rows or 0 for m in q4_layers}),
+            }
+            if q4_layers
+            else {}
+        ),
     }
 
 
@@ -109,11 +124,16 @@ def identity_key(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def table_key(target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, batch: int = 1,
-              kv_cache: str = "auto") -> str:
+def table_key(
+    target: torch.nn.Module, draft: torch.nn.Module | None, n_max: int, batch: int = 1, kv_cache: str = "auto"
+) -> str:
     """Stable cache key of a (target, draft) pair at a batch size on this machine and library versions."""
-    ident = {"schema": 2, **pair_identity(target, draft, kv_cache), "n_max": n_max,
-             **({"batch": batch} if batch != 1 else {})}
+    ident = {
+        "schema": 2,
+        **pair_identity(target, draft, kv_cache),
+        "n_max": n_max,
+        **({"batch": batch} if batch != 1 else {}),
+    }
     return identity_key(ident)
 
 
@@ -128,8 +148,16 @@ class ForwardProbe:
     random tokens, else random keys and values (attention's cost does not depend on them). After each
     timed forward the cache is rolled back to the context."""
 
-    def __init__(self, model: torch.nn.Module, context: int, n_max: int, batch: int = 1, kv_cache: str = "auto",
-                 prefill: bool = True, graph_width: int = DEFAULT_GRAPH_WIDTH) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        context: int,
+        n_max: int,
+        batch: int = 1,
+        kv_cache: str = "auto",
+        prefill: bool = True,
+        graph_width: int = DEFAULT_GRAPH_WIDTH,
+    ) -> None:
         vocab = model.get_input_embeddings().num_embeddings
         gen = torch.Generator().manual_seed(0)
         self.model, self.context = model, context
@@ -166,8 +194,12 @@ class HeadProbe:
             for start in range(0, context, 256):
                 n = min(256, context - start)
                 tokens = torch.randint(0, head.config.target_vocab_size, (batch, n), generator=gen)
-                head.step(tokens, head.fuse(torch.randn(batch, n, self.width, generator=gen)),
-                          torch.ones(batch, n, dtype=torch.bool), self.cache)
+                head.step(
+                    tokens,
+                    head.fuse(torch.randn(batch, n, self.width, generator=gen)),
+                    torch.ones(batch, n, dtype=torch.bool),
+                    self.cache,
+                )
         self.held = self.cache.lengths.clone()
 
     @torch.no_grad()
@@ -181,8 +213,10 @@ class HeadProbe:
         else:
             features = torch.zeros(self.batch, n_new, self.width)
             valid = torch.ones(self.batch, n_new, dtype=torch.bool)
-            elapsed = timed_ms(lambda: self.head.logits(self.head.step(tokens, self.head.fuse(features), valid,
-                                                                       self.cache)[:, -1]), self.head.device)
+            elapsed = timed_ms(
+                lambda: self.head.logits(self.head.step(tokens, self.head.fuse(features), valid, self.cache)[:, -1]),
+                self.head.device,
+            )
         self.cache.rollback(self.held)
         return elapsed
 

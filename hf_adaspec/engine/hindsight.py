@@ -20,9 +20,14 @@ def hindsight(proposal: Sequence[int], emitted: Sequence[int]) -> tuple[int, int
     return compared, next((j for j in range(compared) if proposal[j] != emitted[j]), compared)
 
 
-def scored(offers: Sequence[DraftOffer], view: StepView, new: Sequence[Sequence[int]]
-           ) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
+def scored(
+    offers: Sequence[DraftOffer], view: StepView, new: Sequence[Sequence[int]]
+) -> tuple[tuple[tuple[int, int], ...] | None, ...]:
     """Per drafter: None (paid), or for a costless one per row what its whole offer (as the controller saw
     it, capped by the row's budget) would have got accepted (``new``: per row the emitted token ids)."""
-    return tuple(tuple(hindsight(t[:u].tolist(), e) for t, u, e in zip(o.tokens, view.bounds[d], new, strict=True))
-                 if o.costless else None for d, o in enumerate(offers))
+    return tuple(
+        tuple(hindsight(t[:u].tolist(), e) for t, u, e in zip(o.tokens, view.bounds[d], new, strict=True))
+        if o.costless
+        else None
+        for d, o in enumerate(offers)
+    )

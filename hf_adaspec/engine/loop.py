@@ -18,84 +18,21 @@ greedy output where the forward is shape-stable; sampling is lossless per row.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from ..backend import hf_compat
-from ..backend.ragged import KVCache, right_pad
 from ..policy.controller import Controller, Decision, StepOutcome, StepView
-from ..policy.horizon import lindy_horizon
-from ..proposers.base import Drafter, DraftOffer, Proposal, Proposals, Rows
+from ..proposers.base import DraftOffer, Proposals, Rows
 from .hindsight import scored
 from .rows import TokenRows
+from .settings import DecodeResult, DecodeSettings, RunParts
 from .stats import SpeculationStats, StepRecord
+from .step_verify import block_of, verify_step
 from .threads import ThreadChooser
-from .verification import Verification, greedy_verify, process_scores, select_token, speculative_sample
-
-
-
-@dataclass
-class DecodeSettings:
-    """What the loop needs from the generation config: processors, stopping, the length budget (tokens),
-    sampling, pad and EOS ids, the target's logits width V (a draft model with a narrower output head
-    has its logits padded to it; 0: not given), and at batch size 1 the streamer and the step callback
-    ``on_step(record, tokens [m])``; ``threads``: the chooser of torch's thread count per step (None: left
-    as set; the caller restores it); ``decision_ms``: what the controller hears a decision cost (ms; None:
-    the offers, decision and hindsight as timed); ``step_ms``: a step's time as the controller books it,
-    (measured ms, decided, predicted ms) → ms (None: as measured; ``predicted_time``: as the controller's
-    costs price it; a replay prices its forwards)."""
-
-    logits_processor: object
-    stopping_criteria: object
-    max_length: int
-    do_sample: bool
-    pad_token_id: int = 0
-    eos_token_ids: tuple[int, ...] = ()
-    vocab_size: int = 0
-    streamer: object | None = None
-    generator: torch.Generator | None = None
-    on_step: Callable[[StepRecord | None, torch.Tensor], None] | None = None
-    horizon: Callable[[int, int], int] = lindy_horizon  # (generated, tokens left) → tokens still to come
-    threads: ThreadChooser | None = None  # picks torch's thread count per step; None: left as set
-    decision_ms: float | None = None  # a decision's engine time as priced (a replay); None: measured
-    step_ms: Callable[[float, bool, float], float] | None = None  # a step's booked time; None: measured
-
-
-@dataclass(frozen=True)
-class RunParts:
-    """What one request runs on: the target's empty cache ([B] rows), the drafters in the controller's
-    order, the controller, the settings, k_max (the most tokens any drafter may offer a row per step) and
-    the target layers whose inputs the drafters read (a draft head's features; empty: none recorded)."""
-
-    cache: KVCache
-    drafters: tuple[Drafter, ...]
-    controller: Controller
-    settings: DecodeSettings
-    k_max: int
-    feature_layers: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class DecodeResult:
-    """sequences: [B, T + new] long (left-padded prompts, rows right-padded with the pad id)."""
-
-    sequences: torch.Tensor
-    stats: SpeculationStats
-
-
-def verify_group(proposals: Sequence[Proposal], scores: torch.Tensor, settings: DecodeSettings) -> Verification:
-    """Speculative-sampling verification of g rows' ``proposals`` of one length k against their processed
-    scores [g, k+1, V], in one call on the CPU, where its generator is (a deterministic drafter's q is one-hot on
-    its tokens)."""
-    draft = torch.cat([proposal.tokens for proposal in proposals])  # [g, k]
-    p = torch.softmax(scores.cpu(), dim=-1)  # [g, k+1, V]
-    q = torch.cat([torch.nn.functional.one_hot(proposal.tokens, p.shape[-1]).to(p.dtype) if proposal.q is None
-                   else proposal.q.cpu() for proposal in proposals])  # [g, k, V]
-    return speculative_sample(draft, q, p, settings.generator)
+from .verification import select_token
 
 
 class _Once:
@@ -115,8 +52,9 @@ class _Once:
 _UNSET = object()
 
 
-def _decide(rows: TokenRows, current: Callable[[], Rows], parts: RunParts
-            ) -> tuple[tuple[DraftOffer, ...], StepView | None, Decision]:
+def _decide(
+    rows: TokenRows, current: Callable[[], Rows], parts: RunParts
+) -> tuple[tuple[DraftOffer, ...], StepView | None, Decision]:
     """The controller's decision, and the offers and view it was decided from (built once, when the controller
     asks, or after a decision it did not rest: hindsight scores the offers); ((), None) for a rest."""
     built = _Once(lambda: _offers(rows, current, parts))
@@ -139,8 +77,9 @@ def _offers(rows: TokenRows, current: Callable[[], Rows], parts: RunParts) -> tu
     return offers, view
 
 
-def _propose(parts: RunParts, current: Callable[[], Rows], offers: Sequence[DraftOffer], decision: Decision
-             ) -> Proposals:
+def _propose(
+    parts: RunParts, current: Callable[[], Rows], offers: Sequence[DraftOffer], decision: Decision
+) -> Proposals:
     """Each row's proposal from its drafter, flat; a drafter runs once for all rows that picked it."""
     made: list[Proposals | None] = [None] * len(parts.drafters)
     for d, drafter in enumerate(parts.drafters):
@@ -152,66 +91,13 @@ def _propose(parts: RunParts, current: Callable[[], Rows], offers: Sequence[Draf
     return Proposals.merge(made, decision.drafters)
 
 
-def _block(rows: TokenRows, proposals: Proposals, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each active row's [last token, d_1..d_k_i], right-padded → tokens [b, K+1] and valid [b, K+1] bool (None
-    when every row has the same k: no padding)."""
-    ks = proposals.ks
-    if len(rows.active) == 1:
-        i = rows.active[0]
-        last = rows.ids[i : i + 1, rows.ends[i] - 1 : rows.ends[i]]  # [1, 1]
-        return (torch.cat([last, proposals.tokens[None]], dim=1) if ks[0] else last), None  # [1, k+1]
-    last = [rows.ids[i, rows.ends[i] - 1 : rows.ends[i]] for i in rows.active]  # b × [1]
-    if min(ks) == max(ks):
-        return torch.cat([torch.stack(last), proposals.tokens.view(len(ks), ks[0])], dim=1), None  # [b, k+1]
-    rows_k = [torch.cat([t, proposals.tokens[a:b]]) for t, a, b in zip(last, proposals.offsets, proposals.offsets[1:])]
-    return right_pad(rows_k, pad_token_id)
-
-
-def _scores(logits: torch.Tensor, proposals: Proposals, rows: TokenRows, settings: DecodeSettings,
-            free: bool) -> torch.Tensor:
-    """The target's logits [b, K+1, V] (right-padded: row s's first k_s + 1 columns are its own) processed:
-    position-free processors once over every column of every row (``hf_compat.position_free``), others per row
-    and position on the row's own prefix (``process_scores``)."""
-    processor = settings.logits_processor
-    if not processor:
-        return logits
-    b, width, vocab = logits.shape
-    if free:  # they read only the scores: the ids they are handed are ignored
-        ids = torch.zeros(b * width, 1, dtype=torch.long, device=logits.device)
-        return processor(ids, logits.reshape(b * width, vocab)).reshape(b, width, vocab)  # [b, K+1, V]
-    done = [process_scores(processor, rows.view(i)[None], p.tokens, logits[s : s + 1, : p.k + 1])  # [1, k_s+1, V]
-            for s, (i, p) in enumerate(zip(rows.active, proposals, strict=True))]
-    return torch.cat([torch.nn.functional.pad(d, (0, 0, 0, width - d.shape[1])) for d in done])  # [b, K+1, V]
-
-
-def _verify(logits: torch.Tensor, proposals: Proposals, rows: TokenRows, settings: DecodeSettings,
-            free: bool) -> tuple[list[int], list[list[int]]]:
-    """Verify every row's proposal against its logits (``logits`` [b, K+1, V] on the target's device) → accepted
-    n_i and the new tokens [n_i + 1] (ids on the host). Greedy: all rows in one call, one host read; sampling:
-    the rows of one k_i in one call (``verify_group``), one host read per group."""
-    if not settings.do_sample and not proposals.tokens.numel():  # greedy plain rows: the target's argmax
-        scores = _scores(logits[:, :1], proposals, rows, settings, free)  # [b, 1, V]
-        return [0] * len(proposals), [[t] for t in scores[:, 0].argmax(dim=-1).tolist()]
-    drafts = proposals.rows()  # the proposals are on the host
-    width = max(len(d) for d in drafts) + 1
-    scores = _scores(logits[:, :width], proposals, rows, settings, free)  # [b, K+1, V]
-    if not settings.do_sample:
-        padded = torch.tensor([d + [-1] * (width - 1 - len(d)) for d in drafts], dtype=torch.long)  # [b, K]
-        result = greedy_verify(padded.to(scores.device), scores)  # a padded column never matches
-        accepted, tokens = torch.stack([result.num_accepted, result.next_token]).tolist()  # one host read
-    else:
-        accepted, tokens = [0] * len(proposals), [0] * len(proposals)
-        for k in sorted(set(proposals.ks)):
-            group = [s for s, n in enumerate(proposals.ks) if n == k]
-            result = verify_group([proposals[s] for s in group], scores[group, : k + 1], settings)
-            both = torch.cat([result.num_accepted, result.next_token]).tolist()  # one transfer per group
-            for j, s in enumerate(group):
-                accepted[s], tokens[s] = both[j], both[len(group) + j]
-    return accepted, [d[:n] + [t] for d, n, t in zip(drafts, accepted, tokens, strict=True)]
-
-
-def _commit(parts: RunParts, finished: list[bool], confirmed: torch.Tensor, own: Sequence[torch.Tensor],
-            features: list[torch.Tensor] | None) -> None:
+def _commit(
+    parts: RunParts,
+    finished: list[bool],
+    confirmed: torch.Tensor,
+    own: Sequence[torch.Tensor],
+    features: list[torch.Tensor] | None,
+) -> None:
     """Roll the target's cache back to the ``confirmed`` [b] tokens per row and each drafter to its ``own``
     [b] (a drafter keeps its tokens only where they were accepted), handing each the target's ``features``
     of the confirmed positions (per row [c_i, F], None when not recorded); then finished rows leave the
@@ -240,15 +126,24 @@ def _leave(parts: RunParts, rows: TokenRows, finished: list[bool]) -> None:
     rows.active = [rows.active[s] for s in left]
 
 
-def _prefill(parts: RunParts, rows: TokenRows, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             now: Callable[[], float]) -> None:
+def _prefill(
+    parts: RunParts, rows: TokenRows, input_ids: torch.Tensor, attention_mask: torch.Tensor, now: Callable[[], float]
+) -> None:
     """The prompt's forward and each row's first token; rows that stopped at it leave, and drafters that read
     the target's features get the prompt's."""
     settings, batch = parts.settings, input_ids.shape[0]
     logits, features = parts.cache.append_features(input_ids, attention_mask.bool(), 1, parts.feature_layers)
     logits = logits[:, -1].cpu() if settings.do_sample else logits[:, -1]  # [B, V]; sampling on the CPU
-    firsts = [int(select_token(settings.logits_processor(rows.view(i)[None].to(logits.device), logits[i : i + 1]),
-                               settings.do_sample, settings.generator)) for i in range(batch)]  # B ids
+    firsts = [
+        int(
+            select_token(
+                settings.logits_processor(rows.view(i)[None].to(logits.device), logits[i : i + 1]),
+                settings.do_sample,
+                settings.generator,
+            )
+        )
+        for i in range(batch)
+    ]  # B ids
     finished = [rows.emit(i, [t], now()) for i, t in enumerate(firsts)]
     _stream(settings, rows.ids[0, input_ids.shape[1] : rows.ends[0]], None)
     if any(finished) or features is not None:  # the prompt's features; rows that stopped at their first token leave
@@ -264,8 +159,9 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     → DecodeResult."""
     start, settings = time.perf_counter(), parts.settings
     now = lambda: (time.perf_counter() - start) * 1000.0  # noqa: E731
-    rows = TokenRows.open(input_ids, attention_mask, settings.max_length, settings.stopping_criteria,
-                          settings.pad_token_id)
+    rows = TokenRows.open(
+        input_ids, attention_mask, settings.max_length, settings.stopping_criteria, settings.pad_token_id
+    )
     free, stats = hf_compat.position_free(settings.logits_processor), SpeculationStats()
     _prefill(parts, rows, input_ids, attention_mask, now)
     stats.prefill_ms = now()
@@ -279,13 +175,14 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         t0 = time.perf_counter()
         proposals = _propose(parts, current, offers, decision)  # propose
         t1 = time.perf_counter()
-        block, valid = _block(rows, proposals, settings.pad_token_id)  # [b, K+1]
+        block, valid = block_of(rows, proposals, settings.pad_token_id)  # [b, K+1]
         logits, features = parts.cache.append_features(block, valid, block.shape[1], parts.feature_layers)
-        accepted, new = _verify(logits, proposals, rows, settings, free)  # verify
+        accepted, new = verify_step(logits, proposals, rows, settings, free)  # verify
         mark = time.perf_counter()
         seen = () if view is None else scored(offers, view, new)
-        decision_ms = (decision_s + time.perf_counter() - mark) * 1000.0 if settings.decision_ms is None \
-            else settings.decision_ms
+        decision_ms = (
+            (decision_s + time.perf_counter() - mark) * 1000.0 if settings.decision_ms is None else settings.decision_ms
+        )
         held = torch.tensor([rows.ends[i] - rows.starts[i] for i in rows.active])  # [b] tokens held before the step
         confirmed = held + torch.tensor(accepted)  # tokens each row holds, minus its new last token
         ends = [rows.ends[i] for i in rows.active]
@@ -295,18 +192,29 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         _commit(parts, finished, confirmed, own, kept)  # commit
         ks = proposals.ks
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
-        outcome = StepOutcome(decision.drafters, ks, tuple(accepted), proposals.confidences or ((),) * len(ks), seen,
-                              decision_ms)
+        outcome = StepOutcome(
+            decision.drafters, ks, tuple(accepted), proposals.confidences or ((),) * len(ks), seen, decision_ms
+        )
         predicted_ms = decision.price(outcome)
         if threads is not None:
             settings.threads.observe(threads, draft_ms + verify_ms, predicted_ms)
         if not rest:
             parts.controller.observe(decision, outcome)  # observe
         for s, i in enumerate(rows.active):
-            record = StepRecord(ks[s], accepted[s], rows.ends[i] - ends[s],
-                                parts.drafters[decision.drafters[s]].name if ks[s] else "plain", draft_ms, verify_ms,
-                                decision.alphas[s], decision.predicted_goodput, row=i, step=step,
-                                predicted_ms=predicted_ms, decided=not rest)
+            record = StepRecord(
+                ks[s],
+                accepted[s],
+                rows.ends[i] - ends[s],
+                parts.drafters[decision.drafters[s]].name if ks[s] else "plain",
+                draft_ms,
+                verify_ms,
+                decision.alphas[s],
+                decision.predicted_goodput,
+                row=i,
+                step=step,
+                predicted_ms=predicted_ms,
+                decided=not rest,
+            )
             stats.steps.append(record)
             _stream(settings, rows.ids[i, ends[s] : rows.ends[i]], record)
         emitted = min(rows.ends[i] - ends[s] for s, i in enumerate(rows.active))
@@ -321,20 +229,16 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
     return DecodeResult(_pad_right(rows, settings.pad_token_id), stats)
 
 
-def predicted_time(measured_ms: float, decided: bool, predicted_ms: float) -> float:
-    """A step booked at its predicted time (ms; as measured where it was not predicted): decisions that
-    depend on the costs and the learned state alone, not on the engine's timing."""
-    return measured_ms if math.isnan(predicted_ms) else predicted_ms
-
-
-def _account(controller: Controller, settings: DecodeSettings, last: float, how: tuple[bool, float], emitted: int,
-             plain: bool) -> float:
+def _account(
+    controller: Controller, settings: DecodeSettings, last: float, how: tuple[bool, float], emitted: int, plain: bool
+) -> float:
     """Book the step that ran since ``last`` (perf_counter seconds) with the controller, as measured or as
     ``settings.step_ms`` prices it (``how``: whether it was decided, its predicted ms); returns the new mark."""
     mark = time.perf_counter()
     elapsed_ms = (mark - last) * 1000.0
-    controller.account(elapsed_ms if settings.step_ms is None else settings.step_ms(elapsed_ms, *how), emitted,
-                       plain, how[1])
+    controller.account(
+        elapsed_ms if settings.step_ms is None else settings.step_ms(elapsed_ms, *how), emitted, plain, how[1]
+    )
     return mark
 
 

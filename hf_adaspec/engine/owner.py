@@ -54,8 +54,9 @@ class ModelState:
         return swap
 
     @contextlib.contextmanager
-    def request(self, assistant: torch.nn.Module | None, state: SpeculationState | None = None
-                ) -> Iterator[SpeculationState]:
+    def request(
+        self, assistant: torch.nn.Module | None, state: SpeculationState | None = None
+    ) -> Iterator[SpeculationState]:
         """One speculative request of this state's model with ``assistant`` (a draft model, a draft head or None):
         within the block the models are held (another thread's request waits) and run speculation's attention (a
         draft head's is its own); yields the learned state to use, ``state`` if given, else ``learned``.

@@ -36,16 +36,29 @@ class TokenRows:
     stops: hf_compat.StopSplit
 
     @classmethod
-    def open(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_length: int, stopping_criteria: object,
-             pad_token_id: int) -> TokenRows:
+    def open(
+        cls,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        max_length: int,
+        stopping_criteria: object,
+        pad_token_id: int,
+    ) -> TokenRows:
         """input_ids, attention_mask [B, T] (left-padded) → rows with room for ``max_length`` tokens each
         (at least T + 1)."""
         batch, width = input_ids.shape
         ids = torch.full((batch, max(max_length, width + 1)), pad_token_id, dtype=torch.long)
         ids[:, :width] = input_ids.cpu()
         starts = (attention_mask.shape[1] - attention_mask.sum(1)).tolist()
-        return cls(ids, [width] * batch, starts, width, list(range(batch)), [0.0] * batch,
-                   hf_compat.split_stopping(stopping_criteria))
+        return cls(
+            ids,
+            [width] * batch,
+            starts,
+            width,
+            list(range(batch)),
+            [0.0] * batch,
+            hf_compat.split_stopping(stopping_criteria),
+        )
 
     def view(self, i: int) -> torch.Tensor:
         """Row i's padded view [ends[i]] long (a view of the buffer: valid until the row's next ``emit``)."""
@@ -53,8 +66,11 @@ class TokenRows:
 
     def current(self) -> Rows:
         """The active rows as drafters see them."""
-        return Rows(tuple(self.ids[i, : self.ends[i]] for i in self.active), tuple(self.starts[i] for i in self.active),
-                    self.prompt_width)
+        return Rows(
+            tuple(self.ids[i, : self.ends[i]] for i in self.active),
+            tuple(self.starts[i] for i in self.active),
+            self.prompt_width,
+        )
 
     def emit(self, slot: int, new: Sequence[int], now_ms: float) -> bool:
         """Append active row ``slot``'s new tokens (ids on the host), cut just after the first token a stopping

@@ -32,7 +32,8 @@ from ..policy.confidence import CalibratorMemory
 from ..policy.match import MatchMemory
 from ..policy.modes import MODES, DrafterContext, DrafterSpec, Learned, PolicyInputs, assistant_identity
 from ..proposers.suffix import SuffixMemory
-from .loop import DecodeResult, DecodeSettings, RunParts, speculative_decode
+from .loop import speculative_decode
+from .settings import DecodeResult, DecodeSettings, RunParts
 from .threads import ThreadChooser
 
 
@@ -79,9 +80,16 @@ class PreparedRun:
     seed: PrefixSeed | None
 
 
-def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-              draft_key: object | None, caches: Caches, costs_for: Callable[[int], CostTable],
-              settings: DecodeSettings) -> PreparedRun:
+def build_run(
+    config: SpeculationConfig,
+    state: SpeculationState,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    draft_key: object | None,
+    caches: Caches,
+    costs_for: Callable[[int], CostTable],
+    settings: DecodeSettings,
+) -> PreparedRun:
     """Everything one request of ``config``'s mode needs. input_ids, attention_mask: [B, T] (left-padded);
     ``draft_key``: the assistant (a draft model, a draft head, or the replay's stand-in for a draft model),
     None without one; ``costs_for(b)``: the cost table at b rows. The drafters and their pricing come from
@@ -95,9 +103,20 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
         seed = state.draft_prefixes.seed(draft_key, input_ids[0])
     draft_cache = caches.draft(batch, seed) if seeded else None
     head_cache = caches.head(batch) if any(spec.uses_head_cache for spec in specs) else None
-    context = DrafterContext(batch, config, settings.logits_processor, settings.do_sample, settings.pad_token_id,
-                             settings.eos_token_ids, draft_key, draft_cache, state.suffixes, settings.generator,
-                             settings.vocab_size, head_cache)
+    context = DrafterContext(
+        batch,
+        config,
+        settings.logits_processor,
+        settings.do_sample,
+        settings.pad_token_id,
+        settings.eos_token_ids,
+        draft_key,
+        draft_cache,
+        state.suffixes,
+        settings.generator,
+        settings.vocab_size,
+        head_cache,
+    )
     drafters = tuple(spec.build(context) for spec in specs)
     learned = Learned(state.calibrators, state.matches)
     identity = assistant_identity(draft_key)
@@ -108,8 +127,9 @@ def build_run(config: SpeculationConfig, state: SpeculationState, input_ids: tor
     return PreparedRun(parts, specs, draft_key, draft_cache, seed)
 
 
-def record_run(state: SpeculationState, run: PreparedRun, prompts: Sequence[Sequence[int]],
-               outputs: Sequence[Sequence[int]]) -> None:
+def record_run(
+    state: SpeculationState, run: PreparedRun, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
+) -> None:
     """Keep what the finished ``run`` taught the pair: each row's real prompt and generated tokens (token
     ids) in suffix drafting's memory, where a drafter of the run remembers responses, and at batch size 1
     the draft's cache (with the tokens it holds) in the prefix store."""
@@ -119,14 +139,22 @@ def record_run(state: SpeculationState, run: PreparedRun, prompts: Sequence[Sequ
     if run.seed is not None and run.draft_cache is not None:
         held = int(run.draft_cache.lengths[0])
         if held > run.seed.length:  # the store keeps only caches that grew (an arena's export is a copy)
-            state.draft_prefixes.remember(run.draft_key, [*prompts[0], *outputs[0]], held, run.seed.length,
-                                          run.draft_cache.export_prefix())
+            state.draft_prefixes.remember(
+                run.draft_key, [*prompts[0], *outputs[0]], held, run.seed.length, run.draft_cache.export_prefix()
+            )
 
 
-def run_request(target: torch.nn.Module, assistant: torch.nn.Module | None, config: SpeculationConfig,
-                state: SpeculationState, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                settings: DecodeSettings, costs: CostTable | None = None, profile: str | Path | None = None
-                ) -> DecodeResult:
+def run_request(
+    target: torch.nn.Module,
+    assistant: torch.nn.Module | None,
+    config: SpeculationConfig,
+    state: SpeculationState,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    settings: DecodeSettings,
+    costs: CostTable | None = None,
+    profile: str | Path | None = None,
+) -> DecodeResult:
     """One ``generate`` request, whole: input_ids, attention_mask [B, T] (left-padded) → the loop's result,
     learning into ``state``. Its caches are ``ModelCaches.for_request``'s; its costs at b rows the given
     table, else the pair's profile (``profile``, or the cached one) at the padded prompt length or tables
@@ -135,8 +163,9 @@ def run_request(target: torch.nn.Module, assistant: torch.nn.Module | None, conf
     caches = ModelCaches.for_request(target, assistant, config.kv_cache, config.k_max, width, settings.max_length)
     if costs is None:
         log = functools.partial(print, file=sys.stderr)
-        costs_for = CostCache().costs_for(target, assistant, config.max_speculative_tokens + 1, log, batch, width,
-                                          profile, config.kv_cache)
+        costs_for = CostCache().costs_for(
+            target, assistant, config.max_speculative_tokens + 1, log, batch, width, profile, config.kv_cache
+        )
     else:
         costs_for = lambda b: costs  # noqa: E731
     run = build_run(config, state, input_ids, attention_mask, assistant, caches, costs_for, settings)
@@ -147,8 +176,12 @@ def run_request(target: torch.nn.Module, assistant: torch.nn.Module | None, conf
         torch.set_num_threads(threads_before)
     result.stats.tpot_slo_ms = config.tpot_slo_ms
     rows = range(batch)
-    record_run(state, run, [input_ids[i][attention_mask[i].bool()].tolist() for i in rows],
-               [result.sequences[i, width : width + result.stats.row_tokens[i]].tolist() for i in rows])
+    record_run(
+        state,
+        run,
+        [input_ids[i][attention_mask[i].bool()].tolist() for i in rows],
+        [result.sequences[i, width : width + result.stats.row_tokens[i]].tolist() for i in rows],
+    )
     if run.seed is not None:
         result.stats.draft_prefix_tokens = run.seed.length
     return result

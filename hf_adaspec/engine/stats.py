@@ -82,8 +82,13 @@ class SpeculationStats:
         """
         if not 0 <= i < self.batch:
             raise IndexError(f"row {i} out of range for a batch of {self.batch}")
-        return replace(self, steps=[s for s in self.steps if s.row == i], row_tokens=(self.row_tokens[i],),
-                       finish_ms=(self.finish_ms[i],), wall_ms=self.finish_ms[i] or self.wall_ms)
+        return replace(
+            self,
+            steps=[s for s in self.steps if s.row == i],
+            row_tokens=(self.row_tokens[i],),
+            finish_ms=(self.finish_ms[i],),
+            wall_ms=self.finish_ms[i] or self.wall_ms,
+        )
 
     @property
     def tokens_per_s(self) -> float:
@@ -161,11 +166,19 @@ class SpeculationStats:
     def to_dict(self) -> dict:
         """JSON-ready summary plus every record."""
         return {
-            "new_tokens": self.new_tokens, "row_tokens": list(self.row_tokens), "finish_ms": list(self.finish_ms),
-            "wall_ms": self.wall_ms, "prefill_ms": self.prefill_ms, "tokens_per_s": self.tokens_per_s,
-            "mean_accepted_length": self.mean_accepted_length, "acceptance_rate": self.acceptance_rate,
-            "mean_k": self.mean_k, "k_histogram": self.k_histogram, "plain_share": self.plain_share,
-            "draft_prefix_tokens": self.draft_prefix_tokens, "tpot_slo_ms": self.tpot_slo_ms,
+            "new_tokens": self.new_tokens,
+            "row_tokens": list(self.row_tokens),
+            "finish_ms": list(self.finish_ms),
+            "wall_ms": self.wall_ms,
+            "prefill_ms": self.prefill_ms,
+            "tokens_per_s": self.tokens_per_s,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_k": self.mean_k,
+            "k_histogram": self.k_histogram,
+            "plain_share": self.plain_share,
+            "draft_prefix_tokens": self.draft_prefix_tokens,
+            "tpot_slo_ms": self.tpot_slo_ms,
             "slo_attainment": self.slo_attainment() if self.tpot_slo_ms is not None else None,
             "steps": [asdict(s) for s in self.steps],
         }

@@ -67,9 +67,14 @@ def environment(check: Check) -> dict:
     import transformers
 
     gpu = torch.cuda.get_device_name(0) if check.device.startswith("cuda") else None
-    info = {**processes.provenance(), "device": check.device, "gpu": gpu, "cpu": machine.processor_name(),
-            "kv_cache": check.kv_cache,
-            "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if gpu else None}
+    info = {
+        **processes.provenance(),
+        "device": check.device,
+        "gpu": gpu,
+        "cpu": machine.processor_name(),
+        "kv_cache": check.kv_cache,
+        "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if gpu else None,
+    }
     try:
         import bitsandbytes
         import bitsandbytes.functional as bnbf
@@ -86,8 +91,10 @@ def environment(check: Check) -> dict:
     gpu_formats = [f for f in probed_for(check.device) if FORMATS[f].missing is not None]
     info["gpu_4bit"] = {f: missing_kernel(f, check.device) or "runs here" for f in gpu_formats}
     info["versions"] = machine.versions(*sorted({lib for f in gpu_formats for lib in FORMATS[f].libraries}))
-    line = (f"{gpu or check.device}, torch {torch.__version__}, transformers {transformers.__version__}; {info['nf4']}"
-            + "".join(f"; {f}: {why}" for f, why in info["gpu_4bit"].items()))
+    line = (
+        f"{gpu or check.device}, torch {torch.__version__}, transformers {transformers.__version__}; {info['nf4']}"
+        + "".join(f"; {f}: {why}" for f, why in info["gpu_4bit"].items())
+    )
     return {**info, "passed": None, "summary": line}
 
 
@@ -106,28 +113,33 @@ def plan() -> list[Step]:
     greedy and the self-draft in bf16); the 1.5B pair's bf16 profile, the side-by-side timing, never-loses, the
     engine's own time and where it goes, the 7B's bf16 profile, its 4-bit formats and its profile in the chosen one,
     the target's recorded widths compiled, the draft's compiled step; then NF4; the replay last (CPU work)."""
-    return [Step("environment", environment), Step("graphs", graphs, 15), Step("head-graphs", head_graphs, 15),
-            Step("sampling", sampling, 20), Step("capture-recovery", capture_recovery, 15),
-            Step("greedy-bf16", lambda c: cs.greedy_matrix(c, "none"), 40),
-            Step("self-draft-bf16", lambda c: cs.self_draft(c, "none"), 15),
-            Step("profile-1.5b-bf16", lambda c: profile_pair(c, TARGET, "none"), 40),
-            Step("speed-bf16", lambda c: speed(c, "none"), 150),
-            Step("never-loses-bf16", lambda c: never_loses(c, "none"), 60),
-            Step("engine-bf16", lambda c: engine_time(c, "none"), 15),
-            Step("engine-profile-bf16", lambda c: engine_profile(c, "none"), 20),
-            Step("profile-7b-bf16", lambda c: profile_pair(c, BIG, "none"), 60),
-            Step("formats-7b", formats_7b, 120),
-            Step("profile-7b-4bit", profile_7b_4bit, 100),
-            Step("compile-target", compile_target, 150),
-            Step("compile-draft", compile_draft, 60),
-            Step("profile-7b-bf16-compiled-draft", lambda c: profile_pair(c, BIG, "none", compiled_draft=True), 90),
-            Step("greedy-nf4", lambda c: cs.greedy_matrix(c, "nf4"), 40),
-            Step("self-draft-nf4", lambda c: cs.self_draft(c, "nf4"), 15),
-            Step("profile-1.5b-nf4", lambda c: profile_pair(c, TARGET, "nf4"), 45),
-            Step("speed-nf4", lambda c: speed(c, "nf4"), 45),
-            Step("never-loses-nf4", lambda c: never_loses(c, "nf4"), 60),
-            Step("profile-7b-nf4", lambda c: profile_pair(c, BIG, "nf4"), 60),
-            Step("replay", replay, on_gpu=False)]
+    return [
+        Step("environment", environment),
+        Step("graphs", graphs, 15),
+        Step("head-graphs", head_graphs, 15),
+        Step("sampling", sampling, 20),
+        Step("capture-recovery", capture_recovery, 15),
+        Step("greedy-bf16", lambda c: cs.greedy_matrix(c, "none"), 40),
+        Step("self-draft-bf16", lambda c: cs.self_draft(c, "none"), 15),
+        Step("profile-1.5b-bf16", lambda c: profile_pair(c, TARGET, "none"), 40),
+        Step("speed-bf16", lambda c: speed(c, "none"), 150),
+        Step("never-loses-bf16", lambda c: never_loses(c, "none"), 60),
+        Step("engine-bf16", lambda c: engine_time(c, "none"), 15),
+        Step("engine-profile-bf16", lambda c: engine_profile(c, "none"), 20),
+        Step("profile-7b-bf16", lambda c: profile_pair(c, BIG, "none"), 60),
+        Step("formats-7b", formats_7b, 120),
+        Step("profile-7b-4bit", profile_7b_4bit, 100),
+        Step("compile-target", compile_target, 150),
+        Step("compile-draft", compile_draft, 60),
+        Step("profile-7b-bf16-compiled-draft", lambda c: profile_pair(c, BIG, "none", compiled_draft=True), 90),
+        Step("greedy-nf4", lambda c: cs.greedy_matrix(c, "nf4"), 40),
+        Step("self-draft-nf4", lambda c: cs.self_draft(c, "nf4"), 15),
+        Step("profile-1.5b-nf4", lambda c: profile_pair(c, TARGET, "nf4"), 45),
+        Step("speed-nf4", lambda c: speed(c, "nf4"), 45),
+        Step("never-loses-nf4", lambda c: never_loses(c, "nf4"), 60),
+        Step("profile-7b-nf4", lambda c: profile_pair(c, BIG, "nf4"), 60),
+        Step("replay", replay, on_gpu=False),
+    ]
 
 
 def _run_one(check: Check, step: Step) -> dict:
@@ -174,8 +186,9 @@ def _isolated(check: Check, step: Step, left: float, doc: dict) -> dict:
     return processes.run_in_child(command, check.out / RESULTS, step.name, left)
 
 
-def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = False, isolated: bool = False,
-              child: bool = False) -> dict:
+def run_steps(
+    check: Check, steps: list[Step], budget_s: float, merge: bool = False, isolated: bool = False, child: bool = False
+) -> dict:
     """Run ``steps`` in order within ``budget_s`` seconds, rewriting the results after each; ``merge``: into
     the existing results file (whose facts, ``carried_facts``, later steps use: the replay its engine overheads);
     ``isolated``: each step in a process of its own (``processes``: one step's CUDA error cannot reach the next);
@@ -185,8 +198,7 @@ def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = Fa
     _carry(check, doc["steps"])
     label = check.facts.get("gpu") or check.device
     if "device" not in doc:  # a merged run keeps the labels of the run it adds to
-        doc.update(check="make gpu-check", device=check.device, device_label=label, tiny=check.tiny,
-                   budget_s=budget_s)
+        doc.update(check="make gpu-check", device=check.device, device_label=label, tiny=check.tiny, budget_s=budget_s)
     if not child:
         doc["provenance"] = processes.provenance()
     doc["finished"] = False
@@ -195,8 +207,12 @@ def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = Fa
     for step in steps:
         left = budget_s - (time.perf_counter() - start)
         if not step.on_gpu and check.device != "cpu" and not merge:
-            entry = {"status": "skipped: CPU work", "seconds": 0, "summary": "run it on a CPU: python -m "
-                     f"hf_adaspec.gpu_check --device cpu --steps {step.name} --out {check.out}"}
+            entry = {
+                "status": "skipped: CPU work",
+                "seconds": 0,
+                "summary": "run it on a CPU: python -m "
+                f"hf_adaspec.gpu_check --device cpu --steps {step.name} --out {check.out}",
+            }
         elif left <= 0 or (check.device != "cpu" and left < step.needs_s):
             entry = {"status": "skipped: budget", "seconds": 0, "left_s": round(left, 1)}
         elif isolated:
@@ -206,8 +222,11 @@ def run_steps(check: Check, steps: list[Step], budget_s: float, merge: bool = Fa
         doc["steps"][step.name] = {**entry, "ran_on": label}
         write_results(check.out, doc)
         if not isolated:  # an isolated step's process printed its line
-            print(f"[gpu-check] {step.name}: {entry['status']} ({entry['seconds']} s) "
-                  f"{entry.get('summary', entry.get('error', ''))}", flush=True)
+            print(
+                f"[gpu-check] {step.name}: {entry['status']} ({entry['seconds']} s) "
+                f"{entry.get('summary', entry.get('error', ''))}",
+                flush=True,
+            )
     doc["finished"] = True
     write_results(check.out, doc)
     return doc
@@ -221,18 +240,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="shrunk configs and grids (the CPU test)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds after which the rest is skipped")
     parser.add_argument("--steps", default="", help="comma-separated step names, merged into the results file")
-    parser.add_argument("--kv-cache", default="auto", choices=KV_CACHES,
-                        help="where speculation keeps its caches (auto: recorded CUDA graphs on a GPU)")
-    parser.add_argument("--isolation", choices=("process", "none"),
-                        help="process: each step in a process of its own (the default on a GPU); none: one process")
+    parser.add_argument(
+        "--kv-cache",
+        default="auto",
+        choices=KV_CACHES,
+        help="where speculation keeps its caches (auto: recorded CUDA graphs on a GPU)",
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=("process", "none"),
+        help="process: each step in a process of its own (the default on a GPU); none: one process",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one step of an isolated run
     args = parser.parse_args(argv)
     wanted, names = [s for s in args.steps.split(",") if s], [s.name for s in plan()]
     if set(wanted) - set(names):
         parser.error(f"--steps {args.steps!r}: choose from {', '.join(names)}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device (a CPU build of torch, or no GPU); "
-                     "try --device cpu --tiny")
+        parser.error(
+            "--device cuda: torch sees no CUDA device (a CPU build of torch, or no GPU); try --device cpu --tiny"
+        )
     gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
     out = args.out or Path("model_cards") / "gpu" / re.sub(r"[^a-z0-9]+", "-", (gpu or args.device).lower()).strip("-")
     check, threads = Check(args.device, args.tiny, out, args.kv_cache, facts={"gpu": gpu}), torch.get_num_threads()
@@ -240,12 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)  # tiny tensors: thread spin-up would dominate
     isolated = (args.isolation or ("none" if args.device == "cpu" else "process")) == "process" and not args.child
     try:
-        doc = run_steps(check, [s for s in plan() if not wanted or s.name in wanted], args.budget_s, bool(wanted),
-                        isolated, args.child)
+        doc = run_steps(
+            check,
+            [s for s in plan() if not wanted or s.name in wanted],
+            args.budget_s,
+            bool(wanted),
+            isolated,
+            args.child,
+        )
     finally:
         torch.set_num_threads(threads)
     bad = [n for n, e in doc["steps"].items() if e["status"] in ("failed", "error")]
     if not args.child:
         print(json.dumps({"results": str(out / RESULTS), "summary": str(out / SUMMARY), "failed": bad}), flush=True)
     return 1 if bad else 0
-

@@ -39,7 +39,7 @@ def graphs(check: Check) -> dict:
         cache.append(ids[:, :PROMPT], torch.ones(1, PROMPT, dtype=torch.bool), 1)
     held, rows = torch.tensor([PROMPT]), {}
     for n in WIDTHS:
-        block, valid = ids[:, PROMPT: PROMPT + n], torch.ones(1, n, dtype=torch.bool)
+        block, valid = ids[:, PROMPT : PROMPT + n], torch.ones(1, n, dtype=torch.bool)
         arena.append(block, valid, n)  # records width n
         arena.rollback(held)
         got, want = arena.append(block, valid, n)[0], dynamic.append(block, valid, n)[0]  # [n, V]
@@ -47,15 +47,21 @@ def graphs(check: Check) -> dict:
             cache.rollback(held)
         top2 = want.topk(2, dim=-1).values
         clear = (top2[:, 0] - top2[:, 1]) > NEAR_TIE
-        rows[f"n{n}"] = {"max_diff_over_std": round(float((got - want).abs().max() / want.std()), 4),
-                         "argmax_differs_clear": int(((got.argmax(-1) != want.argmax(-1)) & clear).sum())}
+        rows[f"n{n}"] = {
+            "max_diff_over_std": round(float((got - want).abs().max() / want.std()), 4),
+            "argmax_differs_clear": int(((got.argmax(-1) != want.argmax(-1)) & clear).sum()),
+        }
     records = [r.__dict__ for r in arenas_of(tgt).records()]
     passed = all(r["argmax_differs_clear"] == 0 for r in rows.values())
     kept = [r for r in records if r["kept"]]
-    line = ("replay vs eager: " + ", ".join(f"{k} diff/std {v['max_diff_over_std']}" for k, v in rows.items())
-            + f"; {len(kept)}/{len(records)} recordings kept, replay "
-            + ", ".join(f"n{r['width']} {r['replay_ms']} ms (eager {r['eager_ms']}, capture {r['capture_ms']})"
-                        for r in records))
+    line = (
+        "replay vs eager: "
+        + ", ".join(f"{k} diff/std {v['max_diff_over_std']}" for k, v in rows.items())
+        + f"; {len(kept)}/{len(records)} recordings kept, replay "
+        + ", ".join(
+            f"n{r['width']} {r['replay_ms']} ms (eager {r['eager_ms']}, capture {r['capture_ms']})" for r in records
+        )
+    )
     return {"passed": passed, "widths": rows, "records": records, "summary": line}
 
 
@@ -84,11 +90,16 @@ def head_graphs(check: Check, repeats: int = 20, columns: int = 8) -> dict:
         differs += int(((want.argmax(-1) != got.argmax(-1)) & ((top2[:, 0] - top2[:, 1]) > NEAR_TIE)).sum())
         token, hidden = want.argmax(-1, keepdim=True), [eager, replayed]
     capture = [r.capture_ms for r in arenas_of(head).records()]
-    return {"passed": differs == 0, "eager_ms": ms["dynamic"], "replayed_ms": ms["static"],
-            "capture_ms": capture, "argmax_differs_clear": differs,
-            "summary": f"EAGLE-3 head's drafted column at context 512: eager {ms['dynamic']} ms, replayed "
-                       f"{ms['static']} ms (recording {capture} ms); {differs} of {columns} greedy columns differ "
-                       "away from a near-tie"}
+    return {
+        "passed": differs == 0,
+        "eager_ms": ms["dynamic"],
+        "replayed_ms": ms["static"],
+        "capture_ms": capture,
+        "argmax_differs_clear": differs,
+        "summary": f"EAGLE-3 head's drafted column at context 512: eager {ms['dynamic']} ms, replayed "
+        f"{ms['static']} ms (recording {capture} ms); {differs} of {columns} greedy columns differ "
+        "away from a near-tie",
+    }
 
 
 def compile_draft(check: Check, repeats: int = 20) -> dict:
@@ -96,8 +107,11 @@ def compile_draft(check: Check, repeats: int = 20) -> dict:
     recorded as is, then recorded after ``torch.compile`` (its first use compiles: timed apart). The rest of
     the check records plainly (a compiled step recompiles for new arena sizes: minutes)."""
     if check.tiny:
-        return {"passed": None, "summary": "not measured with --tiny (compiling takes a minute on a CPU; "
-                                           "tests/test_static_kv.py compiles a recording there)"}
+        return {
+            "passed": None,
+            "summary": "not measured with --tiny (compiling takes a minute on a CPU; "
+            "tests/test_static_kv.py compiles a recording there)",
+        }
     drf, context = check.model(DRAFT, "none", head=True), 512
 
     def median_ms() -> tuple[float, float]:
@@ -116,12 +130,24 @@ def compile_draft(check: Check, repeats: int = 20) -> dict:
     finally:
         arenas_of(drf).compile(frozenset())
     big = check.facts.get(f"verify_ms_n1 {BIG} none")  # the 7B's 1-token step from its profile, if measured
-    versus = (f"; of the 7B target's 1-token step ({big:.3f} ms): {plain_ms / big:.2f} recorded, "
-              f"{compiled_ms / big:.2f} compiled") if big else ""
-    return {"passed": None, "recorded_ms": round(plain_ms, 3), "compiled_recorded_ms": round(compiled_ms, 3),
-            "compile_first_use_s": round(first_s, 1), "records": records, "target_7b_n1_ms": big,
-            "summary": f"draft token at batch 1, context {context}: recorded {plain_ms:.3f} ms, recorded after "
-                       f"torch.compile {compiled_ms:.3f} ms (first use, compiling, {first_s:.1f} s){versus}"}
+    versus = (
+        (
+            f"; of the 7B target's 1-token step ({big:.3f} ms): {plain_ms / big:.2f} recorded, "
+            f"{compiled_ms / big:.2f} compiled"
+        )
+        if big
+        else ""
+    )
+    return {
+        "passed": None,
+        "recorded_ms": round(plain_ms, 3),
+        "compiled_recorded_ms": round(compiled_ms, 3),
+        "compile_first_use_s": round(first_s, 1),
+        "records": records,
+        "target_7b_n1_ms": big,
+        "summary": f"draft token at batch 1, context {context}: recorded {plain_ms:.3f} ms, recorded after "
+        f"torch.compile {compiled_ms:.3f} ms (first use, compiling, {first_s:.1f} s){versus}",
+    }
 
 
 @torch.no_grad()
@@ -133,8 +159,9 @@ def capture_recovery(check: Check, new: int = 16) -> dict:
     tgt = check.model(TARGET, "none")
     prompt = cs.check_prompts(tgt.config.vocab_size, seed=9)[0]
     kwargs = check.spec(speculation="adaptive", rest=False, speculation_costs=cs.COSTS)  # no calibration under the hook
-    clock = tgt.register_forward_pre_hook(lambda module, args: torch.cuda.synchronize() if tgt.device.type == "cuda"
-                                          else None)
+    clock = tgt.register_forward_pre_hook(
+        lambda module, args: torch.cuda.synchronize() if tgt.device.type == "cuda" else None
+    )
     arenas_of(tgt).drop()
     try:
         hooked = cs.generate(tgt, prompt, new, kwargs)
@@ -147,9 +174,17 @@ def capture_recovery(check: Check, new: int = 16) -> dict:
     records = arenas_of(tgt).records()
     torch.randn(4, device=tgt.device)
     cuda = tgt.device.type == "cuda"
-    passed = hooked.sequences.shape == again.sequences.shape and all(r.error is None for r in records) and (
-        bool(failed) or not cuda)
-    return {"passed": passed, "failed_captures": len(failed), "first_error": failed[0] if failed else None,
-            "recorded_after": len(records), "same_tokens": torch.equal(hooked.sequences, again.sequences),
-            "summary": f"{len(failed)} captures failed under a synchronising hook (request completed, eager); "
-                       f"then {len(records)} recorded cleanly" + ("" if cuda else " (a CPU: nothing synchronises)")}
+    passed = (
+        hooked.sequences.shape == again.sequences.shape
+        and all(r.error is None for r in records)
+        and (bool(failed) or not cuda)
+    )
+    return {
+        "passed": passed,
+        "failed_captures": len(failed),
+        "first_error": failed[0] if failed else None,
+        "recorded_after": len(records),
+        "same_tokens": torch.equal(hooked.sequences, again.sequences),
+        "summary": f"{len(failed)} captures failed under a synchronising hook (request completed, eager); "
+        f"then {len(records)} recorded cleanly" + ("" if cuda else " (a CPU: nothing synchronises)"),
+    }

@@ -53,11 +53,17 @@ def compile_target(check: Check) -> dict:
     compile_steps(fused, () if check.tiny else TARGET_WIDTHS)
     try:
         plain = check.spec(speculation="fixed", num_speculative_tokens=0)
-        methods = {"hf-compiled": {"cache_implementation": "static"}, "plain": plain, "plain-again": plain,
-                   "plain-compiled": plain, "plain-compiled-again": plain,
-                   "adaptive-compiled": check.spec(speculation="adaptive", assistant_model=drf)}
-        targets = {m: fused for m in methods if m.endswith(("-compiled", "-compiled-again"))
-                   and not m.startswith("hf-")}
+        methods = {
+            "hf-compiled": {"cache_implementation": "static"},
+            "plain": plain,
+            "plain-again": plain,
+            "plain-compiled": plain,
+            "plain-compiled-again": plain,
+            "adaptive-compiled": check.spec(speculation="adaptive", assistant_model=drf),
+        }
+        targets = {
+            m: fused for m in methods if m.endswith(("-compiled", "-compiled-again")) and not m.startswith("hf-")
+        }
         vocab, new = tgt.config.vocab_size, 12 if check.tiny else 64
         prompts = cs.speed_prompts(vocab, SPEED_PROMPT, seed=7) + cs.speed_prompts(vocab, SPEED_PROMPT, seed=8)
         first = {}
@@ -71,28 +77,56 @@ def compile_target(check: Check) -> dict:
         compile_steps(fused, ())
         arenas_of(fused).drop()
     tps = {m: round(cs.tokens_per_s(seconds[m], new), 2) for m in methods}
-    pairs = (("plain-again", "plain"), ("plain-compiled-again", "plain-compiled"), ("plain-compiled", "plain"),
-             ("plain", "hf-compiled"), ("plain-compiled", "hf-compiled"), ("adaptive-compiled", "plain-compiled"))
+    pairs = (
+        ("plain-again", "plain"),
+        ("plain-compiled-again", "plain-compiled"),
+        ("plain-compiled", "plain"),
+        ("plain", "hf-compiled"),
+        ("plain-compiled", "hf-compiled"),
+        ("adaptive-compiled", "plain-compiled"),
+    )
     ratio = {f"{a}/{b}": round(tps[a] / tps[b], 3) for a, b in pairs}
     rounds = {f"{a}/{b}": [speedup(x, y) for x, y in zip(seconds[b], seconds[a], strict=True)] for a, b in pairs}
     kept = sorted({r["width"] for r in records if r["compiled"] and r["kept"]})
-    bars = {"plain_vs_hf_compiled": ratio["plain-compiled/hf-compiled"] >= PLAIN_VS_COMPILED,
-            "never_loses": ratio["adaptive-compiled/plain-compiled"] >= WIN_MARGIN}
-    line = (f"bf16 tokens/s ({len(prompts)} prompts × {len(seconds['plain'])} rounds): "
-            + ", ".join(f"{m} {v}" for m, v in tps.items()) + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items())
-            + f"; widths kept compiled {kept} of {sorted({r['width'] for r in records})}; first requests (s): "
-            + ", ".join(f"{k} {v}" for k, v in first.items()) + ("; not judged (--tiny)" if check.tiny else ""))
-    return {"passed": None if check.tiny else all(bars.values()), "tokens_per_s": tps, "ratios": ratio,
-            "per_round": rounds, "bars": bars, "records": records, "widths_kept_compiled": kept,
-            "first_request_s": first, "compiled_widths": [] if check.tiny else list(TARGET_WIDTHS), "summary": line}
+    bars = {
+        "plain_vs_hf_compiled": ratio["plain-compiled/hf-compiled"] >= PLAIN_VS_COMPILED,
+        "never_loses": ratio["adaptive-compiled/plain-compiled"] >= WIN_MARGIN,
+    }
+    line = (
+        f"bf16 tokens/s ({len(prompts)} prompts × {len(seconds['plain'])} rounds): "
+        + ", ".join(f"{m} {v}" for m, v in tps.items())
+        + "; "
+        + ", ".join(f"{k} {v}" for k, v in ratio.items())
+        + f"; widths kept compiled {kept} of {sorted({r['width'] for r in records})}; first requests (s): "
+        + ", ".join(f"{k} {v}" for k, v in first.items())
+        + ("; not judged (--tiny)" if check.tiny else "")
+    )
+    return {
+        "passed": None if check.tiny else all(bars.values()),
+        "tokens_per_s": tps,
+        "ratios": ratio,
+        "per_round": rounds,
+        "bars": bars,
+        "records": records,
+        "widths_kept_compiled": kept,
+        "first_request_s": first,
+        "compiled_widths": [] if check.tiny else list(TARGET_WIDTHS),
+        "summary": line,
+    }
 
 
 def _top(profiler: cProfile.Profile, steps: int) -> list[dict]:
     """The ``PROFILE_TOP`` functions with the most own time: ms and calls per step, own and cumulative."""
     rows = sorted(pstats.Stats(profiler).stats.items(), key=lambda kv: kv[1][2], reverse=True)[:PROFILE_TOP]
-    return [{"function": f"{Path(file).name}:{line}({func})", "calls_per_step": round(nc / steps, 2),
-             "own_ms_per_step": round(tt * 1000 / steps, 4), "cum_ms_per_step": round(ct * 1000 / steps, 4)}
-            for (file, line, func), (_, nc, tt, ct, _) in rows]
+    return [
+        {
+            "function": f"{Path(file).name}:{line}({func})",
+            "calls_per_step": round(nc / steps, 2),
+            "own_ms_per_step": round(tt * 1000 / steps, 4),
+            "cum_ms_per_step": round(ct * 1000 / steps, 4),
+        }
+        for (file, line, func), (_, nc, tt, ct, _) in rows
+    ]
 
 
 def engine_profile(check: Check, q: str) -> dict:
@@ -105,8 +139,10 @@ def engine_profile(check: Check, q: str) -> dict:
         return {"passed": None, "fallback": True, "summary": reason}
     tgt, drf = check.model(TARGET, q), check.model(DRAFT, q, head=True)
     prompt, new = cs.check_prompts(tgt.config.vocab_size, seed=6)[0], 12 if check.tiny else 128
-    runs = {"plain": check.spec(speculation="fixed", num_speculative_tokens=0),
-            "adaptive": check.spec(speculation="adaptive", assistant_model=drf, rest=False)}
+    runs = {
+        "plain": check.spec(speculation="fixed", num_speculative_tokens=0),
+        "adaptive": check.spec(speculation="adaptive", assistant_model=drf, rest=False),
+    }
     out = {}
     for name, kwargs in runs.items():
         cs.generate(tgt, prompt, new, kwargs)  # records the widths this request uses
@@ -118,8 +154,14 @@ def engine_profile(check: Check, q: str) -> dict:
         cs.sync(tgt)
         profiler.disable()
         steps = len({s.step for s in stats.steps})
-        out[name] = {"steps": steps, "wall_ms_per_step": round((time.perf_counter() - start) * 1000 / steps, 3),
-                     "top": _top(profiler, steps)}
-    line = "; ".join(f"{label(q)} {name} ({r['wall_ms_per_step']} ms/step profiled): " + ", ".join(
-        f"{t['function']} {t['own_ms_per_step']}" for t in r["top"][:5]) for name, r in out.items())
+        out[name] = {
+            "steps": steps,
+            "wall_ms_per_step": round((time.perf_counter() - start) * 1000 / steps, 3),
+            "top": _top(profiler, steps),
+        }
+    line = "; ".join(
+        f"{label(q)} {name} ({r['wall_ms_per_step']} ms/step profiled): "
+        + ", ".join(f"{t['function']} {t['own_ms_per_step']}" for t in r["top"][:5])
+        for name, r in out.items()
+    )
     return {"passed": None, "quantization": q, "runs": out, "summary": line + " (own ms per step)"}

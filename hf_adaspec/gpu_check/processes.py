@@ -51,15 +51,35 @@ def provenance() -> dict:
     """What a run's results depend on besides the code's own choices: commit, torch, CUDA (None: a CPU build),
     the NVIDIA driver (``nvidia-smi``; None without one), transformers and Python versions."""
     driver = _output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    return {"commit": commit(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "driver": driver.splitlines()[0] if driver else None, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    return {
+        "commit": commit(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "driver": driver.splitlines()[0] if driver else None,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def child_command(device: str, out: Path, name: str, budget_s: float, kv_cache: str, tiny: bool) -> list[str]:
     """The command that runs step ``name`` alone and merges its entry into ``out``'s results."""
-    return [sys.executable, "-m", "hf_adaspec.gpu_check", "--child", "--device", device, "--out", str(out),
-            "--steps", name, "--budget-s", f"{budget_s:.1f}", "--kv-cache", kv_cache, *(["--tiny"] if tiny else [])]
+    return [
+        sys.executable,
+        "-m",
+        "hf_adaspec.gpu_check",
+        "--child",
+        "--device",
+        device,
+        "--out",
+        str(out),
+        "--steps",
+        name,
+        "--budget-s",
+        f"{budget_s:.1f}",
+        "--kv-cache",
+        kv_cache,
+        *(["--tiny"] if tiny else []),
+    ]
 
 
 def run_in_child(command: list[str], results: Path, name: str, budget_s: float) -> dict:
@@ -70,10 +90,16 @@ def run_in_child(command: list[str], results: Path, name: str, budget_s: float) 
     try:
         status = subprocess.run(command, timeout=budget_s + GRACE_S).returncode
     except subprocess.TimeoutExpired:
-        return {"status": "error", "seconds": round(time.perf_counter() - start, 1),
-                "error": f"the step's process ran past its budget ({budget_s + GRACE_S:.0f} s) and was stopped"}
+        return {
+            "status": "error",
+            "seconds": round(time.perf_counter() - start, 1),
+            "error": f"the step's process ran past its budget ({budget_s + GRACE_S:.0f} s) and was stopped",
+        }
     entry = json.loads(results.read_text())["steps"].get(name) if results.is_file() else None
     if entry is None:
-        return {"status": "error", "seconds": round(time.perf_counter() - start, 1),
-                "error": f"the step's process exited with status {status} without recording the step"}
+        return {
+            "status": "error",
+            "seconds": round(time.perf_counter() - start, 1),
+            "error": f"the step's process exited with status {status} without recording the step",
+        }
     return entry

@@ -16,15 +16,17 @@ from .report import REPLAY_METHODS
 from .steps import BIG, DRAFT, Check, label
 
 TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
-GPU_GRID = ProfileGrid(new_tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16), batch_sizes=(1, 2, 4, 8),
-                       contexts=(128, 512, 2048), repeats=2)
+GPU_GRID = ProfileGrid(
+    new_tokens=(1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16), batch_sizes=(1, 2, 4, 8), contexts=(128, 512, 2048), repeats=2
+)
 TINY_GRID = ProfileGrid(new_tokens=(1, 2, 3), batch_sizes=(1, 2), contexts=(16, 32), repeats=1)
 WORKLOAD_BARS = {"spec_bench": 1.5, "code": 4.0}  # projected adaptive/plain at batch 1 for the 7B's 4-bit profile
 FOUR_BIT_PROFILE = "profile 7b 4-bit"  # check.facts: the folder of the 7B's 4-bit profile (``quantized``)
 
 
-def profile_pair(check: Check, target: str, quantization: str, compiled_draft: bool = False,
-                 draft_quantization: str | None = None) -> dict:
+def profile_pair(
+    check: Check, target: str, quantization: str, compiled_draft: bool = False, draft_quantization: str | None = None
+) -> dict:
     """``hf-adaspec profile --random-weights`` of (target, the 0.5B draft) in one quantization (the draft in
     ``draft_quantization``, default the same), saved as ``<out>/<pair>-<label>/profile.json`` (its command names
     the GPU); the costs that matter read back. ``compiled_draft``: the draft's 1-token forward recorded after
@@ -40,12 +42,14 @@ def profile_pair(check: Check, target: str, quantization: str, compiled_draft: b
     grid, pair, csv = TINY_GRID if check.tiny else GPU_GRID, pair_name(target, DRAFT), lambda v: ",".join(map(str, v))
     grid = dataclasses.replace(grid, batch_sizes=(1,)) if compiled_draft else grid
     draft_note = f", the draft in {label(draft_quantization)}" if draft_quantization != quantization else ""
-    command = (f"hf-adaspec profile --target {target} --draft {DRAFT} --quantization {quantization} --dtype bfloat16 "
-               f"--contexts {csv(grid.contexts)} --batch-sizes {csv(grid.batch_sizes)} --new-tokens "
-               f"{csv(grid.new_tokens)} --repeats {grid.repeats} --max-tokens-per-forward "
-               f"{grid.max_tokens_per_forward} --device {check.device} --random-weights --kv-cache {check.kv_cache}"
-               + (" --compile-draft" if compiled_draft else "")
-               + f"  # by hf_adaspec.gpu_check on {check.facts.get('gpu') or check.device}{draft_note}")
+    command = (
+        f"hf-adaspec profile --target {target} --draft {DRAFT} --quantization {quantization} --dtype bfloat16 "
+        f"--contexts {csv(grid.contexts)} --batch-sizes {csv(grid.batch_sizes)} --new-tokens "
+        f"{csv(grid.new_tokens)} --repeats {grid.repeats} --max-tokens-per-forward "
+        f"{grid.max_tokens_per_forward} --device {check.device} --random-weights --kv-cache {check.kv_cache}"
+        + (" --compile-draft" if compiled_draft else "")
+        + f"  # by hf_adaspec.gpu_check on {check.facts.get('gpu') or check.device}{draft_note}"
+    )
     compile_steps(drf, (1,) if compiled_draft else ())
     try:
         profile = measure_profile(tgt, drf, grid, pair, command, kv_cache=check.kv_cache)
@@ -58,16 +62,29 @@ def profile_pair(check: Check, target: str, quantization: str, compiled_draft: b
     except ImportError:
         pass
     c = 32 if check.tiny else 512
-    costs = {f"b{b}": {"verify_ms_n1": round(profile.verify_ms(b, c, 1), 2), "verify_ms_n5": round(
-        profile.verify_ms(b, c, 5), 2), "draft_ms": round(profile.draft_ms(b, c), 2)} for b in grid.batch_sizes}
+    costs = {
+        f"b{b}": {
+            "verify_ms_n1": round(profile.verify_ms(b, c, 1), 2),
+            "verify_ms_n5": round(profile.verify_ms(b, c, 5), 2),
+            "draft_ms": round(profile.draft_ms(b, c), 2),
+        }
+        for b in grid.batch_sizes
+    }
     ratio, b1 = profile.draft_ms(1, c) / profile.verify_ms(1, c, 1), costs["b1"]
     check.facts[f"verify_ms_n1 {target} {quantization}"] = profile.verify_ms(1, c, 1)
     heads = (tgt.get_output_embeddings().out_features, drf.get_output_embeddings().out_features)
     vocab = "" if heads[0] == heads[1] else f"; output heads {heads[0]} vs {heads[1]}: " + _pair_refused(tgt, drf)
-    return {"passed": None, "path": str(path), "context": c, "costs": costs, "draft_over_target_b1": round(ratio, 3),
-            "heads": heads, "summary": f"{path.parent.name}: at batch 1 and context {c} the target's forward over 1 "
-                                       f"token {b1['verify_ms_n1']} ms, over 5 {b1['verify_ms_n5']} ms, the draft's "
-                                       f"token {b1['draft_ms']} ms ({ratio:.2f} of the target's){vocab}"}
+    return {
+        "passed": None,
+        "path": str(path),
+        "context": c,
+        "costs": costs,
+        "draft_over_target_b1": round(ratio, 3),
+        "heads": heads,
+        "summary": f"{path.parent.name}: at batch 1 and context {c} the target's forward over 1 "
+        f"token {b1['verify_ms_n1']} ms, over 5 {b1['verify_ms_n5']} ms, the draft's "
+        f"token {b1['draft_ms']} ms ({ratio:.2f} of the target's){vocab}",
+    }
 
 
 def _pair_refused(target, draft) -> str:
@@ -96,27 +113,38 @@ def replay(check: Check) -> dict:
     def speedups(subset, clock, b) -> dict:
         result = replay_all(subset, REPLAY_METHODS, clock, b)
         overall = bm.summarize(result.runs, list(REPLAY_METHODS), result.oracles)["table"]["overall"]
-        return {"plain_tokens_per_s": round(overall["plain"]["tokens_per_s"], 2),
-                "all_match_traces": all(r.matches_plain for r in result.runs),
-                **{m: round(overall[m]["speedup"], 3) for m in REPLAY_METHODS[1:]}}
+        return {
+            "plain_tokens_per_s": round(overall["plain"]["tokens_per_s"], 2),
+            "all_match_traces": all(r.matches_plain for r in result.runs),
+            **{m: round(overall[m]["speedup"], 3) for m in REPLAY_METHODS[1:]},
+        }
 
     for path in sorted(check.out.glob("*/profile.json")):
         clock = Clock(load_profile(path), *overheads, prefill="profile")
         rows = tables.setdefault(path.parent.name, {})
         for b in (1, 2) if check.tiny else (1, 2, 4, 8):
             rows[f"b{b}"] = speedups(traces, clock, b)
-        rows["b1"]["workloads"] = {w: speedups([t for t in traces if t.source == w], clock, 1)["adaptive"]
-                                   for w in sorted({t.source for t in traces})}
+        rows["b1"]["workloads"] = {
+            w: speedups([t for t in traces if t.source == w], clock, 1)["adaptive"]
+            for w in sorted({t.source for t in traces})
+        }
     if not tables:
         raise FileNotFoundError(f"no */profile.json under {check.out}: run the profile steps first")
     four_bit = tables.get(check.facts.get(FOUR_BIT_PROFILE, ""), {}).get("b1", {}).get("workloads")
     bars = {f"{w} >= {bar}x": four_bit[w] >= bar for w, bar in WORKLOAD_BARS.items() if w in (four_bit or {})}
     matched = all(r["all_match_traces"] for t in tables.values() for r in t.values())
     judged = not check.tiny and len(bars) == len(WORKLOAD_BARS)
-    return {"passed": matched and (not judged or all(bars.values())),
-            "kind": "projection (replay on the profiles; acceptance of the CPU-traced 1.5B/0.5B pair)",
-            "traces": len(traces), "overheads_ms": overheads, "tables": tables, "bars": bars,
-            "four_bit_profile": check.facts.get(FOUR_BIT_PROFILE),
-            "summary": "projected speedup of adaptive over plain at batch 1: " + ", ".join(
-                f"{k} {v['b1']['adaptive']}x ({', '.join(f'{w} {x}x' for w, x in v['b1']['workloads'].items())})"
-                for k, v in tables.items())}
+    return {
+        "passed": matched and (not judged or all(bars.values())),
+        "kind": "projection (replay on the profiles; acceptance of the CPU-traced 1.5B/0.5B pair)",
+        "traces": len(traces),
+        "overheads_ms": overheads,
+        "tables": tables,
+        "bars": bars,
+        "four_bit_profile": check.facts.get(FOUR_BIT_PROFILE),
+        "summary": "projected speedup of adaptive over plain at batch 1: "
+        + ", ".join(
+            f"{k} {v['b1']['adaptive']}x ({', '.join(f'{w} {x}x' for w, x in v['b1']['workloads'].items())})"
+            for k, v in tables.items()
+        ),
+    }

@@ -54,11 +54,22 @@ def formats_7b(check: Check) -> dict:
     overall = fc.pick(tuple(measures))
     if chosen is not None:
         check.facts[FOUR_BIT] = chosen
-    rows = [{**m.__dict__, "score": round(fc.score(m.ms_1, m.ms_k), 3) if m.ms_1 is not None else None,
-             "verify_over_step": round(m.ms_k / m.ms_1, 3) if m.ms_1 else None} for m in measures]
-    return {"passed": chosen is not None, "chosen_4bit": chosen, "auto_would_load": overall, "measures": rows,
-            "summary": f"the 7B's 4-bit format: {chosen}; auto would load {overall}; 1/{fc.PROBE_K + 1}-token "
-                       f"forwards at context {fc.PROBE_CONTEXT}: " + "; ".join(m.text(2) for m in measures)}
+    rows = [
+        {
+            **m.__dict__,
+            "score": round(fc.score(m.ms_1, m.ms_k), 3) if m.ms_1 is not None else None,
+            "verify_over_step": round(m.ms_k / m.ms_1, 3) if m.ms_1 else None,
+        }
+        for m in measures
+    ]
+    return {
+        "passed": chosen is not None,
+        "chosen_4bit": chosen,
+        "auto_would_load": overall,
+        "measures": rows,
+        "summary": f"the 7B's 4-bit format: {chosen}; auto would load {overall}; 1/{fc.PROBE_K + 1}-token "
+        f"forwards at context {fc.PROBE_CONTEXT}: " + "; ".join(m.text(2) for m in measures),
+    }
 
 
 def profile_7b_4bit(check: Check) -> dict:
@@ -81,7 +92,13 @@ def profile_7b_4bit(check: Check) -> dict:
         bars["step_vs_bf16"] = b1["verify_ms_n1"] <= bf16
     judged = not check.tiny and "step_vs_bf16" in bars
     versus = f", bf16's 1-token step {bf16:.3f} ms" if bf16 is not None else ", bf16's step not measured in this run"
-    return {**entry, "format": fmt, "verify_5_over_1": round(ratio, 3), "bf16_verify_ms_n1": bf16, "bars": bars,
-            "passed": all(bars.values()) if judged else None,
-            "summary": f"{entry['summary']}; t_verify(5)/t_verify(1) {ratio:.3f} (bar {VERIFY_RATIO}){versus}"
-                       + ("" if judged else "; not judged")}
+    return {
+        **entry,
+        "format": fmt,
+        "verify_5_over_1": round(ratio, 3),
+        "bf16_verify_ms_n1": bf16,
+        "bars": bars,
+        "passed": all(bars.values()) if judged else None,
+        "summary": f"{entry['summary']}; t_verify(5)/t_verify(1) {ratio:.3f} (bar {VERIFY_RATIO}){versus}"
+        + ("" if judged else "; not judged"),
+    }

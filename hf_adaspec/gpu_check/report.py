@@ -27,8 +27,14 @@ def markdown(doc: dict) -> str:
     steps = doc["steps"]
     state = "finished" if doc.get("finished") else "in progress or cut off"
     head = f"Budget {doc['budget_s']:.0f} s, {state}; random weights."
-    lines = [f"# hf-adaspec GPU check: {doc['device_label']}", "", head, "", "| step | status | s | result |",
-             "|---|---|---|---|"]
+    lines = [
+        f"# hf-adaspec GPU check: {doc['device_label']}",
+        "",
+        head,
+        "",
+        "| step | status | s | result |",
+        "|---|---|---|---|",
+    ]
     for name, e in steps.items():
         where = f" (ran on {e['ran_on']})" if e.get("ran_on", doc["device_label"]) != doc["device_label"] else ""
         result = e.get("summary", e.get("error", ""))
@@ -36,19 +42,39 @@ def markdown(doc: dict) -> str:
     measured = [e for e in steps.values() if "path" in e and "costs" in e]
     if measured:
         sizes = list(measured[0]["costs"])
-        lines += ["", (f"Step costs, ms (profiles at context {measured[0]['context']}): the target's forward over 1 "
-                       "and 5 tokens / the draft's token"), "", "| profile | " + " | ".join(sizes) + " |",
-                  "|---" * (1 + len(sizes)) + "|"]
-        lines += [f"| {Path(e['path']).parent.name} | " + " | ".join(
-            f"{c['verify_ms_n1']} / {c['verify_ms_n5']} / {c['draft_ms']}" for c in e["costs"].values()) + " |"
-            for e in measured]
+        lines += [
+            "",
+            (
+                f"Step costs, ms (profiles at context {measured[0]['context']}): the target's forward over 1 "
+                "and 5 tokens / the draft's token"
+            ),
+            "",
+            "| profile | " + " | ".join(sizes) + " |",
+            "|---" * (1 + len(sizes)) + "|",
+        ]
+        lines += [
+            f"| {Path(e['path']).parent.name} | "
+            + " | ".join(f"{c['verify_ms_n1']} / {c['verify_ms_n5']} / {c['draft_ms']}" for c in e["costs"].values())
+            + " |"
+            for e in measured
+        ]
     tables = steps.get("replay", {}).get("tables", {})
     if tables:
-        lines += ["", ("Projections: speedup over plain by replay on the profiles above (predicted, not measured; "
-                       "acceptance of the CPU-traced Qwen2.5-Coder 1.5B/0.5B pair)"), "",
-                  "| profile | batch | plain tokens/s | " + " | ".join(REPLAY_METHODS[1:]) + " |", "|---" * 6 + "|"]
-        lines += [f"| {name} | {b} | {r['plain_tokens_per_s']} | " + " | ".join(f"{r[m]}x" for m in REPLAY_METHODS[1:])
-                  + " |" for name, rows in tables.items() for b, r in rows.items()]
+        lines += [
+            "",
+            (
+                "Projections: speedup over plain by replay on the profiles above (predicted, not measured; "
+                "acceptance of the CPU-traced Qwen2.5-Coder 1.5B/0.5B pair)"
+            ),
+            "",
+            "| profile | batch | plain tokens/s | " + " | ".join(REPLAY_METHODS[1:]) + " |",
+            "|---" * 6 + "|",
+        ]
+        lines += [
+            f"| {name} | {b} | {r['plain_tokens_per_s']} | " + " | ".join(f"{r[m]}x" for m in REPLAY_METHODS[1:]) + " |"
+            for name, rows in tables.items()
+            for b, r in rows.items()
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -42,8 +42,11 @@ def _sampler(device: str):
 
     spec = shrunk_config(DRAFT, hidden_size=32, num_hidden_layers=2, vocab_size=64)
     torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec),
-                                             dtype=torch.float32).to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec), dtype=torch.float32)
+        .to(device)
+        .eval()
+    )
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
     noisy, gen = copy.deepcopy(model), torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -76,12 +79,24 @@ def _sampled_case(model, draft, costs: CostTable, kwargs: dict, marginals) -> di
     inputs = left_padded([SAMPLED[0]] * COPIES + [SAMPLED[1]] * COPIES)
     extra = {"assistant_model": draft} if draft is not None else {}
     torch.manual_seed(0)
-    out = model.generate(**inputs, **extra, **kwargs, speculation_costs=costs, speculation_state=SpeculationState(),
-                         max_new_tokens=4, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                         return_dict_in_generate=True)
-    new = out.sequences[:, inputs["input_ids"].shape[1]:]
-    ratios = [[round(chi2_ratio(new[j * COPIES: (j + 1) * COPIES, pos], marginals[j][pos]), 3) for pos in range(3)]
-              for j in range(len(SAMPLED))]
+    out = model.generate(
+        **inputs,
+        **extra,
+        **kwargs,
+        speculation_costs=costs,
+        speculation_state=SpeculationState(),
+        max_new_tokens=4,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        return_dict_in_generate=True,
+    )
+    new = out.sequences[:, inputs["input_ids"].shape[1] :]
+    ratios = [
+        [round(chi2_ratio(new[j * COPIES : (j + 1) * COPIES, pos], marginals[j][pos]), 3) for pos in range(3)]
+        for j in range(len(SAMPLED))
+    ]
     first = [s for s in out.speculation.steps if s.step == 0]
     drafted, accepted = sum(s.k for s in first), sum(s.accepted for s in first)
     both = 0 < accepted < drafted if draft is not None else drafted > 0  # acceptance and rejection both ran
@@ -94,8 +109,9 @@ def _verification_on_device(device: str, k: int = 3, vocab: int = 6, rows: int =
     gen = torch.Generator(device=device).manual_seed(10)
     p = torch.softmax(1.5 * torch.randn(k + 1, vocab, generator=gen, device=device), dim=-1)
     q = torch.softmax(1.5 * torch.randn(k, vocab, generator=gen, device=device), dim=-1)
-    draft = torch.stack([torch.multinomial(q[i].expand(rows, vocab).contiguous(), 1, generator=gen)[:, 0]
-                         for i in range(k)], 1)
+    draft = torch.stack(
+        [torch.multinomial(q[i].expand(rows, vocab).contiguous(), 1, generator=gen)[:, 0] for i in range(k)], 1
+    )
     result = speculative_sample(draft, q.expand(rows, k, vocab), p.expand(rows, k + 1, vocab), generator=gen)
     first = torch.where(result.num_accepted > 0, draft[:, 0], result.next_token)
     ratio, control = chi2_ratio(first, p[0]), chi2_ratio(draft[:, 0], p[0])
@@ -108,12 +124,18 @@ def sampling(check: Check) -> dict:
     stop), each against the exact marginals at p = 0.001."""
     model, noisy = _sampler(check.device)
     marginals, fixed = exact_marginals(model, SAMPLED), {"speculation": "fixed", "num_speculative_tokens": 2}
-    cases = {"fixed k=2, draft model": _sampled_case(model, noisy, COSTS, fixed, marginals),
-             "fixed k=2, prompt lookup": _sampled_case(model, None, COSTS, fixed, marginals),
-             "adaptive, confidence stop": _sampled_case(model, noisy, STEEP, {"speculation": "adaptive",
-                                                                              "max_slowdown": math.inf}, marginals),
-             "verification function": _verification_on_device(check.device)}
+    cases = {
+        "fixed k=2, draft model": _sampled_case(model, noisy, COSTS, fixed, marginals),
+        "fixed k=2, prompt lookup": _sampled_case(model, None, COSTS, fixed, marginals),
+        "adaptive, confidence stop": _sampled_case(
+            model, noisy, STEEP, {"speculation": "adaptive", "max_slowdown": math.inf}, marginals
+        ),
+        "verification function": _verification_on_device(check.device),
+    }
     worst = max(max(map(max, c["ratios"])) for c in cases.values() if "ratios" in c)
-    return {"passed": all(c["passed"] for c in cases.values()), "cases": cases,
-            "summary": f"largest chi2/critical {worst:.3f} (< 1 passes); negative control "
-                       f"{cases['verification function']['negative_control']} (> 10 rejects)"}
+    return {
+        "passed": all(c["passed"] for c in cases.values()),
+        "cases": cases,
+        "summary": f"largest chi2/critical {worst:.3f} (< 1 passes); negative control "
+        f"{cases['verification function']['negative_control']} (> 10 rejects)",
+    }

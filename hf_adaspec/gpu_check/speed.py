@@ -46,12 +46,16 @@ def speed(check: Check, quantization: str) -> dict:
     tgt, drf = check.model(TARGET, quantization), check.model(DRAFT, quantization, head=True)
     given = _profile_given(check, quantization)
     plain = check.spec(speculation="fixed", num_speculative_tokens=0, **given)
-    methods = {"hf-plain": {}, "plain": plain, "plain-again": plain,
-               "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf, **given),
-               "adaptive": check.spec(speculation="adaptive", assistant_model=drf, **given),
-               "adaptive-lookup": check.spec(speculation="adaptive", **given),
-               "fixed-self": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=tgt),
-               "adaptive-self": check.spec(speculation="adaptive", assistant_model=tgt)}
+    methods = {
+        "hf-plain": {},
+        "plain": plain,
+        "plain-again": plain,
+        "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf, **given),
+        "adaptive": check.spec(speculation="adaptive", assistant_model=drf, **given),
+        "adaptive-lookup": check.spec(speculation="adaptive", **given),
+        "fixed-self": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=tgt),
+        "adaptive-self": check.spec(speculation="adaptive", assistant_model=tgt),
+    }
     new, prompts = 12 if check.tiny else 64, cs.speed_prompts(tgt.config.vocab_size, SPEED_PROMPT)
     out: dict = {"quantization": quantization, "cost_source": "profile" if given else "calibrated"}
     if quantization == "none":
@@ -61,19 +65,40 @@ def speed(check: Check, quantization: str) -> dict:
         out["hf_compiled_first_call_s"] = round(time.perf_counter() - start, 1)
     tps = cs.timed_runs(tgt, methods, prompts, new, 1 if check.tiny else 2)
     out["recordings"] = {role: cs.recordings(model) for role, model in (("target", tgt), ("draft", drf))}
-    ratio = {f"{a}/{b}": round(tps[a] / tps[b], 3) for a, b in (
-        ("plain-again", "plain"), ("adaptive", "plain"), ("adaptive", "hf-plain"), ("adaptive", "hf-compiled"),
-        ("plain", "hf-compiled"),
-        ("adaptive-self", "fixed-self"), ("adaptive-lookup", "plain"), ("fixed-k4", "plain")) if b in tps}
+    ratio = {
+        f"{a}/{b}": round(tps[a] / tps[b], 3)
+        for a, b in (
+            ("plain-again", "plain"),
+            ("adaptive", "plain"),
+            ("adaptive", "hf-plain"),
+            ("adaptive", "hf-compiled"),
+            ("plain", "hf-compiled"),
+            ("adaptive-self", "fixed-self"),
+            ("adaptive-lookup", "plain"),
+            ("fixed-k4", "plain"),
+        )
+        if b in tps
+    }
     bars = {"self_draft": ratio["adaptive-self/fixed-self"] >= WIN_MARGIN}
     if "adaptive/hf-compiled" in ratio:
         bars["vs_compiled"] = ratio["adaptive/hf-compiled"] >= COMPILED_MARGIN
-    line = (f"{label(quantization)} tokens/s: " + ", ".join(f"{m} {v}" for m, v in tps.items())
-            + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items()) + "; recordings (first use, ms): "
-            + ", ".join(f"{role} {r['widths']} {r['capture_ms']}" for role, r in out["recordings"].items())
-            + ("; not judged (--tiny)" if check.tiny else ""))
-    return {**out, "passed": None if check.tiny else all(bars.values()), "tokens_per_s": tps, "ratios": ratio,
-            "bars": bars, "summary": line}
+    line = (
+        f"{label(quantization)} tokens/s: "
+        + ", ".join(f"{m} {v}" for m, v in tps.items())
+        + "; "
+        + ", ".join(f"{k} {v}" for k, v in ratio.items())
+        + "; recordings (first use, ms): "
+        + ", ".join(f"{role} {r['widths']} {r['capture_ms']}" for role, r in out["recordings"].items())
+        + ("; not judged (--tiny)" if check.tiny else "")
+    )
+    return {
+        **out,
+        "passed": None if check.tiny else all(bars.values()),
+        "tokens_per_s": tps,
+        "ratios": ratio,
+        "bars": bars,
+        "summary": line,
+    }
 
 
 def speedup(base: list[float], mine: list[float]) -> float:
@@ -94,26 +119,44 @@ def never_loses(check: Check, quantization: str) -> dict:
     tgt, drf = check.model(TARGET, quantization), check.model(DRAFT, quantization, head=True)
     given = _profile_given(check, quantization)
     plain = check.spec(speculation="fixed", num_speculative_tokens=0, **given)
-    methods = {"plain": plain, "plain-again": plain,
-               "adaptive": check.spec(speculation="adaptive", assistant_model=drf, **given)}
+    methods = {
+        "plain": plain,
+        "plain-again": plain,
+        "adaptive": check.spec(speculation="adaptive", assistant_model=drf, **given),
+    }
     vocab, new = tgt.config.vocab_size, 12 if check.tiny else 64
     prompts = cs.speed_prompts(vocab, SPEED_PROMPT, seed=7) + cs.speed_prompts(vocab, SPEED_PROMPT, seed=8)
     seconds = cs.timed_seconds(tgt, methods, prompts, new, 1 if check.tiny else NEVER_LOSES_ROUNDS)
     tps = {m: round(cs.tokens_per_s(seconds[m], new), 2) for m in methods}
     ratio = {f"{m}/plain": round(tps[m] / tps["plain"], 3) for m in ("plain-again", "adaptive")}
-    rounds = {f"{m}/plain": [speedup(base, mine) for base, mine in zip(seconds["plain"], seconds[m], strict=True)]
-              for m in ("plain-again", "adaptive")}
+    rounds = {
+        f"{m}/plain": [speedup(base, mine) for base, mine in zip(seconds["plain"], seconds[m], strict=True)]
+        for m in ("plain-again", "adaptive")
+    }
     used = cs.drafter_use(tgt, prompts[0], new, methods["adaptive"])
     bars = {"never_loses": ratio["adaptive/plain"] >= WIN_MARGIN}
-    line = (f"{label(quantization)} tokens/s ({len(prompts)} prompts × {len(seconds['plain'])} rounds): "
-            + ", ".join(f"{m} {v}" for m, v in tps.items()) + "; " + ", ".join(f"{k} {v}" for k, v in ratio.items())
-            + "; per round: " + ", ".join(f"{k} {v}" for k, v in rounds.items())
-            + "; adaptive's steps (accepted/drafted): " + ", ".join(
-                f"{d} {n} ({used['accepted'][d]}/{used['drafted'][d]})" for d, n in used["steps"].items())
-            + ("; not judged (--tiny)" if check.tiny else ""))
-    return {"passed": None if check.tiny else bars["never_loses"], "quantization": quantization,
-            "cost_source": "profile" if given else "calibrated", "tokens_per_s": tps, "ratios": ratio,
-            "per_round": rounds, "bars": bars, "adaptive_random_draft_steps": used, "summary": line}
+    line = (
+        f"{label(quantization)} tokens/s ({len(prompts)} prompts × {len(seconds['plain'])} rounds): "
+        + ", ".join(f"{m} {v}" for m, v in tps.items())
+        + "; "
+        + ", ".join(f"{k} {v}" for k, v in ratio.items())
+        + "; per round: "
+        + ", ".join(f"{k} {v}" for k, v in rounds.items())
+        + "; adaptive's steps (accepted/drafted): "
+        + ", ".join(f"{d} {n} ({used['accepted'][d]}/{used['drafted'][d]})" for d, n in used["steps"].items())
+        + ("; not judged (--tiny)" if check.tiny else "")
+    )
+    return {
+        "passed": None if check.tiny else bars["never_loses"],
+        "quantization": quantization,
+        "cost_source": "profile" if given else "calibrated",
+        "tokens_per_s": tps,
+        "ratios": ratio,
+        "per_round": rounds,
+        "bars": bars,
+        "adaptive_random_draft_steps": used,
+        "summary": line,
+    }
 
 
 def engine_time(check: Check, q: str) -> dict:
@@ -125,19 +168,27 @@ def engine_time(check: Check, q: str) -> dict:
         return {"passed": None, "fallback": True, "summary": reason}
     tgt, drf = check.model(TARGET, q), check.model(DRAFT, q, head=True)
     prompt, new = cs.check_prompts(tgt.config.vocab_size, seed=6)[0], 12 if check.tiny else 128
-    runs = {"adaptive": check.spec(speculation="adaptive", assistant_model=drf, rest=False),
-            "adaptive-lookup": check.spec(speculation="adaptive", rest=False),
-            "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf),
-            "plain": check.spec(speculation="fixed", num_speculative_tokens=0), "hf-plain": {}}
+    runs = {
+        "adaptive": check.spec(speculation="adaptive", assistant_model=drf, rest=False),
+        "adaptive-lookup": check.spec(speculation="adaptive", rest=False),
+        "fixed-k4": check.spec(speculation="fixed", num_speculative_tokens=4, assistant_model=drf),
+        "plain": check.spec(speculation="fixed", num_speculative_tokens=0),
+        "hf-plain": {},
+    }
     with cs.forward_timer((tgt, drf)) as timer:
         out = {name: cs.engine_overhead(tgt, timer, prompt, new, kwargs) for name, kwargs in runs.items()}
     spec = statistics.median(v["engine_ms_per_step"] for k, v in out.items() if "plain" not in k)
     check.facts["overheads"] = (spec, out["plain"]["engine_ms_per_step"])
     a = out["adaptive"]
     share = a["engine_ms_per_step"] / a["target_ms_per_forward"]
-    return {"passed": None, "quantization": q, "runs": out, "over_10pct": share > 0.10,
-            "overheads_ms": check.facts["overheads"],
-            "summary": f"{label(q)} adaptive: engine {a['engine_ms_per_step']} ms/step = {share:.1%} of the "
-                       f"target's {a['target_ms_per_forward']} ms forward; plain: hf-adaspec "
-                       f"{out['plain']['engine_ms_per_step']} ms/step, transformers "
-                       f"{out['hf-plain']['engine_ms_per_step']} ms/token"}
+    return {
+        "passed": None,
+        "quantization": q,
+        "runs": out,
+        "over_10pct": share > 0.10,
+        "overheads_ms": check.facts["overheads"],
+        "summary": f"{label(q)} adaptive: engine {a['engine_ms_per_step']} ms/step = {share:.1%} of the "
+        f"target's {a['target_ms_per_forward']} ms forward; plain: hf-adaspec "
+        f"{out['plain']['engine_ms_per_step']} ms/step, transformers "
+        f"{out['hf-plain']['engine_ms_per_step']} ms/token",
+    }

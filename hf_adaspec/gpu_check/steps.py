@@ -39,9 +39,11 @@ TARGET, DRAFT, BIG = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-7b"
 SEEDS = {TARGET: 0, DRAFT: 1, BIG: 2}
 # --tiny: the presets' configs shrunk (the architecture and its options stay); the 7B's head wider than the
 # draft's, as 152,064 is wider than 151,936
-TINY = {TARGET: {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 256},
-        DRAFT: {"hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 256},
-        BIG: {"hidden_size": 128, "num_hidden_layers": 2, "vocab_size": 384}}
+TINY = {
+    TARGET: {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 256},
+    DRAFT: {"hidden_size": 64, "num_hidden_layers": 1, "vocab_size": 256},
+    BIG: {"hidden_size": 128, "num_hidden_layers": 2, "vocab_size": 384},
+}
 NEAR_TIE = 0.25  # top-2 logit gap (README: greedy can diverge from plain at a near-tie)
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # given costs: speculation every step, no calibration
 MODES = {"adaptive": {"speculation": "adaptive"}, "fixed": {"speculation": "fixed", "num_speculative_tokens": 4}}
@@ -119,9 +121,17 @@ def unusable(check: Check, quantization: str) -> str | None:
 def shrunk_config(name: str, **sizes) -> dict:
     """``name``'s shipped config.json made tiny: 4 heads (2 for keys and values), 128-wide MLPs, ``sizes``
     (hidden_size, num_hidden_layers, vocab_size), token ids 0–2, peaked random logits."""
-    config = {**json.loads(config_path(name).read_text()), "intermediate_size": 128, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "initializer_range": 0.5, "pad_token_id": 0, "bos_token_id": 1,
-              "eos_token_id": 2, **sizes}
+    config = {
+        **json.loads(config_path(name).read_text()),
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "initializer_range": 0.5,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        **sizes,
+    }
     config.pop("layer_types", None)
     return {**config, "max_window_layers": config["num_hidden_layers"]}
 
@@ -148,9 +158,11 @@ def drafter_use(target, prompt: list[int], new: int, kwargs: dict) -> dict:
     verification)."""
     steps = [(s.drafter if s.decided else "rested", s) for s in generate(target, prompt, new, kwargs).speculation.steps]
     drafters = sorted({d for d, _ in steps})
-    return {"steps": dict(Counter(d for d, _ in steps)),
-            "drafted": {d: sum(s.k for e, s in steps if e == d) for d in drafters},
-            "accepted": {d: sum(s.accepted for e, s in steps if e == d) for d in drafters}}
+    return {
+        "steps": dict(Counter(d for d, _ in steps)),
+        "drafted": {d: sum(s.k for e, s in steps if e == d) for d in drafters},
+        "accepted": {d: sum(s.accepted for e, s in steps if e == d) for d in drafters},
+    }
 
 
 def left_padded(prompts: list[list[int]]) -> dict[str, torch.Tensor]:
@@ -158,7 +170,7 @@ def left_padded(prompts: list[list[int]]) -> dict[str, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids, mask = torch.zeros(len(prompts), width, dtype=torch.long), torch.zeros(len(prompts), width, dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -166,14 +178,21 @@ def generate(model, prompt: list[int], new: int, kwargs: dict, state: Speculatio
     """One greedy ``generate`` at batch 1 (plain without ``speculation`` in ``kwargs``), prompt on the device."""
     ids = torch.tensor([prompt], device=model.device)
     extra = {"speculation_state": state or SpeculationState()} if "speculation" in kwargs else {}
-    return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                          return_dict_in_generate=True, **kwargs, **extra)
+    return model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new,
+        do_sample=False,
+        return_dict_in_generate=True,
+        **kwargs,
+        **extra,
+    )
 
 
 @torch.no_grad()
 def teacher_forced(model, prompt: list[int], got: list[int]) -> torch.Tensor:
     """float32 logits [len(got), V] predicting each token of ``got`` after ``prompt`` (one forward)."""
-    return model(torch.tensor([prompt + got], device=model.device)).logits[0, len(prompt) - 1: -1].float()
+    return model(torch.tensor([prompt + got], device=model.device)).logits[0, len(prompt) - 1 : -1].float()
 
 
 @torch.no_grad()
@@ -186,8 +205,14 @@ def row_check(model, prompt: list[int], got: list[int], plain: list[int]) -> dic
     emitted = logits.gather(1, torch.tensor(got, device=logits.device)[:, None])[:, 0]
     deficit = float((logits.max(-1).values - emitted).max())
     ok = len(got) == len(plain) and (gap is None or gap <= NEAR_TIE) and deficit <= NEAR_TIE
-    return {"ok": ok, "equal": got == plain, "diverged_at": diverged, "gap": gap, "max_deficit": round(deficit, 4),
-            "logit_std": round(float(logits.std()), 3)}
+    return {
+        "ok": ok,
+        "equal": got == plain,
+        "diverged_at": diverged,
+        "gap": gap,
+        "max_deficit": round(deficit, 4),
+        "logit_std": round(float(logits.std()), 3),
+    }
 
 
 @torch.no_grad()
@@ -211,19 +236,32 @@ def tie_split(model, prompt: list[int], got: list[int], steps) -> dict[str, int]
     return out
 
 
-def greedy_case(check: Check, target, draft, prompts, plain: dict, mode: str, new: int, state=None,
-                ties: bool = False) -> dict:
+def greedy_case(
+    check: Check, target, draft, prompts, plain: dict, mode: str, new: int, state=None, ties: bool = False
+) -> dict:
     """One speculative greedy ``generate`` of ``prompts`` (a batch), checked row by row (``row_check``);
     ``ties``: each row's drafted tokens also split by near-ties (``tie_split``)."""
     extra = {"assistant_model": draft} if draft is not None else {}
-    out = target.generate(**left_padded(prompts), **extra, **check.spec(**MODES[mode]), speculation_costs=COSTS,
-                          speculation_state=state or SpeculationState(), max_new_tokens=new, do_sample=False,
-                          return_dict_in_generate=True)
+    out = target.generate(
+        **left_padded(prompts),
+        **extra,
+        **check.spec(**MODES[mode]),
+        speculation_costs=COSTS,
+        speculation_state=state or SpeculationState(),
+        max_new_tokens=new,
+        do_sample=False,
+        return_dict_in_generate=True,
+    )
     width, stats = max(len(p) for p in prompts), out.speculation
-    got = [out.sequences[i, width: width + stats.row_tokens[i]].tolist() for i in range(len(prompts))]
+    got = [out.sequences[i, width : width + stats.row_tokens[i]].tolist() for i in range(len(prompts))]
     rows = [row_check(target, p, got[i], plain[tuple(p)]) for i, p in enumerate(prompts)]
-    case = {"passed": all(r["ok"] for r in rows), "rows": rows, "drafted": sum(s.k for s in stats.steps),
-            "accepted": sum(s.accepted for s in stats.steps), "drafters": dict(Counter(s.drafter for s in stats.steps))}
+    case = {
+        "passed": all(r["ok"] for r in rows),
+        "rows": rows,
+        "drafted": sum(s.k for s in stats.steps),
+        "accepted": sum(s.accepted for s in stats.steps),
+        "drafters": dict(Counter(s.drafter for s in stats.steps)),
+    }
     if ties:
         split = [tie_split(target, p, got[i], stats.row(i).steps) for i, p in enumerate(prompts)]
         case["ties"] = {k: sum(r[k] for r in split) for k in split[0]}
@@ -236,10 +274,12 @@ def _summarize(cases: dict, needed: set[str], extra: str = "") -> dict:
     missing = sorted(needed - {d for c in cases.values() for d, n in c["drafters"].items() if n})
     rows = [r for c in cases.values() for r in c["rows"]]
     equal, deficit = sum(r["equal"] for r in rows), max(r["max_deficit"] for r in rows)
-    line = (f"{len(cases) - len(failed)}/{len(cases)} cases pass; {equal}/{len(rows)} rows equal plain"
-            + (" (the others first differ at a near-tie)" if equal < len(rows) and not failed else "")
-            + f"; largest deficit {deficit:.3f}{extra}"
-            + (f"; never exercised: {', '.join(missing)}" if missing else ""))
+    line = (
+        f"{len(cases) - len(failed)}/{len(cases)} cases pass; {equal}/{len(rows)} rows equal plain"
+        + (" (the others first differ at a near-tie)" if equal < len(rows) and not failed else "")
+        + f"; largest deficit {deficit:.3f}{extra}"
+        + (f"; never exercised: {', '.join(missing)}" if missing else "")
+    )
     return {"passed": not failed and not missing, "failed": failed, "summary": line, "cases": cases}
 
 
@@ -248,7 +288,7 @@ def _setup(check: Check, quantization: str):
     token within 48 tokens (at 4 to 45 on a CPU), which prompt lookup, matching down to 1-grams, proposes from)."""
     target, new = check.model(TARGET, quantization), 16 if check.tiny else 48
     prompts = check_prompts(target.config.vocab_size)
-    plain = {tuple(p): generate(target, p, new, {}).sequences[0, len(p):].tolist() for p in prompts}
+    plain = {tuple(p): generate(target, p, new, {}).sequences[0, len(p) :].tolist() for p in prompts}
     return target, prompts, new, plain
 
 
@@ -262,15 +302,19 @@ def greedy_matrix(check: Check, quantization: str) -> dict:
     for batch in (1, 3):
         for mode in MODES:
             for drafter, model in (("draft_model", draft), ("lookup", None)):
-                cases[f"{mode} {drafter} b{batch}"] = greedy_case(check, target, model, prompts[:batch], plain, mode,
-                                                                  new)
+                cases[f"{mode} {drafter} b{batch}"] = greedy_case(
+                    check, target, model, prompts[:batch], plain, mode, new
+                )
         state = SpeculationState()
         greedy_case(check, target, None, prompts[:batch], plain, "adaptive", new, state)  # fills suffix's memory
-        cases[f"adaptive suffix b{batch}"] = greedy_case(check, target, None, prompts[:batch], plain, "adaptive", new,
-                                                         state)
+        cases[f"adaptive suffix b{batch}"] = greedy_case(
+            check, target, None, prompts[:batch], plain, "adaptive", new, state
+        )
     floor = max(row_check(target, p, plain[tuple(p)], plain[tuple(p)])["max_deficit"] for p in prompts)
-    return {**_summarize(cases, {"draft_model", "prompt_lookup", "suffix"}, f" (plain's own {floor:.3f})"),
-            "plain_deficit": floor}
+    return {
+        **_summarize(cases, {"draft_model", "prompt_lookup", "suffix"}, f" (plain's own {floor:.3f})"),
+        "plain_deficit": floor,
+    }
 
 
 def self_draft(check: Check, quantization: str) -> dict:
@@ -281,8 +325,11 @@ def self_draft(check: Check, quantization: str) -> dict:
     if quantization not in check.quantizations:
         return {"passed": None, "fallback": True, "summary": check.fallback}
     target, prompts, new, plain = _setup(check, quantization)
-    cases = {f"{mode} b{batch}": greedy_case(check, target, target, prompts[:batch], plain, mode, new, ties=True)
-             for batch in (1, 3) for mode in MODES}
+    cases = {
+        f"{mode} b{batch}": greedy_case(check, target, target, prompts[:batch], plain, mode, new, ties=True)
+        for batch in (1, 3)
+        for mode in MODES
+    }
     for case in cases.values():
         t = case["ties"]
         case["acceptance"] = case["accepted"] / max(case["drafted"], 1)
@@ -290,9 +337,11 @@ def self_draft(check: Check, quantization: str) -> dict:
         case["acceptance_tie"] = t["accepted_tie"] / max(t["drafted_tie"], 1)
         case["passed"] = case["passed"] and case["acceptance_clear"] >= 0.9
     t = {k: sum(c["ties"][k] for c in cases.values()) for k in next(iter(cases.values()))["ties"]}
-    line = (f"; acceptance {min(c['acceptance'] for c in cases.values()):.3f} lowest overall, away from near-ties "
-            f"{t['accepted_clear']}/{t['drafted_clear']}, at near-ties (gap <= {NEAR_TIE}) {t['accepted_tie']}/"
-            f"{t['drafted_tie']}")
+    line = (
+        f"; acceptance {min(c['acceptance'] for c in cases.values()):.3f} lowest overall, away from near-ties "
+        f"{t['accepted_clear']}/{t['drafted_clear']}, at near-ties (gap <= {NEAR_TIE}) {t['accepted_tie']}/"
+        f"{t['drafted_tie']}"
+    )
     return {**_summarize(cases, {"draft_model"}, line), "ties": t}
 
 
@@ -341,8 +390,11 @@ def forward_timer(models) -> Iterator[dict[int, list[float]]]:
             sync(module)
             ms[id(module)].append((time.perf_counter() - start[0]) * 1000.0)
 
-    handles = [h for m in {id(m): m for m in models}.values()
-               for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    handles = [
+        h
+        for m in {id(m): m for m in models}.values()
+        for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))
+    ]
     RaggedCache.append_features = timed_append
     try:
         yield ms
@@ -366,20 +418,28 @@ def engine_overhead(target, timer: dict[int, list[float]], prompt: list[int], ne
     wall = stats.wall_ms if stats is not None else (time.perf_counter() - start) * 1000.0
     steps = len({s.step for s in stats.steps}) if stats is not None else new
     forwards, own = sum(sum(v) for v in timer.values()), timer[id(target)][1:]  # the target's, after its prefill
-    return {"engine_ms_per_step": round((wall - forwards) / steps, 3), "steps": steps, "wall_ms": round(wall, 1),
-            "forward_ms": round(forwards, 1), "target_ms_per_forward": round(statistics.fmean(own), 3) if own else None}
+    return {
+        "engine_ms_per_step": round((wall - forwards) / steps, 3),
+        "steps": steps,
+        "wall_ms": round(wall, 1),
+        "forward_ms": round(forwards, 1),
+        "target_ms_per_forward": round(statistics.fmean(own), 3) if own else None,
+    }
 
 
 def recordings(model) -> dict:
     """The widths ``model``'s arenas recorded and what their first uses cost (ms: eager timing, capture and
     replay of each recording, summed)."""
     records = arenas_of(model).records()
-    return {"widths": sorted({r.width for r in records}),
-            "capture_ms": round(sum(r.capture_ms + (r.eager_ms or 0) + (r.replay_ms or 0) for r in records), 1)}
+    return {
+        "widths": sorted({r.width for r in records}),
+        "capture_ms": round(sum(r.capture_ms + (r.eager_ms or 0) + (r.replay_ms or 0) for r in records), 1),
+    }
 
 
-def timed_seconds(target, methods: dict, prompts: list[list[int]], new: int, repeats: int,
-                  targets: dict | None = None) -> dict[str, list[list[float]]]:
+def timed_seconds(
+    target, methods: dict, prompts: list[list[int]], new: int, repeats: int, targets: dict | None = None
+) -> dict[str, list[list[float]]]:
     """Seconds per request, ``[method][round][prompt]``, batch 1 and greedy, over ``repeats`` timed rounds after
     an untimed warm-up round of the same requests, in which the one-time work is done (transformers'
     compilation, hf-adaspec's graph recordings of the widths a method uses). Interleaved per prompt, the

@@ -77,8 +77,9 @@ def quantize_q4_k(weight: torch.Tensor) -> torch.Tensor:
     inv = torch.where(scale > 0, 1 / scale, 0)
     q = ((w + minimum[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8)  # [N, B, 8, 32]
     codes = torch.from_numpy(_nibbles(_ordered(q.reshape(n, -1, 256).numpy())))  # [N, B, 128]
-    head = torch.cat([d[..., None].view(torch.uint8), dmin[..., None].view(torch.uint8),
-                      sc.to(torch.uint8), m.to(torch.uint8)], -1)  # [N, B, 20]
+    head = torch.cat(
+        [d[..., None].view(torch.uint8), dmin[..., None].view(torch.uint8), sc.to(torch.uint8), m.to(torch.uint8)], -1
+    )  # [N, B, 20]
     return torch.cat([head, codes], -1).reshape(n, -1).contiguous()
 
 

@@ -28,8 +28,10 @@ def compiler() -> str:
     cc = shutil.which(wanted) if wanted else (shutil.which("cc") or shutil.which("gcc"))
     if not cc:
         what = f"$CC={wanted}" if wanted else "no C compiler"
-        raise KernelUnavailable(f"the package's C kernels are compiled on first use and {what} was not found: "
-                                "install one (Debian/Ubuntu: apt install gcc) or set $CC to it")
+        raise KernelUnavailable(
+            f"the package's C kernels are compiled on first use and {what} was not found: "
+            "install one (Debian/Ubuntu: apt install gcc) or set $CC to it"
+        )
     return cc
 
 

@@ -82,7 +82,7 @@ def stack(layers: list[Q4Linear], directory: Path) -> tuple[Q4Linear, list[tuple
         offset = 0
         for kind, n in zip(layer.kinds, layer.rows.tolist()):
             size = n * row_bytes(kind, layer.in_features)
-            parts.append((kind, layer.blocks[offset:offset + size].view(n, -1)))
+            parts.append((kind, layer.blocks[offset : offset + size].view(n, -1)))
             offset += size
         biases.append(layer.bias if layer.bias is not None else torch.zeros(layer.out_features))
         bounds.append((at, at + layer.out_features))
@@ -112,7 +112,7 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.gate_up(x)  # [..., 2·I]: gate's columns, then up's
-        return self.down_proj(self.act_fn(y[..., :self.intermediate]) * y[..., self.intermediate:])  # [..., H]
+        return self.down_proj(self.act_fn(y[..., : self.intermediate]) * y[..., self.intermediate :])  # [..., H]
 
 
 def _merged(parts: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

@@ -43,8 +43,10 @@ def missing(device: str) -> str | None:
             return "torch's int4 kernel (_weight_int4pack_mm) needs a CUDA device; torch sees none"
         major, minor = torch.cuda.get_device_capability(torch.device(device))
         if major < 8:
-            return (f"torch's int4 kernel (_weight_int4pack_mm) needs compute capability 8.0 or later; "
-                    f"this GPU has {major}.{minor}")
+            return (
+                f"torch's int4 kernel (_weight_int4pack_mm) needs compute capability 8.0 or later; "
+                f"this GPU has {major}.{minor}"
+            )
         return None
     if kind == "cpu":
         return None
@@ -90,8 +92,10 @@ class Int4Linear(torch.nn.Module):
     def __init__(self, layer: torch.nn.Linear, group: int = GROUP) -> None:
         super().__init__()
         if not fits(layer):
-            raise ValueError(f"Int4Linear needs in_features a multiple of {max(GROUP, 16 * INNER_K_TILES)} and "
-                             f"out_features a multiple of {N_TILE}; got {layer.in_features} → {layer.out_features}")
+            raise ValueError(
+                f"Int4Linear needs in_features a multiple of {max(GROUP, 16 * INNER_K_TILES)} and "
+                f"out_features a multiple of {N_TILE}; got {layer.in_features} → {layer.out_features}"
+            )
         self.in_features, self.out_features, self.group = layer.in_features, layer.out_features, group
         device = layer.weight.device
         with torch.no_grad():
@@ -100,8 +104,9 @@ class Int4Linear(torch.nn.Module):
             self.register_buffer("scales_and_zeros", scales_and_zeros.to(device))
             bias = None if layer.bias is None else layer.bias.detach().clone()
         self.register_buffer("bias", bias)
-        self._mm = (torch.ops.aten._weight_int4pack_mm if device.type == "cuda"
-                    else torch.ops.aten._weight_int4pack_mm_for_cpu)
+        self._mm = (
+            torch.ops.aten._weight_int4pack_mm if device.type == "cuda" else torch.ops.aten._weight_int4pack_mm_for_cpu
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]

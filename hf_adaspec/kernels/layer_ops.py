@@ -61,13 +61,27 @@ class RMSNorm(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.shape[-1]
         w = self.weight
-        if (x.dtype != w.dtype or x.dtype not in _NATIVE or x.device.type != "cpu" or w.device.type != "cpu"
-                or h != w.shape[0] or h > _WIDEST):
+        if (
+            x.dtype != w.dtype
+            or x.dtype not in _NATIVE
+            or x.device.type != "cpu"
+            or w.device.type != "cpu"
+            or h != w.shape[0]
+            or h > _WIDEST
+        ):
             return rms_norm_reference(x, w, self.eps)
         x, w = x.contiguous(), w.contiguous()
         y = torch.empty_like(x)  # [..., H]
-        if library(self.directory).ops_rms_norm(x.data_ptr(), w.data_ptr(), x.numel() // h, h, self.eps,
-                                                y.data_ptr(), x.dtype == torch.bfloat16, torch.get_num_threads()):
+        if library(self.directory).ops_rms_norm(
+            x.data_ptr(),
+            w.data_ptr(),
+            x.numel() // h,
+            h,
+            self.eps,
+            y.data_ptr(),
+            x.dtype == torch.bfloat16,
+            torch.get_num_threads(),
+        ):
             raise ValueError(f"layer_ops.c refused a row of {h} features")
         return y
 
@@ -84,8 +98,9 @@ def rotate_half_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
-def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
-               directory: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rope_split(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int, directory: Path
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A fused projection's output qkv [B, n, (H + 2·H_kv)·D] (the H query heads, then the H_kv key heads, then the
     H_kv value heads) → q [B, H, n, D] and k [B, H_kv, n, D] rotated (``rotate_half_reference``'s values to the
     bit: each product and the sum rounded to the dtype) and v [B, H_kv, n, D], each contiguous. cos and sin
@@ -95,11 +110,18 @@ def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     b, n, width = qkv.shape
     d, rest = divmod(width, heads + 2 * kv_heads)
     if rest or d % 2:
-        raise ValueError(f"a fused query/key/value output {width} wide is not {heads} + 2·{kv_heads} heads of an "
-                         "even width")
-    native = (qkv.dtype in _NATIVE and cos.dtype == sin.dtype == qkv.dtype and qkv.device.type == "cpu"
-              and cos.device.type == "cpu" and cos.shape == sin.shape and cos.shape[0] in (1, b)
-              and cos.shape[1:] == (n, d))
+        raise ValueError(
+            f"a fused query/key/value output {width} wide is not {heads} + 2·{kv_heads} heads of an even width"
+        )
+    native = (
+        qkv.dtype in _NATIVE
+        and cos.dtype == sin.dtype == qkv.dtype
+        and qkv.device.type == "cpu"
+        and cos.device.type == "cpu"
+        and cos.shape == sin.shape
+        and cos.shape[0] in (1, b)
+        and cos.shape[1:] == (n, d)
+    )
     if not native:
         q, k, v = qkv.view(b, n, heads + 2 * kv_heads, d).transpose(1, 2).split([heads, kv_heads, kv_heads], 1)
         return (rotate_half_reference(q, cos, sin), rotate_half_reference(k, cos, sin), v)
@@ -107,8 +129,20 @@ def rope_split(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     q = torch.empty(b, heads, n, d, dtype=qkv.dtype)  # [B, H, n, D]
     k = torch.empty(b, kv_heads, n, d, dtype=qkv.dtype)  # [B, H_kv, n, D]
     v = torch.empty(b, kv_heads, n, d, dtype=qkv.dtype)  # [B, H_kv, n, D]
-    if library(directory).ops_rope_split(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                         0 if cos.shape[0] == 1 else n * d, b, n, heads, kv_heads, d,
-                                         q.data_ptr(), k.data_ptr(), v.data_ptr(), qkv.dtype == torch.bfloat16):
+    if library(directory).ops_rope_split(
+        qkv.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        0 if cos.shape[0] == 1 else n * d,
+        b,
+        n,
+        heads,
+        kv_heads,
+        d,
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        qkv.dtype == torch.bfloat16,
+    ):
         raise ValueError(f"layer_ops.c refused a head width of {d}")
     return q, k, v

@@ -84,8 +84,17 @@ def path(directory: Path, ceiling: str | None = None) -> str:
 _NATIVE = (torch.float32, torch.bfloat16)  # activation dtypes the kernel reads and writes in place
 
 
-def linear(x: torch.Tensor, blocks: torch.Tensor, kinds: torch.Tensor, rows: torch.Tensor, k: int, directory: Path,
-           bias: torch.Tensor | None = None, ceiling: str | None = None, n: int | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    kinds: torch.Tensor,
+    rows: torch.Tensor,
+    k: int,
+    directory: Path,
+    bias: torch.Tensor | None = None,
+    ceiling: str | None = None,
+    n: int | None = None,
+) -> torch.Tensor:
     """x [M, K'] (float32 or bfloat16 read as they are, other float dtypes via float32; K' ≤ ``k``, the rest taken as
     zeros) @ W.T (+ bias [N], read as float32) → [M, N] in x's dtype (float32 for other dtypes). W [N, k] is held
     as segments: ``kinds`` int32 [S] (indices into ``blocks.KINDS``) of ``rows`` int64 [S] output rows each, their
@@ -95,8 +104,10 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, kinds: torch.Tensor, rows: tor
     memory), a K' wider than ``k``, an unknown ``ceiling``, or a layout the kernel refuses; MemoryError when the
     activations' scratch buffer cannot be allocated."""
     if x.device.type != "cpu" or blocks.device.type != "cpu":
-        raise ValueError(f"the q4 kernel runs on the CPU; got x on {x.device} and weights on {blocks.device}: "
-                         "keep a q4 model on the CPU, or load another quantization for this device")
+        raise ValueError(
+            f"the q4 kernel runs on the CPU; got x on {x.device} and weights on {blocks.device}: "
+            "keep a q4 model on the CPU, or load another quantization for this device"
+        )
     lib = library(directory)  # a Path: its hash is cached, so this lookup is cheap on every call
     m, k_in, n = x.shape[0], x.shape[1], int(rows.sum()) if n is None else n
     if k_in > k:
@@ -110,9 +121,22 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, kinds: torch.Tensor, rows: tor
     if bias is not None and bias.dtype != torch.float32:  # a model cast after conversion casts the buffer too
         bias = bias.float()
     bf16, isa = x.dtype == torch.bfloat16, _isa(directory, ceiling)
-    done = lib.q4_linear(blocks.data_ptr(), kinds.data_ptr(), rows.data_ptr(), len(kinds), x.data_ptr(), bf16, m,
-                         k_in, padded(k), None if bias is None else bias.data_ptr(), y.data_ptr(), bf16, isa,
-                         torch.get_num_threads())
+    done = lib.q4_linear(
+        blocks.data_ptr(),
+        kinds.data_ptr(),
+        rows.data_ptr(),
+        len(kinds),
+        x.data_ptr(),
+        bf16,
+        m,
+        k_in,
+        padded(k),
+        None if bias is None else bias.data_ptr(),
+        y.data_ptr(),
+        bf16,
+        isa,
+        torch.get_num_threads(),
+    )
     if done == -1:
         raise MemoryError(f"the q4 kernel could not allocate {m} x {k} activations' scratch")
     if done:
@@ -127,8 +151,15 @@ def _isa(directory: Path, ceiling: str | None) -> int:
     return PATHS.index(path(directory, ceiling))
 
 
-def dequantize_rows(kind: str, rows: torch.Tensor, k: int, dtype: torch.dtype, directory: Path,
-                    ceiling: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_rows(
+    kind: str,
+    rows: torch.Tensor,
+    k: int,
+    dtype: torch.dtype,
+    directory: Path,
+    ceiling: str | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The weight [N, k] that ``rows`` (uint8 [N, row_bytes(kind, k)]) encode, in ``dtype`` (bfloat16 rounded to
     nearest even from the float32 value; other dtypes via float32): ``blocks.dequantize``'s values, computed in
     C (8 at a time on the AVX2 and VNNI paths; ``ceiling`` as ``linear``'s, the same values on every path).
@@ -140,11 +171,21 @@ def dequantize_rows(kind: str, rows: torch.Tensor, k: int, dtype: torch.dtype, d
     if out is None:
         out = torch.empty(rows.shape[0], k, dtype=want)
     elif out.shape != (rows.shape[0], k) or out.dtype != want or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {want} [{rows.shape[0]}, {k}] tensor, not {out.dtype} "
-                         f"{list(out.shape)}")
+        raise ValueError(
+            f"out must be a contiguous {want} [{rows.shape[0]}, {k}] tensor, not {out.dtype} {list(out.shape)}"
+        )
     rows = rows.contiguous()
-    lib.q4_dequantize(KINDS.index(kind), rows.data_ptr(), rows.shape[0], padded(k), k, out.data_ptr(), bf16,
-                      _isa(directory, ceiling), torch.get_num_threads())
+    lib.q4_dequantize(
+        KINDS.index(kind),
+        rows.data_ptr(),
+        rows.shape[0],
+        padded(k),
+        k,
+        out.data_ptr(),
+        bf16,
+        _isa(directory, ceiling),
+        torch.get_num_threads(),
+    )
     return out.to(dtype)
 
 
@@ -167,8 +208,9 @@ def from_gguf(gguf_type: str, raw: np.ndarray, k: int, directory: Path) -> tuple
     if k % features or raw.shape[1] != k // features * size:
         raise ValueError(f"GGUF {gguf_type} rows of {raw.shape[1]} bytes do not hold {k} features")
     out = torch.empty(n, row_bytes(kind, k), dtype=torch.uint8)  # [N, bytes]
-    library(directory).q4_from_gguf(list(_GGUF_SOURCES).index(gguf_type), raw.ctypes.data, n, k, out.data_ptr(),
-                                    torch.get_num_threads())
+    library(directory).q4_from_gguf(
+        list(_GGUF_SOURCES).index(gguf_type), raw.ctypes.data, n, k, out.data_ptr(), torch.get_num_threads()
+    )
     return kind, out
 
 
@@ -188,14 +230,17 @@ class Q4Linear(torch.nn.Module):
 
     dense_rows: int | None = None
 
-    def __init__(self, in_features: int, parts: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None,
-                 directory: Path):
+    def __init__(
+        self, in_features: int, parts: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None, directory: Path
+    ):
         super().__init__()
         for kind, block_rows in parts:
             width = row_bytes(kind, in_features)
             if block_rows.dtype != torch.uint8 or block_rows.dim() != 2 or block_rows.shape[1] != width:
-                raise ValueError(f"{kind} rows of {in_features} features are uint8 [N, {width}], "
-                                 f"not {block_rows.dtype} {list(block_rows.shape)}")
+                raise ValueError(
+                    f"{kind} rows of {in_features} features are uint8 [N, {width}], "
+                    f"not {block_rows.dtype} {list(block_rows.shape)}"
+                )
         self.in_features, self.directory = in_features, Path(directory)
         self.out_features = sum(int(r.shape[0]) for _, r in parts)
         self.kinds = tuple(kind for kind, _ in parts)
@@ -216,7 +261,7 @@ class Q4Linear(torch.nn.Module):
         parts, at = [], 0
         for kind, n in zip(self.kinds, self.rows.tolist()):
             size = n * row_bytes(kind, self.in_features)
-            parts.append(dequantize(kind, self.blocks[at:at + size].view(n, -1), self.in_features))
+            parts.append(dequantize(kind, self.blocks[at : at + size].view(n, -1), self.in_features))
             at += size
         return torch.cat(parts)
 
@@ -225,8 +270,16 @@ class Q4Linear(torch.nn.Module):
         if self.dense_rows is not None and flat.shape[0] >= self.dense_rows:
             y = self.dense_product(flat)
         else:
-            y = linear(flat, self.blocks, self.kind_ids, self.rows, self.in_features, self.directory, self.bias,
-                       n=self.out_features)
+            y = linear(
+                flat,
+                self.blocks,
+                self.kind_ids,
+                self.rows,
+                self.in_features,
+                self.directory,
+                self.bias,
+                n=self.out_features,
+            )
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # [..., N]; .to copies only for other dtypes
 
     def dense_product(self, x: torch.Tensor) -> torch.Tensor:
@@ -241,9 +294,9 @@ class Q4Linear(torch.nn.Module):
         at, first = 0, 0
         for kind, n in zip(self.kinds, self.rows.tolist()):
             width = row_bytes(kind, self.in_features)
-            part = self.blocks[at:at + n * width].view(n, width)  # [n, row bytes]
+            part = self.blocks[at : at + n * width].view(n, width)  # [n, row bytes]
             for lo in range(0, n, tile):
-                w = dequantize_rows(kind, part[lo:lo + tile], self.in_features, dtype, self.directory)  # [t, K]
+                w = dequantize_rows(kind, part[lo : lo + tile], self.in_features, dtype, self.directory)  # [t, K]
                 cols = slice(first + lo, first + lo + w.shape[0])
                 b = None if self.bias is None else self.bias[cols].to(dtype)
                 y[:, cols] = torch.nn.functional.linear(x, w, b)  # [M, t]
@@ -251,5 +304,7 @@ class Q4Linear(torch.nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, kinds={'+'.join(self.kinds)}, "
-                f"bias={self.bias is not None}, dense_rows={self.dense_rows}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, kinds={'+'.join(self.kinds)}, "
+            f"bias={self.bias is not None}, dense_rows={self.dense_rows}"
+        )

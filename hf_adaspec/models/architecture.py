@@ -63,8 +63,9 @@ def _config_source(name_or_path: str) -> Path:
     return source
 
 
-def random_weights(name_or_path: str, dtype: str = "bfloat16", seed: int = 0,
-                   build_device: str = "cpu") -> RandomWeights:
+def random_weights(
+    name_or_path: str, dtype: str = "bfloat16", seed: int = 0, build_device: str = "cpu"
+) -> RandomWeights:
     """Random weights (``seed``) with the architecture of ``name_or_path`` (a shipped config's name, or a
     folder holding config.json), in ``dtype``, built on ``build_device`` (a GPU builds a large model in
     seconds).
@@ -81,21 +82,34 @@ def random_weights(name_or_path: str, dtype: str = "bfloat16", seed: int = 0,
     return RandomWeights(name_or_path, type(model), config, dict(model.state_dict()))
 
 
-def load_random(weights: RandomWeights, quantization: str = "nf4", dtype: str = "bfloat16", device: str = "cpu",
-                quantize_lm_head: bool = False) -> torch.nn.Module:
+def load_random(
+    weights: RandomWeights,
+    quantization: str = "nf4",
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    quantize_lm_head: bool = False,
+) -> torch.nn.Module:
     """``weights`` loaded with ``loading.load``'s ``from_pretrained`` keywords (from the state dict, which is
     left unchanged) and named ``weights.name`` (so its identity, and a profile's key, are the trained
     model's); eval mode."""
     kwargs = model_kwargs(quantization, dtype, device, quantize_lm_head)
-    model = weights.model_class.from_pretrained(None, config=weights.config, state_dict=dict(weights.state_dict),
-                                                **kwargs)
+    model = weights.model_class.from_pretrained(
+        None, config=weights.config, state_dict=dict(weights.state_dict), **kwargs
+    )
     convert(model, quantization, quantize_lm_head)
     model.config._name_or_path = weights.name
     return model.eval()
 
 
-def load_architecture(name_or_path: str, quantization: str = "nf4", dtype: str = "bfloat16", device: str = "cpu",
-                      quantize_lm_head: bool = False, seed: int = 0, build_device: str = "cpu") -> torch.nn.Module:
+def load_architecture(
+    name_or_path: str,
+    quantization: str = "nf4",
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    quantize_lm_head: bool = False,
+    seed: int = 0,
+    build_device: str = "cpu",
+) -> torch.nn.Module:
     """A causal LM with the architecture of ``name_or_path`` (a shipped config's name, or a folder holding
     config.json) and random weights (``seed``), quantized and placed as ``loading.load`` would (same
     keywords); eval mode. For timing only: it generates noise.
@@ -106,8 +120,11 @@ def load_architecture(name_or_path: str, quantization: str = "nf4", dtype: str =
     """
     _config_source(name_or_path)  # unknown names and options fail before anything is built
     if quantization == "auto":
-        raise ValueError("quantization='auto' times the model's own weights; with random weights give a format: "
-                         + ", ".join(FORMATS))
+        raise ValueError(
+            "quantization='auto' times the model's own weights; with random weights give a format: "
+            + ", ".join(FORMATS)
+        )
     model_kwargs(quantization, dtype, device, quantize_lm_head)
-    return load_random(random_weights(name_or_path, dtype, seed, build_device), quantization, dtype, device,
-                       quantize_lm_head)
+    return load_random(
+        random_weights(name_or_path, dtype, seed, build_device), quantization, dtype, device, quantize_lm_head
+    )

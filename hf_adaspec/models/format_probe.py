@@ -53,9 +53,15 @@ class FormatMeasure:
         label = f"{self.format} + quantized head" if self.head else self.format
         if self.error is not None:
             return f"{label} skipped ({self.error})"
-        quality = ("the quality reference" if self.format == "none" else f"top-1 {self.top1:.3f}"
-                   if self.top1 is not None else "the GGUF file's own blocks, not scored" if self.exact
-                   else "over twice the best: quality not measured")
+        quality = (
+            "the quality reference"
+            if self.format == "none"
+            else f"top-1 {self.top1:.3f}"
+            if self.top1 is not None
+            else "the GGUF file's own blocks, not scored"
+            if self.exact
+            else "over twice the best: quality not measured"
+        )
         return f"{label} {self.ms_1:.{digits}f}/{self.ms_k:.{digits}f} ms {quality}"
 
 
@@ -79,7 +85,7 @@ def forward_ms(model: torch.nn.Module, fmt: str, n: int) -> float:
             ids = ids.to(model.device)
             _PREFILLED[model] = (ids, model(ids[:, :PROBE_CONTEXT], use_cache=True).past_key_values, set())
         ids, cache, warm = _PREFILLED[model]
-        step = ids[:, PROBE_CONTEXT:PROBE_CONTEXT + n]  # [1, n]
+        step = ids[:, PROBE_CONTEXT : PROBE_CONTEXT + n]  # [1, n]
         if n not in warm:
             model(step, past_key_values=cache)
             cache.crop(-n)
@@ -109,8 +115,9 @@ def time_format(model: torch.nn.Module, fmt: str, timer: Timer, best_ms: float |
     return statistics.median(one), statistics.median(wide), True
 
 
-def measure_format(fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs,
-                   best_ms: float | None) -> tuple[FormatMeasure, torch.nn.Module | None]:
+def measure_format(
+    fmt: str, load: Callable[[], torch.nn.Module], timer: Timer, refs, best_ms: float | None
+) -> tuple[FormatMeasure, torch.nn.Module | None]:
     """Load ``fmt`` with ``load`` and measure it against the dense greedy references ``refs`` (``time_format``,
     ``format_quality.agreement``; ``refs`` None: timed only; ``best_ms``: the best score so far), and that model;
     an exception while loading or running it becomes its ``error`` (and the model None)."""

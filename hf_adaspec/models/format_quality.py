@@ -16,29 +16,37 @@ from ..kernels.route import kernel_only
 
 QUALITY_PROMPTS = (
     "The history of the printing press begins",
-    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
+    'def merge_sorted(a, b):\n    """Merge two sorted lists into one sorted list."""\n',
     "Three tips for keeping a small vegetable garden healthy through a dry summer are",
 )
 
 
 def dense_reference(model: torch.nn.Module, tokenizer, new_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The dense model's greedy continuation of each of ``QUALITY_PROMPTS`` (``greedy_reference``)."""
-    return greedy_reference(model, [tokenizer(p, return_tensors="pt")["input_ids"][0] for p in QUALITY_PROMPTS],
-                            new_tokens)
+    return greedy_reference(
+        model, [tokenizer(p, return_tensors="pt")["input_ids"][0] for p in QUALITY_PROMPTS], new_tokens
+    )
 
 
-def greedy_reference(model: torch.nn.Module, prompts: list[torch.Tensor],
-                     new_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def greedy_reference(
+    model: torch.nn.Module, prompts: list[torch.Tensor], new_tokens: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``model``'s greedy continuation of each prompt (token ids [T_i]), generated as one left-padded batch:
     (prompt ids [T_i], new ids [new_tokens]) per prompt."""
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.long)  # [B, T]
     mask = torch.zeros_like(ids)
     for row, p in enumerate(prompts):
-        ids[row, width - len(p):], mask[row, width - len(p):] = p, 1
+        ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
     with torch.inference_mode():
-        out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # [B, T + new]
+        out = model.generate(
+            ids.to(model.device),
+            attention_mask=mask.to(model.device),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )  # [B, T + new]
     return [(p, out[row, width:].cpu()) for row, p in enumerate(prompts)]
 
 
@@ -50,7 +58,7 @@ def agreement(model: torch.nn.Module, refs: list[tuple[torch.Tensor, torch.Tenso
     with torch.inference_mode(), kernel_only(model):
         for prompt, new in refs:
             seq = torch.cat([prompt, new[:-1]])[None].to(model.device)  # [1, T + G - 1]
-            logits = model(seq).logits[0, len(prompt) - 1:]  # [G, V]: the prediction of each new token
+            logits = model(seq).logits[0, len(prompt) - 1 :]  # [G, V]: the prediction of each new token
             same = logits.argmax(-1).cpu() == new  # [G]
             hits.append(same.float())
             firsts.append(len(same) if bool(same.all()) else int(same.logical_not().nonzero()[0]))

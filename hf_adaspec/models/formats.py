@@ -85,8 +85,12 @@ class WeightFormat:
 def _bnb_nf4(dtype: torch.dtype, quantize_lm_head: bool):
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
-                              llm_int8_skip_modules=[] if quantize_lm_head else None)  # None: head stays dense
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=dtype,
+        llm_int8_skip_modules=[] if quantize_lm_head else None,
+    )  # None: head stays dense
 
 
 def _bnb_int8(dtype: torch.dtype, quantize_lm_head: bool):
@@ -126,7 +130,10 @@ def finish_q4(model: torch.nn.Module, directory: Path) -> None:
     for module in list(model.modules()):
         for names in FUSED:
             layers = [getattr(module, name, None) for name in names]
-            if all(isinstance(layer, q4.Q4Linear) for layer in layers) and len({layer.in_features for layer in layers}) == 1:
+            if (
+                all(isinstance(layer, q4.Q4Linear) for layer in layers)
+                and len({layer.in_features for layer in layers}) == 1
+            ):
                 for name, piece in zip(names, fused.fuse(layers, directory)):
                     setattr(module, name, piece)
     apply(model)
@@ -142,8 +149,11 @@ def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
     head = model.get_output_embeddings()
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
-            if (isinstance(child, torch.nn.Linear) and child.in_features % 32 == 0
-                    and (quantize_lm_head or child is not head)):
+            if (
+                isinstance(child, torch.nn.Linear)
+                and child.in_features % 32 == 0
+                and (quantize_lm_head or child is not head)
+            ):
                 setattr(module, child_name, q4.Q4Linear.dense(child, directory))
     finish_q4(model, directory)
 
@@ -170,25 +180,58 @@ def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
     return layer
 
 
-FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
-    WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
-    # int8: 2.5–7x the best format's step on both CPU paths measured (docs/experiments.md); loaded when asked for
-    WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8, probed=False),
-    WeightFormat("q4", "a GGUF file's own blocks (dense weights: Q4_K) x 8-bit activations, VNNI/AVX2 (our kernel)",
-                 _dense, _q4, devices=("cpu",), reads_gguf=True, quantize_head=q4_head),
-    WeightFormat("none", "dense", _dense, reads_gguf=True),
-)}
+FORMATS: dict[str, WeightFormat] = {
+    f.name: f
+    for f in (
+        WeightFormat("nf4", "bitsandbytes NF4", _bnb_nf4),
+        # int8: 2.5–7x the best format's step on both CPU paths measured (docs/experiments.md); loaded when asked for
+        WeightFormat("int8", "bitsandbytes LLM.int8()", _bnb_int8, probed=False),
+        WeightFormat(
+            "q4",
+            "a GGUF file's own blocks (dense weights: Q4_K) x 8-bit activations, VNNI/AVX2 (our kernel)",
+            _dense,
+            _q4,
+            devices=("cpu",),
+            reads_gguf=True,
+            quantize_head=q4_head,
+        ),
+        WeightFormat("none", "dense", _dense, reads_gguf=True),
+    )
+}
 # 4-bit for a GPU's 1 to k + 1 rows, where NF4 verifies at twice a step's cost (cuda_formats)
-FORMATS.update({f.name: f for f in (
-    WeightFormat("int4", "4-bit weights on torch's int4 kernel (tinygemm, groups of 128)", _dense,
-                 cuda_formats.convert_int4, devices=("cuda",), missing=cuda_formats.missing_int4),
-    WeightFormat("int4-torchao", "4-bit weights on torch's int4 kernel through torchao (groups of 128)", _dense,
-                 cuda_formats.convert_int4_torchao, devices=("cuda",), missing=cuda_formats.missing_int4_torchao,
-                 libraries=("torchao",)),
-    WeightFormat("gemlite", "4-bit HQQ weights on gemlite's Triton kernels through torchao (groups of 128)", _dense,
-                 cuda_formats.convert_gemlite, devices=("cuda",), missing=cuda_formats.missing_gemlite,
-                 libraries=("torchao", "gemlite")),
-)})
+FORMATS.update(
+    {
+        f.name: f
+        for f in (
+            WeightFormat(
+                "int4",
+                "4-bit weights on torch's int4 kernel (tinygemm, groups of 128)",
+                _dense,
+                cuda_formats.convert_int4,
+                devices=("cuda",),
+                missing=cuda_formats.missing_int4,
+            ),
+            WeightFormat(
+                "int4-torchao",
+                "4-bit weights on torch's int4 kernel through torchao (groups of 128)",
+                _dense,
+                cuda_formats.convert_int4_torchao,
+                devices=("cuda",),
+                missing=cuda_formats.missing_int4_torchao,
+                libraries=("torchao",),
+            ),
+            WeightFormat(
+                "gemlite",
+                "4-bit HQQ weights on gemlite's Triton kernels through torchao (groups of 128)",
+                _dense,
+                cuda_formats.convert_gemlite,
+                devices=("cuda",),
+                missing=cuda_formats.missing_gemlite,
+                libraries=("torchao", "gemlite"),
+            ),
+        )
+    }
+)
 QUANTIZATIONS = ("auto", *FORMATS)  # "auto": the fastest format on this machine within the quality tolerance
 PROBED = tuple(name for name, f in FORMATS.items() if f.probed)  # the formats "auto" tries
 
@@ -196,8 +239,10 @@ PROBED = tuple(name for name, f in FORMATS.items() if f.probed)  # the formats "
 def choices_text() -> str:
     """``QUANTIZATIONS`` for a help text, each format made for some devices only followed by them:
     "auto | nf4 | ... | q4 (cpu) | ..."."""
-    return " | ".join(q if q not in FORMATS or FORMATS[q].devices is None
-                      else f"{q} ({', '.join(FORMATS[q].devices)})" for q in QUANTIZATIONS)
+    return " | ".join(
+        q if q not in FORMATS or FORMATS[q].devices is None else f"{q} ({', '.join(FORMATS[q].devices)})"
+        for q in QUANTIZATIONS
+    )
 
 
 def probed_for(device: str) -> tuple[str, ...]:
@@ -241,8 +286,10 @@ def format_of(name: str, device: str) -> WeightFormat:
     fmt = FORMATS[name]
     kind = torch.device(device).type
     if fmt.devices is not None and kind not in fmt.devices:
-        raise ValueError(f"quantization={name!r} runs on {', '.join(fmt.devices)} only, not {kind}; "
-                         f"choose one of {tuple(n for n, f in FORMATS.items() if f.devices is None)}")
+        raise ValueError(
+            f"quantization={name!r} runs on {', '.join(fmt.devices)} only, not {kind}; "
+            f"choose one of {tuple(n for n, f in FORMATS.items() if f.devices is None)}"
+        )
     return fmt
 
 
@@ -267,8 +314,9 @@ def convert(model: torch.nn.Module, quantization: str, quantize_lm_head: bool) -
     return model
 
 
-def _from_gguf(source: Source, quantization: str, dtype: torch.dtype, device: str,
-               quantize_lm_head: bool) -> torch.nn.Module | None:
+def _from_gguf(
+    source: Source, quantization: str, dtype: torch.dtype, device: str, quantize_lm_head: bool
+) -> torch.nn.Module | None:
     """``gguf_weights.build`` for a format that ``reads_gguf``, on ``device``; None where it refuses the architecture,
     or for ``none`` where the kernel (its dequantizer) cannot be built. Raises KernelUnavailable for ``q4``."""
     from ..kernels.q4 import KernelUnavailable
@@ -286,8 +334,9 @@ def _from_gguf(source: Source, quantization: str, dtype: torch.dtype, device: st
     return model.to(device) if model is not None and torch.device(device).type != "cpu" else model
 
 
-def load_weights(source: str | Source, name: str, quantization: str, dtype: str, device: str,
-                 quantize_lm_head: bool) -> torch.nn.Module:
+def load_weights(
+    source: str | Source, name: str, quantization: str, dtype: str, device: str, quantize_lm_head: bool
+) -> torch.nn.Module:
     """The causal LM at ``source`` (a ``Source``, or a folder or HF id ``from_pretrained`` reads) in weight format
     ``quantization`` (not "auto"), named ``name`` (a cost profile's identity names the model as asked, not a
     cache path); eval mode. A format that ``reads_gguf`` builds a GGUF source from the file's blocks

@@ -32,8 +32,19 @@ from ..kernels.q4 import Q4Linear, dequantize_rows, from_gguf
 _PERMUTED = ("llama",)  # query/key rows interleaved per head by llama.cpp's converter
 _NORM_PLUS_ONE = ("gemma2", "gemma3")  # norm weights stored as w + 1
 # tensors merged, split or reshaped by transformers' GGUF loader: loaded through the dense path instead
-_REFUSED = ("qwen2moe", "qwen3moe", "gpt-oss", "bloom", "t5", "t5encoder", "gpt2", "mamba", "nemotron", "lfm2",
-            "minimax-m2")
+_REFUSED = (
+    "qwen2moe",
+    "qwen3moe",
+    "gpt-oss",
+    "bloom",
+    "t5",
+    "t5encoder",
+    "gpt2",
+    "mamba",
+    "nemotron",
+    "lfm2",
+    "minimax-m2",
+)
 _FLOAT = ("F32", "F16", "BF16")
 
 
@@ -56,10 +67,16 @@ def tensor_index(gguf_path: Path) -> dict:
 
     reader = gguf.GGUFReader(gguf_path)
     stat = Path(gguf_path).stat()
-    tensors = [[t.name, t.tensor_type.name, int(np.prod(t.shape[1:])), int(t.data_offset), int(t.n_bytes)]
-               for t in reader.tensors]
-    return {"architecture": str(reader.fields["general.architecture"].contents()), "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns, "tensors": tensors}
+    tensors = [
+        [t.name, t.tensor_type.name, int(np.prod(t.shape[1:])), int(t.data_offset), int(t.n_bytes)]
+        for t in reader.tensors
+    ]
+    return {
+        "architecture": str(reader.fields["general.architecture"].contents()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "tensors": tensors,
+    }
 
 
 def read_tensors(gguf_path: Path, config_dir: str) -> tuple[str, dict[str, Tensor]]:
@@ -71,8 +88,10 @@ def read_tensors(gguf_path: Path, config_dir: str) -> tuple[str, dict[str, Tenso
     if index is None or (index["size"], index["mtime_ns"]) != (stat.st_size, stat.st_mtime_ns):
         index = tensor_index(gguf_path)
     data = np.memmap(gguf_path, dtype=np.uint8, mode="r")
-    tensors = {name: Tensor(name, kind, data[offset:offset + size].reshape(rows, -1))
-               for name, kind, rows, offset, size in index["tensors"]}
+    tensors = {
+        name: Tensor(name, kind, data[offset : offset + size].reshape(rows, -1))
+        for name, kind, rows, offset, size in index["tensors"]
+    }
     return index["architecture"], tensors
 
 
@@ -131,8 +150,9 @@ def _hf_names(arch: str, state: dict[str, torch.Tensor], layers: int) -> dict[st
 _CHUNK_ROWS = 256  # rows of a GGUF tensor converted to the kernel's layout at a time on the way to dense values
 
 
-def _dense(tensor: Tensor, order: np.ndarray | None, shape: torch.Size, dtype: torch.dtype,
-           kernel_dir: Path) -> torch.Tensor:
+def _dense(
+    tensor: Tensor, order: np.ndarray | None, shape: torch.Size, dtype: torch.dtype, kernel_dir: Path
+) -> torch.Tensor:
     """A GGUF tensor's values in ``dtype`` and ``shape`` (rows in ``order``): exact types dequantized in C, others by
     ``gguf.quants`` (both as transformers' loader computes them)."""
     from gguf import GGMLQuantizationType, dequantize
@@ -141,15 +161,16 @@ def _dense(tensor: Tensor, order: np.ndarray | None, shape: torch.Size, dtype: t
     if tensor.type in GGUF_EXACT and len(shape) == 2 and shape[1] % 32 == 0:
         out = torch.empty(shape, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
         for lo in range(0, shape[0], _CHUNK_ROWS):  # converted a chunk at a time: no copy of the whole tensor
-            kind, rows = from_gguf(tensor.type, raw[lo:lo + _CHUNK_ROWS], shape[1], kernel_dir)
-            dequantize_rows(kind, rows, shape[1], dtype, kernel_dir, out=out[lo:lo + _CHUNK_ROWS])
+            kind, rows = from_gguf(tensor.type, raw[lo : lo + _CHUNK_ROWS], shape[1], kernel_dir)
+            dequantize_rows(kind, rows, shape[1], dtype, kernel_dir, out=out[lo : lo + _CHUNK_ROWS])
         return out.to(dtype)
     value = np.array(dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[tensor.type]))  # a copy: not the map
     return torch.from_numpy(value).reshape(shape).to(dtype)
 
 
-def _linear_rows(tensor: Tensor, order: np.ndarray | None, k: int, notes: Counter,
-                 kernel_dir: Path) -> tuple[str, torch.Tensor]:
+def _linear_rows(
+    tensor: Tensor, order: np.ndarray | None, k: int, notes: Counter, kernel_dir: Path
+) -> tuple[str, torch.Tensor]:
     """(kind, rows) of a linear layer's GGUF tensor: its own blocks where the type is exact, else dequantized and
     stored as q8_0 (float types: quantized to q4_k); ``notes`` counts what was not exact, by GGUF type."""
     from gguf import GGMLQuantizationType, dequantize
@@ -163,8 +184,9 @@ def _linear_rows(tensor: Tensor, order: np.ndarray | None, k: int, notes: Counte
     return ("q4_k", quantize_q4_k(dense)) if tensor.type in _FLOAT else ("q8_0", quantize_q8_0(dense))
 
 
-def build(gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head: bool, kernel_dir: Path,
-          kernel: bool = True) -> torch.nn.Module | None:
+def build(
+    gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head: bool, kernel_dir: Path, kernel: bool = True
+) -> torch.nn.Module | None:
     """The causal LM in ``gguf_path`` (config from ``config_dir``) with every linear layer (the output head only with
     ``quantize_lm_head``) a ``Q4Linear`` on the file's blocks, the rest in ``dtype``; eval mode. ``kernel`` False:
     every tensor dequantized into ``dtype`` (the dense model transformers' loader gives, without its copy on disk).
@@ -183,9 +205,11 @@ def build(gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head
     if not to_hf:
         return None
     head = skeleton.get_output_embeddings()
-    linears = {f"{name}.weight": name for name, m in skeleton.named_modules()
-               if kernel and isinstance(m, torch.nn.Linear) and m.in_features % 32 == 0
-               and (quantize_lm_head or m is not head)}
+    linears = {
+        f"{name}.weight": name
+        for name, m in skeleton.named_modules()
+        if kernel and isinstance(m, torch.nn.Linear) and m.in_features % 32 == 0 and (quantize_lm_head or m is not head)
+    }
     tied_head = quantize_lm_head and "output.weight" not in tensors and "lm_head.weight" in linears
     weights, parts, notes = {}, {}, Counter()
     for name, tensor in tensors.items():
@@ -217,6 +241,9 @@ def build(gguf_path: Path, config_dir: str, dtype: torch.dtype, quantize_lm_head
         model.generation_config = GenerationConfig.from_pretrained(config_dir)
     if notes:
         converted = ", ".join(f"{n} {t}" for t, n in sorted(notes.items()))
-        print(f"hf-adaspec: {gguf_path.name}: {converted} tensors have no exact layout in the q4 kernel: "
-              "dequantized and stored as 8-bit q8_0 (float tensors: 4-bit q4_k)", file=sys.stderr)
+        print(
+            f"hf-adaspec: {gguf_path.name}: {converted} tensors have no exact layout in the q4 kernel: "
+            "dequantized and stored as 8-bit q8_0 (float tensors: 4-bit q4_k)",
+            file=sys.stderr,
+        )
     return model.eval()

@@ -27,8 +27,13 @@ def _names(kind: str, families: tuple[tuple[str, str], ...]) -> frozenset[str]:
     return frozenset(f"transformers.models.{module}.modeling_{module}.{prefix}{kind}" for module, prefix in families)
 
 
-_LLAMA_LIKE = (("llama", "Llama"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"), ("mistral", "Mistral"),
-               ("smollm3", "SmolLM3"))
+_LLAMA_LIKE = (
+    ("llama", "Llama"),
+    ("qwen2", "Qwen2"),
+    ("qwen3", "Qwen3"),
+    ("mistral", "Mistral"),
+    ("smollm3", "SmolLM3"),
+)
 RMS_NORMS = _names("RMSNorm", _LLAMA_LIKE)  # forward: weight · (x.float() · rsqrt(mean(x²) + eps)).to(x.dtype)
 GATED_MLPS = _names("MLP", (*_LLAMA_LIKE, ("gemma", "Gemma"), ("gemma3", "Gemma3")))  # down(act(gate(x)) · up(x))
 

@@ -117,8 +117,10 @@ def _dense_ok(dest: Path, full: bool = False) -> bool:
         return False
     problem = check_dense(dest, full)
     if problem:
-        print(f"hf-adaspec: the dense model cache {dest} is not what was written ({problem}); rebuilding it",
-              file=sys.stderr)
+        print(
+            f"hf-adaspec: the dense model cache {dest} is not what was written ({problem}); rebuilding it",
+            file=sys.stderr,
+        )
     return problem is None
 
 
@@ -155,8 +157,10 @@ def _check_name(name: str) -> None:
         return
     reason = _hub_unreachable()
     if reason:
-        raise ValueError(f"{name!r} is not a preset ({presets}), a local path or a model in the Hugging Face "
-                         f"cache, and the hub cannot be reached ({reason}); use a preset or a local path")
+        raise ValueError(
+            f"{name!r} is not a preset ({presets}), a local path or a model in the Hugging Face "
+            f"cache, and the hub cannot be reached ({reason}); use a preset or a local path"
+        )
 
 
 def dense_dir(name_or_path: str, dtype: str) -> Path | None:
@@ -246,8 +250,9 @@ def load(
     had_dense = dense is not None and dense.exists()
     tokenizer = AutoTokenizer.from_pretrained(origin.dense() if had_dense else origin.meta())
     if quantization == "auto":
-        choice, model = format_choice.choose(origin, name_or_path, tokenizer, dtype, device, quantize_lm_head,
-                                             progress=_stderr)
+        choice, model = format_choice.choose(
+            origin, name_or_path, tokenizer, dtype, device, quantize_lm_head, progress=_stderr
+        )
         (log or _stderr)(choice.line(name_or_path))
         quantization, quantize_lm_head = choice.chosen, quantize_lm_head or choice.head
     else:
@@ -259,8 +264,9 @@ def load(
         model = load_weights(origin, name_or_path, quantization, dtype, device, quantize_lm_head)
     if dense is not None and not had_dense and FORMATS[quantization].reads_gguf and dense.exists():
         shutil.rmtree(dense, ignore_errors=True)  # made for the probe only: the chosen format reads the GGUF file
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, weight_format=quantization,
-                       quantized_head=quantize_lm_head)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, name=name_or_path, weight_format=quantization, quantized_head=quantize_lm_head
+    )
 
 
 def _stderr(line: str) -> None:

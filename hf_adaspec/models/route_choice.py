@@ -49,7 +49,16 @@ def threshold(layer: q4.Q4Linear, dtype: torch.dtype) -> int | None:
 def _key(layer: q4.Q4Linear, dtype: torch.dtype) -> dict:
     """What the crossover depends on: the machine and libraries, the kernel and its path, the dtype, the rows
     measured and the layer's shape and kinds."""
-    return {"processor": machine.processor_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "aten_cpu": torch.backends.cpu.get_cpu_capability(), "q4_kernel": q4.source_tag(),
-            "q4_path": q4.path(layer.directory), "dtype": str(dtype), "rows": list(route.ROWS),
-            "in": layer.in_features, "out": layer.out_features, "kinds": list(layer.kinds)}
+    return {
+        "processor": machine.processor_name(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+        "q4_kernel": q4.source_tag(),
+        "q4_path": q4.path(layer.directory),
+        "dtype": str(dtype),
+        "rows": list(route.ROWS),
+        "in": layer.in_features,
+        "out": layer.out_features,
+        "kinds": list(layer.kinds),
+    }

@@ -130,14 +130,14 @@ class TokenPieces:
         """Append one token id; return the text it adds (possibly "")."""
         self.ids.append(token)
         start = max(0, self.done - self.context)
-        before = self.tokenizer.decode(self.ids[start:self.done], skip_special_tokens=True)
+        before = self.tokenizer.decode(self.ids[start : self.done], skip_special_tokens=True)
         after = self.tokenizer.decode(self.ids[start:], skip_special_tokens=True)
         if after.endswith("\ufffd"):
             return ""
         if after.startswith(before):
-            piece = after[len(before):]
+            piece = after[len(before) :]
         else:  # decoding is not prefix-stable here: fall back to the new tokens alone
-            piece = self.tokenizer.decode(self.ids[self.done:], skip_special_tokens=True)
+            piece = self.tokenizer.decode(self.ids[self.done :], skip_special_tokens=True)
         self.done = len(self.ids)
         return piece
 
@@ -211,8 +211,9 @@ class _Began:
     at: float  # time.perf_counter() when generate began (after the lock)
 
 
-def _worker(model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock,
-            finished: threading.Event) -> None:
+def _worker(
+    model, inputs: dict, kwargs: dict, events: queue.Queue, lock: threading.Lock, finished: threading.Event
+) -> None:
     """Run generate under ``lock``: put the time it began, then its exception (if any), then _DONE, on the
     queue; set ``finished``."""
     try:
@@ -248,17 +249,26 @@ class LiveRun:
     at the next token. ``lock`` serialises runs on one model. Raises ValueError for a method the pair cannot run.
     """
 
-    def __init__(self, model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None,
-                 stop: threading.Event | None = None, lock: threading.Lock | None = None,
-                 extra_kwargs: dict | None = None,
-                 launch: Callable[[Callable[[], None]], None] = in_new_thread) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        inputs: dict,
+        settings: RunSettings,
+        draft_model=None,
+        stop: threading.Event | None = None,
+        lock: threading.Lock | None = None,
+        extra_kwargs: dict | None = None,
+        launch: Callable[[Callable[[], None]], None] = in_new_thread,
+    ) -> None:
         self.stop, lock = stop or threading.Event(), lock or threading.Lock()
         self.events: queue.Queue = queue.Queue()
         kwargs = generate_kwargs(settings, draft_model) | (extra_kwargs or {})
         kwargs["stopping_criteria"] = StoppingCriteriaList([_StopOnEvent(self.stop)])
         if "speculation" in kwargs:
             kwargs["speculation_callback"] = lambda record, tokens: self.events.put(
-                (record, tokens, time.perf_counter()))
+                (record, tokens, time.perf_counter())
+            )
         else:
             kwargs["streamer"] = _QueueStreamer(self.events)
         self.finished = threading.Event()
@@ -305,8 +315,15 @@ class LiveRun:
 
 
 def run_live(
-    model, tokenizer, inputs: dict, settings: RunSettings, draft_model=None, stop: threading.Event | None = None,
-    lock: threading.Lock | None = None, min_interval_s: float = 0.25, extra_kwargs: dict | None = None,
+    model,
+    tokenizer,
+    inputs: dict,
+    settings: RunSettings,
+    draft_model=None,
+    stop: threading.Event | None = None,
+    lock: threading.Lock | None = None,
+    min_interval_s: float = 0.25,
+    extra_kwargs: dict | None = None,
     launch: Callable[[Callable[[], None]], None] = in_new_thread,
 ) -> Iterator[LiveSnapshot]:
     """A ``LiveRun`` as an iterator: yield its snapshot at most every ``min_interval_s`` (s; only when

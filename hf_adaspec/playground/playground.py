@@ -57,9 +57,15 @@ class PairSpec:
 
 PAIRS = {
     "qwen": PairSpec("Qwen2.5-Coder-1.5B ← 0.5B draft", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"),
-    "smollm2": PairSpec("SmolLM2-135M fp32 ← its NF4 copy (small, fast to load)", "smollm2-135m", "smollm2-135m",
-                        quantization="none", dtype="float32", draft_quantization="nf4",
-                        quantize_draft_head=False),
+    "smollm2": PairSpec(
+        "SmolLM2-135M fp32 ← its NF4 copy (small, fast to load)",
+        "smollm2-135m",
+        "smollm2-135m",
+        quantization="none",
+        dtype="float32",
+        draft_quantization="nf4",
+        quantize_draft_head=False,
+    ),
 }
 
 
@@ -100,8 +106,12 @@ def load_pair(spec: PairSpec) -> LoadedPair:
     enable(target.model)
     draft = None
     if spec.draft is not None:
-        draft = load(spec.draft, quantization=spec.draft_quantization, dtype=spec.dtype,
-                     quantize_lm_head=spec.quantize_draft_head).model
+        draft = load(
+            spec.draft,
+            quantization=spec.draft_quantization,
+            dtype=spec.dtype,
+            quantize_lm_head=spec.quantize_draft_head,
+        ).model
     for model in (target.model, draft):
         if model is not None:
             model.generate(torch.tensor([[0, 1, 2, 3]]), max_new_tokens=2, do_sample=False)
@@ -117,9 +127,14 @@ class Playground:
     generate call (``live.LiveRun``'s ``launch``: a new thread by default; ``launch`` passes
     ``MainThreadRunner.submit``)."""
 
-    def __init__(self, default_pair: str = "qwen", max_prompt_tokens: int = 2048, preload: bool = True,
-                 poll_interval_s: float = 0.25,
-                 launch_run: Callable[[Callable[[], None]], None] = in_new_thread) -> None:
+    def __init__(
+        self,
+        default_pair: str = "qwen",
+        max_prompt_tokens: int = 2048,
+        preload: bool = True,
+        poll_interval_s: float = 0.25,
+        launch_run: Callable[[Callable[[], None]], None] = in_new_thread,
+    ) -> None:
         if default_pair not in PAIRS:
             raise ValueError(f"unknown pair {default_pair!r}; choose one of {sorted(PAIRS)}")
         if max_prompt_tokens < 1:
@@ -146,42 +161,77 @@ class Playground:
         """Chat-template ``prompt``; raises ValueError for an empty or over-long prompt."""
         if not prompt.strip():
             raise ValueError("The prompt is empty: type a prompt, then Generate.")
-        inputs = pair.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                    return_tensors="pt", return_dict=True)
+        inputs = pair.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         n = inputs["input_ids"].shape[1]
         if n > self.max_prompt_tokens:
-            raise ValueError(f"The prompt is {n} tokens; this playground accepts at most {self.max_prompt_tokens}. "
-                             "Shorten it, or start the playground with a larger --max-prompt-tokens.")
+            raise ValueError(
+                f"The prompt is {n} tokens; this playground accepts at most {self.max_prompt_tokens}. "
+                "Shorten it, or start the playground with a larger --max-prompt-tokens."
+            )
         return inputs
 
-    def start(self, control: RunControl, prompt, pair_name, method, k, max_new_tokens, do_sample, temperature,
-              top_p, tpot_slo_ms, compare) -> str:
+    def start(
+        self,
+        control: RunControl,
+        prompt,
+        pair_name,
+        method,
+        k,
+        max_new_tokens,
+        do_sample,
+        temperature,
+        top_p,
+        tpot_slo_ms,
+        compare,
+    ) -> str:
         """Gradio handler: stop the session's previous run, start this request's and return its feed id
         (the live view's value). Raises gr.Error for a request that cannot run (naming the fix)."""
         import gradio as gr
 
         try:
-            settings = RunSettings(method, int(k), int(max_new_tokens), bool(do_sample), float(temperature),
-                                   float(top_p), float(tpot_slo_ms) if tpot_slo_ms else None)
+            settings = RunSettings(
+                method,
+                int(k),
+                int(max_new_tokens),
+                bool(do_sample),
+                float(temperature),
+                float(top_p),
+                float(tpot_slo_ms) if tpot_slo_ms else None,
+            )
             pair = self.pair(pair_name)
             inputs = self.encode(pair, prompt)
             control.stop.set()
             stop = control.start()
-            main = LiveRun(pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock,
-                           launch=self.launch_run)
+            main = LiveRun(
+                pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock, launch=self.launch_run
+            )
         except ValueError as exc:
             raise gr.Error(str(exc)) from exc
         except Exception as exc:  # e.g. a pair that fails to load: shown in the page; the server keeps serving
             raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
-        key = (pair_name, tuple(inputs["input_ids"][0].tolist()), settings.max_new_tokens, settings.do_sample,
-               settings.temperature, settings.top_p)
-        plain = RunSettings("plain", max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
-                            temperature=settings.temperature, top_p=settings.top_p)
+        key = (
+            pair_name,
+            tuple(inputs["input_ids"][0].tolist()),
+            settings.max_new_tokens,
+            settings.do_sample,
+            settings.temperature,
+            settings.top_p,
+        )
+        plain = RunSettings(
+            "plain",
+            max_new_tokens=settings.max_new_tokens,
+            do_sample=settings.do_sample,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+        )
 
         def start_plain() -> LiveRun | LiveSnapshot:
             cached = self.plain_runs.get(key)
-            return cached or LiveRun(pair.model, pair.tokenizer, inputs, plain, stop=stop, lock=pair.lock,
-                                     launch=self.launch_run)
+            return cached or LiveRun(
+                pair.model, pair.tokenizer, inputs, plain, stop=stop, lock=pair.lock, launch=self.launch_run
+            )
 
         def keep_plain(snapshot: LiveSnapshot) -> None:
             self.plain_runs[key] = snapshot
@@ -203,7 +253,10 @@ class Playground:
         feed = self.feeds.get(str(cursor.get("run")))
         if feed is None:
             return {name: [] for name in CURSOR_FIELDS} | {
-                "done": True, "error": "unknown run", "stats": "This run is no longer kept: Generate again."}
+                "done": True,
+                "error": "unknown run",
+                "stats": "This run is no longer kept: Generate again.",
+            }
         return feed.poll(cursor)
 
     def build(self):
@@ -218,36 +271,65 @@ class Playground:
             gr.Markdown("## hf-adaspec playground — adaptive speculative decoding, decision by decision")
             with gr.Row():
                 with gr.Column(scale=3):
-                    prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt",
-                                        placeholder="Write a Python function that merges two sorted lists.")
+                    prompt = gr.Textbox(
+                        label="Prompt",
+                        lines=4,
+                        elem_id="prompt",
+                        placeholder="Write a Python function that merges two sorted lists.",
+                    )
                     with gr.Row():
                         generate = gr.Button("Generate", variant="primary", elem_id="generate")
                         stop = gr.Button("Stop", variant="stop", elem_id="stop")
                 with gr.Column(scale=2):
-                    pair = gr.Dropdown([(p.label, n) for n, p in PAIRS.items()], value=self.default_pair,
-                                       label="Model pair (target ← draft)", elem_id="pair")
+                    pair = gr.Dropdown(
+                        [(p.label, n) for n, p in PAIRS.items()],
+                        value=self.default_pair,
+                        label="Model pair (target ← draft)",
+                        elem_id="pair",
+                    )
                     method = gr.Radio(list(METHODS), value="adaptive", label="Method", elem_id="method")
                     k = gr.Slider(1, 8, value=4, step=1, label="k (fixed method)")
                     max_new = gr.Slider(1, 512, value=128, step=1, label="Max new tokens", elem_id="max-new-tokens")
-                    compare = gr.Checkbox(True, label="Compare with plain decoding of the same prompt", elem_id="compare")
+                    compare = gr.Checkbox(
+                        True, label="Compare with plain decoding of the same prompt", elem_id="compare"
+                    )
                     with gr.Accordion("Sampling and TPOT SLO", open=False):
                         do_sample = gr.Checkbox(False, label="Sample (lossless speculative sampling)")
                         temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")
                         top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p")
-                        slo = gr.Number(None, label="TPOT SLO (ms per token, optional; adaptive avoids choices predicted to break it)")
-            live = gr.HTML("", html_template=page.TEMPLATE, css_template=page.CSS,
-                           js_on_load=page.SCRIPT, server_functions=[poll], elem_id="live",
-                           colors=COLORS, drafter_colors=DRAFTER_COLORS, series_colors=SERIES_COLORS,
-                           decision_rows=DECISION_ROWS, interval_ms=round(1000 * self.poll_interval_s),
-                           chart_interval_ms=CHART_INTERVAL_MS)
+                        slo = gr.Number(
+                            None,
+                            label="TPOT SLO (ms per token, optional; adaptive avoids choices predicted to break it)",
+                        )
+            live = gr.HTML(
+                "",
+                html_template=page.TEMPLATE,
+                css_template=page.CSS,
+                js_on_load=page.SCRIPT,
+                server_functions=[poll],
+                elem_id="live",
+                colors=COLORS,
+                drafter_colors=DRAFTER_COLORS,
+                series_colors=SERIES_COLORS,
+                decision_rows=DECISION_ROWS,
+                interval_ms=round(1000 * self.poll_interval_s),
+                chart_interval_ms=CHART_INTERVAL_MS,
+            )
             inputs = [control, prompt, pair, method, k, max_new, do_sample, temperature, top_p, slo, compare]
             generate.click(self.start, inputs, live, show_progress="hidden")
             stop.click(lambda c: c.stop.set(), [control], None, show_progress="hidden")
         return demo
 
 
-def launch(pair: str = "qwen", host: str = "127.0.0.1", port: int = 7860, max_prompt_tokens: int = 2048,
-           concurrency: int = 1, max_queue: int = 16, poll_interval_s: float = 0.25) -> None:
+def launch(
+    pair: str = "qwen",
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    max_prompt_tokens: int = 2048,
+    concurrency: int = 1,
+    max_queue: int = 16,
+    poll_interval_s: float = 0.25,
+) -> None:
     """Load ``pair``, then serve the playground on ``host:port`` until interrupted (localhost by default);
     ``poll_interval_s`` as in ``Playground``. The page is served from Gradio's threads; every generate call runs
     on this (the main) thread (``live.MainThreadRunner``)."""
@@ -255,8 +337,7 @@ def launch(pair: str = "qwen", host: str = "127.0.0.1", port: int = 7860, max_pr
     playground = Playground(pair, max_prompt_tokens, poll_interval_s=poll_interval_s, launch_run=runner.submit)
     demo = playground.build()
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
-    demo.launch(server_name=host, server_port=port, show_error=True, ssr_mode=False,
-                prevent_thread_lock=True)
+    demo.launch(server_name=host, server_port=port, show_error=True, ssr_mode=False, prevent_thread_lock=True)
     try:
         runner.serve()
     except KeyboardInterrupt:

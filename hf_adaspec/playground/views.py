@@ -22,10 +22,15 @@ from .live import (
     slo_attainment,
 )
 
-COLORS = dict(zip(SOURCE_LABELS.values(), ("#22c55e", "#06b6d4", "#f59e0b", "#ef4444", "#a855f7", "#9ca3af"),
-                  strict=True))
-DRAFTER_COLORS = {"plain": COLORS["target, plain step"], "draft_model": COLORS["draft token, accepted"],
-                  "prompt_lookup": COLORS["n-gram token, accepted"], "suffix": COLORS["suffix token, accepted"]}
+COLORS = dict(
+    zip(SOURCE_LABELS.values(), ("#22c55e", "#06b6d4", "#f59e0b", "#ef4444", "#a855f7", "#9ca3af"), strict=True)
+)
+DRAFTER_COLORS = {
+    "plain": COLORS["target, plain step"],
+    "draft_model": COLORS["draft token, accepted"],
+    "prompt_lookup": COLORS["n-gram token, accepted"],
+    "suffix": COLORS["suffix token, accepted"],
+}
 SERIES_COLORS = {"predicted": "#3b82f6", "realized": "#f97316", "plain decoding": COLORS["target, plain step"]}
 STEP_FIELDS = ("drafter", "k", "accepted", "alpha", "predicted_goodput", "predicted_ms", "realized_ms")
 CURSOR_FIELDS = ("pieces", "steps", "plain_pieces", "plain_ms")
@@ -35,8 +40,15 @@ def step_row(step: StepRecord) -> list:
     """One step as the page gets it, in ``STEP_FIELDS`` order: drafter, k, accepted, α estimate, predicted
     goodput (tokens/s), predicted ms (None when not predicted), realized ms (draft_ms + verify_ms)."""
     predicted = round(step.predicted_ms, 1) if step.predicted_ms > 0 else None  # NaN and 0: not predicted
-    return [step.drafter, step.k, step.accepted, round(step.alpha, 3), round(step.predicted_goodput, 1), predicted,
-            round(step.draft_ms + step.verify_ms, 1)]
+    return [
+        step.drafter,
+        step.k,
+        step.accepted,
+        round(step.alpha, 3),
+        round(step.predicted_goodput, 1),
+        predicted,
+        round(step.draft_ms + step.verify_ms, 1),
+    ]
 
 
 def stats_line(snapshot: LiveSnapshot, settings: RunSettings, plain_tps: float | None, note: str = "") -> str:
@@ -47,8 +59,10 @@ def stats_line(snapshot: LiveSnapshot, settings: RunSettings, plain_tps: float |
     if settings.method != "plain":
         acceptance = "n/a" if s.acceptance_rate != s.acceptance_rate else f"{s.acceptance_rate:.2f}"
         ratio = median_time_ratio(s.steps)
-        parts.append(f"acceptance {acceptance}, mean accepted length {s.mean_accepted_length:.2f}, "
-                     f"plain steps {100 * s.plain_share:.0f}%")
+        parts.append(
+            f"acceptance {acceptance}, mean accepted length {s.mean_accepted_length:.2f}, "
+            f"plain steps {100 * s.plain_share:.0f}%"
+        )
         parts.append(f"step time realized/predicted {'n/a' if math.isnan(ratio) else f'{ratio:.2f}'} (median)")
         if settings.tpot_slo_ms is not None:
             met = slo_attainment(s.steps, settings.tpot_slo_ms)
@@ -77,9 +91,13 @@ class RunFeed:
     once ``main`` is done (not when stopped or failed) and returns a ``LiveRun``, or a finished
     ``LiveSnapshot`` it cached. ``on_plain_done`` gets the finished plain snapshot (to cache it)."""
 
-    def __init__(self, main: LiveRun, settings: RunSettings,
-                 start_plain: Callable[[], LiveRun | LiveSnapshot] | None = None,
-                 on_plain_done: Callable[[LiveSnapshot], None] | None = None) -> None:
+    def __init__(
+        self,
+        main: LiveRun,
+        settings: RunSettings,
+        start_plain: Callable[[], LiveRun | LiveSnapshot] | None = None,
+        on_plain_done: Callable[[LiveSnapshot], None] | None = None,
+    ) -> None:
         self.main, self.settings, self.start_plain, self.on_plain_done = main, settings, start_plain, on_plain_done
         self.plain: LiveRun | LiveSnapshot | None = None
         self.error: str | None = None
@@ -93,16 +111,18 @@ class RunFeed:
         began = time.perf_counter()
         at = {name: int(cursor.get(name) or 0) for name in CURSOR_FIELDS}
         main, plain = self._advance()
-        done = self.error is not None or (main.done and (self.start_plain is None or self.main.stop.is_set()
-                                                         or (plain is not None and plain.done)))
+        done = self.error is not None or (
+            main.done and (self.start_plain is None or self.main.stop.is_set() or (plain is not None and plain.done))
+        )
         finished = plain is not None and plain.done and not self.main.stop.is_set()
         plain_tps = plain.stats.tokens_per_s if finished else None
         answer = {
-            "pieces": main.pieces[at["pieces"]:],
-            "steps": [step_row(s) for s in main.stats.steps[at["steps"]:]],
-            "plain_pieces": plain.pieces[at["plain_pieces"]:] if plain is not None else [],
-            "plain_ms": [round(ms, 1) for ms in self._plain_ms(main, plain)[at["plain_ms"]:]],
-            "done": done, "error": self.error,
+            "pieces": main.pieces[at["pieces"] :],
+            "steps": [step_row(s) for s in main.stats.steps[at["steps"] :]],
+            "plain_pieces": plain.pieces[at["plain_pieces"] :] if plain is not None else [],
+            "plain_ms": [round(ms, 1) for ms in self._plain_ms(main, plain)[at["plain_ms"] :]],
+            "done": done,
+            "error": self.error,
         }
         self.ui.updates += 1
         self.ui.serve_s += time.perf_counter() - began
@@ -141,5 +161,7 @@ class RunFeed:
             return "generating…"
         if plain is None or not plain.stats.new_tokens:
             return "running plain decoding of the same prompt for the speedup…"
-        return (f"plain decoding of the same prompt, for the speedup: {plain.stats.new_tokens} tokens, "
-                f"{plain.stats.tokens_per_s:.1f} tokens/s…")
+        return (
+            f"plain decoding of the same prompt, for the speedup: {plain.stats.new_tokens} tokens, "
+            f"{plain.stats.tokens_per_s:.1f} tokens/s…"
+        )

@@ -83,13 +83,13 @@ class IIDAcceptance:
 
     def path(self, i: int, upper: int) -> tuple[float, ...]:
         alpha = self.rows[i].alpha
-        return tuple(alpha ** j for j in range(1, upper + 1))
+        return tuple(alpha**j for j in range(1, upper + 1))
 
     def floor(self, i: int, upper: int) -> tuple[float, ...]:
         """Lower confidence bounds of row i's (P_1..P_upper): α less ``PESSIMISM`` standard errors, to the j."""
         row = self.rows[i]
         low = shifted_rate(row.alpha, row.prior.strength + row.trials, -PESSIMISM)
-        return tuple(low ** j for j in range(1, upper + 1))
+        return tuple(low**j for j in range(1, upper + 1))
 
     def alpha(self, i: int) -> float:
         return self.rows[i].alpha
@@ -117,12 +117,12 @@ class ConfidenceAcceptance:
 
     def path(self, i: int, upper: int) -> tuple[float, ...]:
         c = self.c_bar[i].value
-        return tuple(self.calibrator.predict(c ** j) for j in range(1, upper + 1))
+        return tuple(self.calibrator.predict(c**j) for j in range(1, upper + 1))
 
     def floor(self, i: int, upper: int) -> tuple[float, ...]:
         """Lower confidence bounds of row i's (P_1..P_upper) before drafting, along ĉ_j = c̄^j."""
         c = self.c_bar[i].value
-        return tuple(self.calibrator.predict_lower(c ** j) for j in range(1, upper + 1))
+        return tuple(self.calibrator.predict_lower(c**j) for j in range(1, upper + 1))
 
     def alpha(self, i: int) -> float:
         return self.calibrator.predict(self.c_bar[i].value)

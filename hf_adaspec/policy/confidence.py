@@ -79,11 +79,14 @@ class ConfidenceCalibrator:
     requests (``CalibratorMemory``).
     """
 
-    def __init__(self, n_bins: int = 10, prior_strength: float = 2.0, token_mean: float = 0.7,
-                 optimism: float = 1.0) -> None:
+    def __init__(
+        self, n_bins: int = 10, prior_strength: float = 2.0, token_mean: float = 0.7, optimism: float = 1.0
+    ) -> None:
         if n_bins < 1 or prior_strength <= 0 or not 0.0 <= token_mean <= 1.0 or optimism < 0:
-            raise ValueError(f"need n_bins >= 1, prior_strength > 0, token_mean in [0, 1], optimism >= 0; "
-                             f"got {n_bins}, {prior_strength}, {token_mean}, {optimism}")
+            raise ValueError(
+                f"need n_bins >= 1, prior_strength > 0, token_mean in [0, 1], optimism >= 0; "
+                f"got {n_bins}, {prior_strength}, {token_mean}, {optimism}"
+            )
         self.centres = tuple((b + 0.5) / n_bins for b in range(n_bins))
         self.prior_strength = prior_strength
         self.trials = [prior_strength] * n_bins
@@ -98,8 +101,9 @@ class ConfidenceCalibrator:
         self._fitted = isotonic(upper, self.trials)  # weighted: a rarely seen bin cannot lift a well-seen one
         seen = [max(0.0, n - self.prior_strength) for n in self.trials]  # observed trials, without the prior's
         hits = [max(0.0, s - self.prior_strength * c) for s, c in zip(self.successes, self.centres)]
-        self._floor = isotonic([shifted_rate(h / n, n, -PESSIMISM) if n else 0.0 for h, n in zip(hits, seen)],
-                               [n + 1e-3 for n in seen])  # a floor rests on observations alone
+        self._floor = isotonic(
+            [shifted_rate(h / n, n, -PESSIMISM) if n else 0.0 for h, n in zip(hits, seen)], [n + 1e-3 for n in seen]
+        )  # a floor rests on observations alone
 
     def _bin(self, c: float) -> int:
         return min(int(c * len(self.centres)), len(self.centres) - 1)

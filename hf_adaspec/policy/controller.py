@@ -81,8 +81,9 @@ class StepOutcome:
     decision_ms: float = math.nan
 
 
-def step_ms(costs: CostTable, paid: Sequence[bool], catchup: Sequence[int], outcome: StepOutcome
-            ) -> tuple[float, float]:
+def step_ms(
+    costs: CostTable, paid: Sequence[bool], catchup: Sequence[int], outcome: StepOutcome
+) -> tuple[float, float]:
     """Predicted (draft, verification) time in ms of the step ``outcome`` ran, at its realized widths: per
     paid drafter used, its widest row's k_i draft tokens and its ``catchup[d]`` ingested columns; the target's
     forward over max_i k_i + 1 new tokens per row (SmartSpec, arXiv 2406.14066, §4.2: k·t_draft + t_verify(k+1))."""
@@ -179,8 +180,10 @@ class ConfidenceStop:
         model = self.model
         probs = [model.drafted(c) for c in confidences]
         nxt = [model.next_prob(i, c) if g else 0.0 for i, (c, g) in enumerate(zip(confidences, growing))]
-        return not (draft_next_column(probs, nxt, self.costs.draft_ms, self.costs.t_verify)
-                    and self._column_admitted(confidences, growing))
+        return not (
+            draft_next_column(probs, nxt, self.costs.draft_ms, self.costs.t_verify)
+            and self._column_admitted(confidences, growing)
+        )
 
     def _column_admitted(self, confidences: Sequence[tuple[float, ...]], growing: Sequence[bool]) -> bool:
         """Whether the ledger admits the step with one more drafted column: (j + 1) draft tokens, the
@@ -190,8 +193,10 @@ class ConfidenceStop:
             return True
         model, costs = self.model, self.costs
         j = max(len(c) for c in confidences)
-        floors = [1.0 + sum(model.drafted(c, lower=True)) + (model.next_prob(i, c, lower=True) if g else 0.0)
-                  for i, (c, g) in enumerate(zip(confidences, growing))]
+        floors = [
+            1.0 + sum(model.drafted(c, lower=True)) + (model.next_prob(i, c, lower=True) if g else 0.0)
+            for i, (c, g) in enumerate(zip(confidences, growing))
+        ]
         return self.ledger.admits((j + 1) * costs.draft_ms + self.setup_ms + costs.t_verify(j + 2), min(floors))
 
 
@@ -214,9 +219,15 @@ class AdaptiveController:
     ``ledger``: the request's slowdown ledger (None: no bound).
     """
 
-    def __init__(self, costs_for: Callable[[int], CostTable], acceptance: Sequence[AcceptanceModel],
-                 paid: Sequence[bool], min_gain: float = MIN_GAIN, tpot_slo_ms: float | None = None,
-                 ledger: Ledger | None = None) -> None:
+    def __init__(
+        self,
+        costs_for: Callable[[int], CostTable],
+        acceptance: Sequence[AcceptanceModel],
+        paid: Sequence[bool],
+        min_gain: float = MIN_GAIN,
+        tpot_slo_ms: float | None = None,
+        ledger: Ledger | None = None,
+    ) -> None:
         self.costs_for, self.acceptance, self.paid = costs_for, list(acceptance), list(paid)
         self.min_gain, self.tpot_slo_ms, self.ledger = min_gain, tpot_slo_ms, ledger
         self.rest = RestSchedule()
@@ -235,22 +246,47 @@ class AdaptiveController:
         costs = self.costs_for(view.batch)
         pricing, ledger = Pricing(costs, tuple(self.paid), view.catchup), self.ledger
         if ledger is not None and ledger.slack_ms < -SLACK_TOLERANCE_MS:  # overspent: plain until earned back
-            return Decision((0,) * view.batch, (0,) * view.batch, (math.nan,) * view.batch,
-                            1000.0 * view.batch / costs.t_verify(1), pricing)
+            return Decision(
+                (0,) * view.batch,
+                (0,) * view.batch,
+                (math.nan,) * view.batch,
+                1000.0 * view.batch / costs.t_verify(1),
+                pricing,
+            )
         for d, evidence in enumerate(view.evidence):
             self.acceptance[d].see(evidence)
-        paths = [DrafterPaths(tuple(m.path(i, u) for i, u in enumerate(view.bounds[d])),
-                              costs.draft_ms if self.paid[d] else 0.0,
-                              view.catchup[d] * costs.draft_catchup_ms if self.paid[d] else 0.0,
-                              tuple(m.floor(i, u) for i, u in enumerate(view.bounds[d])) if ledger is not None else ())
-                 for d, m in enumerate(self.acceptance)]
-        plan = best_plan(paths, costs.t_verify, view.horizon, self.min_gain, self.tpot_slo_ms,
-                         ledger.admits if ledger is not None else None)
-        ks = tuple(0 if not plan.k else view.bounds[d][i] if self.acceptance[d].confidence_stopped
-                   else min(plan.k, view.bounds[d][i]) for i, d in enumerate(plan.drafters))
+        paths = [
+            DrafterPaths(
+                tuple(m.path(i, u) for i, u in enumerate(view.bounds[d])),
+                costs.draft_ms if self.paid[d] else 0.0,
+                view.catchup[d] * costs.draft_catchup_ms if self.paid[d] else 0.0,
+                tuple(m.floor(i, u) for i, u in enumerate(view.bounds[d])) if ledger is not None else (),
+            )
+            for d, m in enumerate(self.acceptance)
+        ]
+        plan = best_plan(
+            paths,
+            costs.t_verify,
+            view.horizon,
+            self.min_gain,
+            self.tpot_slo_ms,
+            ledger.admits if ledger is not None else None,
+        )
+        ks = tuple(
+            0
+            if not plan.k
+            else view.bounds[d][i]
+            if self.acceptance[d].confidence_stopped
+            else min(plan.k, view.bounds[d][i])
+            for i, d in enumerate(plan.drafters)
+        )
         alphas = tuple(self.acceptance[d].alpha(i) for i, d in enumerate(plan.drafters))
-        stops = tuple(ConfidenceStop(m, costs, view.catchup[d] * costs.draft_catchup_ms, ledger)
-                      if isinstance(m, ConfidenceAcceptance) else None for d, m in enumerate(self.acceptance))
+        stops = tuple(
+            ConfidenceStop(m, costs, view.catchup[d] * costs.draft_catchup_ms, ledger)
+            if isinstance(m, ConfidenceAcceptance)
+            else None
+            for d, m in enumerate(self.acceptance)
+        )
         return Decision(ks, plan.drafters, alphas, plan.goodput, pricing, stops)
 
     def observe(self, decision: Decision, outcome: StepOutcome) -> None:
@@ -259,14 +295,16 @@ class AdaptiveController:
         First the rest schedule hears whether the step was plain and what deciding it cost, against the
         decision's t_1; a rest it begins is priced by the decision's ``pricing``."""
         pricing = self._rest_pricing = decision.pricing
-        self.rest.decided(not any(outcome.ks), outcome.decision_ms,
-                          pricing.costs.t_verify(1) if pricing is not None else math.nan)
+        self.rest.decided(
+            not any(outcome.ks), outcome.decision_ms, pricing.costs.t_verify(1) if pricing is not None else math.nan
+        )
         seen = outcome.hindsight or (None,) * len(self.acceptance)
         for d, rows in enumerate(seen):
             for i, (compared, accepted) in enumerate(rows or ()):
                 self.acceptance[d].observe(i, compared, accepted, ())
-        for i, (d, k, n, conf) in enumerate(zip(outcome.drafters, outcome.ks, outcome.accepted,
-                                                outcome.confidences, strict=True)):
+        for i, (d, k, n, conf) in enumerate(
+            zip(outcome.drafters, outcome.ks, outcome.accepted, outcome.confidences, strict=True)
+        ):
             if k and seen[d] is None:
                 self.acceptance[d].observe(i, k, n, conf)
             elif not k and not outcome.hindsight:
@@ -295,8 +333,14 @@ class FixedController:
     (``costs_for(b)``: the ``CostTable`` at b rows, None: NaN and no pricing; ``paid``: whether the first
     drafter costs a draft forward). It never rests."""
 
-    def __init__(self, k: int, p_min: float | None = None, costs_for: Callable[[int], CostTable] | None = None,
-                 paid: bool = True, batch: int = 1) -> None:
+    def __init__(
+        self,
+        k: int,
+        p_min: float | None = None,
+        costs_for: Callable[[int], CostTable] | None = None,
+        paid: bool = True,
+        batch: int = 1,
+    ) -> None:
         """Raises ValueError for a k that is not an integer >= 0, or a batch that is not an integer >= 1 (a bool
         or a float is refused)."""
         _check_integer("num_speculative_tokens", k)

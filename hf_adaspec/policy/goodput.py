@@ -105,6 +105,7 @@ def select(plain: Plan, others: Sequence[Plan], min_gain: float = 0.0, tpot_slo_
     unless ``plain`` itself breaks the SLO. With no plan meeting ``tpot_slo_ms`` (ms/token), the one with
     the lowest TPOT (best effort; AdaSpec, arXiv 2503.05096).
     """
+
     def meets(c: Plan) -> bool:
         return tpot_slo_ms is None or c.tpot_ms <= tpot_slo_ms
 
@@ -123,8 +124,9 @@ def _expected(path: Sequence[float]) -> tuple[float, ...]:
     return tuple(1.0 + sum(path[:j]) for j in range(len(path) + 1))
 
 
-def _row_picks(expected: Sequence[Sequence[tuple[float, ...]]], enabled: Sequence[int], k: int
-               ) -> tuple[float, tuple[int, ...]]:
+def _row_picks(
+    expected: Sequence[Sequence[tuple[float, ...]]], enabled: Sequence[int], k: int
+) -> tuple[float, tuple[int, ...]]:
     """Σ_i max over enabled drafters d of E_i = 1 + Σ_{j ≤ min(k, u_di)} P_dij, and each row's best d
     (``expected[d][i]``: row i's ``_expected`` under drafter d)."""
     total, picks = 0.0, []
@@ -143,8 +145,14 @@ def floor_tokens(drafters: Sequence[DrafterPaths], picks: Sequence[int], k: int)
 Admits = Callable[[float, float], bool]  # (step ms, pessimistic tokens) → whether the slowdown ledger allows it
 
 
-def best_plan(drafters: Sequence[DrafterPaths], t_verify_ms: TVerify, horizon: int = 1, min_gain: float = 0.0,
-              tpot_slo_ms: float | None = None, admits: Admits | None = None) -> Plan:
+def best_plan(
+    drafters: Sequence[DrafterPaths],
+    t_verify_ms: TVerify,
+    horizon: int = 1,
+    min_gain: float = 0.0,
+    tpot_slo_ms: float | None = None,
+    admits: Admits | None = None,
+) -> Plan:
     """The batch-wide k and per-row drafters of highest predicted goodput over ``drafters[d]``, each drafter's
     priced paths; k = 0 is a plain step.
 
@@ -187,8 +195,9 @@ def best_plan(drafters: Sequence[DrafterPaths], t_verify_ms: TVerify, horizon: i
     return select(plain, others, min_gain, tpot_slo_ms)
 
 
-def draft_next_column(prefix_probs: Sequence[Sequence[float]], next_probs: Sequence[float], draft_ms: float,
-                      t_verify_ms: TVerify) -> bool:
+def draft_next_column(
+    prefix_probs: Sequence[Sequence[float]], next_probs: Sequence[float], draft_ms: float, t_verify_ms: TVerify
+) -> bool:
     """Whether to draft column j + 1 (j = the widest row's drafted tokens): yes iff the predicted goodput
     with it — each row i gaining ``next_probs[i]`` (0 for rows that draft no further), at ``draft_ms``
     for one more draft forward and one more verified position — beats goodput at width j (ties stop).

@@ -27,8 +27,8 @@ actions relative to each other).
 
 from __future__ import annotations
 
-import math
 import bisect
+import math
 from collections import deque
 
 from ..config import check_slowdown
@@ -41,8 +41,9 @@ def admissible(slack_ms: float, credit_ms: float, cost_ms: float, floor_tokens: 
     """S ≥ 0 and S + credit·n_lo − c ≥ 0: whether an action predicted to take ``cost_ms`` and to emit at least
     ``floor_tokens`` plain steps' worth keeps the ledger's slack ``slack_ms`` non-negative, each such step
     credited ``credit_ms`` = (1 + ε)·t_1 (all ms; the module docstring)."""
-    return math.isinf(slack_ms) or (slack_ms >= -SLACK_TOLERANCE_MS
-                                    and slack_ms + credit_ms * floor_tokens - cost_ms >= -SLACK_TOLERANCE_MS)
+    return math.isinf(slack_ms) or (
+        slack_ms >= -SLACK_TOLERANCE_MS and slack_ms + credit_ms * floor_tokens - cost_ms >= -SLACK_TOLERANCE_MS
+    )
 
 
 class Ledger:

@@ -52,12 +52,19 @@ class MatchTable:
     def _refit(self) -> None:
         """Posterior means per bucket, made non-decreasing weighted by observed trials only: a bucket never
         seen takes its neighbours' rate where its prior would break the order, and cannot drag them."""
-        rates = [(self.start * self.strength + s) / (self.strength + t) for s, t in zip(self.successes, self.trials,
-                                                                                        strict=True)]
+        rates = [
+            (self.start * self.strength + s) / (self.strength + t)
+            for s, t in zip(self.successes, self.trials, strict=True)
+        ]
         weights = [t + 1e-3 for t in self.trials]
         self.rates = isotonic(rates, weights)
-        self.floors = isotonic([shifted_rate(s / t, t, -PESSIMISM) if t else 0.0  # observations alone
-                                for s, t in zip(self.successes, self.trials, strict=True)], weights)
+        self.floors = isotonic(
+            [
+                shifted_rate(s / t, t, -PESSIMISM) if t else 0.0  # observations alone
+                for s, t in zip(self.successes, self.trials, strict=True)
+            ],
+            weights,
+        )
 
     def alpha(self, m: int) -> float:
         """Per-token acceptance at match length m."""

@@ -103,16 +103,30 @@ def _draft_model(ctx: DrafterContext) -> Drafter:
     if ctx.draft_cache is None:
         raise ValueError("the draft model drafter needs a draft model (assistant_model=...)")
     narrower = ctx.vocab_size and hf_compat.vocab_size(ctx.assistant) < ctx.vocab_size
-    return DraftModelProposer(ctx.draft_cache, ctx.logits_processor, ctx.do_sample, ctx.pad_token_id,
-                              ctx.eos_token_ids, ctx.generator,
-                              (hf_compat.vocab_size(ctx.assistant), ctx.vocab_size) if narrower else None)
+    return DraftModelProposer(
+        ctx.draft_cache,
+        ctx.logits_processor,
+        ctx.do_sample,
+        ctx.pad_token_id,
+        ctx.eos_token_ids,
+        ctx.generator,
+        (hf_compat.vocab_size(ctx.assistant), ctx.vocab_size) if narrower else None,
+    )
 
 
 def _draft_head(ctx: DrafterContext) -> Drafter:
     if not isinstance(ctx.assistant, Eagle3Head) or ctx.head_cache is None:
         raise ValueError("the draft head drafter needs a head (assistant_model=hf_adaspec.load_head(path, target))")
-    return DraftHeadProposer(ctx.assistant, ctx.batch, ctx.head_cache, ctx.logits_processor, ctx.do_sample,
-                             ctx.pad_token_id, ctx.eos_token_ids, ctx.generator)
+    return DraftHeadProposer(
+        ctx.assistant,
+        ctx.batch,
+        ctx.head_cache,
+        ctx.logits_processor,
+        ctx.do_sample,
+        ctx.pad_token_id,
+        ctx.eos_token_ids,
+        ctx.generator,
+    )
 
 
 def _head_features(assistant: object | None) -> tuple[int, ...]:
@@ -128,12 +142,15 @@ def _by_match_length(batch: int, learned: Learned, key: str) -> AcceptanceModel:
 
 
 DRAFT_MODEL = DrafterSpec("draft_model", True, _draft_model, _by_confidence, uses_draft_cache=True)
-DRAFT_HEAD = DrafterSpec("draft_head", True, _draft_head, _by_confidence, uses_head_cache=True,
-                         target_features=_head_features)
-PROMPT_LOOKUP = DrafterSpec("prompt_lookup", False,
-                            lambda ctx: PromptLookupProposer(ctx.config.prompt_lookup_max_ngram), _by_match_length)
-SUFFIX = DrafterSpec("suffix", False, lambda ctx: SuffixProposer(ctx.suffixes), _by_match_length,
-                     remembers_responses=True)
+DRAFT_HEAD = DrafterSpec(
+    "draft_head", True, _draft_head, _by_confidence, uses_head_cache=True, target_features=_head_features
+)
+PROMPT_LOOKUP = DrafterSpec(
+    "prompt_lookup", False, lambda ctx: PromptLookupProposer(ctx.config.prompt_lookup_max_ngram), _by_match_length
+)
+SUFFIX = DrafterSpec(
+    "suffix", False, lambda ctx: SuffixProposer(ctx.suffixes), _by_match_length, remembers_responses=True
+)
 
 
 @dataclass(frozen=True)
@@ -152,13 +169,23 @@ class PolicyInputs:
 def _adaptive(inputs: PolicyInputs) -> Controller:
     acceptance = [spec.acceptance(inputs.batch, inputs.learned, key) for spec, key in inputs.drafters]
     ledger = Ledger(inputs.config.max_slowdown, inputs.costs_for(inputs.batch).t_verify(1))
-    return AdaptiveController(inputs.costs_for, acceptance, [spec.paid for spec, _ in inputs.drafters],
-                              tpot_slo_ms=inputs.config.tpot_slo_ms, ledger=ledger)
+    return AdaptiveController(
+        inputs.costs_for,
+        acceptance,
+        [spec.paid for spec, _ in inputs.drafters],
+        tpot_slo_ms=inputs.config.tpot_slo_ms,
+        ledger=ledger,
+    )
 
 
 def _fixed(inputs: PolicyInputs) -> Controller:
-    return FixedController(inputs.config.k_max, inputs.config.draft_p_min, inputs.costs_for,
-                           paid=inputs.drafters[0][0].paid, batch=inputs.batch)
+    return FixedController(
+        inputs.config.k_max,
+        inputs.config.draft_p_min,
+        inputs.costs_for,
+        paid=inputs.drafters[0][0].paid,
+        batch=inputs.batch,
+    )
 
 
 def assistant_identity(assistant: object | None) -> str:
@@ -197,8 +224,8 @@ class SpeculationMode:
 
 
 MODES: dict[str, SpeculationMode] = {
-    ADAPTIVE: SpeculationMode((DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX), (DRAFT_HEAD, PROMPT_LOOKUP, SUFFIX),
-                              (PROMPT_LOOKUP, SUFFIX), _adaptive),
+    ADAPTIVE: SpeculationMode(
+        (DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX), (DRAFT_HEAD, PROMPT_LOOKUP, SUFFIX), (PROMPT_LOOKUP, SUFFIX), _adaptive
+    ),
     FIXED: SpeculationMode((DRAFT_MODEL,), (DRAFT_HEAD,), (PROMPT_LOOKUP,), _fixed),
 }
-

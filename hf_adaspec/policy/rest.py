@@ -49,8 +49,9 @@ class RestSchedule:
     """When the controller rests (see the module docstring): ``decided`` after each decided step's outcome,
     ``rests`` once per step, by the controller's ``decide`` before it asks for the step's view."""
 
-    def __init__(self, share: float = REST_SHARE, after: int = REST_AFTER, most: int = REST_MOST,
-                 window: int = 5) -> None:
+    def __init__(
+        self, share: float = REST_SHARE, after: int = REST_AFTER, most: int = REST_MOST, window: int = 5
+    ) -> None:
         """Raises ValueError for ``after`` or ``window`` < 1 (and as ``rest_steps`` for share and most)."""
         if after < 1 or window < 1:
             raise ValueError(f"after and window must be >= 1, got {after} and {window}")

@@ -5,5 +5,16 @@ from .draft_model import DraftModelProposer
 from .prompt_lookup import PromptLookupProposer
 from .suffix import SuffixMemory, SuffixProposer
 
-__all__ = ["CostlessDrafter", "DraftModelProposer", "DraftOffer", "Drafter", "PromptLookupProposer", "Proposal", "Proposals",
-           "Rows", "StopRule", "SuffixMemory", "SuffixProposer"]
+__all__ = [
+    "CostlessDrafter",
+    "DraftModelProposer",
+    "DraftOffer",
+    "Drafter",
+    "PromptLookupProposer",
+    "Proposal",
+    "Proposals",
+    "Rows",
+    "StopRule",
+    "SuffixMemory",
+    "SuffixProposer",
+]

@@ -64,8 +64,11 @@ class Proposals(Sequence[Proposal]):
             raise IndexError(f"row {i} of {len(self)}")
         i %= len(self)
         a, b = self.offsets[i], self.offsets[i + 1]
-        return Proposal(self.tokens[a:b][None], None if self.q is None or a == b else self.q[a:b][None],
-                        self.confidences[i] if self.confidences else ())
+        return Proposal(
+            self.tokens[a:b][None],
+            None if self.q is None or a == b else self.q[a:b][None],
+            self.confidences[i] if self.confidences else (),
+        )
 
     @property
     def ks(self) -> tuple[int, ...]:
@@ -93,8 +96,14 @@ class Proposals(Sequence[Proposal]):
         q = None
         if with_q:
             vocab = with_q[0].shape[-1]
-            q = torch.cat([row.q[0].cpu() if row.q is not None
-                           else torch.nn.functional.one_hot(row.tokens[0], vocab).to(with_q[0].dtype) for row in rows])
+            q = torch.cat(
+                [
+                    row.q[0].cpu()
+                    if row.q is not None
+                    else torch.nn.functional.one_hot(row.tokens[0], vocab).to(with_q[0].dtype)
+                    for row in rows
+                ]
+            )
         confidences = tuple(row.confidences for row in rows) if any(row.confidences for row in rows) else ()
         return cls(tokens, tuple(offsets), q, confidences)
 
@@ -177,14 +186,14 @@ class Drafter(Protocol):
         """What it can propose for every row now (at most k_max tokens each)."""
         ...
 
-    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
-                ) -> Proposals:
+    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None) -> Proposals:
         """Row i's proposal of up to ks[i] ≤ offer.bounds[i] tokens (q when sampling; ks[i] = 0 for rows that
         did not pick this drafter), flat. A drafter with confidences asks ``stop`` after each drafted column."""
         ...
 
-    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None,
-               features: list[torch.Tensor] | None = None) -> None:
+    def commit(
+        self, lengths: torch.Tensor, keep: torch.Tensor | None = None, features: list[torch.Tensor] | None = None
+    ) -> None:
         """The first lengths[i] ([B] long) tokens of row i are confirmed: forget state past them; then keep
         only rows ``keep`` ([b] long indices; None: all). ``features``: where the run records the target's
         features (a draft head reads them), per row those of the positions the step confirmed, [c_i, F]."""
@@ -201,11 +210,11 @@ class CostlessDrafter(ABC):
     def offer(self, rows: Rows, k_max: int) -> DraftOffer:
         """Per row the tokens it proposes now (``DraftOffer.tokens``), at most k_max each."""
 
-    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
-                ) -> Proposals:
+    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None) -> Proposals:
         """The offer's first ks[i] tokens per row; ``stop`` is not asked (no confidences, nothing to save)."""
         return offer.take(ks)
 
-    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None,
-               features: list[torch.Tensor] | None = None) -> None:
+    def commit(  # noqa: B027 - a no-op on purpose: a costless drafter keeps no state to commit
+        self, lengths: torch.Tensor, keep: torch.Tensor | None = None, features: list[torch.Tensor] | None = None
+    ) -> None:
         """No state across steps."""

@@ -35,8 +35,9 @@ class Sampler:
         every row's column, else row by row on each row's own tokens."""
         return hf_compat.position_free(self.logits_processor)
 
-    def draw(self, views: list[torch.Tensor], logits: torch.Tensor, confident: bool) -> tuple[
-            torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def draw(
+        self, views: list[torch.Tensor], logits: torch.Tensor, confident: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One draft token per row from logits [b, V] → tokens [b], q [b, V] (None when greedy) and, if
         ``confident``, the tokens' q(x) [b] under the processed scores (else None). Greedy draws stay on the
         logits' device; sampling runs on the CPU, where its generator is."""
@@ -44,8 +45,9 @@ class Sampler:
         if self.logits_processor and self.position_free:  # they read only the scores: once for every row
             scores = self.logits_processor(torch.zeros(len(views), 1, dtype=torch.long, device=scores.device), scores)
         elif self.logits_processor:  # processors see each row's own tokens, so they run row by row
-            scores = torch.cat([self.logits_processor(v[None].to(scores.device), scores[i : i + 1])
-                                for i, v in enumerate(views)])
+            scores = torch.cat(
+                [self.logits_processor(v[None].to(scores.device), scores[i : i + 1]) for i, v in enumerate(views)]
+            )
         if not self.do_sample:
             if not confident:
                 return scores.argmax(dim=-1), None, None
@@ -57,8 +59,13 @@ class Sampler:
         return token.squeeze(1), q, q.gather(1, token).squeeze(1) if confident else None
 
 
-def draft_chain(column: Callable[[int, torch.Tensor | None], torch.Tensor], views: Sequence[torch.Tensor],
-                ks: Sequence[int], sampler: Sampler, stop: StopRule | None = None) -> Proposals:
+def draft_chain(
+    column: Callable[[int, torch.Tensor | None], torch.Tensor],
+    views: Sequence[torch.Tensor],
+    ks: Sequence[int],
+    sampler: Sampler,
+    stop: StopRule | None = None,
+) -> Proposals:
     """Row i gets up to ks[i] tokens cut just after an EOS and, when sampling, their q, flat ([Σ k_i'], q
     [Σ k_i', V]).
 

@@ -28,9 +28,17 @@ class DraftHeadProposer:
 
     name = "draft_head"
 
-    def __init__(self, head: Eagle3Head, batch: int, cache: HeadKV, logits_processor, do_sample: bool,
-                 pad_token_id: int, eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        head: Eagle3Head,
+        batch: int,
+        cache: HeadKV,
+        logits_processor,
+        do_sample: bool,
+        pad_token_id: int,
+        eos_token_ids: tuple[int, ...] = (),
+        generator: torch.Generator | None = None,
+    ) -> None:
         """``cache``: where the head's entries for ``batch`` rows live (``backend.caches.open_head_cache``: a
         ``HeadCache``, or an arena whose drafted columns replay a recording), empty."""
         self.head, self.pad, self.cache = head, pad_token_id, cache
@@ -46,14 +54,18 @@ class DraftHeadProposer:
         return DraftOffer((k_max,) * b, (0,) * b, max(0, max(int(p.shape[0]) for p in self.pending) - 2))
 
     @torch.no_grad()
-    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
-                ) -> Proposals:
+    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None) -> Proposals:
         """``chain.draft_chain`` over the head: column 0 ingests each row's pending entries (the tokens at
         the positions after its features: row i's tokens entries+1 .. entries+m_i), later columns feed the
         drafted token with the head's previous output."""
         b = len(rows.views)
-        tokens, valid = left_pad([rows.tokens(i)[int(self.entries[i]) + 1 : int(self.entries[i]) + 1 +
-                                                 self.pending[i].shape[0]] for i in range(b)], self.pad)  # [b, m]
+        tokens, valid = left_pad(
+            [
+                rows.tokens(i)[int(self.entries[i]) + 1 : int(self.entries[i]) + 1 + self.pending[i].shape[0]]
+                for i in range(b)
+            ],
+            self.pad,
+        )  # [b, m]
         features = torch.zeros(b, tokens.shape[1], self.pending[0].shape[1])
         for i, p in enumerate(self.pending):
             if p.shape[0]:
@@ -72,8 +84,9 @@ class DraftHeadProposer:
 
         return draft_chain(column, rows.views, ks, self.sampler, stop)
 
-    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None,
-               features: list[torch.Tensor] | None = None) -> None:
+    def commit(
+        self, lengths: torch.Tensor, keep: torch.Tensor | None = None, features: list[torch.Tensor] | None = None
+    ) -> None:
         """Drop the drafted entries, queue the target's ``features`` of the confirmed positions (per row
         [c_i, 3·H_t]; ``lengths`` are not needed: the features say what was confirmed), then keep rows ``keep``.
 

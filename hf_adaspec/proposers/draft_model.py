@@ -25,9 +25,16 @@ class DraftModelProposer:
 
     name = "draft_model"
 
-    def __init__(self, cache: KVCache, logits_processor, do_sample: bool, pad_token_id: int,
-                 eos_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
-                 widths: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        cache: KVCache,
+        logits_processor,
+        do_sample: bool,
+        pad_token_id: int,
+        eos_token_ids: tuple[int, ...] = (),
+        generator: torch.Generator | None = None,
+        widths: tuple[int, int] | None = None,
+    ) -> None:
         """``cache``: the draft model's cache for the batch (a ``RaggedCache`` of the model, possibly already
         holding a prefix of each prompt; the replay passes one that answers from traces). ``widths``: (the
         draft's vocabulary, the target's) when the draft's is narrower (the same tokenizer, the target's
@@ -44,8 +51,7 @@ class DraftModelProposer:
         return DraftOffer((k_max,) * b, (0,) * b, max(0, unseen - 2))
 
     @torch.no_grad()
-    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None
-                ) -> Proposals:
+    def propose(self, rows: Rows, offer: DraftOffer, ks: Sequence[int], stop: StopRule | None = None) -> Proposals:
         """``chain.draft_chain`` over the draft model: the first column feeds every row the tokens it has not
         seen (left-padded, so each row's last token lands in the last column), each later one the token
         just drafted."""
@@ -66,8 +72,9 @@ class DraftModelProposer:
 
         return draft_chain(column, rows.views, ks, self.sampler, stop)
 
-    def commit(self, lengths: torch.Tensor, keep: torch.Tensor | None = None,
-               features: list[torch.Tensor] | None = None) -> None:
+    def commit(
+        self, lengths: torch.Tensor, keep: torch.Tensor | None = None, features: list[torch.Tensor] | None = None
+    ) -> None:
         """Keep only the first lengths[i] tokens of row i in the draft cache, then only rows ``keep``
         (the target's ``features`` are not used)."""
         self.cache.rollback(lengths)

@@ -61,5 +61,6 @@ class PromptLookupProposer(CostlessDrafter):
         """Per row the continuation of its last n-gram ([u_i] long, u_i ≤ k_max; empty if none) and, as
         evidence, its match length."""
         found = [find_match(rows.tokens(i), self.max_ngram, self.min_ngram, k_max) for i in range(len(rows.views))]
-        return DraftOffer(tuple(int(f.shape[0]) for f, _ in found), tuple(m for _, m in found),
-                          tokens=tuple(f for f, _ in found))
+        return DraftOffer(
+            tuple(int(f.shape[0]) for f, _ in found), tuple(m for _, m in found), tokens=tuple(f for f, _ in found)
+        )

@@ -131,9 +131,16 @@ def _occurrences(buf: np.ndarray, context: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def speculate(buf: np.ndarray, context: np.ndarray, max_tokens: int, max_depth: int = SUFFIX_MAX_DEPTH,
-              spec_factor: float = SUFFIX_SPEC_FACTOR, spec_offset: float = SUFFIX_SPEC_OFFSET,
-              min_token_prob: float = SUFFIX_MIN_TOKEN_PROB, floor: float = 0.0) -> SuffixDraft:
+def speculate(
+    buf: np.ndarray,
+    context: np.ndarray,
+    max_tokens: int,
+    max_depth: int = SUFFIX_MAX_DEPTH,
+    spec_factor: float = SUFFIX_SPEC_FACTOR,
+    spec_offset: float = SUFFIX_SPEC_OFFSET,
+    min_token_prob: float = SUFFIX_MIN_TOKEN_PROB,
+    floor: float = 0.0,
+) -> SuffixDraft:
     """The best-scoring draft continuing ``context`` from the depth-``max_depth`` suffix trie of ``buf``
     (sequences separated by ``SEPARATOR``), ties to the longer match; only a draft scoring above ``floor``
     counts. buf, context: [N], [C] int64 → ``SuffixDraft`` (empty: no match, or none above ``floor``).
@@ -172,13 +179,14 @@ class SuffixMemory:
     def remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         """Keep a finished request (its output; with ``prompts`` its prompt as a sequence of its own)."""
         for seq in ([prompt] if self.prompts else []) + [output]:
-            arr = np.asarray(list(seq), dtype=np.int64)[-self.max_tokens:] if self.max_tokens else None
+            arr = np.asarray(list(seq), dtype=np.int64)[-self.max_tokens :] if self.max_tokens else None
             if arr is None or not arr.size or not self.max_requests:
                 continue
             self.sequences.append(arr)
             self._tokens += arr.size
-        while self.sequences and (len(self.sequences) > self.max_requests * (2 if self.prompts else 1)
-                                  or self._tokens > self.max_tokens):
+        while self.sequences and (
+            len(self.sequences) > self.max_requests * (2 if self.prompts else 1) or self._tokens > self.max_tokens
+        ):
             self._tokens -= self.sequences.popleft().size
         self._buffer = None
 
@@ -206,9 +214,16 @@ class SuffixMemory:
         return self._buffer
 
 
-def best_draft(memory: SuffixMemory, tokens: torch.Tensor, prompt_length: int, k_max: int,
-               max_depth: int = SUFFIX_MAX_DEPTH, spec_factor: float = SUFFIX_SPEC_FACTOR,
-               spec_offset: float = SUFFIX_SPEC_OFFSET, min_token_prob: float = SUFFIX_MIN_TOKEN_PROB) -> SuffixDraft:
+def best_draft(
+    memory: SuffixMemory,
+    tokens: torch.Tensor,
+    prompt_length: int,
+    k_max: int,
+    max_depth: int = SUFFIX_MAX_DEPTH,
+    spec_factor: float = SUFFIX_SPEC_FACTOR,
+    spec_offset: float = SUFFIX_SPEC_OFFSET,
+    min_token_prob: float = SUFFIX_MIN_TOKEN_PROB,
+) -> SuffixDraft:
     """A row's best draft of at most k_max tokens: the better of the local tree (the row's own tokens
     [T] long, prompt + output so far) and the global one (``memory``'s sequences plus the row's output)."""
     row = tokens.numpy().astype(np.int64, copy=False)
@@ -225,9 +240,14 @@ class SuffixProposer(CostlessDrafter):
 
     name = "suffix"
 
-    def __init__(self, memory: SuffixMemory, max_depth: int = SUFFIX_MAX_DEPTH,
-                 spec_factor: float = SUFFIX_SPEC_FACTOR, spec_offset: float = SUFFIX_SPEC_OFFSET,
-                 min_token_prob: float = SUFFIX_MIN_TOKEN_PROB) -> None:
+    def __init__(
+        self,
+        memory: SuffixMemory,
+        max_depth: int = SUFFIX_MAX_DEPTH,
+        spec_factor: float = SUFFIX_SPEC_FACTOR,
+        spec_offset: float = SUFFIX_SPEC_OFFSET,
+        min_token_prob: float = SUFFIX_MIN_TOKEN_PROB,
+    ) -> None:
         """Raises ValueError for max_depth < 2."""
         if max_depth < 2:
             raise ValueError(f"max_depth must be >= 2, got {max_depth}")
@@ -237,8 +257,24 @@ class SuffixProposer(CostlessDrafter):
 
     def offer(self, rows: Rows, k_max: int) -> DraftOffer:
         """Per row its best draft ([u_i] long, u_i ≤ k_max; empty if none) and, as evidence, its match length."""
-        drafts = [best_draft(self.memory, rows.tokens(i), rows.prompt_length(i), k_max, self.max_depth,
-                             self.spec_factor, self.spec_offset, self.min_token_prob) for i in range(len(rows.views))]
-        return DraftOffer(tuple(len(d.tokens) for d in drafts), tuple(d.match_len if d.tokens else 0 for d in drafts),
-                          tokens=tuple(torch.tensor(d.tokens, dtype=torch.long) if d.tokens else rows.views[i][:0]
-                                       for i, d in enumerate(drafts)))
+        drafts = [
+            best_draft(
+                self.memory,
+                rows.tokens(i),
+                rows.prompt_length(i),
+                k_max,
+                self.max_depth,
+                self.spec_factor,
+                self.spec_offset,
+                self.min_token_prob,
+            )
+            for i in range(len(rows.views))
+        ]
+        return DraftOffer(
+            tuple(len(d.tokens) for d in drafts),
+            tuple(d.match_len if d.tokens else 0 for d in drafts),
+            tokens=tuple(
+                torch.tensor(d.tokens, dtype=torch.long) if d.tokens else rows.views[i][:0]
+                for i, d in enumerate(drafts)
+            ),
+        )

@@ -146,43 +146,63 @@ def _range_info(rng: Sequence[int], per_size: dict[int, tuple[float, float]]) ->
     """One merged range for "hf_adaspec": its measured batch sizes, k, and per size the predicted goodput at
     k and of plain decoding (tokens/s over the batch)."""
     sizes = [b for b in sorted(per_size) if rng[0] <= b <= rng[1]]
-    return {"batch_sizes": sizes, "num_speculative_tokens": rng[2],
-            "predicted_goodput_tokens_per_s": [round(per_size[b][0], 2) for b in sizes],
-            "plain_tokens_per_s": [round(per_size[b][1], 2) for b in sizes]}
+    return {
+        "batch_sizes": sizes,
+        "num_speculative_tokens": rng[2],
+        "predicted_goodput_tokens_per_s": [round(per_size[b][0], 2) for b in sizes],
+        "plain_tokens_per_s": [round(per_size[b][1], 2) for b in sizes],
+    }
 
 
-def _check(profile: Profile, alphas: dict[str, float], method: str, model_name: str | None,
-           head_prefix: Sequence[float]) -> None:
+def _check(
+    profile: Profile, alphas: dict[str, float], method: str, model_name: str | None, head_prefix: Sequence[float]
+) -> None:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: this export supports {', '.join(METHODS)}")
     if method in ("draft_model", "eagle3") and not model_name:
-        raise ValueError(f"method {method!r} needs the {'head' if method == 'eagle3' else 'draft model'}'s "
-                         "name or path (vLLM's 'model' key)")
+        raise ValueError(
+            f"method {method!r} needs the {'head' if method == 'eagle3' else 'draft model'}'s "
+            "name or path (vLLM's 'model' key)"
+        )
     if method in ("draft_model", "eagle3") and not profile.draft_cells:
-        raise ValueError(f"profile {profile.key} has no draft cells; measure one with a draft model "
-                         "(`hf-adaspec profile`) or a head (`--head FOLDER`), or export --method ngram")
+        raise ValueError(
+            f"profile {profile.key} has no draft cells; measure one with a draft model "
+            "(`hf-adaspec profile`) or a head (`--head FOLDER`), or export --method ngram"
+        )
     if method == "eagle3" and not profile.drafter_is_head:
-        raise ValueError(f"profile {profile.key} was measured with a draft model; eagle3 needs the head's costs: "
-                         "`hf-adaspec profile --head FOLDER`")
+        raise ValueError(
+            f"profile {profile.key} was measured with a draft model; eagle3 needs the head's costs: "
+            "`hf-adaspec profile --head FOLDER`"
+        )
     if method == "draft_model" and profile.drafter_is_head:
-        raise ValueError(f"profile {profile.key} was measured with a head; draft_model needs the draft model's "
-                         "costs (`hf-adaspec profile --draft ...`), or export --method eagle3")
+        raise ValueError(
+            f"profile {profile.key} was measured with a head; draft_model needs the draft model's "
+            "costs (`hf-adaspec profile --draft ...`), or export --method eagle3"
+        )
     if method == "eagle3" and not head_prefix:
         raise ValueError("no head chains in the traces; record them with `hf-adaspec trace --head FOLDER`")
     if method not in alphas:
         raise ValueError(f"no acceptance measured for {method!r} in the traces (have: {sorted(alphas)})")
 
 
-def _rate(method: str, alpha: float, head_prefix: Sequence[float], k: int, draft: float,
-          verify: Callable[[int], float]) -> float:
+def _rate(
+    method: str, alpha: float, head_prefix: Sequence[float], k: int, draft: float, verify: Callable[[int], float]
+) -> float:
     """Predicted goodput (tokens/s) at k: α^j acceptance, or a head's measured P_j (eagle3)."""
     if method != "eagle3":
         return goodput(alpha, k, draft, verify)
     return 1000.0 * expected_tokens_prefix(head_prefix[:k]) / step_time_ms(k, draft, verify)
 
 
-def speculative_config(profile: Profile, alphas: dict[str, float], method: str, draft_name: str | None,
-                       context: int, k_max: int = 8, head_prefix: Sequence[float] = ()) -> dict:
+def speculative_config(
+    profile: Profile,
+    alphas: dict[str, float],
+    method: str,
+    draft_name: str | None,
+    context: int,
+    k_max: int = 8,
+    head_prefix: Sequence[float] = (),
+) -> dict:
     """The export document: {"speculative_config": vLLM's config or None, "hf_adaspec": provenance}.
 
     Per measured batch size b (the profile's target cells): k_b, the k in 0..k_max of highest goodput (ties
@@ -211,8 +231,16 @@ def speculative_config(profile: Profile, alphas: dict[str, float], method: str, 
         ks.append((b, k))
         per_size[b] = (b * rates[k], b * rates[0])
     ranges = _ranges(ks)
-    info = {"alpha": alpha, "method": method, "profile": profile.key, "pair": profile.pair, "context": context,
-            "k_max": k_max, "vllm_docs": DOCS, "per_batch_size": [_range_info(r, per_size) for r in ranges]}
+    info = {
+        "alpha": alpha,
+        "method": method,
+        "profile": profile.key,
+        "pair": profile.pair,
+        "context": context,
+        "k_max": k_max,
+        "vllm_docs": DOCS,
+        "per_batch_size": [_range_info(r, per_size) for r in ranges],
+    }
     if method == "eagle3":
         info["prefix_acceptance"] = [round(p, 4) for p in head_prefix]
     top = max(k for _, k in ks)

@@ -36,8 +36,9 @@ from ..bench.oracle_inputs import costless_runs
 from ..config import SpeculationConfig
 from ..costs.profile import Profile
 from ..costs.table import CostTable
-from ..engine.loop import DecodeSettings, speculative_decode
+from ..engine.loop import speculative_decode
 from ..engine.run import SpeculationState, build_run, record_run
+from ..engine.settings import DecodeSettings
 from ..engine.stats import SpeculationStats
 from .trace import Trace
 from .virtual import Forward, TraceCaches, VirtualHead, Vocab, draft_answers, head_answers, target_answers
@@ -68,17 +69,27 @@ class Clock:
             ``prefill``.
     """
 
-    def __init__(self, profile: Profile, step_overhead_ms: float = 0.0, plain_overhead_ms: float = 0.0,
-                 head_profile: Profile | None = None, prefill: str = "trace") -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        step_overhead_ms: float = 0.0,
+        plain_overhead_ms: float = 0.0,
+        head_profile: Profile | None = None,
+        prefill: str = "trace",
+    ) -> None:
         if prefill not in PREFILL_PRICES:
             raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_PRICES}")
         self.prefill = prefill
         if head_profile is not None and not head_profile.drafter_is_head:
-            raise ValueError(f"head profile {head_profile.key} was measured with a draft model, not a head; "
-                             "measure one with `hf-adaspec profile --head FOLDER`")
+            raise ValueError(
+                f"head profile {head_profile.key} was measured with a draft model, not a head; "
+                "measure one with `hf-adaspec profile --head FOLDER`"
+            )
         if head_profile is not None and head_profile.identity.get("target") != profile.identity.get("target"):
-            raise ValueError(f"head profile {head_profile.key} was measured for another target than profile "
-                             f"{profile.key}; measure both for the same target")
+            raise ValueError(
+                f"head profile {head_profile.key} was measured for another target than profile "
+                f"{profile.key}; measure both for the same target"
+            )
         self.profile, self.step_overhead_ms, self.plain_overhead_ms = profile, step_overhead_ms, plain_overhead_ms
         self.head_profile = head_profile
         self._cache: dict[tuple[str, int, int, int], float] = {}
@@ -94,8 +105,11 @@ class Clock:
         if key not in self._cache:
             _, b, c, n = key
             drafter = self.head_profile if role == "head" else self.profile
-            self._cache[key] = (self.profile.verify_ms(b, c, n) if role == "target" else
-                                drafter.draft_ms(b, c) + (n - 1) * drafter.catchup_ms(b, c))
+            self._cache[key] = (
+                self.profile.verify_ms(b, c, n)
+                if role == "target"
+                else drafter.draft_ms(b, c) + (n - 1) * drafter.catchup_ms(b, c)
+            )
         return self._cache[key]
 
     def prefill_ms(self, traces: Sequence[Trace]) -> float:
@@ -117,8 +131,9 @@ class Clock:
         """A head forward: one token, plus (columns − 1) ingested entries (ms). Raises ValueError without
         head costs."""
         if self.head_profile is None:
-            raise ValueError("no head costs: pass a profile measured by `hf-adaspec profile --head FOLDER` "
-                             "(replay's --head-profile)")
+            raise ValueError(
+                "no head costs: pass a profile measured by `hf-adaspec profile --head FOLDER` (replay's --head-profile)"
+            )
         return self._priced("head", f)
 
 
@@ -158,9 +173,22 @@ def plain_run(traces: Sequence[Trace], clock: Clock) -> ReplayRun:
     b, width = len(traces), max(t.prompt_len for t in traces)
     steps = max(t.new_tokens for t in traces) - 1
     ms = clock.prefill_ms(traces) + sum(
-        clock.verify_ms(Forward(b, 1, width + s)) + clock.plain_overhead_ms for s in range(1, steps + 1))
-    return ReplayRun(tuple(t.question_id for t in traces), tuple(t.category for t in traces), "plain",
-                     sum(t.new_tokens for t in traces), ms, steps, 1.0, None, 0.0, 1.0, {0: steps}, {"plain": steps})
+        clock.verify_ms(Forward(b, 1, width + s)) + clock.plain_overhead_ms for s in range(1, steps + 1)
+    )
+    return ReplayRun(
+        tuple(t.question_id for t in traces),
+        tuple(t.category for t in traces),
+        "plain",
+        sum(t.new_tokens for t in traces),
+        ms,
+        steps,
+        1.0,
+        None,
+        0.0,
+        1.0,
+        {0: steps},
+        {"plain": steps},
+    )
 
 
 def _stopping(eos: torch.Tensor, max_length: int) -> Callable[[torch.Tensor, object], torch.Tensor]:
@@ -174,11 +202,15 @@ def check_head_method(method: str, traces: Sequence[Trace], clock: Clock) -> Non
     if method not in HEAD_METHODS:
         return
     if not all(t.head for t in traces):
-        raise ValueError(f"{method} needs traces with a draft head's chains; add them with `hf-adaspec trace "
-                         "--head FOLDER` (the traced prompts are not generated again)")
+        raise ValueError(
+            f"{method} needs traces with a draft head's chains; add them with `hf-adaspec trace "
+            "--head FOLDER` (the traced prompts are not generated again)"
+        )
     if clock.head_profile is None:
-        raise ValueError(f"{method} needs the head's costs: pass --head-profile, a profile measured by "
-                         "`hf-adaspec profile --head FOLDER` for the same target")
+        raise ValueError(
+            f"{method} needs the head's costs: pass --head-profile, a profile measured by "
+            "`hf-adaspec profile --head FOLDER` for the same target"
+        )
 
 
 def _method_kwargs(method: str, head: VirtualHead) -> dict:
@@ -190,9 +222,14 @@ def _method_kwargs(method: str, head: VirtualHead) -> dict:
     return method_kwargs(method, VirtualDraft, FIXED_K)
 
 
-def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState, clock: Clock,
-                   costs_for: Callable[[int, int], CostTable] | None = None, head: VirtualHead | None = None
-                   ) -> ReplayRun:
+def replay_request(
+    traces: Sequence[Trace],
+    method: str,
+    state: SpeculationState,
+    clock: Clock,
+    costs_for: Callable[[int, int], CostTable] | None = None,
+    head: VirtualHead | None = None,
+) -> ReplayRun:
     """Replay ``method`` on a static batch of the traces' prompts (B = len(traces)), learning into ``state``.
 
     costs_for(b, context) → the controller's ``CostTable`` (default: the clock's profile at the padded
@@ -219,22 +256,52 @@ def replay_request(traces: Sequence[Trace], method: str, state: SpeculationState
     rows = [vocab.encode(t.tokens) for t in traces]
     input_ids, valid = left_pad([r[: t.prompt_len] for r, t in zip(rows, traces, strict=True)], pad)  # [B, T]
     width = input_ids.shape[1]
-    caches = TraceCaches([target_answers(r, pad) for r in rows],
-                         [draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces]
-                         if drafts else [], vocab.size, head if draft_key is head else None)
+    caches = TraceCaches(
+        [target_answers(r, pad) for r in rows],
+        [draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces] if drafts else [],
+        vocab.size,
+        head if draft_key is head else None,
+    )
     if draft_key is head:
-        head.serve([head_answers(t.prompt_len, vocab.encode([i for row in t.head_next for i in row]).view(
-            len(t.head_next), -1), t.head_q) for t in traces], vocab.size)
+        head.serve(
+            [
+                head_answers(
+                    t.prompt_len,
+                    vocab.encode([i for row in t.head_next for i in row]).view(len(t.head_next), -1),
+                    t.head_q,
+                )
+                for t in traces
+            ],
+            vocab.size,
+        )
     max_length = width + max(t.max_new_tokens for t in traces)
-    settings = DecodeSettings(LogitsProcessorList(), _stopping(eos, max_length), max_length, False, pad,
-                              tuple(eos.tolist()), decision_ms=clock.decision_ms,
-                              step_ms=StepPrices(clock, caches, head if draft_key is head else None))
+    settings = DecodeSettings(
+        LogitsProcessorList(),
+        _stopping(eos, max_length),
+        max_length,
+        False,
+        pad,
+        tuple(eos.tolist()),
+        decision_ms=clock.decision_ms,
+        step_ms=StepPrices(clock, caches, head if draft_key is head else None),
+    )
     priced_by = clock.head_profile if draft_key is head else clock.profile
     table = costs_for or (lambda b, c: priced_by.cost_table(b, c, config.max_speculative_tokens + 1))
-    compact = dataclasses.replace(state, suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
-                                  draft_prefixes=state.draft_prefixes.mapped(vocab.encode_known))  # this request's ids
-    run = build_run(config, compact, input_ids, valid.long(), draft_key, caches,
-                    functools.cache(lambda b: table(b, width)), settings)
+    compact = dataclasses.replace(
+        state,
+        suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
+        draft_prefixes=state.draft_prefixes.mapped(vocab.encode_known),
+    )  # this request's ids
+    run = build_run(
+        config,
+        compact,
+        input_ids,
+        valid.long(),
+        draft_key,
+        caches,
+        functools.cache(lambda b: table(b, width)),
+        settings,
+    )
     result = speculative_decode(run.parts, input_ids, valid.long())
     outputs = [vocab.decode(result.sequences[i, width : width + n]) for i, n in enumerate(result.stats.row_tokens)]
     record_run(state, run, [list(t.tokens[: t.prompt_len]) for t in traces], outputs)
@@ -258,23 +325,36 @@ class StepPrices:
         """(the engine's measured ms and the controller's prediction, both ignored; whether the step was
         decided) → the step's virtual ms."""
         made = self.caches.made_target, self.caches.made_draft
-        logs = (made[0].log if made[0] is not None else [], made[1].log if made[1] is not None else [],
-                self.head.log if self.head is not None else [])
+        logs = (
+            made[0].log if made[0] is not None else [],
+            made[1].log if made[1] is not None else [],
+            self.head.log if self.head is not None else [],
+        )
         prices = (self.clock.verify_ms, self.clock.draft_ms, self.clock.head_ms)
         ms = sum(price(f) for log, price, at in zip(logs, prices, self.seen, strict=True) for f in log[at:])
         self.seen = [len(log) for log in logs]
         return ms + (self.clock.step_overhead_ms if decided else self.clock.plain_overhead_ms)
 
 
-def _price(clock: Clock, traces: Sequence[Trace], target_log: list[Forward],
-           drafter_logs: tuple[list[Forward], list[Forward]], stats: SpeculationStats) -> float:
+def _price(
+    clock: Clock,
+    traces: Sequence[Trace],
+    target_log: list[Forward],
+    drafter_logs: tuple[list[Forward], list[Forward]],
+    stats: SpeculationStats,
+) -> float:
     """Virtual ms: the prefill, every later target, draft and head forward, and the per-step overhead (a
     rested step's: the plain one's)."""
     steps, decided = len({s.step for s in stats.steps}), len({s.step for s in stats.steps if s.decided})
     draft_log, head_log = drafter_logs
-    return (clock.prefill_ms(traces) + sum(clock.verify_ms(f) for f in target_log[1:])
-            + sum(clock.draft_ms(f) for f in draft_log) + sum(clock.head_ms(f) for f in head_log)
-            + decided * clock.step_overhead_ms + (steps - decided) * clock.plain_overhead_ms)
+    return (
+        clock.prefill_ms(traces)
+        + sum(clock.verify_ms(f) for f in target_log[1:])
+        + sum(clock.draft_ms(f) for f in draft_log)
+        + sum(clock.head_ms(f) for f in head_log)
+        + decided * clock.step_overhead_ms
+        + (steps - decided) * clock.plain_overhead_ms
+    )
 
 
 def _matches(sequences: torch.Tensor, width: int, traces: Sequence[Trace], vocab: Vocab) -> bool:
@@ -286,16 +366,30 @@ def _matches(sequences: torch.Tensor, width: int, traces: Sequence[Trace], vocab
     return True
 
 
-def _run(traces: Sequence[Trace], method: str, stats: SpeculationStats, time_ms: float, seed: int,
-         same: bool) -> ReplayRun:
+def _run(
+    traces: Sequence[Trace], method: str, stats: SpeculationStats, time_ms: float, seed: int, same: bool
+) -> ReplayRun:
     drafters: dict[str, int] = {}
     for s in stats.steps:
         drafters[s.drafter] = drafters.get(s.drafter, 0) + 1
     acceptance = stats.acceptance_rate
-    return ReplayRun(tuple(t.question_id for t in traces), tuple(t.category for t in traces), method,
-                     sum(stats.row_tokens), time_ms, len({s.step for s in stats.steps}), stats.mean_accepted_length,
-                     None if math.isnan(acceptance) else acceptance, stats.mean_k, stats.plain_share,
-                     dict(sorted(stats.k_histogram.items())), drafters, seed, same, stats)
+    return ReplayRun(
+        tuple(t.question_id for t in traces),
+        tuple(t.category for t in traces),
+        method,
+        sum(stats.row_tokens),
+        time_ms,
+        len({s.step for s in stats.steps}),
+        stats.mean_accepted_length,
+        None if math.isnan(acceptance) else acceptance,
+        stats.mean_k,
+        stats.plain_share,
+        dict(sorted(stats.k_histogram.items())),
+        drafters,
+        seed,
+        same,
+        stats,
+    )
 
 
 def oracle_tokens_per_s(trace: Trace, clock: Clock, seed: int, k_max: int = K_MAX) -> dict[str, float]:
@@ -312,12 +406,16 @@ def oracle_tokens_per_s(trace: Trace, clock: Clock, seed: int, k_max: int = K_MA
     families: dict[str, list[OracleDrafter]] = {"lookup": [lookup]}
     model = head = None
     if trace.draft:
-        model = OracleDrafter(tuple(agreement_runs(trace.draft_agreement())), clock.draft_ms(Forward(1, 1, mid)),
-                              clock.draft_ms(Forward(1, trace.prompt_len - seed, 0)) if trace.prompt_len > seed else 0.0)
+        model = OracleDrafter(
+            tuple(agreement_runs(trace.draft_agreement())),
+            clock.draft_ms(Forward(1, 1, mid)),
+            clock.draft_ms(Forward(1, trace.prompt_len - seed, 0)) if trace.prompt_len > seed else 0.0,
+        )
         families.update(draft=[model], hybrid=[model, lookup])
     if trace.head and clock.head_profile is not None:
-        head = OracleDrafter(tuple(trace.head_runs()), clock.head_ms(Forward(1, 1, mid)),
-                             clock.head_ms(Forward(1, trace.prompt_len, 0)))
+        head = OracleDrafter(
+            tuple(trace.head_runs()), clock.head_ms(Forward(1, 1, mid)), clock.head_ms(Forward(1, trace.prompt_len, 0))
+        )
         families.update({"head": [head], "head-hybrid": [head, lookup]})
     if model is not None and head is not None:
         families["all"] = [model, head, lookup]

@@ -41,8 +41,9 @@ class ReplayResult:
     replays: list[ReplayRun]
 
 
-def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, batch_size: int = 1,
-               costs_for=None) -> ReplayResult:
+def replay_all(
+    traces: Sequence[Trace], methods: Sequence[str], clock: Clock, batch_size: int = 1, costs_for=None
+) -> ReplayResult:
     """Replay each method over ``traces`` in order (requests of ``batch_size`` rows), learning across them
     (a head method through one ``VirtualHead`` per method); at batch size 1 also each prompt's oracle
     (seeded like the draft's prefix store). Raises ValueError, before any replay, for a head method the
@@ -50,8 +51,12 @@ def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, ba
     for m in methods:
         check_head_method(m, traces, clock)
     groups = [list(traces[i : i + batch_size]) for i in range(0, len(traces), batch_size)]
-    replays = [replay_request(g, m, state, clock, costs_for, head)
-               for m in methods for state, head in [(SpeculationState(), VirtualHead())] for g in groups]
+    replays = [
+        replay_request(g, m, state, clock, costs_for, head)
+        for m in methods
+        for state, head in [(SpeculationState(), VirtualHead())]
+        for g in groups
+    ]
     oracles = _oracles(traces, clock) if batch_size == 1 else []
     bound = {o.question_id: o.tokens_per_s for o in oracles}
     runs = []
@@ -60,9 +65,24 @@ def replay_all(traces: Sequence[Trace], methods: Sequence[str], clock: Clock, ba
         for qid, cat in zip(r.question_ids, r.categories, strict=True):
             tokens = r.new_tokens if len(r.question_ids) == 1 else r.new_tokens / len(r.question_ids)
             family = METHOD_FAMILY.get(r.method) or HEAD_FAMILY.get(r.method)
-            runs.append(Run(qid, cat, r.method, int(tokens), per_row, tokens / per_row, r.matches_trace,
-                            r.mean_accepted_length, r.plain_share, None, r.acceptance, r.mean_k,
-                            bound.get(qid, {}).get(family) if family else None, r.draft_prefix_tokens))
+            runs.append(
+                Run(
+                    qid,
+                    cat,
+                    r.method,
+                    int(tokens),
+                    per_row,
+                    tokens / per_row,
+                    r.matches_trace,
+                    r.mean_accepted_length,
+                    r.plain_share,
+                    None,
+                    r.acceptance,
+                    r.mean_k,
+                    bound.get(qid, {}).get(family) if family else None,
+                    r.draft_prefix_tokens,
+                )
+            )
     return ReplayResult(runs, oracles, replays)
 
 
@@ -75,9 +95,18 @@ def _oracles(traces: Sequence[Trace], clock: Clock) -> list[PromptOracle]:
         prefixes.remember(VirtualDraft, t.tokens, len(t.tokens), seed, None)
         n = t.new_tokens
         agree, head = t.draft_agreement(), t.head_agreement()
-        out.append(PromptOracle(t.question_id, t.category, n, t.prefill_ms,
-                                sum(agree) / len(agree) if agree else math.nan, math.nan,
-                                oracle_tokens_per_s(t, clock, seed), sum(head) / len(head) if head else math.nan))
+        out.append(
+            PromptOracle(
+                t.question_id,
+                t.category,
+                n,
+                t.prefill_ms,
+                sum(agree) / len(agree) if agree else math.nan,
+                math.nan,
+                oracle_tokens_per_s(t, clock, seed),
+                sum(head) / len(head) if head else math.nan,
+            )
+        )
     return out
 
 
@@ -109,19 +138,34 @@ def validate(replayed: Sequence[Run], measured: Sequence[dict]) -> Validation:
         if r.method == "plain" or b is None or r.question_id not in bench_plain:
             continue
         predicted, actual = r.tokens_per_s / ours_plain[r.question_id], b["tokens_per_s"] / bench_plain[r.question_id]
-        pairs.append({"question_id": r.question_id, "category": r.category, "method": r.method,
-                      "predicted_speedup": predicted, "measured_speedup": actual, "error": predicted / actual - 1.0,
-                      "predicted_accepted_length": r.mean_accepted_length,
-                      "measured_accepted_length": b.get("mean_accepted_length")})
+        pairs.append(
+            {
+                "question_id": r.question_id,
+                "category": r.category,
+                "method": r.method,
+                "predicted_speedup": predicted,
+                "measured_speedup": actual,
+                "error": predicted / actual - 1.0,
+                "predicted_accepted_length": r.mean_accepted_length,
+                "measured_accepted_length": b.get("mean_accepted_length"),
+            }
+        )
     if not pairs:
-        raise ValueError("the replay and the bench share no prompt and method besides plain; replay the bench's "
-                         "prompts (its question ids are taken when --bench is given)")
+        raise ValueError(
+            "the replay and the bench share no prompt and method besides plain; replay the bench's "
+            "prompts (its question ids are taken when --bench is given)"
+        )
     errors = [abs(p["error"]) for p in pairs]
-    per_method = {m: {"median_abs_error": statistics.median(e), "p90_abs_error": _quantile(e, 0.9),
-                      "mean_error": statistics.fmean(s)}
-                  for m in sorted({p["method"] for p in pairs})
-                  for e in [[abs(p["error"]) for p in pairs if p["method"] == m]]
-                  for s in [[p["error"] for p in pairs if p["method"] == m]]}
+    per_method = {
+        m: {
+            "median_abs_error": statistics.median(e),
+            "p90_abs_error": _quantile(e, 0.9),
+            "mean_error": statistics.fmean(s),
+        }
+        for m in sorted({p["method"] for p in pairs})
+        for e in [[abs(p["error"]) for p in pairs if p["method"] == m]]
+        for s in [[p["error"] for p in pairs if p["method"] == m]]
+    }
     return Validation(pairs, statistics.median(errors), _quantile(errors, 0.9), per_method)
 
 

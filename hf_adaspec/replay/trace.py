@@ -74,11 +74,15 @@ class Trace:
         if self.prompt_len < 1 or n < 1:
             raise ValueError(f"trace {self.question_id}: needs a prompt and >= 1 new token, got {self.prompt_len}, {n}")
         if self.draft and not len(self.draft_next) == len(self.draft_q) == n + 1:
-            raise ValueError(f"trace {self.question_id}: draft_next/draft_q need {n + 1} entries, "
-                             f"got {len(self.draft_next)}, {len(self.draft_q)}")
+            raise ValueError(
+                f"trace {self.question_id}: draft_next/draft_q need {n + 1} entries, "
+                f"got {len(self.draft_next)}, {len(self.draft_q)}"
+            )
         if self.head and not len(self.head_next) == len(self.head_q) == n + 1:
-            raise ValueError(f"trace {self.question_id}: head_next/head_q need {n + 1} rows, "
-                             f"got {len(self.head_next)}, {len(self.head_q)}")
+            raise ValueError(
+                f"trace {self.question_id}: head_next/head_q need {n + 1} rows, "
+                f"got {len(self.head_next)}, {len(self.head_q)}"
+            )
         if self.head and len({len(r) for r in (*self.head_next, *self.head_q)} | {0}) != 2:
             raise ValueError(f"trace {self.question_id}: head_next/head_q rows need one depth >= 1")
 
@@ -118,7 +122,7 @@ class Trace:
 
     @property
     def split(self) -> str:
-        """"tune" or "held-out" (``prompts.split_of``)."""
+        """ "tune" or "held-out" (``prompts.split_of``)."""
         return split_of(self.question_id)
 
     def truncated(self, max_new_tokens: int) -> Trace:
@@ -130,10 +134,15 @@ class Trace:
         if max_new_tokens >= self.max_new_tokens:
             return self
         keep = n + 1  # answers after each of the n + 1 positions prompt_len - 1 .. prompt_len + n - 1
-        return dataclasses.replace(self, tokens=self.tokens[: self.prompt_len + n], max_new_tokens=max_new_tokens,
-                                   draft_next=self.draft_next[:keep] if self.draft else self.draft_next,
-                                   draft_q=self.draft_q[:keep] if self.draft else self.draft_q,
-                                   head_next=self.head_next[:keep], head_q=self.head_q[:keep])
+        return dataclasses.replace(
+            self,
+            tokens=self.tokens[: self.prompt_len + n],
+            max_new_tokens=max_new_tokens,
+            draft_next=self.draft_next[:keep] if self.draft else self.draft_next,
+            draft_q=self.draft_q[:keep] if self.draft else self.draft_q,
+            head_next=self.head_next[:keep],
+            head_q=self.head_q[:keep],
+        )
 
 
 def trace_path(directory: Path, question_id: int) -> Path:
@@ -143,8 +152,14 @@ def trace_path(directory: Path, question_id: int) -> Path:
 def save_trace(trace: Trace, directory: Path) -> Path:
     """Write ``trace`` as ``<directory>/<question_id>.json`` atomically (``files.atomic_write``)."""
     path = trace_path(directory, trace.question_id)
-    text = json.dumps({**asdict(trace), "draft_q": [round(q, 5) for q in trace.draft_q],
-                       "head_q": [[round(q, 4) for q in row] for row in trace.head_q]}, separators=(",", ":"))
+    text = json.dumps(
+        {
+            **asdict(trace),
+            "draft_q": [round(q, 5) for q in trace.draft_q],
+            "head_q": [[round(q, 4) for q in row] for row in trace.head_q],
+        },
+        separators=(",", ":"),
+    )
     atomic_write(path, lambda f: f.write(text.encode()))
     return path
 
@@ -193,8 +208,9 @@ def draft_along(draft: torch.nn.Module, sequence: torch.Tensor, prompt_len: int)
 
 
 @torch.no_grad()
-def head_along(target: torch.nn.Module, head: Eagle3Head, sequence: torch.Tensor, prompt_len: int,
-               depth: int = HEAD_DEPTH) -> tuple[list[list[int]], list[list[float]]]:
+def head_along(
+    target: torch.nn.Module, head: Eagle3Head, sequence: torch.Tensor, prompt_len: int, depth: int = HEAD_DEPTH
+) -> tuple[list[list[int]], list[list[float]]]:
     """The head's chains along ``sequence`` [1, T] (prompt + output, n = T − prompt_len new tokens): for
     j = 0..n, the argmax over the target's vocabulary and its probability q(x) of the d-th token (d =
     1..``depth``) the head drafts after tokens[: prompt_len + j], feeding its own tokens as it drafts.
@@ -206,8 +222,9 @@ def head_along(target: torch.nn.Module, head: Eagle3Head, sequence: torch.Tensor
         raise ValueError(f"depth must be >= 1, got {depth}")
     t = sequence.shape[1]
     sequence = sequence.to(target.device)
-    features = hf_compat.forward(target, sequence, hf_compat.new_cache(target), 1,
-                                 feature_layers=head.config.aux_layers)[1]  # [1, T, 3·H_t]
+    features = hf_compat.forward(
+        target, sequence, hf_compat.new_cache(target), 1, feature_layers=head.config.aux_layers
+    )[1]  # [1, T, 3·H_t]
     whole = HeadCache(1)
     out = head.step(sequence[:, 1:], head.fuse(features[:, :-1]), torch.ones(1, t - 1, dtype=torch.bool), whole)
     starts = torch.arange(prompt_len - 1, t).clamp_min(1)  # [n+1]: the last entry before token prompt_len + j
@@ -220,16 +237,18 @@ def head_along(target: torch.nn.Module, head: Eagle3Head, sequence: torch.Tensor
         nxt.append(arg)
         q.append(conf)
         if d + 1 < depth:  # the next entry: the token just drafted with the head's own output, as it drafts
-            hidden = head.step(arg[:, None].to(sequence.device), hidden[:, None],
-                               torch.ones(len(starts), 1, dtype=torch.bool), rows)[:, 0]
+            hidden = head.step(
+                arg[:, None].to(sequence.device), hidden[:, None], torch.ones(len(starts), 1, dtype=torch.bool), rows
+            )[:, 0]
     return torch.stack(nxt, dim=1).tolist(), torch.stack(q, dim=1).tolist()
 
 
 def with_head(trace: Trace, target: torch.nn.Module, head: Eagle3Head, name: str, depth: int = HEAD_DEPTH) -> Trace:
     """``trace`` with the head ``name``'s chains along its tokens (``head_along``); the rest unchanged."""
     nxt, q = head_along(target, head, torch.tensor([trace.tokens]), trace.prompt_len, depth)
-    return dataclasses.replace(trace, head=name, head_next=tuple(tuple(r) for r in nxt),
-                               head_q=tuple(tuple(r) for r in q))
+    return dataclasses.replace(
+        trace, head=name, head_next=tuple(tuple(r) for r in nxt), head_q=tuple(tuple(r) for r in q)
+    )
 
 
 @torch.no_grad()
@@ -243,24 +262,47 @@ def prefill_ms(target: torch.nn.Module, prompt: torch.Tensor, repeats: int = 2) 
     return statistics.median(times)
 
 
-def trace_ids(target, draft, input_ids: torch.Tensor, max_new_tokens: int, ids: tuple[int, str],
-              names: tuple[str, str], source: str = "spec_bench") -> Trace:
+def trace_ids(
+    target,
+    draft,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    ids: tuple[int, str],
+    names: tuple[str, str],
+    source: str = "spec_bench",
+) -> Trace:
     """Plain greedy ``generate`` from input_ids [1, T], then the draft's teacher-forced pass along prompt +
     output. ids: (question_id, category); names: (target, draft) identities ("" draft: none)."""
     prompt_len = input_ids.shape[1]
-    out = target.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                          max_new_tokens=max_new_tokens, do_sample=False)  # [1, T + n]
+    out = target.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, do_sample=False
+    )  # [1, T + n]
     nxt, q = draft_along(draft, out, prompt_len) if draft is not None else ([], [])
     eos = target.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or ())
-    return Trace(ids[0], ids[1], prompt_len, tuple(out[0].tolist()), tuple(nxt), tuple(q), tuple(int(e) for e in eos),
-                 prefill_ms(target, input_ids), max_new_tokens, names[0], names[1], source)
+    return Trace(
+        ids[0],
+        ids[1],
+        prompt_len,
+        tuple(out[0].tolist()),
+        tuple(nxt),
+        tuple(q),
+        tuple(int(e) for e in eos),
+        prefill_ms(target, input_ids),
+        max_new_tokens,
+        names[0],
+        names[1],
+        source,
+    )
 
 
-def take_trace(target, tokenizer, draft, prompt: Prompt, max_new_tokens: int, names: tuple[str, str],
-               source: str = "spec_bench") -> Trace:
+def take_trace(
+    target, tokenizer, draft, prompt: Prompt, max_new_tokens: int, names: tuple[str, str], source: str = "spec_bench"
+) -> Trace:
     """``trace_ids`` on the chat-templated conversation of ``prompt``, as the bench runs it."""
-    inputs = tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True, return_tensors="pt",
-                                           return_dict=True)
-    return trace_ids(target, draft, inputs["input_ids"], max_new_tokens, (prompt.question_id, prompt.category),
-                     names, source)
+    inputs = tokenizer.apply_chat_template(
+        prompt.messages(), add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    return trace_ids(
+        target, draft, inputs["input_ids"], max_new_tokens, (prompt.question_id, prompt.category), names, source
+    )

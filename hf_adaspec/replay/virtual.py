@@ -107,8 +107,9 @@ class TraceCache:
         last ``keep`` columns."""
         return self.append_features(tokens, valid, keep, ())[0]
 
-    def append_features(self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def append_features(
+        self, tokens: torch.Tensor, valid: torch.Tensor | None, keep: int, layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``append``, and with ``layers`` (a ``VirtualHead``'s three) the virtual features of every column,
         [B, M, 3] float32: (the row's index in the request, the column's position, 0); None without layers.
         Raises ValueError for other than three layers (only a virtual head reads these features)."""
@@ -153,8 +154,13 @@ class TraceCaches:
     draft's over ``draft`` rows (holding a seed's prefix length); the caches made are kept for pricing. The
     ``head``'s entries (a ``VirtualHead``; None: no head) are bookkeeping in a ``HeadCache``."""
 
-    def __init__(self, target: Sequence[RowAnswers], draft: Sequence[RowAnswers], vocab_size: int,
-                 head: VirtualHead | None = None) -> None:
+    def __init__(
+        self,
+        target: Sequence[RowAnswers],
+        draft: Sequence[RowAnswers],
+        vocab_size: int,
+        head: VirtualHead | None = None,
+    ) -> None:
         self.target_rows, self.draft_rows, self.vocab_size = list(target), list(draft), vocab_size
         self.virtual_head = head
         self.made_target: TraceCache | None = None

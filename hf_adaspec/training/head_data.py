@@ -53,8 +53,13 @@ class Sequences:
 
     def save(self, path: Path) -> None:
         """Write atomically (safetensors)."""
-        tensors = {"tokens": self.tokens, "features": self.features, "top_ids": self.top_ids.int(),
-                   "top_logp": self.top_logp.half(), "scored": self.scored}
+        tensors = {
+            "tokens": self.tokens,
+            "features": self.features,
+            "top_ids": self.top_ids.int(),
+            "top_logp": self.top_logp.half(),
+            "scored": self.scored,
+        }
         atomic_write(path, lambda f: f.write(_serialize(tensors)))
 
     @classmethod
@@ -70,8 +75,12 @@ def _serialize(tensors: dict[str, torch.Tensor]) -> bytes:
 def source_files(roots: list[Path], seed: int = 0) -> list[Path]:
     """The ``*.py`` files under ``roots`` (no vendored copies, no tests), in a fixed shuffled order.
     Raises FileNotFoundError when there are none."""
-    files = sorted(p for root in roots for p in Path(root).rglob("*.py")
-                   if not set(p.relative_to(root).parts[:-1]) & set(EXCLUDED_PARTS))
+    files = sorted(
+        p
+        for root in roots
+        for p in Path(root).rglob("*.py")
+        if not set(p.relative_to(root).parts[:-1]) & set(EXCLUDED_PARTS)
+    )
     if not files:
         raise FileNotFoundError(f"no Python files under {[str(r) for r in roots]}")
     random.Random(seed).shuffle(files)
@@ -90,18 +99,29 @@ def chunks(tokenizer, files: list[Path], seq_len: int) -> Iterator[list[int]]:
 
 
 @torch.no_grad()
-def label(target: torch.nn.Module, tokens: torch.Tensor, aux_layers: tuple[int, ...], scored: torch.Tensor
-          ) -> Sequences:
+def label(
+    target: torch.nn.Module, tokens: torch.Tensor, aux_layers: tuple[int, ...], scored: torch.Tensor
+) -> Sequences:
     """One target forward over tokens [N, T]: its features at ``aux_layers`` and top-k next-token
     log-probabilities at every position."""
-    logits, features = hf_compat.forward(target, tokens, hf_compat.new_cache(target), tokens.shape[1],
-                                         feature_layers=aux_layers)  # [N, T, V], [N, T, 3·H_t]
+    logits, features = hf_compat.forward(
+        target, tokens, hf_compat.new_cache(target), tokens.shape[1], feature_layers=aux_layers
+    )  # [N, T, V], [N, T, 3·H_t]
     top, ids = torch.log_softmax(logits.cpu(), dim=-1).topk(TOP_K, dim=-1)  # [N, T, K]
     return Sequences(tokens, features.to(torch.bfloat16), ids, top, scored)
 
 
-def record(target, tokenizer, roots: list[Path], out: Path, tokens: int, aux_layers: tuple[int, ...],
-           seq_len: int = 512, shard_seqs: int = 16, batch: int = 4) -> list[Path]:
+def record(
+    target,
+    tokenizer,
+    roots: list[Path],
+    out: Path,
+    tokens: int,
+    aux_layers: tuple[int, ...],
+    seq_len: int = 512,
+    shard_seqs: int = 16,
+    batch: int = 4,
+) -> list[Path]:
     """Shards ``out/shard-00000.safetensors``... of ``shard_seqs`` sequences each, until ``tokens`` tokens are
     recorded; existing shards are kept (resume). Writes ``out/sources.json``: the stream's file order (the
     recorded text is a prefix of it).
@@ -115,15 +135,23 @@ def record(target, tokenizer, roots: list[Path], out: Path, tokens: int, aux_lay
     for path in paths:
         seqs = [next(stream) for _ in range(shard_seqs)]
         if not path.exists():
-            parts = [label(target, torch.tensor(seqs[i : i + batch]), aux_layers,
-                           torch.ones(len(seqs[i : i + batch]), seq_len, dtype=torch.bool))
-                     for i in range(0, shard_seqs, batch)]
+            parts = [
+                label(
+                    target,
+                    torch.tensor(seqs[i : i + batch]),
+                    aux_layers,
+                    torch.ones(len(seqs[i : i + batch]), seq_len, dtype=torch.bool),
+                )
+                for i in range(0, shard_seqs, batch)
+            ]
             Sequences(*(torch.cat(x) for x in zip(*(_fields(p) for p in parts), strict=True))).save(path)
         bar.update(per_shard)
     bar.close()
     read = [str(f) for f in files]
-    atomic_write(out / "sources.json", lambda f: f.write(json.dumps({"roots": [str(r) for r in roots],
-                                                                      "files_in_order": read}).encode()))
+    atomic_write(
+        out / "sources.json",
+        lambda f: f.write(json.dumps({"roots": [str(r) for r in roots], "files_in_order": read}).encode()),
+    )
     return paths
 
 
@@ -161,4 +189,3 @@ def held_out(traces: list[Trace], source: str) -> list[Trace]:
 def read_shards(paths: list[Path]) -> Sequences:
     """The shards ``paths`` as one set (in memory)."""
     return Sequences(*(torch.cat(x) for x in zip(*(_fields(Sequences.load(p)) for p in paths), strict=True)))
-

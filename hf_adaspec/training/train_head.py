@@ -64,13 +64,23 @@ class TrainConfig:
     train_steps: int = 0
 
     def __post_init__(self) -> None:
-        values = {"tokens": self.tokens, "epochs": self.epochs, "steps": self.steps, "lr": self.lr,
-                  "batch": self.batch, "draft_vocab": self.draft_vocab, "intermediate": self.intermediate,
-                  "eval_every": self.eval_every, "checkpoint_minutes": self.checkpoint_minutes}
+        values = {
+            "tokens": self.tokens,
+            "epochs": self.epochs,
+            "steps": self.steps,
+            "lr": self.lr,
+            "batch": self.batch,
+            "draft_vocab": self.draft_vocab,
+            "intermediate": self.intermediate,
+            "eval_every": self.eval_every,
+            "checkpoint_minutes": self.checkpoint_minutes,
+        }
         bad = {k: v for k, v in values.items() if not v > 0}
         if bad or self.warmup < 0 or self.train_steps < 0:
-            raise ValueError(f"train-head options must be positive: "
-                             f"{bad or {'warmup': self.warmup, 'train_steps': self.train_steps}}")
+            raise ValueError(
+                f"train-head options must be positive: "
+                f"{bad or {'warmup': self.warmup, 'train_steps': self.train_steps}}"
+            )
 
 
 def draft_vocabulary(data: Sequences, size: int, vocab: int) -> torch.Tensor:
@@ -89,8 +99,9 @@ def build_head(target, data: Sequences, config: TrainConfig) -> Eagle3Head:
     return head
 
 
-def batch_loss(head: Eagle3Head, data: Sequences, index: torch.Tensor, steps: int
-               ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+def batch_loss(
+    head: Eagle3Head, data: Sequences, index: torch.Tensor, steps: int
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """The training-time-test loss on ``data`` (a batch) and per step (agreements, scored entries)."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         outputs = ttt_forward(head, data.tokens, data.features, steps)  # steps × [B, T−1, H]
@@ -123,8 +134,9 @@ def train(target, data: Sequences, validation: dict[str, Sequences], config: Tra
     head = build_head(target, data, config)
     index, per_epoch = draft_index(head), -(-len(data) // config.batch)
     total = config.train_steps or max(1, int(per_epoch * config.epochs))
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr,
-                                  betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(
+        [p for p in head.parameters() if p.requires_grad], lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0
+    )
     state = _resume(out / "checkpoint.pt", head, optimizer, config)
     state.setdefault("seq_len", data.tokens.shape[1])
     order = _order(len(data), total, per_epoch, config.seed)
@@ -163,10 +175,15 @@ def _order(n: int, total: int, per_epoch: int, seed: int) -> list[torch.Tensor]:
 
 def _evaluate(head, validation, index, config, state, out: Path) -> None:
     head.eval()
-    point = {"step": state["step"], "tokens_seen": state["step"] * config.batch * state["seq_len"],
-             "hours": round(state["hours"], 4), "train_loss": round(state.get("loss", float("nan")), 4),
-             "alpha": {name: [round(a, 4) for a in agreement(head, data, index, config.steps)]
-                       for name, data in validation.items()}}
+    point = {
+        "step": state["step"],
+        "tokens_seen": state["step"] * config.batch * state["seq_len"],
+        "hours": round(state["hours"], 4),
+        "train_loss": round(state.get("loss", float("nan")), 4),
+        "alpha": {
+            name: [round(a, 4) for a in agreement(head, data, index, config.steps)] for name, data in validation.items()
+        },
+    }
     head.train()
     state["curve"].append(point)
     tqdm.write(json.dumps(point))
@@ -175,8 +192,10 @@ def _evaluate(head, validation, index, config, state, out: Path) -> None:
 
 def _checkpoint(path: Path, head, optimizer, config: TrainConfig, state: dict) -> None:
     buffer = io.BytesIO()
-    torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "config": asdict(config),
-                "state": state}, buffer)
+    torch.save(
+        {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "config": asdict(config), "state": state},
+        buffer,
+    )
     atomic_write(path, lambda f: f.write(buffer.getvalue()))
 
 
@@ -188,8 +207,10 @@ def _resume(path: Path, head, optimizer, config: TrainConfig) -> dict:
         return fresh
     saved = torch.load(path, weights_only=False)
     if saved["config"] != asdict(config):
-        raise ValueError(f"{path} was written with other options ({saved['config']}); use another --out or "
-                         "the same options to resume")
+        raise ValueError(
+            f"{path} was written with other options ({saved['config']}); use another --out or "
+            "the same options to resume"
+        )
     head.load_state_dict(saved["head"])
     optimizer.load_state_dict(saved["optimizer"])
     return saved["state"]

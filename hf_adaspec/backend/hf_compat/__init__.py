@@ -9,23 +9,75 @@ Tested against transformers 5.x (see pyproject's pin). The engine calls only the
 upgrade that moves an internal breaks this package alone.
 """
 
-from .cache_layers import (cache_length, cache_tensors, column_cache, copy_cache, dynamic_cache_of, new_cache,
-                           rollback, select_rows, synthetic_cache)
+from .cache_layers import (
+    cache_length,
+    cache_tensors,
+    column_cache,
+    copy_cache,
+    dynamic_cache_of,
+    new_cache,
+    rollback,
+    select_rows,
+    synthetic_cache,
+)
 from .criteria import StopSplit, position_free, split_stopping
-from .generate_options import (ASSISTED_GENERATION_OPTIONS, assisted_generation_options, eos_token_ids,
-                               pad_token_id, stop_strings_as_criteria)
+from .generate_options import (
+    ASSISTED_GENERATION_OPTIONS,
+    assisted_generation_options,
+    eos_token_ids,
+    pad_token_id,
+    stop_strings_as_criteria,
+)
 from .lean_attention import use_lean_attention
 from .masks import layer_masks
 from .model_calls import PACKED_SDPA, forward, forward_logits, raw_forward, use_packed_attention
-from .model_facts import (ATTENTION_TYPES, kv_shape, layer_types, model_identity, readout, speculation_reason,
-                          static_kv_reason, vocab_size, weights_identity)
+from .model_facts import (
+    ATTENTION_TYPES,
+    kv_shape,
+    layer_types,
+    model_identity,
+    readout,
+    speculation_reason,
+    static_kv_reason,
+    vocab_size,
+    weights_identity,
+)
 from .speculative_attention import AttentionSwap, speculative_attention
 
 __all__ = [
-    "ASSISTED_GENERATION_OPTIONS", "ATTENTION_TYPES", "AttentionSwap", "PACKED_SDPA", "assisted_generation_options",
-    "cache_length", "cache_tensors", "column_cache", "copy_cache", "dynamic_cache_of", "eos_token_ids", "forward",
-    "forward_logits", "kv_shape", "layer_masks", "layer_types", "model_identity", "new_cache", "pad_token_id",
-    "raw_forward", "readout", "rollback", "select_rows", "speculation_reason", "speculative_attention",
-    "static_kv_reason", "stop_strings_as_criteria", "synthetic_cache", "use_lean_attention", "use_packed_attention",
-    "vocab_size", "weights_identity",
+    "ASSISTED_GENERATION_OPTIONS",
+    "ATTENTION_TYPES",
+    "AttentionSwap",
+    "PACKED_SDPA",
+    "StopSplit",
+    "position_free",
+    "split_stopping",
+    "assisted_generation_options",
+    "cache_length",
+    "cache_tensors",
+    "column_cache",
+    "copy_cache",
+    "dynamic_cache_of",
+    "eos_token_ids",
+    "forward",
+    "forward_logits",
+    "kv_shape",
+    "layer_masks",
+    "layer_types",
+    "model_identity",
+    "new_cache",
+    "pad_token_id",
+    "raw_forward",
+    "readout",
+    "rollback",
+    "select_rows",
+    "speculation_reason",
+    "speculative_attention",
+    "static_kv_reason",
+    "stop_strings_as_criteria",
+    "synthetic_cache",
+    "use_lean_attention",
+    "use_packed_attention",
+    "vocab_size",
+    "weights_identity",
 ]

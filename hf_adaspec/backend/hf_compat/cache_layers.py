@@ -33,8 +33,9 @@ class GrowingLayer(DynamicLayer):
     def _view(self) -> None:
         self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[2]
@@ -84,8 +85,10 @@ def new_cache(model: torch.nn.Module) -> DynamicCache:
     (layers without keys and values) as transformers makes them."""
     cache = DynamicCache(config=model.config)
     windows = layer_windows(model)
-    cache.layers = [GrowingLayer(windows[kind]) if kind in ATTENTION_TYPES else layer
-                    for layer, kind in zip(cache.layers, layer_types(model), strict=True)]
+    cache.layers = [
+        GrowingLayer(windows[kind]) if kind in ATTENTION_TYPES else layer
+        for layer, kind in zip(cache.layers, layer_types(model), strict=True)
+    ]
     return cache
 
 
@@ -146,8 +149,9 @@ class _ColumnLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to allocate: the arena exists before the first forward."""
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.keys.index_copy_(2, self.columns, key_states.to(self.dtype))
         self.values.index_copy_(2, self.columns, value_states.to(self.dtype))
         return self.keys, self.values

@@ -16,15 +16,34 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from transformers import (EosTokenCriteria, EpsilonLogitsWarper, EtaLogitsWarper, InfNanRemoveLogitsProcessor,
-                          MaxLengthCriteria, MinPLogitsWarper, StoppingCriteriaList, SuppressTokensLogitsProcessor,
-                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, TypicalLogitsWarper)
+from transformers import (
+    EosTokenCriteria,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    InfNanRemoveLogitsProcessor,
+    MaxLengthCriteria,
+    MinPLogitsWarper,
+    StoppingCriteriaList,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
 from transformers.generation.logits_process import LogitNormalization
 
-_POSITION_FREE = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, TypicalLogitsWarper,
-                  EpsilonLogitsWarper, EtaLogitsWarper, SuppressTokensLogitsProcessor, InfNanRemoveLogitsProcessor,
-                  LogitNormalization)
+_POSITION_FREE = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    SuppressTokensLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
+)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,15 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 # transformers' own assisted generation: GenerationConfig fields, also generate keywords (with the
 # generate-only ``assistant_tokenizer``, see ``assisted_generation_options``); the custom_generate path ignores them
 ASSISTED_GENERATION_OPTIONS = (
-    "prompt_lookup_num_tokens", "max_matching_ngram_size", "num_assistant_tokens", "num_assistant_tokens_schedule",
-    "assistant_confidence_threshold", "assistant_early_exit", "assistant_lookbehind", "target_lookbehind", "use_mtp",
+    "prompt_lookup_num_tokens",
+    "max_matching_ngram_size",
+    "num_assistant_tokens",
+    "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold",
+    "assistant_early_exit",
+    "assistant_lookbehind",
+    "target_lookbehind",
+    "use_mtp",
 )
 
 

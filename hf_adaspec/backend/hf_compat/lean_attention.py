@@ -57,9 +57,14 @@ class LeanAttention(torch.nn.Module):
         self.keywords = keywords(attention)
         self.eager = sys.modules[type(attention).__module__].eager_attention_forward  # its forward's default
 
-    def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                attention_mask: torch.Tensor | None = None, past_key_values=None, **kwargs
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n = hidden_states.shape[:2]
         cos, sin = position_embeddings  # [B or 1, n, D]
         q, k, v = rope_split(self.qkv(hidden_states), cos, sin, self.heads, self.kv_heads, self.qkv.directory)
@@ -67,8 +72,17 @@ class LeanAttention(torch.nn.Module):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, inner.layer_idx)  # [B, H_kv, L, D]
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(inner.config._attn_implementation, self.eager)
-        out, weights = attend(inner, q, k, v, attention_mask, dropout=inner.attention_dropout if self.training
-                              else 0.0, scaling=inner.scaling, **self.keywords, **kwargs)  # out [B, n, H, D]
+        out, weights = attend(
+            inner,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=inner.attention_dropout if self.training else 0.0,
+            scaling=inner.scaling,
+            **self.keywords,
+            **kwargs,
+        )  # out [B, n, H, D]
         return self.o_proj(out.reshape(b, n, -1).contiguous()), weights
 
 
@@ -78,8 +92,12 @@ def _fused_qkv(attention: torch.nn.Module) -> bool:
     if not all(isinstance(p, Q4Slice) for p in parts) or len({id(p.layer) for p in parts}) != 1:
         return False
     bounds = [p.bounds for p in parts]
-    return (bounds[0][0] == 0 and bounds[0][1] == bounds[1][0] and bounds[1][1] == bounds[2][0]
-            and bounds[2][1] == parts[0].layer.out_features)
+    return (
+        bounds[0][0] == 0
+        and bounds[0][1] == bounds[1][0]
+        and bounds[1][1] == bounds[2][0]
+        and bounds[2][1] == parts[0].layer.out_features
+    )
 
 
 def use_lean_attention(model: torch.nn.Module) -> int:

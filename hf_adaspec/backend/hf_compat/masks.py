@@ -12,8 +12,9 @@ from .cache_layers import windowed_layers
 from .model_facts import layer_windows
 
 
-def _allowed(model: torch.nn.Module, visible: torch.Tensor, query_positions: torch.Tensor,
-             key_positions: torch.Tensor) -> dict[str, torch.Tensor]:
+def _allowed(
+    model: torch.nn.Module, visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Per attention layer type, ``visible`` [B, 1, n, L] (bool, the full-attention pattern) narrowed by the
     type's window counted in token positions (query_positions [B, n], key_positions [B, L])."""
     out = {}
@@ -24,7 +25,9 @@ def _allowed(model: torch.nn.Module, visible: torch.Tensor, query_positions: tor
             out[kind] = visible & (query_positions[:, None, :, None] - key_positions[:, None, None, :] < window[1])
         else:
             chunk = window[1]
-            out[kind] = visible & (query_positions[:, None, :, None] // chunk == key_positions[:, None, None, :] // chunk)
+            out[kind] = visible & (
+                query_positions[:, None, :, None] // chunk == key_positions[:, None, None, :] // chunk
+            )
     return out
 
 
@@ -33,14 +36,23 @@ def _implementation_form(model: torch.nn.Module, allowed: torch.Tensor) -> torch
     mask itself; eager: additive float, …). Raises ValueError for one without 4-D masks (flash attention)."""
     impl = model.config._attn_implementation
     if impl not in ALL_MASK_ATTENTION_FUNCTIONS or impl.startswith("flash"):
-        raise ValueError(f"attention implementation {impl!r} takes no 4-D masks, which rows with holes and "
-                         "windowed layers need; load the model with attn_implementation='sdpa'")
+        raise ValueError(
+            f"attention implementation {impl!r} takes no 4-D masks, which rows with holes and "
+            "windowed layers need; load the model with attn_implementation='sdpa'"
+        )
     if ALL_MASK_ATTENTION_FUNCTIONS[impl] is sdpa_mask:
         return allowed
     return ALL_MASK_ATTENTION_FUNCTIONS[impl](
-        batch_size=allowed.shape[0], q_length=allowed.shape[2], kv_length=allowed.shape[3],
-        mask_function=lambda b, h, q, kv: allowed[b, 0, q, kv], attention_mask=None, allow_is_causal_skip=False,
-        dtype=model.dtype, config=model.config, device=allowed.device)
+        batch_size=allowed.shape[0],
+        q_length=allowed.shape[2],
+        kv_length=allowed.shape[3],
+        mask_function=lambda b, h, q, kv: allowed[b, 0, q, kv],
+        attention_mask=None,
+        allow_is_causal_skip=False,
+        dtype=model.dtype,
+        config=model.config,
+        device=allowed.device,
+    )
 
 
 def _one_or_by_type(masks: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -48,8 +60,9 @@ def _one_or_by_type(masks: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, 
     return next(iter(masks.values())) if len(masks) == 1 else masks
 
 
-def layer_masks(model: torch.nn.Module, visible: torch.Tensor, query_positions: torch.Tensor,
-                key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+def layer_masks(
+    model: torch.nn.Module, visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor | dict[str, torch.Tensor]:
     """4-D attention masks for a block of n queries over L columns, in the form ``model``'s attention
     implementation reads, narrowed per layer type by its window counted in token positions (so holes in a
     row do not shorten it).
@@ -62,8 +75,9 @@ def layer_masks(model: torch.nn.Module, visible: torch.Tensor, query_positions: 
     return _one_or_by_type({kind: _implementation_form(model, a) for kind, a in allowed.items()})
 
 
-def block_masks(model: torch.nn.Module, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
-                 ) -> torch.Tensor | dict[str, torch.Tensor]:
+def block_masks(
+    model: torch.nn.Module, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
+) -> torch.Tensor | dict[str, torch.Tensor]:
     """The 4-D masks of a block of n tokens appended to rows with holes: mask [B, L + n] long (1 = a token of the
     row, the block's own columns last), positions [B, n]. A column is visible to a query when it is a token of
     the row at or before it; a padding query sees itself (no row of the mask is empty). Windowed layers of

@@ -31,8 +31,10 @@ def speculation_reason(model: torch.nn.Module) -> str | None:
     other = sorted(set(layer_types(model)) - {*ATTENTION_TYPES, _NO_KV})
     if other or model._is_stateful:
         layers = f"{', '.join(other)} layers" if other else "layers with a recurrent state"
-        return (f"{type(model).__name__} has {layers}, which cannot roll back rejected draft tokens; "
-                "speculation needs attention layers that keep keys and values (full, sliding-window or chunked)")
+        return (
+            f"{type(model).__name__} has {layers}, which cannot roll back rejected draft tokens; "
+            "speculation needs attention layers that keep keys and values (full, sliding-window or chunked)"
+        )
     return None
 
 
@@ -161,6 +163,8 @@ def readout(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     is quantized (load the target with a dense head: bitsandbytes keeps it dense by default)."""
     weight = model.get_output_embeddings().weight
     if weight.dim() != 2 or weight.shape[1] != model.config.get_text_config().hidden_size:
-        raise ValueError(f"the output head's weight is {tuple(weight.shape)}: a quantized head; load the target "
-                         "with a dense output head")
+        raise ValueError(
+            f"the output head's weight is {tuple(weight.shape)}: a quantized head; load the target "
+            "with a dense output head"
+        )
     return weight.detach().float(), model.get_decoder().norm.weight.detach().float()

@@ -67,9 +67,11 @@ class AttentionSwap:
 
     def _current(self) -> bool:
         """Whether what was noted still holds outside speculation: each config's implementation and module."""
-        return self._configs is not None and all(
-            c.config._attn_implementation_internal == c.own for c in self._configs) and all(
-            m.parent.get_submodule(m.name) is m.own for m in self._modules)
+        return (
+            self._configs is not None
+            and all(c.config._attn_implementation_internal == c.own for c in self._configs)
+            and all(m.parent.get_submodule(m.name) is m.own for m in self._modules)
+        )
 
     def swap_in(self) -> None:
         """Switch to speculation's attention (no-op while already switched)."""
@@ -87,12 +89,17 @@ class AttentionSwap:
             lean_before = {id(m) for m in model.modules() if isinstance(m, LeanAttention)}
             use_packed_attention(model)
             use_lean_attention(model)
-            self._configs = tuple(_Config(c, before, c._attn_implementation_internal)  # the model's own always
-                                  for c, before in zip(configs, own, strict=True)
-                                  if c is model.config or c._attn_implementation_internal != before)
-            self._modules = tuple(_Module(parent, name, child.inner, child) for parent in model.modules()
-                                  for name, child in parent.named_children()
-                                  if isinstance(child, LeanAttention) and id(child) not in lean_before)
+            self._configs = tuple(
+                _Config(c, before, c._attn_implementation_internal)  # the model's own always
+                for c, before in zip(configs, own, strict=True)
+                if c is model.config or c._attn_implementation_internal != before
+            )
+            self._modules = tuple(
+                _Module(parent, name, child.inner, child)
+                for parent in model.modules()
+                for name, child in parent.named_children()
+                if isinstance(child, LeanAttention) and id(child) not in lean_before
+            )
         self._swapped = True
 
     def swap_out(self) -> None:
