@@ -75,33 +75,37 @@ def draft_chain(
     left empty: a softmax per column saved). ``views``: each row's padded view (what processors see).
     """
     b, views, kept = len(views), list(views), list(ks)  # row i keeps its first kept[i] tokens
-    drafted, probs, confs, token = [], [], [], None
+    drafted, probs, table, token = [], [], [[] for _ in range(b)], None  # table: per row its confidences
+    eos = set(sampler.eos.tolist())
     for j in range(max(ks)):
         token, q, conf = sampler.draw(views, column(j, token), stop is not None)  # [b], [b, V], [b]
         host, conf = _to_host(token, conf)  # one transfer per column; ``token`` stays where the drafter runs
         drafted.append(host)
         probs.append(q)
-        confs.append(conf)
-        eos = torch.isin(host, sampler.eos).tolist() if sampler.eos.numel() else [False] * b
-        kept = [j + 1 if k > j and hit else k for k, hit in zip(kept, eos, strict=True)]
+        if conf is not None:
+            for row, c in zip(table, conf.tolist(), strict=True):
+                row.append(c)
+        if eos:
+            kept = [j + 1 if k > j and t in eos else k for k, t in zip(kept, host.tolist(), strict=True)]
         if sampler.logits_processor:
             views = [torch.cat([v, host[i : i + 1]]) for i, v in enumerate(views)]
         growing = [k > j + 1 for k in kept]
         if not any(growing):
             break
-        if stop is not None:
-            table = torch.stack(confs, dim=1).tolist()  # [b, j+1]
-            if stop(j + 1, [tuple(r[:k]) for r, k in zip(table, kept)], growing):
-                break
+        if stop is not None and stop(j + 1, [tuple(r[:k]) for r, k in zip(table, kept, strict=True)], growing):
+            break
     out = torch.stack(drafted, dim=1)  # [b, J]
-    kept = [min(k, out.shape[1]) for k in kept]
+    width = out.shape[1]
+    kept = [min(k, width) for k in kept]
     offsets = [0]
     for k in kept:
         offsets.append(offsets[-1] + k)
-    keep = torch.arange(out.shape[1])[None, :] < torch.tensor(kept)[:, None]  # [b, J]: each row's first k_i
+    confidences = tuple(tuple(row[:k]) for row, k in zip(table, kept, strict=True)) if stop is not None else ()
+    if min(kept) == width:  # every row kept every column: the flat layout is the block's
+        q = torch.stack(probs, dim=1).reshape(-1, probs[0].shape[-1]) if sampler.do_sample else None  # [Σ k_i, V]
+        return Proposals(out.reshape(-1), tuple(offsets), q, confidences)
+    keep = torch.arange(width)[None, :] < torch.tensor(kept)[:, None]  # [b, J]: each row's first k_i
     q = torch.stack(probs, dim=1)[keep.to(probs[0].device)] if sampler.do_sample else None  # [Σ k_i, V]
-    table = torch.stack(confs, dim=1).tolist() if stop is not None else None
-    confidences = tuple(tuple(table[i][:k]) for i, k in enumerate(kept)) if table is not None else ()
     return Proposals(out[keep], tuple(offsets), q, confidences)
 
 
