@@ -1,11 +1,13 @@
 r"""The verification curve per q4 kernel path: a model's forwards over 1 … 9 new tokens at context 128 (the costs the
-controller prices), t(n) and t(n)/t(1), for each code path of ``hf_adaspec/kernels/q4.c`` this CPU runs, with an
-A/A (the first path timed twice).
+controller prices), t(n) and t(n)/t(1), for each code path of ``hf_adaspec/kernels/q4.c`` this CPU runs (AVX2,
+AVX-VNNI, AVX512-VNNI: ``q4.PATHS``), with an A/A (the first path timed twice).
 
 One process, one model loaded in q4 with its head quantized and enabled (its lean attention, as ``generate`` runs
-it). Each round times, per width, every path in an order
-that alternates between rounds; medians over rounds (the first 2 dropped). ``llama-bench -p 1,2,3,5,9`` gives
-llama.cpp's own curve on the same file (``--llama-bench``). Last line: one JSON object.
+it). Each round times, per width, every path in an order that alternates between rounds; medians over rounds (the
+first 2 dropped). ``--llama-bench`` (repeatable, ``label=path`` or a path) gives llama.cpp's own curve on the same
+file: each binary's ``llama-bench -p 1,2,…,9 -n 0 -r 1 -d <--llama-depth>`` once per round after ours, binaries
+in alternating order, medians over the same rounds (``--llama-depth 128``: at our context). The processor's flags
+are recorded. Last line: one JSON object (also written to ``--out``, with the command).
 
     python benchmarks/verify_curve.py --model qwen2.5-coder-1.5b --rounds 10 \
         --llama-bench ~/.cache/llama-cpp-anchor/build-native/bin/llama-bench
@@ -17,7 +19,9 @@ import argparse
 import json
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
@@ -49,40 +53,42 @@ def _forward_on(ceiling: str):
     return forward
 
 
-def _llama_bench(binary: str, model: str, widths: list[int], threads: int) -> dict[str, float]:
-    """llama-bench's ms per n-token prompt forward on the preset's GGUF file (its -p n, mean of its repetitions)."""
+def _llama_bench(binary: str, model: str, widths: list[int], threads: int, depth: int) -> dict[str, float]:
+    """llama-bench's ms per n-token prompt forward after ``depth`` tokens on the preset's GGUF file (its -p n, mean of
+    1 repetition after its warmup). Raises CalledProcessError when llama-bench fails."""
     asset = next(v for v in vars(PRESETS[model]).values() if isinstance(v, assets.GgufAsset))
-    done = subprocess.run(
-        [
-            binary,
-            "-m",
-            str(assets.assemble(asset)),
-            "-p",
-            ",".join(map(str, widths)),
-            "-n",
-            "0",
-            "-t",
-            str(threads),
-            "-r",
-            "5",
-            "-o",
-            "json",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return {str(row["n_prompt"]): round(row["avg_ns"] / 1e6, 2) for row in json.loads(done.stdout)}
+    command = [binary, "-m", str(assets.assemble(asset)), "-p", ",".join(map(str, widths)), "-n", "0"]
+    command += ["-t", str(threads), "-r", "1", "-d", str(depth), "-o", "json"]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return {str(row["n_prompt"]): row["avg_ns"] / 1e6 for row in json.loads(done.stdout)}
 
 
-def main() -> None:
+def _cpu_flags() -> list[str]:
+    """The processor's vector flags as Linux names them (empty elsewhere)."""
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        return []
+    line = next((row for row in info.read_text().splitlines() if row.startswith("flags")), "")
+    return sorted(f for f in line.split(":")[-1].split() if f.startswith(("avx", "amx", "fma", "f16c")))
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--widths", default="1,2,3,4,5,6,7,8,9")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--llama-bench", default=None, help="llama-bench binary for llama.cpp's curve (optional)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--llama-bench", action="append", default=[], help="[label=]llama-bench binary for llama.cpp's curve"
+    )
+    parser.add_argument("--llama-depth", type=int, default=0, help="llama-bench's -d: tokens in the cache before")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
     widths = [int(w) for w in args.widths.split(",")]
+    benches = dict(b.split("=", 1) if "=" in b else ("llama.cpp", b) for b in args.llama_bench)
     model = hf_adaspec.enable(hf_adaspec.load(args.model, quantization="q4", quantize_lm_head=True).model)  # as decoded
     directory = next(m for m in model.modules() if isinstance(m, q4.Q4Linear)).directory
     paths = [p for p in q4.PATHS[1:] if q4.path(directory, p) == p]
@@ -100,27 +106,34 @@ def main() -> None:
                     if r >= 2:
                         ms.setdefault(name, {}).setdefault(str(n), []).append((time.perf_counter() - start) * 1e3)
                     cache.crop(-n)
+            q4.Q4Linear.forward = native
+            for label in list(benches) if r % 2 else list(benches)[::-1]:
+                curve = _llama_bench(benches[label], args.model, widths, torch.get_num_threads(), args.llama_depth)
+                for n, t in curve.items():
+                    if r >= 2:
+                        ms.setdefault(label, {}).setdefault(n, []).append(t)
     q4.Q4Linear.forward = native
     out = {name: {n: round(statistics.median(v), 2) for n, v in per.items()} for name, per in ms.items()}
-    if args.llama_bench:
-        out["llama.cpp"] = _llama_bench(args.llama_bench, args.model, widths, torch.get_num_threads())
     ratios = {name: {n: round(t / curve[str(widths[0])], 3) for n, t in curve.items()} for name, curve in out.items()}
     for name in out:
         print(f"{name:>16}: " + "  ".join(f"{n}:{out[name][n]:.1f} ({ratios[name][n]:.2f})" for n in out[name]))
-    print(
-        json.dumps(
-            {
-                "model": args.model,
-                "cpu": processor_name(),
-                "threads": torch.get_num_threads(),
-                "aten_cpu": torch.backends.cpu.get_cpu_capability(),
-                "rounds": args.rounds,
-                "context": 128,
-                "ms": out,
-                "t(n)/t(1)": ratios,
-            }
-        )
-    )
+    result = {
+        "command": "python " + " ".join(sys.argv),
+        "model": args.model,
+        "cpu": processor_name(),
+        "cpu_flags": _cpu_flags(),
+        "q4_paths": paths,
+        "threads": torch.get_num_threads(),
+        "aten_cpu": torch.backends.cpu.get_cpu_capability(),
+        "rounds": args.rounds,
+        "context": 128,
+        "llama_bench": {"binaries": benches, "depth": args.llama_depth, "repetitions": 1} if benches else None,
+        "ms": out,
+        "t(n)/t(1)": ratios,
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The q4 kernel (``kernels/q4``, ``kernels/blocks``): GGUF blocks read bit for bit, the integer matmul against its
-exact emulation in float64, the plain-C path against the AVX2 one, fused segments, the layer, and the errors that
-name a fix. Built once per session into a temporary directory (conftest's ``kernel_dir``)."""
+exact emulation in float64, the plain-C path against the vector ones (AVX-VNNI against AVX2 bit for bit where the CPU
+has it), the path chosen from the CPU's flags, fused segments, the layer, and the errors that name a fix. Built once per
+session into a temporary directory (conftest's ``kernel_dir``)."""
 
 from __future__ import annotations
 
@@ -126,6 +127,7 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kdir, ceiling):
 
 def test_the_path_follows_the_cpu_capped_by_aten_cpu_capability_and_the_ceiling(kdir, monkeypatch):
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv(q4.PATH_ENV, raising=False)
     best = q4.path(kdir)
     assert best in q4.PATHS and q4.path(kdir, "portable") == "portable"
     assert q4.path(kdir, "avx2") == min(best, "avx2", key=q4.PATHS.index)
@@ -133,8 +135,73 @@ def test_the_path_follows_the_cpu_capped_by_aten_cpu_capability_and_the_ceiling(
     assert q4.path(kdir) == min(best, "avx2", key=q4.PATHS.index)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     assert q4.path(kdir) == "portable"
-    with pytest.raises(ValueError, match="no q4 kernel path 'avx3': choose one of portable, avx2, avx512_vnni"):
+    with pytest.raises(ValueError, match="no q4 kernel path 'avx3': choose one of portable, avx2, avx_vnni, avx512"):
         q4.path(kdir, "avx3")
+
+
+AVX2_ONLY = {"avx", "avx2", "fma", "f16c"}
+ALDER_LAKE = AVX2_ONLY | {"avx_vnni"}
+CASCADE_LAKE = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512cd", "avx512_vnni"}
+ZEN5 = CASCADE_LAKE | {"avx_vnni", "avx512_bf16"}
+
+
+@pytest.mark.parametrize(
+    "flags,ceiling,chosen",
+    [
+        (set(), "avx512_vnni", "portable"),
+        ({"avx2", "avx_vnni"}, "avx512_vnni", "portable"),  # no FMA: not even the AVX2 path
+        (AVX2_ONLY, "avx512_vnni", "avx2"),
+        (ALDER_LAKE, "avx512_vnni", "avx_vnni"),
+        (ALDER_LAKE, "avx2", "avx2"),
+        (CASCADE_LAKE, "avx512_vnni", "avx512_vnni"),
+        (CASCADE_LAKE, "avx_vnni", "avx2"),  # AVX-512 VNNI does not imply AVX-VNNI
+        (CASCADE_LAKE - {"avx512bw"}, "avx512_vnni", "avx2"),
+        (ZEN5, "avx512_vnni", "avx512_vnni"),
+        (ZEN5, "avx_vnni", "avx_vnni"),
+        (ZEN5, "portable", "portable"),
+    ],
+)
+def test_the_path_is_the_fastest_whose_instructions_the_flags_name(flags, ceiling, chosen):
+    assert q4.choose(flags, ceiling) == chosen
+
+
+def test_the_kernel_chooses_as_choose_does_and_the_environment_caps_it(kdir, monkeypatch):
+    """The C side's own choice (q4_isa, and the path q4_linear runs for each ceiling) is ``choose`` over the flags it
+    detects; ``HF_ADASPEC_Q4_PATH`` names the fastest path to take, in place of ``ATEN_CPU_CAPABILITY``'s cap."""
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv(q4.PATH_ENV, raising=False)
+    flags = q4.cpu_flags(kdir)
+    assert flags <= set(q4.FLAGS)
+    assert q4.PATHS[q4.library(kdir).q4_isa()] == q4.choose(flags) == q4.path(kdir)
+    for ceiling in q4.PATHS:
+        assert q4.path(kdir, ceiling) == q4.choose(flags, ceiling)
+        monkeypatch.setenv(q4.PATH_ENV, ceiling)
+        assert q4.path(kdir) == q4.choose(flags, ceiling)
+        assert q4.path(kdir, "avx2") == q4.choose(flags, min(ceiling, "avx2", key=q4.PATHS.index))
+        monkeypatch.delenv(q4.PATH_ENV)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # torch's cap, unless the kernel's own variable names one
+    assert q4.path(kdir) == q4.choose(flags, "avx2")
+    monkeypatch.setenv(q4.PATH_ENV, "avx_vnni")
+    assert q4.path(kdir) == q4.choose(flags, "avx_vnni")
+    monkeypatch.setenv(q4.PATH_ENV, "avx3")
+    with pytest.raises(ValueError, match="HF_ADASPEC_Q4_PATH='avx3' is no q4 kernel path: choose one of portable"):
+        q4.path(kdir)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+def test_the_avx_vnni_path_is_the_avx2_path_bit_for_bit(kdir, m, dtype):
+    """vpdpbusd's exact int32 group sums times the int32 scales are the integers AVX2's maddubs and madd give, and the
+    float operations after are the same: equal results, every kind and row count. Runs where the CPU has AVX-VNNI."""
+    if q4.path(kdir, "avx_vnni") != "avx_vnni":
+        pytest.skip("this CPU (or compiler) has no AVX-VNNI path")
+    torch.manual_seed(m)
+    k = 768
+    parts = [gguf_rows(t, 20, k, i, kdir) for i, t in enumerate(("Q4_K", "Q6_K", "Q8_0", "Q5_0"))]
+    layer, x = _layer(parts, k, kdir), (torch.randn(m, k) * torch.rand(m, 1) * 4).to(dtype)
+    args, bias = (layer.blocks, layer.kind_ids, layer.rows, k, kdir), torch.randn(80)
+    vnni = q4.linear(x, *args, bias=bias, ceiling="avx_vnni")  # [m, 80]
+    assert vnni.dtype == dtype and torch.equal(vnni, q4.linear(x, *args, bias=bias, ceiling="avx2"))
 
 
 def test_segments_of_several_kinds_are_the_separate_products_side_by_side(kdir):

@@ -1,4 +1,4 @@
-/* Block-quantized weights times 8-bit activations: the GGUF file's own Q4_K, Q6_K and Q8_0 blocks, on AVX2.
+/* Block-quantized weights times 8-bit activations: the GGUF file's own Q4_K, Q6_K and Q8_0 blocks, on AVX2 and up.
 
 Weights come in kinds, each a superblock of 256 input features of one output row: Q4K (8 groups of 32,
 w = d*sc*q - dmin*m, q in 0..15, 6-bit sc and m, fp16 d and dmin: llama.cpp's Q4_K), Q6K (16 groups of 16,
@@ -19,9 +19,14 @@ times x with w's sign), 4 vectors (the first or second 16 of each group of 32) s
 superblock's dot product is then integer sums times one float: dx * (d * sum_g sc_g * S_g - dmin * sum_g m_g * X_g)
 for Q4K (X_g the activations' group sum), dx * d * sum sc * S for Q6K, dx * sum_g d_g * S_g for Q80.
 
+The AVX-VNNI path (the 256-bit, VEX-encoded vpdpbusd: flag avx_vnni, Intel since Alder Lake with or without
+AVX-512, AMD since Zen 5) is the AVX2 path's loops (ROWS256) with vpdpbusd in place of each maddubs-and-add: group
+l's sum lands in int32 lane l exactly, then one mullo by the groups' int32 scales gives the integer the AVX2 path's
+madd gives, so both paths give the same result bit for bit.
+
 A matrix is a list of segments (consecutive output rows of one kind), so fused layers whose rows differ in kind
 (a Q4_K query beside a Q6_K value) are one call. Each weight superblock is decoded once per R <= 4 activation
-rows (verification multiplies up to k + 1 rows). Output rows are split over threads; each thread requests its
+rows on the 256-bit paths (verification multiplies up to k + 1 rows). Output rows are split over threads; each thread requests its
 weights a few kilobytes ahead of the superblock it multiplies (PREFETCH).
 
 The VNNI path (AVX512F/BW/VL + AVX512-VNNI: Xeon since Cascade Lake, Zen 4 and later) multiplies with vpdpbusd,
@@ -34,9 +39,10 @@ Q80's are offset by 128, and each activation block carries its half-group sums (
 32 hs (Q6K) or 128 hs (Q80) is subtracted per row: one int32 vector operation, no sign trick. Rows are taken 8
 at a time (verification multiplies k + 1 <= 9 rows), so a weight superblock is decoded once per 8 activation rows.
 
-The vector kernels are compiled by function attribute and run only where the CPU has their instructions (q4_isa(),
-checked once: 2 VNNI, 1 AVX2 + FMA + F16C, 0 neither); q4_linear runs the best path at most its isa argument
-(0 plain C, 1 AVX2, 2 VNNI), so one CPU reproduces the older paths. Elsewhere (other CPUs, other architectures) the
+The vector kernels are compiled by function attribute and run only where the CPU has their instructions
+(q4_cpu_flags, checked once; NEEDS); the paths are numbered 0 plain C, 1 AVX2 (+ FMA + F16C), 2 AVX-VNNI, 3 VNNI
+(AVX512), q4_isa() is the best this CPU runs, and q4_linear runs the fastest path at most its isa argument that the
+CPU runs, so one CPU reproduces the older paths. Elsewhere (other CPUs, other architectures) the
 same integer arithmetic runs in plain C, slowly; every path gives the same result up to the order of float
 additions.
 
@@ -50,6 +56,11 @@ call: a layer's step costs one foreign call and no tensor operations around it. 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+/* AVX-VNNI (VEX vpdpbusd) needs gcc 11 or clang 12; an older compiler builds the other paths only. */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define HAVE_AVXVNNI 1
+#define AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#endif
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 /* inlined into each row count's caller, so that R is a constant and acc[] stays in registers */
 #define VNNI_INLINE VNNI __attribute__((always_inline))
@@ -77,22 +88,45 @@ typedef struct { int8_t qs[256]; int32_t hs[16]; float dsum[8]; int16_t bsum[8];
 
 static const int BLOCK_BYTES[KINDS] = {(int)sizeof(q4k_block), (int)sizeof(q6k_block), (int)sizeof(q80_block)};
 
-/* The best path this CPU runs: 2 VNNI (AVX512F, BW, VL and VNNI), 1 AVX2 (with FMA and F16C), 0 plain C. */
-int q4_isa(void) {
+/* The instructions the paths need, one bit each (q4.py's FLAGS, in this order), and each path's (PATHS: 0 plain C,
+   1 AVX2, 2 AVX-VNNI, 3 AVX512-VNNI). */
+enum { F_AVX2 = 1, F_FMA = 2, F_F16C = 4, F_AVXVNNI = 8, F_AVX512F = 16, F_AVX512BW = 32, F_AVX512VL = 64,
+       F_AVX512VNNI = 128, F_BASE = F_AVX2 | F_FMA | F_F16C, PATHS = 4 };
+static const int NEEDS[PATHS] = {0, F_BASE, F_BASE | F_AVXVNNI,
+                                 F_BASE | F_AVX512F | F_AVX512BW | F_AVX512VL | F_AVX512VNNI};
+
+/* The FLAGS bits this CPU has (checked once; avx_vnni only where this compiler builds its path; 0 off x86-64). */
+int q4_cpu_flags(void) {
 #if defined(__x86_64__)
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
-        int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-        int vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-                   && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-        known = avx2 ? 1 + vnni : 0;
+        int have = (!!__builtin_cpu_supports("avx2")) * F_AVX2 | (!!__builtin_cpu_supports("fma")) * F_FMA
+                   | (!!__builtin_cpu_supports("f16c")) * F_F16C | (!!__builtin_cpu_supports("avx512f")) * F_AVX512F
+                   | (!!__builtin_cpu_supports("avx512bw")) * F_AVX512BW
+                   | (!!__builtin_cpu_supports("avx512vl")) * F_AVX512VL
+                   | (!!__builtin_cpu_supports("avx512vnni")) * F_AVX512VNNI;
+#if HAVE_AVXVNNI
+        have |= (!!__builtin_cpu_supports("avxvnni")) * F_AVXVNNI;
+#endif
+        known = have;
     }
     return known;
 #else
     return 0;
 #endif
 }
+
+/* The fastest path at most isa whose instructions this CPU has (the paths are not nested: a CPU may have AVX512-VNNI
+   and not AVX-VNNI). */
+static int runnable(int isa) {
+    int have = q4_cpu_flags(), p = isa < PATHS - 1 ? isa : PATHS - 1;
+    while (p > 0 && (have & NEEDS[p]) != NEEDS[p]) p--;
+    return p;
+}
+
+/* The best path this CPU runs (PATHS' numbering). */
+int q4_isa(void) { return runnable(PATHS - 1); }
 
 /* Bytes of one superblock of ``kind`` (-1 for an unknown kind); of an activation block where kind is -1. */
 int q4_block_bytes(int kind) {
@@ -236,8 +270,6 @@ AVX2 static inline float hsum(__m256 v) {
 #define PREFETCH(wb) do { for (int o_ = 0; o_ < (int)sizeof(*(wb)); o_ += 64) \
     _mm_prefetch((const char *)(wb) + AHEAD + o_, _MM_HINT_T1); } while (0)
 
-#define XQ(r, j) _mm256_loadu_si256((const __m256i *)(x[(r) * B + b].qs + 32 * (j)))
-
 /* int16 [16]: v[0..7] each twice (lane pair l holds v[l]), zero- or sign-extended. */
 AVX2 static inline __m256i pairs_u8(const uint8_t *v) {
     __m128i b = _mm_loadl_epi64((const __m128i *)v);
@@ -248,113 +280,203 @@ AVX2 static inline __m256i pairs_i8(const int8_t *v) {
     return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
 }
 
-/* acc[r] += weight row w ([B] Q4K blocks) . activation row r (x [R, B] blocks), per lane. */
-AVX2 static inline void rows_q4k(const q4k_block *w, const xblock *x, int64_t B, __m256 *acc, const int R) {
+/* ---- AVX2 and AVX-VNNI: 256-bit vectors, activations in position order, up to 4 rows a pass ----
+
+   One set of loops (ROWS256, written out once per path with its target attribute and suffix) over each path's
+   helpers, which sum a superblock's u8 x s8 products into its groups' int32 lanes times their scales:
+   - AVX2 (_avx2): _mm256_maddubs_epi16 into int16 lane pairs, added in int16 (exact: the bounds above), one
+     _mm256_madd_epi16 with the groups' scales as int16 pairs; Q6K and Q80 by the sign trick.
+   - AVX-VNNI (_avxvnni; VEX-encoded 256-bit vpdpbusd, flag avx_vnni: Intel since Alder Lake, AMD since Zen 5, also
+     where AVX-512 is absent): _mm256_dpbusd_avx_epi32 sums four products into each int32 lane, so group l's sum
+     lands in lane l without an int16 step (no saturation bound to keep), then one _mm256_mullo_epi32 with the
+     int32 scales. Q6K's codes stay unsigned (0..63) and 32 hs of the half is subtracted, no sign trick; Q80 keeps
+     the sign trick (|q| <= 128 is a u8).
+   Both give each lane the same integer sc_l S_l and apply the same float operations to it, so the two paths'
+   results are equal bit for bit. */
+
+#define XV(xb, j) _mm256_loadu_si256((const __m256i *)((xb)->qs + 32 * (j)))
+#define AVX2_INLINE AVX2 __attribute__((always_inline))
+
+/* A Q4K superblock's codes, q[j] those of vector j. */
+AVX2_INLINE static inline void q4k_codes(const q4k_block *wb, __m256i q[8]) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    for (int64_t b = 0; b < B; b++) {
-        const q4k_block *wb = w + b;
-        PREFETCH(wb);
-        __m256i q[8];  /* q[j]: the codes of vector j */
-        for (int p = 0; p < 4; p++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * p));
-            q[p] = _mm256_and_si256(raw, low);
-            q[p + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-        }
-        __m256i sc = pairs_u8(wb->sc);
-        __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)wb->mn));  /* int16 m_0 .. m_7 */
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d)), dmin = _mm256_set1_ps(_cvtsh_ss(wb->dmin));
-        for (int r = 0; r < R; r++) {
-            const xblock *xb = x + r * B + b;
-            __m256i s = _mm256_add_epi16(
-                _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(q[0], XQ(r, 0)), _mm256_maddubs_epi16(q[1], XQ(r, 1))),
-                                 _mm256_add_epi16(_mm256_maddubs_epi16(q[2], XQ(r, 2)), _mm256_maddubs_epi16(q[3], XQ(r, 3)))),
-                _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(q[4], XQ(r, 4)), _mm256_maddubs_epi16(q[5], XQ(r, 5))),
-                                 _mm256_add_epi16(_mm256_maddubs_epi16(q[6], XQ(r, 6)), _mm256_maddubs_epi16(q[7], XQ(r, 7)))));
-            __m128i m = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));  /* [4]: sum is sum m_l X_l */
-            __m256 dx = _mm256_set1_ps(xb->d);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(s, sc)), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx),
-                                      _mm256_cvtepi32_ps(_mm256_set_m128i(_mm_setzero_si128(), m)), acc[r]);
-        }
+    for (int p = 0; p < 4; p++) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * p));
+        q[p] = _mm256_and_si256(raw, low);
+        q[p + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
     }
 }
 
-/* Signed codes (q - 32) of Q6K vector j = 4 * half + p from its low-nibble vector raw and high-bit vector qh. */
-#define Q6(raw, half, qh, shift) _mm256_sub_epi8(_mm256_or_si256( \
-    (half) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), low) : _mm256_and_si256(raw, low), \
-    _mm256_and_si256((shift) == 0 ? _mm256_slli_epi16(qh, 4) : (shift) == 2 ? _mm256_slli_epi16(qh, 2) \
-                     : (shift) == 4 ? (qh) : _mm256_srli_epi16(qh, 2), top)), off)
-
-/* acc[r] += weight row w ([B] Q6K blocks) . activation row r, per lane. */
-AVX2 static inline void rows_q6k(const q6k_block *w, const xblock *x, int64_t B, __m256 *acc, const int R) {
-    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
-    for (int64_t b = 0; b < B; b++) {
-        const q6k_block *wb = w + b;
-        PREFETCH(wb);
-        __m256i qh0 = _mm256_loadu_si256((const __m256i *)wb->qh), qh1 = _mm256_loadu_si256((const __m256i *)(wb->qh + 32));
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d));
-        for (int half = 0; half < 2; half++) {  /* vectors 4 half .. 4 half + 3: the first or second 16 of each group */
-            __m256i r0 = _mm256_loadu_si256((const __m256i *)wb->ql), r1 = _mm256_loadu_si256((const __m256i *)(wb->ql + 32));
-            __m256i r2 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64)), r3 = _mm256_loadu_si256((const __m256i *)(wb->ql + 96));
-            __m256i w0 = Q6(r0, half, qh0, 4 * half), w1 = Q6(r1, half, qh1, 4 * half);
-            __m256i w2 = Q6(r2, half, qh0, 4 * half + 2), w3 = Q6(r3, half, qh1, 4 * half + 2);
-            __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1), a2 = _mm256_abs_epi8(w2), a3 = _mm256_abs_epi8(w3);
-            __m256i sc = pairs_i8(half ? wb->sco : wb->sce);
-            for (int r = 0; r < R; r++) {
-                int j = 4 * half;
-                __m256i s = _mm256_add_epi16(
-                    _mm256_add_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(XQ(r, j), w0)),
-                                     _mm256_maddubs_epi16(a1, _mm256_sign_epi8(XQ(r, j + 1), w1))),
-                    _mm256_add_epi16(_mm256_maddubs_epi16(a2, _mm256_sign_epi8(XQ(r, j + 2), w2)),
-                                     _mm256_maddubs_epi16(a3, _mm256_sign_epi8(XQ(r, j + 3), w3))));
-                __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(x[r * B + b].d));
-                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(s, sc)), acc[r]);
-            }
-        }
+/* A Q6K superblock's codes 0..63 of vectors 4 half .. 4 half + 3 (the first or second 16 of each group), c[p] those
+   of vector 4 half + p: its high 2 bits at bits 2 (2 half + p / 2) of qh[32 (p % 2) + .], moved to bits 4, 5. */
+AVX2_INLINE static inline void q6k_codes(const q6k_block *wb, int half, __m256i c[4]) {
+    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    for (int p = 0; p < 4; p++) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(wb->ql + 32 * p));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(wb->qh + 32 * (p % 2)));
+        int at = 4 * half + 2 * (p / 2);
+        __m256i high = at == 0 ? _mm256_slli_epi16(qh, 4) : at == 2 ? _mm256_slli_epi16(qh, 2)
+                       : at == 4 ? qh : _mm256_srli_epi16(qh, 2);
+        __m256i nib = half ? _mm256_srli_epi16(raw, 4) : raw;
+        c[p] = _mm256_or_si256(_mm256_and_si256(nib, low), _mm256_and_si256(high, top));
     }
 }
 
-/* acc[r] += weight row w ([B] Q80 blocks) . activation row r, per lane. */
-AVX2 static inline void rows_q80(const q80_block *w, const xblock *x, int64_t B, __m256 *acc, const int R) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t b = 0; b < B; b++) {
-        const q80_block *wb = w + b;
-        PREFETCH(wb);
-        __m256i sum[4];
-        for (int r = 0; r < R; r++) sum[r] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * j)), aq = _mm256_abs_epi8(q);
-            for (int r = 0; r < R; r++)
-                sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(XQ(r, j), q)), ones));
-        }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));  /* lane l: group l's scale */
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[r * B + b].d)), _mm256_cvtepi32_ps(sum[r]), acc[r]);
-    }
+/* AVX2: int32 [8], lane l sc_l times group l's sum of q[j] x[j] (scales: pairs_u8 of sc). */
+AVX2_INLINE static inline __m256i q4k_dot_avx2(const __m256i q[8], const xblock *xb, __m256i sc) {
+    __m256i s[4];
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_epi16(_mm256_maddubs_epi16(q[2 * i], XV(xb, 2 * i)),
+                                _mm256_maddubs_epi16(q[2 * i + 1], XV(xb, 2 * i + 1)));
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(s[0], s[1]), _mm256_add_epi16(s[2], s[3])), sc);
 }
 
-/* Results (r0 + r, n), r < R: weight row w (kind, [B] blocks) . activation rows x [R, B]. */
-AVX2 static inline void rows_avx2(int kind, const uint8_t *w, const xblock *x, int64_t B, const sink *o, int64_t r0,
-                                  int64_t n, const int R) {
-    __m256 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    switch (kind) {
-    case Q4K: rows_q4k((const q4k_block *)w, x, B, acc, R); break;
-    case Q6K: rows_q6k((const q6k_block *)w, x, B, acc, R); break;
-    default: rows_q80((const q80_block *)w, x, B, acc, R);
-    }
-    for (int r = 0; r < R; r++) put(o, r0 + r, n, hsum(acc[r]));
+/* AVX2: Q6K vectors 4 half .. 4 half + 3 prepared once per superblock: c[p] signed (q - 32), u[p] = |c[p]|. */
+AVX2_INLINE static inline void q6k_prep_avx2(__m256i c[4], __m256i u[4]) {
+    for (int p = 0; p < 4; p++) c[p] = _mm256_sub_epi8(c[p], _mm256_set1_epi8(32)), u[p] = _mm256_abs_epi8(c[p]);
 }
 
-AVX2 static void row_avx2(int kind, const uint8_t *w, const xblock *x, int64_t M, int64_t B, const sink *o, int64_t n) {
-    int64_t r = 0;
-    for (; r + 4 <= M; r += 4) rows_avx2(kind, w, x + r * B, B, o, r, n, 4);
-    switch (M - r) {
-    case 3: rows_avx2(kind, w, x + r * B, B, o, r, n, 3); break;
-    case 2: rows_avx2(kind, w, x + r * B, B, o, r, n, 2); break;
-    case 1: rows_avx2(kind, w, x + r * B, B, o, r, n, 1); break;
-    }
+/* AVX2: int32 [8], lane l sc_l times the sum of (q - 32) x over the half's 16 elements of group l (sign trick). */
+AVX2_INLINE static inline __m256i q6k_dot_avx2(const __m256i c[4], const __m256i u[4], const xblock *xb, int half,
+                                               __m256i sc) {
+    __m256i s[4];
+    for (int p = 0; p < 4; p++) s[p] = _mm256_maddubs_epi16(u[p], _mm256_sign_epi8(XV(xb, 4 * half + p), c[p]));
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(s[0], s[1]), _mm256_add_epi16(s[2], s[3])), sc);
 }
+
+/* AVX2: sum + per int32 lane the four products |q| * (x with q's sign). */
+AVX2_INLINE static inline __m256i q80_add_avx2(__m256i sum, __m256i aq, __m256i sx) {
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), _mm256_set1_epi16(1)));
+}
+
+/* AVX2: group scales (int8 or uint8 v[0..7], signed where sign) as int16 lane pairs, madd's second operand. */
+AVX2_INLINE static inline __m256i scales_avx2(const void *v, const int sign) {
+    return sign ? pairs_i8((const int8_t *)v) : pairs_u8((const uint8_t *)v);
+}
+
+#if HAVE_AVXVNNI
+#define AVXVNNI_INLINE AVXVNNI __attribute__((always_inline))
+
+/* AVX-VNNI: as q4k_dot_avx2, the group sums exact in int32 (scales: int32). */
+AVXVNNI_INLINE static inline __m256i q4k_dot_avxvnni(const __m256i q[8], const xblock *xb, __m256i sc) {
+    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  /* two chains: vectors 0..3 and 4..7 */
+    for (int j = 0; j < 4; j++)
+        s[0] = _mm256_dpbusd_avx_epi32(s[0], q[j], XV(xb, j)), s[1] = _mm256_dpbusd_avx_epi32(s[1], q[j + 4], XV(xb, j + 4));
+    return _mm256_mullo_epi32(_mm256_add_epi32(s[0], s[1]), sc);
+}
+
+/* AVX-VNNI: codes stay unsigned; u = c. */
+AVXVNNI_INLINE static inline void q6k_prep_avxvnni(__m256i c[4], __m256i u[4]) {
+    for (int p = 0; p < 4; p++) u[p] = c[p];
+}
+
+/* AVX-VNNI: as q6k_dot_avx2, from unsigned codes: sum q x - 32 hs (the half's activation sums). */
+AVXVNNI_INLINE static inline __m256i q6k_dot_avxvnni(const __m256i c[4], const __m256i u[4], const xblock *xb,
+                                                     int half, __m256i sc) {
+    (void)c;
+    __m256i s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u[0], XV(xb, 4 * half));
+    for (int p = 1; p < 4; p++) s = _mm256_dpbusd_avx_epi32(s, u[p], XV(xb, 4 * half + p));
+    __m256i hs = _mm256_loadu_si256((const __m256i *)(xb->hs + 8 * half));
+    return _mm256_mullo_epi32(_mm256_sub_epi32(s, _mm256_slli_epi32(hs, 5)), sc);
+}
+
+AVXVNNI_INLINE static inline __m256i q80_add_avxvnni(__m256i sum, __m256i aq, __m256i sx) {
+    return _mm256_dpbusd_avx_epi32(sum, aq, sx);
+}
+
+/* AVX-VNNI: group scales as int32 [8]. */
+AVXVNNI_INLINE static inline __m256i scales_avxvnni(const void *v, const int sign) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)v);
+    return sign ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+}
+#endif
+
+/* The 256-bit loops of path SFX (ATTR: its target attribute; its helpers above carry the suffix):
+   rows_q4k, rows_q6k, rows_q80 SFX: acc[r] += weight row w ([B] blocks) . activation row r (x [R, B]), per lane;
+   rows SFX: results (r0 + r, n), r < R, of weight row w (kind); row SFX: results (0 .. M - 1, n), 4 rows a pass. */
+#define ROWS256(SFX, ATTR) \
+ATTR __attribute__((always_inline)) static inline void rows_q4k##SFX(const q4k_block *w, const xblock *x, int64_t B, \
+                                                                    __m256 *acc, const int R) { \
+    for (int64_t b = 0; b < B; b++) { \
+        const q4k_block *wb = w + b; \
+        PREFETCH(wb); \
+        __m256i q[8], sc = scales##SFX(wb->sc, 0); \
+        q4k_codes(wb, q); \
+        __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)wb->mn));  /* int16 m_0 .. m_7 */ \
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d)), dmin = _mm256_set1_ps(_cvtsh_ss(wb->dmin)); \
+        for (int r = 0; r < R; r++) { \
+            const xblock *xb = x + r * B + b; \
+            __m128i m = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));  /* sum: sum m_l X_l */ \
+            __m256 dx = _mm256_set1_ps(xb->d); \
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(q4k_dot##SFX(q, xb, sc)), acc[r]); \
+            acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), \
+                                      _mm256_cvtepi32_ps(_mm256_set_m128i(_mm_setzero_si128(), m)), acc[r]); \
+        } \
+    } \
+} \
+ATTR __attribute__((always_inline)) static inline void rows_q6k##SFX(const q6k_block *w, const xblock *x, int64_t B, \
+                                                                    __m256 *acc, const int R) { \
+    for (int64_t b = 0; b < B; b++) { \
+        const q6k_block *wb = w + b; \
+        PREFETCH(wb); \
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(wb->d)); \
+        for (int half = 0; half < 2; half++) { \
+            __m256i c[4], u[4], sc = scales##SFX(half ? wb->sco : wb->sce, 1); \
+            q6k_codes(wb, half, c); \
+            q6k_prep##SFX(c, u); \
+            for (int r = 0; r < R; r++) { \
+                __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(x[r * B + b].d)); \
+                __m256i s = q6k_dot##SFX(c, u, x + r * B + b, half, sc); \
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc[r]); \
+            } \
+        } \
+    } \
+} \
+ATTR __attribute__((always_inline)) static inline void rows_q80##SFX(const q80_block *w, const xblock *x, int64_t B, \
+                                                                    __m256 *acc, const int R) { \
+    for (int64_t b = 0; b < B; b++) { \
+        const q80_block *wb = w + b; \
+        PREFETCH(wb); \
+        __m256i sum[4]; \
+        for (int r = 0; r < R; r++) sum[r] = _mm256_setzero_si256(); \
+        for (int j = 0; j < 8; j++) { \
+            __m256i q = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * j)), aq = _mm256_abs_epi8(q); \
+            for (int r = 0; r < R; r++) \
+                sum[r] = q80_add##SFX(sum[r], aq, _mm256_sign_epi8(XV(x + r * B + b, j), q)); \
+        } \
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));  /* lane l: group l's scale */ \
+        for (int r = 0; r < R; r++) \
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[r * B + b].d)), _mm256_cvtepi32_ps(sum[r]), \
+                                     acc[r]); \
+    } \
+} \
+ATTR __attribute__((always_inline)) static inline void rows##SFX(int kind, const uint8_t *w, const xblock *x, \
+                                                                int64_t B, const sink *o, int64_t r0, int64_t n, \
+                                                                const int R) { \
+    __m256 acc[4]; \
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(); \
+    switch (kind) { \
+    case Q4K: rows_q4k##SFX((const q4k_block *)w, x, B, acc, R); break; \
+    case Q6K: rows_q6k##SFX((const q6k_block *)w, x, B, acc, R); break; \
+    default: rows_q80##SFX((const q80_block *)w, x, B, acc, R); \
+    } \
+    for (int r = 0; r < R; r++) put(o, r0 + r, n, hsum(acc[r])); \
+} \
+ATTR static void row##SFX(int kind, const uint8_t *w, const xblock *x, int64_t M, int64_t B, const sink *o, \
+                          int64_t n) { \
+    int64_t r = 0; \
+    for (; r + 4 <= M; r += 4) rows##SFX(kind, w, x + r * B, B, o, r, n, 4); \
+    switch (M - r) { \
+    case 3: rows##SFX(kind, w, x + r * B, B, o, r, n, 3); break; \
+    case 2: rows##SFX(kind, w, x + r * B, B, o, r, n, 2); break; \
+    case 1: rows##SFX(kind, w, x + r * B, B, o, r, n, 1); break; \
+    } \
+}
+
+ROWS256(_avx2, AVX2)
+#if HAVE_AVXVNNI
+ROWS256(_avxvnni, AVXVNNI)
+#endif
 
 /* ---- VNNI: 512-bit vpdpbusd, activations in pair order, up to 8 rows a pass ---- */
 
@@ -605,7 +727,7 @@ int q4_dequantize(int kind, const uint8_t *w, int64_t N, int64_t K, int64_t K_ou
                   int threads) {
     if (kind < 0 || kind >= KINDS) return -2;
     int64_t B = K / 256;
-    int vector = q4_isa() >= 1 && isa >= 1;
+    int vector = runnable(isa) >= 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wn = w + n * B * BLOCK_BYTES[kind];
@@ -738,8 +860,8 @@ int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int n
     first[nseg] = N;
     xblock *xq = malloc((size_t)(M * B) * sizeof(xblock));
     if (!xq) return -1;
-    int path = q4_isa() < isa ? q4_isa() : isa;
-    q8_blocks(x, x_bf16, M, K_in, K, xq, path == 2, threads);
+    int path = runnable(isa);
+    q8_blocks(x, x_bf16, M, K_in, K, xq, path == 3, threads);
     sink o = {y, y_bf16, bias, N};
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
@@ -748,10 +870,16 @@ int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int n
         int kind = kinds[s];
         const uint8_t *wn = base[s] + (n - first[s]) * B * BLOCK_BYTES[kind];
 #if defined(__x86_64__)
-        if (path == 2) {
+        if (path == 3) {
             row_vnni(kind, wn, xq, M, B, &o, n);
             continue;
         }
+#if HAVE_AVXVNNI
+        if (path == 2) {
+            row_avxvnni(kind, wn, xq, M, B, &o, n);
+            continue;
+        }
+#endif
         if (path == 1) {
             row_avx2(kind, wn, xq, M, B, &o, n);
             continue;

@@ -15,10 +15,15 @@ as well (``from_gguf``).
 
 The C source is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``<directory>/q4-<hash>.so`` (written atomically) and loaded with ``ctypes``; it shares torch's OpenMP runtime.
-The code path is chosen at run time from the processor's flags (``PATHS``): 512-bit vpdpbusd where the CPU has
-AVX512-VNNI (with AVX512F/BW/VL), else AVX2 ``maddubs``, else plain C, slowly (``auto`` then times it out of the
-choice). ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``), torch's own switch, caps it at AVX2 (or plain C), so one
-processor reproduces an older one's path; ``path`` says which runs. Nothing is built or loaded at import.
+The code path is chosen at run time from the processor's flags (``choose``, a pure function of them; the flags as
+the kernel detects them, ``cpu_flags``): 512-bit vpdpbusd where the CPU has AVX512-VNNI (with AVX512F/BW/VL), else
+256-bit vpdpbusd where it has AVX-VNNI (``avx_vnni``: Intel since Alder Lake, AMD since Zen 5), else AVX2 ``maddubs``,
+else plain C, slowly (``auto`` then times it out of the choice). ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``),
+torch's own switch, caps it at AVX2 (or plain C); ``HF_ADASPEC_Q4_PATH`` names the fastest path to take instead (one
+of ``PATHS``: with ``ATEN_CPU_CAPABILITY=avx2``, ``avx_vnni`` reproduces a CPU with AVX-VNNI and no AVX-512); so one
+processor reproduces an older one's path; ``path`` says which runs.
+The C side makes the same choice from the same flags (``q4_isa``) and never runs a path the CPU lacks. Nothing is
+built or loaded at import.
 ``KernelUnavailable`` says why the kernel cannot be built here (no compiler, a failed build), naming the fix.
 """
 
@@ -28,6 +33,7 @@ import ctypes
 import functools
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +44,15 @@ from .blocks import BLOCK_BYTES, GGUF_EXACT, KINDS, dequantize, padded, quantize
 
 _SOURCE = Path(__file__).with_name("q4.c")
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-PATHS = ("portable", "avx2", "avx512_vnni")  # the kernel's code paths, q4_isa's numbering (q4.c)
+PATHS = ("portable", "avx2", "avx_vnni", "avx512_vnni")  # the kernel's code paths, q4_isa's numbering (q4.c)
+FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")  # q4_cpu_flags' bits
+NEEDS = {  # the flags (Linux /proc/cpuinfo's names) each path's instructions need; q4.c's NEEDS
+    "portable": frozenset(),
+    "avx2": frozenset(FLAGS[:3]),
+    "avx_vnni": frozenset(FLAGS[:4]),
+    "avx512_vnni": frozenset(FLAGS[:3] + FLAGS[4:]),
+}
+PATH_ENV = "HF_ADASPEC_Q4_PATH"  # names the fastest path to take
 _CAPS = {"default": "portable", "avx2": "avx2"}  # ATEN_CPU_CAPABILITY values that cap the path
 _XBLOCK_BYTES = 372  # q4.c's xblock: 256 codes, 16 int32 half-group sums, 8 float and 8 int16 group sums, a scale
 KernelUnavailable = cbuild.KernelUnavailable
@@ -70,15 +84,35 @@ def library(directory: Path) -> ctypes.CDLL:
     return lib
 
 
+def choose(flags: Iterable[str], ceiling: str = PATHS[-1]) -> str:
+    """The fastest path (one of ``PATHS``) at most ``ceiling`` whose instructions ``flags`` (names as ``FLAGS``) all
+    has; the paths are not nested (a CPU may have AVX512-VNNI and not AVX-VNNI). Raises ValueError for a ``ceiling``
+    not in ``PATHS``."""
+    if ceiling not in PATHS:
+        raise ValueError(f"no q4 kernel path {ceiling!r}: choose one of {', '.join(PATHS)}")
+    have = frozenset(flags)
+    return next(p for p in PATHS[PATHS.index(ceiling) :: -1] if NEEDS[p] <= have)
+
+
+def cpu_flags(directory: Path) -> frozenset[str]:
+    """The ``FLAGS`` this CPU has as the kernel detects them (``avx_vnni`` only where the compiler builds that path).
+    Raises KernelUnavailable as ``library``."""
+    bits = library(directory).q4_cpu_flags()
+    return frozenset(f for i, f in enumerate(FLAGS) if bits >> i & 1)
+
+
 def path(directory: Path, ceiling: str | None = None) -> str:
-    """The code path (one of ``PATHS``) ``linear`` takes here: the best this CPU runs, at most ``ceiling`` and at most
-    what ``ATEN_CPU_CAPABILITY`` allows (``avx2``: AVX2; ``default``: plain C). Raises KernelUnavailable as
-    ``library``; ValueError for a ``ceiling`` not in ``PATHS``."""
+    """The code path (one of ``PATHS``) ``linear`` takes here: ``choose`` over this CPU's flags, at most ``ceiling``
+    and at most ``$HF_ADASPEC_Q4_PATH``; where that is unset, at most what ``ATEN_CPU_CAPABILITY`` allows (``avx2``:
+    AVX2; ``default``: plain C). Raises KernelUnavailable as ``library``; ValueError for a ``ceiling`` or
+    ``$HF_ADASPEC_Q4_PATH`` not in ``PATHS``."""
+    named = os.environ.get(PATH_ENV, "").strip().lower()
+    if named and named not in PATHS:
+        raise ValueError(f"{PATH_ENV}={named!r} is no q4 kernel path: choose one of {', '.join(PATHS)}")
     if ceiling is not None and ceiling not in PATHS:
         raise ValueError(f"no q4 kernel path {ceiling!r}: choose one of {', '.join(PATHS)}")
-    best = library(directory).q4_isa()
-    cap = _CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), PATHS[-1])
-    return PATHS[min(best, PATHS.index(cap), PATHS.index(ceiling or PATHS[-1]))]
+    cap = named or _CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), PATHS[-1])
+    return choose(cpu_flags(directory), min(cap, ceiling or PATHS[-1], key=PATHS.index))
 
 
 _NATIVE = (torch.float32, torch.bfloat16)  # activation dtypes the kernel reads and writes in place
