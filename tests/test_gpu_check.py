@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from hf_adaspec.costs.profile import load_profile
-from hf_adaspec.gpu_check import gpu_check, profiles, quantized, speed
+from hf_adaspec.gpu_check import gpu_check, profiles, quantized, speed, timing
 from hf_adaspec.gpu_check import steps as cs
 from hf_adaspec.gpu_check.gpu_check import RESULTS, SUMMARY, Step
 from hf_adaspec.models import architecture
@@ -182,11 +182,13 @@ def test_on_a_gpu_cpu_work_and_steps_the_budget_cannot_fit_are_skipped(tmp_path)
 
 def test_timed_rounds_interleave_per_request_alternate_order_and_drop_the_warm_up(monkeypatch):
     calls, clock = [], iter(range(10_000))
-    monkeypatch.setattr(cs, "generate", lambda target, prompt, new, kwargs, state: calls.append((kwargs["m"], prompt)))
-    monkeypatch.setattr(cs, "sync", lambda target: None)
-    monkeypatch.setattr(cs.time, "perf_counter", lambda: float(next(clock)))  # every request takes 1 s
+    monkeypatch.setattr(
+        timing, "generate", lambda target, prompt, new, kwargs, state: calls.append((kwargs["m"], prompt))
+    )
+    monkeypatch.setattr(timing, "sync", lambda target: None)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))  # every request takes 1 s
     methods = {"a": {"m": "a"}, "b": {"m": "b"}, "c": {"m": "c"}}
-    seconds = cs.timed_seconds(None, methods, [[1], [2]], new=8, repeats=2)
+    seconds = timing.timed_seconds(None, methods, [[1], [2]], new=8, repeats=2)
     assert [m for m, _ in calls[:6]] == ["a", "b", "c", "c", "b", "a"]  # per request, the order reversed
     assert [m for m, _ in calls[6:9]] == ["c", "b", "a"]  # round 1 starts where round 0's second prompt did
     assert len(calls) == 3 * 2 * 3 and seconds == {m: [[1.0, 1.0], [1.0, 1.0]] for m in methods}  # warm-up dropped
@@ -194,8 +196,8 @@ def test_timed_rounds_interleave_per_request_alternate_order_and_drop_the_warm_u
 
 def test_tokens_per_s_is_the_geometric_mean_over_prompts_of_the_median_round():
     rounds = [[1.0, 4.0], [2.0, 2.0], [9.0, 1.0]]  # [round][prompt] seconds; medians 2 s and 2 s
-    assert cs.tokens_per_s(rounds, new=8) == pytest.approx(4.0)
-    assert cs.tokens_per_s([[1.0, 4.0]], new=8) == pytest.approx((8.0 * 2.0) ** 0.5)
+    assert timing.tokens_per_s(rounds, new=8) == pytest.approx(4.0)
+    assert timing.tokens_per_s([[1.0, 4.0]], new=8) == pytest.approx((8.0 * 2.0) ** 0.5)
     assert speed.speedup([1.0, 4.0], [2.0, 2.0]) == pytest.approx(1.0)  # 0.5x and 2x
 
 

@@ -22,6 +22,7 @@ from ..backend.arenas import arenas_of
 from ..engine.run import SpeculationState
 from ..models.architecture import load_random
 from . import steps as cs
+from . import timing
 from .speed import SPEED_PROMPT, WIN_MARGIN, speedup
 from .steps import DRAFT, TARGET, Check, label
 
@@ -71,12 +72,12 @@ def compile_target(check: Check) -> dict:
             start = time.perf_counter()
             cs.generate(model, prompts[0], new, methods[name], SpeculationState())  # compiles (and records)
             first[name] = round(time.perf_counter() - start, 1)
-        seconds = cs.timed_seconds(tgt, methods, prompts, new, 1 if check.tiny else COMPILE_ROUNDS, targets)
+        seconds = timing.timed_seconds(tgt, methods, prompts, new, 1 if check.tiny else COMPILE_ROUNDS, targets)
         records = [r.__dict__ for r in arenas_of(fused).records()]
     finally:
         compile_steps(fused, ())
         arenas_of(fused).drop()
-    tps = {m: round(cs.tokens_per_s(seconds[m], new), 2) for m in methods}
+    tps = {m: round(timing.tokens_per_s(seconds[m], new), 2) for m in methods}
     pairs = (
         ("plain-again", "plain"),
         ("plain-compiled-again", "plain-compiled"),
@@ -147,11 +148,11 @@ def engine_profile(check: Check, q: str) -> dict:
     for name, kwargs in runs.items():
         cs.generate(tgt, prompt, new, kwargs)  # records the widths this request uses
         profiler = cProfile.Profile()
-        cs.sync(tgt)
+        timing.sync(tgt)
         start = time.perf_counter()
         profiler.enable()
         stats = cs.generate(tgt, prompt, new, kwargs, SpeculationState()).speculation
-        cs.sync(tgt)
+        timing.sync(tgt)
         profiler.disable()
         steps = len({s.step for s in stats.steps})
         out[name] = {

@@ -3,7 +3,7 @@
 (``engine_time``). ``gpu_check`` runs them as steps.
 
 Design: a bar is judged against the noise of the same run. Every timing interleaves its methods per request
-(``steps.timed_seconds``) and times hf-adaspec's plain twice, so the A/A ratio sits beside every
+(``timing.timed_seconds``) and times hf-adaspec's plain twice, so the A/A ratio sits beside every
 ratio. The never-loses bar (``adaptive`` with a random-weight draft at least ``WIN_MARGIN`` of plain) is a
 difference of a few percent, so it has a step of its own with three methods and enough rounds and prompts
 for that, and each round's ratio is reported: the spread a single round would have.
@@ -17,6 +17,7 @@ import time
 
 from ..costs.measure import pair_name
 from . import steps as cs
+from . import timing
 from .steps import DRAFT, TARGET, Check, label
 
 WIN_MARGIN = 0.97  # "within 3%"
@@ -63,8 +64,8 @@ def speed(check: Check, quantization: str) -> dict:
         start = time.perf_counter()
         cs.generate(tgt, prompts[0], new, methods["hf-compiled"])  # transformers compiles the decoding forward
         out["hf_compiled_first_call_s"] = round(time.perf_counter() - start, 1)
-    tps = cs.timed_runs(tgt, methods, prompts, new, 1 if check.tiny else 2)
-    out["recordings"] = {role: cs.recordings(model) for role, model in (("target", tgt), ("draft", drf))}
+    tps = timing.timed_runs(tgt, methods, prompts, new, 1 if check.tiny else 2)
+    out["recordings"] = {role: timing.recordings(model) for role, model in (("target", tgt), ("draft", drf))}
     ratio = {
         f"{a}/{b}": round(tps[a] / tps[b], 3)
         for a, b in (
@@ -126,8 +127,8 @@ def never_loses(check: Check, quantization: str) -> dict:
     }
     vocab, new = tgt.config.vocab_size, 12 if check.tiny else 64
     prompts = cs.speed_prompts(vocab, SPEED_PROMPT, seed=7) + cs.speed_prompts(vocab, SPEED_PROMPT, seed=8)
-    seconds = cs.timed_seconds(tgt, methods, prompts, new, 1 if check.tiny else NEVER_LOSES_ROUNDS)
-    tps = {m: round(cs.tokens_per_s(seconds[m], new), 2) for m in methods}
+    seconds = timing.timed_seconds(tgt, methods, prompts, new, 1 if check.tiny else NEVER_LOSES_ROUNDS)
+    tps = {m: round(timing.tokens_per_s(seconds[m], new), 2) for m in methods}
     ratio = {f"{m}/plain": round(tps[m] / tps["plain"], 3) for m in ("plain-again", "adaptive")}
     rounds = {
         f"{m}/plain": [speedup(base, mine) for base, mine in zip(seconds["plain"], seconds[m], strict=True)]
@@ -175,8 +176,8 @@ def engine_time(check: Check, q: str) -> dict:
         "plain": check.spec(speculation="fixed", num_speculative_tokens=0),
         "hf-plain": {},
     }
-    with cs.forward_timer((tgt, drf)) as timer:
-        out = {name: cs.engine_overhead(tgt, timer, prompt, new, kwargs) for name, kwargs in runs.items()}
+    with timing.forward_timer((tgt, drf)) as timer:
+        out = {name: timing.engine_overhead(tgt, timer, prompt, new, kwargs) for name, kwargs in runs.items()}
     spec = statistics.median(v["engine_ms_per_step"] for k, v in out.items() if "plain" not in k)
     check.facts["overheads"] = (spec, out["plain"]["engine_ms_per_step"])
     a = out["adaptive"]
