@@ -7,16 +7,23 @@ it). Each round times, per width, every path in an order that alternates between
 first 2 dropped). ``--llama-bench`` (repeatable, ``label=path`` or a path) gives llama.cpp's own curve on the same
 file: each binary's ``llama-bench -p 1,2,…,9 -n 0 -r 1 -d <--llama-depth>`` once per round after ours, binaries
 in alternating order, medians over the same rounds (``--llama-depth 128``: at our context). The processor's flags
-are recorded. Last line: one JSON object (also written to ``--out``, with the command).
+and the variables that cap the paths are recorded. Last line: one JSON object (also written to ``--out``, with the
+command).
 
     python benchmarks/verify_curve.py --model qwen2.5-coder-1.5b --rounds 10 \
         --llama-bench ~/.cache/llama-cpp-anchor/build-native/bin/llama-bench
+
+A CPU with AVX-VNNI and no AVX-512 reproduced on an AVX-512 one (torch at AVX2, the kernel at most AVX-VNNI):
+
+    PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2_VNNI HF_ADASPEC_Q4_PATH=avx_vnni \
+        python benchmarks/verify_curve.py --rounds 8 --llama-depth 128 --llama-bench avxvnni=<build>/bin/llama-bench
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -61,6 +68,9 @@ def _llama_bench(binary: str, model: str, widths: list[int], threads: int, depth
     command += ["-t", str(threads), "-r", "1", "-d", str(depth), "-o", "json"]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     return {str(row["n_prompt"]): row["avg_ns"] / 1e6 for row in json.loads(done.stdout)}
+
+
+_ENV = ("ATEN_CPU_CAPABILITY", q4.PATH_ENV, "ONEDNN_MAX_CPU_ISA", "PYTHONPATH")  # what caps the paths, recorded
 
 
 def _cpu_flags() -> list[str]:
@@ -119,6 +129,7 @@ def main() -> None:
         print(f"{name:>16}: " + "  ".join(f"{n}:{out[name][n]:.1f} ({ratios[name][n]:.2f})" for n in out[name]))
     result = {
         "command": "python " + " ".join(sys.argv),
+        "env": {k: os.environ[k] for k in _ENV if k in os.environ},
         "model": args.model,
         "cpu": processor_name(),
         "cpu_flags": _cpu_flags(),
