@@ -23,7 +23,8 @@ from hf_adaspec.engine.run import SpeculationState
 from hf_adaspec.policy.confidence import CalibratorMemory
 from hf_adaspec.policy.match import MatchMemory
 from hf_adaspec.policy.modes import assistant_identity
-from hf_adaspec.replay.replay import Clock, VirtualDraft, replay_request
+from hf_adaspec.replay.clock import Clock
+from hf_adaspec.replay.replay import VirtualDraft, replay_request
 from hf_adaspec.replay.trace import load_traces
 
 SHORT = ("qa", "translation", "extraction")

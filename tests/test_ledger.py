@@ -20,7 +20,8 @@ from hf_adaspec.policy.acceptance import ConfidenceAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
 from hf_adaspec.policy.controller import AdaptiveController, StepView
 from hf_adaspec.policy.ledger import Ledger, admissible
-from hf_adaspec.replay.replay import Clock, ReplayRun, replay_request
+from hf_adaspec.replay.clock import Clock
+from hf_adaspec.replay.replay import ReplayRun, replay_request
 from hf_adaspec.replay.trace import Trace
 
 EPS = SpeculationConfig().max_slowdown

@@ -15,7 +15,8 @@ from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.stats import SpeculationStats, StepRecord
-from hf_adaspec.replay.replay import Clock, _price, replay_request
+from hf_adaspec.replay.clock import Clock, price_request
+from hf_adaspec.replay.replay import replay_request
 from hf_adaspec.replay.report import replay_all, validate
 from hf_adaspec.replay.trace import Trace, load_trace, load_traces, save_trace, trace_ids
 from hf_adaspec.replay.virtual import TraceCache, Vocab, draft_answers, target_answers
@@ -176,7 +177,9 @@ def test_a_replay_rests_where_its_clock_prices_decisions_and_prices_a_rest_as_a_
             StepRecord(0, 0, 1, "plain", 0.0, 10.0, math.nan, math.nan, step=1, decided=False),
         ]
     )
-    assert _price(clock, traces[2:], [], ([], []), steps) == pytest.approx(clock.prefill_ms(traces[2:]) + 2.0 + 1.0)
+    assert price_request(clock, traces[2:], [], ([], []), steps) == pytest.approx(
+        clock.prefill_ms(traces[2:]) + 2.0 + 1.0
+    )
 
 
 def test_a_truncated_trace_is_the_same_request_asked_for_fewer_tokens():

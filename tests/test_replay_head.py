@@ -19,7 +19,8 @@ from hf_adaspec.costs.predictors import ProfileCell
 from hf_adaspec.costs.profile import assemble_profile, save_profile
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.models.eagle3_format import save_head
-from hf_adaspec.replay.replay import Clock, oracle_tokens_per_s, replay_request
+from hf_adaspec.replay.clock import Clock
+from hf_adaspec.replay.replay import oracle_tokens_per_s, replay_request
 from hf_adaspec.replay.report import replay_all
 from hf_adaspec.replay.trace import Trace, head_along, load_trace, save_trace, trace_ids, with_head
 

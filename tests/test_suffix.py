@@ -17,7 +17,8 @@ from hf_adaspec.engine.settings import DecodeSettings, RunParts
 from hf_adaspec.policy.controller import FixedController
 from hf_adaspec.proposers.base import Rows
 from hf_adaspec.proposers.suffix import SuffixMemory, SuffixProposer, best_draft, speculate
-from hf_adaspec.replay.replay import Clock, replay_request
+from hf_adaspec.replay.clock import Clock
+from hf_adaspec.replay.replay import replay_request
 from hf_adaspec.replay.trace import Trace
 from hf_adaspec.replay.virtual import TraceCache, target_answers
 

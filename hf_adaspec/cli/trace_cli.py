@@ -345,7 +345,7 @@ def _replayed(
 def _clock(profiles: tuple, overheads: tuple[float, float], prefill: str = "trace"):
     """The replay's ``Clock`` from (profile, head profile or None); a usage error of ``--head-profile`` for a
     head profile that is not one, or of another target, or of ``--prefill``."""
-    from ..replay.replay import Clock
+    from ..replay.clock import Clock
 
     with usage_errors(ValueError, hint="--head-profile, --prefill"):
         return Clock(profiles[0], *overheads, head_profile=profiles[1], prefill=prefill)

@@ -103,7 +103,7 @@ def replay(check: Check) -> dict:
     also per workload. Predicted, not measured; the acceptance is the CPU-traced pair's, for the 7B target too.
     The 7B's 4-bit profile (``FOUR_BIT_PROFILE``) is held to ``WORKLOAD_BARS`` (not with --tiny)."""
     from ..bench import bench as bm
-    from ..replay.replay import Clock
+    from ..replay.clock import Clock
     from ..replay.report import replay_all
     from ..replay.trace import load_traces
 

@@ -34,12 +34,12 @@ from ..bench.bench import method_kwargs
 from ..bench.oracle import OracleDrafter, agreement_runs, oracle_schedule
 from ..bench.oracle_inputs import costless_runs
 from ..config import SpeculationConfig
-from ..costs.profile import Profile
 from ..costs.table import CostTable
 from ..engine.loop import speculative_decode
 from ..engine.run import SpeculationState, build_run, record_run
 from ..engine.settings import DecodeSettings
 from ..engine.stats import SpeculationStats
+from .clock import Clock, StepPrices, price_request
 from .trace import Trace
 from .virtual import Forward, TraceCaches, VirtualHead, Vocab, draft_answers, head_answers, target_answers
 
@@ -48,93 +48,10 @@ HEAD_METHODS = ("fixed-head", "adaptive-head")
 HEAD_FAMILY = {"fixed-head": "head", "adaptive-head": "head-hybrid"}  # the oracle family bounding each
 K_MAX = 8
 FIXED_K = 5  # "fixed-k" and "fixed-head"'s proposal length
-PREFILL_PRICES = ("trace", "profile")
-_CONTEXT_STEP = 8  # contexts are priced in buckets of 8 tokens (a cost barely moves within one), so prices cache well
 
 
 class VirtualDraft:
     """Stands in for the draft model where the learned state keys drafters by model identity."""
-
-
-class Clock:
-    """Prices forwards (ms): a cost ``profile`` (the target's and the draft's cells), the engine's fixed
-    ``step_overhead_ms`` per step it decides, ``plain_overhead_ms`` per token of plain decoding (and per step
-    the engine rests), a draft
-    head's forwards from ``head_profile`` (a profile measured with the head, of the same target; None: no
-    head costs), and the prefill as the trace timed it (``prefill="trace"``) or by the profile
-    (``"profile"``: a projection onto another machine, whose prefill the trace's machine did not time).
-
-    Raises:
-        ValueError: a ``head_profile`` not measured with a head, or measured for another target; another
-            ``prefill``.
-    """
-
-    def __init__(
-        self,
-        profile: Profile,
-        step_overhead_ms: float = 0.0,
-        plain_overhead_ms: float = 0.0,
-        head_profile: Profile | None = None,
-        prefill: str = "trace",
-    ) -> None:
-        if prefill not in PREFILL_PRICES:
-            raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_PRICES}")
-        self.prefill = prefill
-        if head_profile is not None and not head_profile.drafter_is_head:
-            raise ValueError(
-                f"head profile {head_profile.key} was measured with a draft model, not a head; "
-                "measure one with `hf-adaspec profile --head FOLDER`"
-            )
-        if head_profile is not None and head_profile.identity.get("target") != profile.identity.get("target"):
-            raise ValueError(
-                f"head profile {head_profile.key} was measured for another target than profile "
-                f"{profile.key}; measure both for the same target"
-            )
-        self.profile, self.step_overhead_ms, self.plain_overhead_ms = profile, step_overhead_ms, plain_overhead_ms
-        self.head_profile = head_profile
-        self._cache: dict[tuple[str, int, int, int], float] = {}
-
-    @property
-    def decision_ms(self) -> float:
-        """What a decision costs the engine beyond a plain step (ms): the step overheads' difference, which
-        the controller hears as its decisions' time (0: it never rests)."""
-        return max(0.0, self.step_overhead_ms - self.plain_overhead_ms)
-
-    def _priced(self, role: str, f: Forward) -> float:
-        key = (role, f.batch, max(1, f.context // _CONTEXT_STEP * _CONTEXT_STEP), f.columns)
-        if key not in self._cache:
-            _, b, c, n = key
-            drafter = self.head_profile if role == "head" else self.profile
-            self._cache[key] = (
-                self.profile.verify_ms(b, c, n)
-                if role == "target"
-                else drafter.draft_ms(b, c) + (n - 1) * drafter.catchup_ms(b, c)
-            )
-        return self._cache[key]
-
-    def prefill_ms(self, traces: Sequence[Trace]) -> float:
-        """The prefill of a batch of ``traces`` (ms): their traced prefills, or the profile's price of one
-        forward over the padded prompts (its table extrapolates the widest measured forward)."""
-        if self.prefill == "trace":
-            return sum(t.prefill_ms for t in traces)
-        return self.verify_ms(Forward(len(traces), max(t.prompt_len for t in traces), 0))
-
-    def verify_ms(self, f: Forward) -> float:
-        """A target forward over f.columns new tokens (ms)."""
-        return self._priced("target", f)
-
-    def draft_ms(self, f: Forward) -> float:
-        """A draft forward: one token, plus (columns − 1) caught-up tokens (ms)."""
-        return self._priced("draft", f)
-
-    def head_ms(self, f: Forward) -> float:
-        """A head forward: one token, plus (columns − 1) ingested entries (ms). Raises ValueError without
-        head costs."""
-        if self.head_profile is None:
-            raise ValueError(
-                "no head costs: pass a profile measured by `hf-adaspec profile --head FOLDER` (replay's --head-profile)"
-            )
-        return self._priced("head", f)
 
 
 @dataclass(frozen=True)
@@ -307,54 +224,9 @@ def replay_request(
     record_run(state, run, [list(t.tokens[: t.prompt_len]) for t in traces], outputs)
     draft_log = caches.made_draft.log if caches.made_draft is not None else []
     head_log = head.log if draft_key is head else []
-    time_ms = _price(clock, traces, caches.made_target.log, (draft_log, head_log), result.stats)
+    time_ms = price_request(clock, traces, caches.made_target.log, (draft_log, head_log), result.stats)
     seed = run.seed.length if run.seed is not None else 0
     return _run(traces, method, result.stats, time_ms, seed, _matches(result.sequences, width, traces, vocab))
-
-
-class StepPrices:
-    """A replayed step's time as ``_price`` prices the request (so the slowdown ledger books the virtual
-    clock): the target, draft and head forwards logged since the last step, plus the engine's overhead of
-    a decided step or of a plain (rested) one. The target's first logged forward, the prefill, is not a step."""
-
-    def __init__(self, clock: Clock, caches: TraceCaches, head: VirtualHead | None) -> None:
-        self.clock, self.caches, self.head = clock, caches, head
-        self.seen = [1, 0, 0]  # forwards already priced per log: target (its prefill skipped), draft, head
-
-    def __call__(self, measured_ms: float, decided: bool, predicted_ms: float) -> float:
-        """(the engine's measured ms and the controller's prediction, both ignored; whether the step was
-        decided) → the step's virtual ms."""
-        made = self.caches.made_target, self.caches.made_draft
-        logs = (
-            made[0].log if made[0] is not None else [],
-            made[1].log if made[1] is not None else [],
-            self.head.log if self.head is not None else [],
-        )
-        prices = (self.clock.verify_ms, self.clock.draft_ms, self.clock.head_ms)
-        ms = sum(price(f) for log, price, at in zip(logs, prices, self.seen, strict=True) for f in log[at:])
-        self.seen = [len(log) for log in logs]
-        return ms + (self.clock.step_overhead_ms if decided else self.clock.plain_overhead_ms)
-
-
-def _price(
-    clock: Clock,
-    traces: Sequence[Trace],
-    target_log: list[Forward],
-    drafter_logs: tuple[list[Forward], list[Forward]],
-    stats: SpeculationStats,
-) -> float:
-    """Virtual ms: the prefill, every later target, draft and head forward, and the per-step overhead (a
-    rested step's: the plain one's)."""
-    steps, decided = len({s.step for s in stats.steps}), len({s.step for s in stats.steps if s.decided})
-    draft_log, head_log = drafter_logs
-    return (
-        clock.prefill_ms(traces)
-        + sum(clock.verify_ms(f) for f in target_log[1:])
-        + sum(clock.draft_ms(f) for f in draft_log)
-        + sum(clock.head_ms(f) for f in head_log)
-        + decided * clock.step_overhead_ms
-        + (steps - decided) * clock.plain_overhead_ms
-    )
 
 
 def _matches(sequences: torch.Tensor, width: int, traces: Sequence[Trace], vocab: Vocab) -> bool:

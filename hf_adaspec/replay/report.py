@@ -19,9 +19,9 @@ import torch
 from ..backend.draft_prefix import DraftPrefixStore
 from ..bench.bench import METHOD_FAMILY, PromptOracle, Run
 from ..engine.run import SpeculationState
+from .clock import Clock
 from .replay import (
     HEAD_FAMILY,
-    Clock,
     ReplayRun,
     VirtualDraft,
     check_head_method,
