@@ -16,7 +16,7 @@ from hf_adaspec.costs.profile import assemble_profile
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.stats import SpeculationStats, StepRecord
 from hf_adaspec.replay.clock import Clock, price_request
-from hf_adaspec.replay.replay import replay_request
+from hf_adaspec.replay.replay import plain_run, replay_request
 from hf_adaspec.replay.report import replay_all, validate
 from hf_adaspec.replay.trace import Trace, load_trace, load_traces, save_trace, trace_ids
 from hf_adaspec.replay.virtual import TraceCache, Vocab, draft_answers, target_answers
@@ -190,6 +190,30 @@ def test_a_truncated_trace_is_the_same_request_asked_for_fewer_tokens():
     assert trace.truncated(4) is trace and trace.truncated(9) is trace
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         trace.truncated(0)
+
+
+def test_a_trace_times_its_plain_generate_per_token_and_keeps_it_through_save_load_and_truncation(traces, tmp_path):
+    for t in traces:
+        assert len(t.plain_ms) == t.new_tokens and list(t.plain_ms) == sorted(t.plain_ms) and t.plain_ms[0] > 0
+    back = load_trace(save_trace(traces[0], tmp_path))
+    assert back.plain_ms == pytest.approx(traces[0].plain_ms, abs=0.01)
+    assert traces[0].truncated(3).plain_ms == traces[0].plain_ms[:3]
+    with pytest.raises(ValueError, match="plain_ms needs"):
+        Trace(**{**traces[0].__dict__, "plain_ms": traces[0].plain_ms[:-1]})
+
+
+def test_plain_decoding_priced_as_the_trace_timed_it_or_by_the_profile(traces):
+    by_trace = Clock(_profile(), plain_overhead_ms=1.0, plain="trace")
+    assert plain_run(traces[:1], by_trace).time_ms == traces[0].plain_ms[-1]
+    by_profile = plain_run(traces[:1], Clock(_profile(), plain_overhead_ms=1.0)).time_ms
+    steps = traces[0].new_tokens - 1
+    assert by_profile == pytest.approx(traces[0].prefill_ms + steps * (10.0 + 1.0))
+    with pytest.raises(ValueError, match="batch size 1"):
+        plain_run(traces[:2], by_trace)  # a batch's plain run is not traced
+    with pytest.raises(ValueError, match="plain times"):
+        plain_run([Trace(**{**traces[0].__dict__, "plain_ms": ()})], by_trace)
+    with pytest.raises(ValueError, match="plain='nope'"):
+        Clock(_profile(), plain="nope")
 
 
 def test_a_beside_run_is_read_as_a_bench_of_plain_and_adaptive(tmp_path):

@@ -225,6 +225,11 @@ def replay(
         min=1,
         help="Replay each request asked for at most this many tokens (its trace's first ones; default: as traced).",
     ),
+    plain: str = typer.Option(
+        "profile",
+        help="profile: plain decoding priced as the engine's forwards; trace: transformers' plain generate as the "
+        "traces timed it (batch size 1, on the traces' machine: a bench's plain run there).",
+    ),
 ) -> None:
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
@@ -248,7 +253,14 @@ def replay(
             chosen, method_list, (loaded, heads), costs_for, bench_runs
         )
     clock, result = _replayed(
-        chosen, method_list, (loaded, heads), (step_overhead_ms, plain_overhead_ms), batch_size, costs_for, prefill
+        chosen,
+        method_list,
+        (loaded, heads),
+        (step_overhead_ms, plain_overhead_ms),
+        batch_size,
+        costs_for,
+        prefill,
+        plain,
     )
     summary = bm.summarize(result.runs, method_list, result.oracles)
     meta = {
@@ -266,6 +278,7 @@ def replay(
         "step_overhead_ms": step_overhead_ms,
         "plain_overhead_ms": plain_overhead_ms,
         "prefill": prefill,
+        "plain": plain,
         "max_new_tokens": max_new_tokens,
     }
     extra = {"oracles": result.oracles, "replays": [r.summary() for r in result.replays]}
@@ -333,22 +346,24 @@ def _replayed(
     batch_size: int,
     costs_for,
     prefill: str = "trace",
+    plain: str = "profile",
 ):
-    """(clock, ``replay_all``'s result); a usage error for methods the traces or profiles cannot replay."""
+    """(clock, ``replay_all``'s result); a usage error for methods the traces or profiles cannot replay, or for
+    a plain run the traces cannot time."""
     from ..replay.report import replay_all
 
-    clock = _clock(profiles, overheads, prefill)
+    clock = _clock(profiles, overheads, prefill, plain)
     with usage_errors(ValueError):  # e.g. a draft method on traces taken without a draft model
         return clock, replay_all(chosen, methods, clock, batch_size, costs_for)
 
 
-def _clock(profiles: tuple, overheads: tuple[float, float], prefill: str = "trace"):
+def _clock(profiles: tuple, overheads: tuple[float, float], prefill: str = "trace", plain: str = "profile"):
     """The replay's ``Clock`` from (profile, head profile or None); a usage error of ``--head-profile`` for a
-    head profile that is not one, or of another target, or of ``--prefill``."""
+    head profile that is not one, or of another target, or of ``--prefill`` or ``--plain``."""
     from ..replay.clock import Clock
 
-    with usage_errors(ValueError, hint="--head-profile, --prefill"):
-        return Clock(profiles[0], *overheads, head_profile=profiles[1], prefill=prefill)
+    with usage_errors(ValueError, hint="--head-profile, --prefill, --plain"):
+        return Clock(profiles[0], *overheads, head_profile=profiles[1], prefill=prefill, plain=plain)
 
 
 def _load_profile(path: Path, hint: str = "--profile"):

@@ -17,6 +17,7 @@ from .trace import Trace
 from .virtual import Forward, TraceCaches, VirtualHead
 
 PREFILL_PRICES = ("trace", "profile")
+PLAIN_PRICES = ("profile", "trace")
 _CONTEXT_STEP = 8  # contexts are priced in buckets of 8 tokens (a cost barely moves within one), so prices cache well
 
 
@@ -26,11 +27,15 @@ class Clock:
     the engine rests), a draft
     head's forwards from ``head_profile`` (a profile measured with the head, of the same target; None: no
     head costs), and the prefill as the trace timed it (``prefill="trace"``) or by the profile
-    (``"profile"``: a projection onto another machine, whose prefill the trace's machine did not time).
+    (``"profile"``: a projection onto another machine, whose prefill the trace's machine did not time). Plain
+    decoding (the baseline of every speedup) is the engine's forwards priced by the profile plus
+    ``plain_overhead_ms`` a token (``plain="profile"``), or transformers' plain ``generate`` as the trace timed it
+    (``"trace"``, batch size 1, the trace's machine only: what a bench's plain run takes there, its attention and
+    cache included).
 
     Raises:
         ValueError: a ``head_profile`` not measured with a head, or measured for another target; another
-            ``prefill``.
+            ``prefill`` or ``plain``.
     """
 
     def __init__(
@@ -40,10 +45,13 @@ class Clock:
         plain_overhead_ms: float = 0.0,
         head_profile: Profile | None = None,
         prefill: str = "trace",
+        plain: str = "profile",
     ) -> None:
         if prefill not in PREFILL_PRICES:
             raise ValueError(f"prefill={prefill!r}; choose one of {PREFILL_PRICES}")
-        self.prefill = prefill
+        if plain not in PLAIN_PRICES:
+            raise ValueError(f"plain={plain!r}; choose one of {PLAIN_PRICES}")
+        self.prefill, self.plain = prefill, plain
         if head_profile is not None and not head_profile.drafter_is_head:
             raise ValueError(
                 f"head profile {head_profile.key} was measured with a draft model, not a head; "
@@ -82,6 +90,19 @@ class Clock:
         if self.prefill == "trace":
             return sum(t.prefill_ms for t in traces)
         return self.verify_ms(Forward(len(traces), max(t.prompt_len for t in traces), 0))
+
+    def traced_plain_ms(self, traces: Sequence[Trace]) -> float:
+        """transformers' plain ``generate`` of one trace's output as the trace timed it (ms, prefill included).
+
+        Raises:
+            ValueError: more than one trace (a batch's plain run is not traced), or a trace without plain times.
+        """
+        if len(traces) != 1 or not traces[0].plain_ms:
+            raise ValueError(
+                "plain='trace' prices batch size 1 from traces with plain times; use batch size 1 and traces "
+                "taken by this version's `hf-adaspec trace`, or price plain decoding by the profile"
+            )
+        return traces[0].plain_ms[-1]
 
     def verify_ms(self, f: Forward) -> float:
         """A target forward over f.columns new tokens (ms)."""

@@ -86,12 +86,16 @@ class ReplayRun:
 
 def plain_run(traces: Sequence[Trace], clock: Clock) -> ReplayRun:
     """Plain (batched) greedy decoding: the prefill, then one 1-token forward per step for every row until
-    the longest row ends (as transformers' ``generate`` keeps finished rows)."""
+    the longest row ends (as transformers' ``generate`` keeps finished rows); or, with ``clock.plain`` "trace",
+    the trace's own timing of it (``Clock.traced_plain_ms``, which raises ValueError where it cannot)."""
     b, width = len(traces), max(t.prompt_len for t in traces)
     steps = max(t.new_tokens for t in traces) - 1
-    ms = clock.prefill_ms(traces) + sum(
-        clock.verify_ms(Forward(b, 1, width + s)) + clock.plain_overhead_ms for s in range(1, steps + 1)
-    )
+    if clock.plain == "trace":
+        ms = clock.traced_plain_ms(traces)
+    else:
+        ms = clock.prefill_ms(traces) + sum(
+            clock.verify_ms(Forward(b, 1, width + s)) + clock.plain_overhead_ms for s in range(1, steps + 1)
+        )
     return ReplayRun(
         tuple(t.question_id for t in traces),
         tuple(t.category for t in traces),

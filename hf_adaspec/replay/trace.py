@@ -4,8 +4,9 @@ Under greedy decoding a policy's outcome is fixed by the prompt: the target's gr
 draft's argmax and its probability q(x) at every position along it (one teacher-forced draft forward;
 a proposal from position i is accepted exactly as far as those argmaxes agree with the target's tokens),
 and what prompt lookup proposes (deterministic, recomputed from the tokens). A ``Trace`` holds these for
-one prompt, plus the target's prefill time and the models' identities; ``replay`` prices any schedule on
-it with a cost profile. One JSON file per prompt (``<question_id>.json``), written atomically, so a long
+one prompt, plus the target's prefill time, the times at which transformers' plain ``generate`` emitted each
+token (what a bench's plain run takes on the trace's machine), and the models' identities; ``replay`` prices any
+schedule on it with a cost profile. One JSON file per prompt (``<question_id>.json``), written atomically, so a long
 run of ``hf-adaspec trace`` resumes where it stopped.
 
 An EAGLE-3 draft head (``models.eagle3``) drafts from the target's features, and from its second token on
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from transformers.generation import BaseStreamer
 
 from ..backend import hf_compat
 from ..bench.prompts import Prompt, split_of
@@ -42,14 +44,16 @@ HEAD_DEPTH = 8  # tokens of the head's chain recorded per position (replay's lar
 class Trace:
     """One prompt's greedy outcome. tokens: prompt + plain greedy output (ids); draft_next[j], draft_q[j]:
     the draft's argmax after tokens[: prompt_len + j] and its probability, j = 0..n (n = new tokens);
-    eos: the target's EOS ids; prefill_ms: the target's forward over the prompt (median, ms).
+    eos: the target's EOS ids; prefill_ms: the target's forward over the prompt (median, ms); plain_ms[j]: ms from
+    the start of the plain greedy ``generate`` that made the output to its emitting new token j (its prefill
+    included; empty: not timed, as in traces taken before it was recorded).
     head (its name, "" without one), head_next[j][d], head_q[j][d]: the head's argmax and q(x) for token
     prompt_len + j + d in the chain it drafts after tokens[: prompt_len + j] (``head_along``), j = 0..n,
     d = 0..depth − 1.
 
     Raises:
-        ValueError: no prompt or no new token, draft or head answers not n + 1 long, or head rows of
-            unequal or zero depth.
+        ValueError: no prompt or no new token, draft or head answers not n + 1 long, plain times neither empty
+            nor n long, or head rows of unequal or zero depth.
     """
 
     question_id: int
@@ -68,11 +72,16 @@ class Trace:
     head: str = ""
     head_next: tuple[tuple[int, ...], ...] = ()
     head_q: tuple[tuple[float, ...], ...] = ()
+    plain_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.tokens) - self.prompt_len
         if self.prompt_len < 1 or n < 1:
             raise ValueError(f"trace {self.question_id}: needs a prompt and >= 1 new token, got {self.prompt_len}, {n}")
+        if self.plain_ms and len(self.plain_ms) != n:
+            raise ValueError(
+                f"trace {self.question_id}: plain_ms needs {n} entries (or none), got {len(self.plain_ms)}"
+            )
         if self.draft and not len(self.draft_next) == len(self.draft_q) == n + 1:
             raise ValueError(
                 f"trace {self.question_id}: draft_next/draft_q need {n + 1} entries, "
@@ -142,6 +151,7 @@ class Trace:
             draft_q=self.draft_q[:keep] if self.draft else self.draft_q,
             head_next=self.head_next[:keep],
             head_q=self.head_q[:keep],
+            plain_ms=self.plain_ms[:n],
         )
 
 
@@ -157,6 +167,7 @@ def save_trace(trace: Trace, directory: Path) -> Path:
             **asdict(trace),
             "draft_q": [round(q, 5) for q in trace.draft_q],
             "head_q": [[round(q, 4) for q in row] for row in trace.head_q],
+            "plain_ms": [round(ms, 2) for ms in trace.plain_ms],
         },
         separators=(",", ":"),
     )
@@ -172,6 +183,7 @@ def load_trace(path: Path) -> Trace:
             raise ValueError(f"schema {data.get('schema')} (this version reads {SCHEMA})")
         for name in ("tokens", "draft_next", "draft_q", "eos"):
             data[name] = tuple(data[name])
+        data["plain_ms"] = tuple(data.get("plain_ms", ()))
         for name in ("head_next", "head_q"):
             data[name] = tuple(tuple(row) for row in data.get(name, ()))
         return Trace(**data)
@@ -262,6 +274,23 @@ def prefill_ms(target: torch.nn.Module, prompt: torch.Tensor, repeats: int = 2) 
     return statistics.median(times)
 
 
+class TokenTimes(BaseStreamer):
+    """A streamer for ``generate`` that notes when each new token is emitted: ``ms[j]``, ms from the streamer's
+    creation to new token j (the first ``put`` is the prompt, not timed)."""
+
+    def __init__(self) -> None:
+        self.start, self.ms, self._prompt = time.perf_counter(), [], True
+
+    def put(self, value: torch.Tensor) -> None:
+        if self._prompt:
+            self._prompt = False
+            return
+        self.ms.append((time.perf_counter() - self.start) * 1000.0)
+
+    def end(self) -> None:
+        """Nothing to flush."""
+
+
 def trace_ids(
     target,
     draft,
@@ -271,11 +300,16 @@ def trace_ids(
     names: tuple[str, str],
     source: str = "spec_bench",
 ) -> Trace:
-    """Plain greedy ``generate`` from input_ids [1, T], then the draft's teacher-forced pass along prompt +
-    output. ids: (question_id, category); names: (target, draft) identities ("" draft: none)."""
-    prompt_len = input_ids.shape[1]
+    """Plain greedy ``generate`` from input_ids [1, T], its tokens timed (``TokenTimes``), then the draft's
+    teacher-forced pass along prompt + output. ids: (question_id, category); names: (target, draft) identities
+    ("" draft: none)."""
+    prompt_len, times = input_ids.shape[1], TokenTimes()
     out = target.generate(
-        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, do_sample=False
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        streamer=times,
     )  # [1, T + n]
     nxt, q = draft_along(draft, out, prompt_len) if draft is not None else ([], [])
     eos = target.generation_config.eos_token_id
@@ -293,6 +327,7 @@ def trace_ids(
         names[0],
         names[1],
         source,
+        plain_ms=tuple(times.ms),
     )
 
 
