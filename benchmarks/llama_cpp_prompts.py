@@ -13,6 +13,8 @@ prompt then runs three units in an order that rotates from prompt to prompt: our
 plain again for the A/A spread, ``adaptive``; learned state per method as the bench keeps it; greedy outputs
 checked against plain: where one differs, the target's top-2 logit gap where it first does, a near-tie when
 small), llama.cpp's plain and its speculative decoding. Overall: the geometric mean over categories (README's).
+``--repeats N`` times every method N times per prompt and keeps the median (ours: every repeat after the first
+starts from the state as it was before the prompt, ``bench.run_prompt``); ``--categories`` keeps those categories.
 
     python benchmarks/llama_cpp_prompts.py --split held-out --per-category 1 \\
         --output benchmarks/results/llama_cpp_spec_bench_heldout.json
@@ -32,6 +34,7 @@ import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -145,11 +148,14 @@ def _beside_row(pair, prompt, text: str, rotation: int, args, target: str, draft
             if r.method != "plain" and not r.matches_plain
         }
 
+    def median(run) -> float:
+        return round(statistics.median(run() for _ in range(args.repeats)), 3)
+
     units = [
         ours,
-        lambda: row.update({"llama.cpp plain": round(_plain(args.bin, target, text, n, threads), 3)}),
+        lambda: row.update({"llama.cpp plain": median(lambda: _plain(args.bin, target, text, n, threads))}),
         lambda: row.update(
-            {"llama.cpp speculative": round(_speculative(args.bin, target, draft, text, n, threads), 3)}
+            {"llama.cpp speculative": median(lambda: _speculative(args.bin, target, draft, text, n, threads))}
         ),
     ]
     for unit in units[rotation % 3 :] + units[: rotation % 3]:
@@ -197,6 +203,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=Path, default=SPEC_BENCH)
     ap.add_argument("--split", default="all")
     ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per method and prompt (median)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--bin", type=Path, default=BIN)
@@ -207,9 +215,9 @@ def main() -> None:
     target, draft = _gguf("qwen2.5-coder-1.5b"), _gguf("qwen2.5-coder-0.5b")
     pair = _ours() if args.beside else None
     if pair is not None:
-        pair[2]["max_new_tokens"] = args.max_new_tokens
-    rows = []
-    for i, p in enumerate(load_prompts(args.prompts, args.per_category, None, args.split)):
+        pair[2].update(max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+    rows, cats = [], args.categories.split(",") if args.categories else None
+    for i, p in enumerate(load_prompts(args.prompts, args.per_category, cats, args.split)):
         text = tok.apply_chat_template(p.messages(), add_generation_prompt=True, tokenize=False)
         rows.append(
             _beside_row(pair, p, text, i, args, target, draft) if pair else _llama_row(p, text, args, target, draft)
@@ -221,6 +229,8 @@ def main() -> None:
         "prompts": str(args.prompts),
         "split": args.split,
         "per_category": args.per_category,
+        "categories": args.categories,
+        "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens,
     }
     if pair is not None:
