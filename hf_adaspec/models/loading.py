@@ -30,8 +30,6 @@ from . import format_choice, gguf_weights
 from .assets import assemble, cache_dir
 from .formats import DTYPES, FORMATS, Source, check_options, fallback, load_weights
 from .presets import PRESETS
-from .ranked_head import RankedVocab, rank_head
-from .vocab_rank import ranking
 
 _DONE = "ADASPEC_COMPLETE"
 
@@ -46,7 +44,6 @@ class LoadedModel:
     name: str
     weight_format: str = "none"
     quantized_head: bool = False
-    ranked_vocab: int | None = None  # |S| of a head over the most frequent tokens (``ranked_head``), None: full
 
     @property
     def format_label(self) -> str:
@@ -223,7 +220,6 @@ def load(
     quantize_lm_head: bool = False,
     verify: bool = False,
     log: Callable[[str], None] | None = None,
-    ranked_vocab: int | None = None,
 ) -> LoadedModel:
     """Load a causal LM and tokenizer. ``quantization``: "auto" (the fastest weight format on this machine
     within the quality tolerance, ``format_choice``: measured at the first load, which takes seconds to
@@ -237,8 +233,6 @@ def load(
     loads that where it is faster within the quality tolerance (``format_choice.keep_head``). ``verify``: hash
     every file of the cache entries used (dense copy, assembled GGUF) against its stamp instead of trusting an
     unchanged size and mtime (``hf-adaspec check-files`` checks the whole cache); an entry that fails is rebuilt.
-    ``ranked_vocab``: for a draft, its output head over the ``ranked_vocab`` most frequent tokens of its tokenizer's
-    ranking only (``ranked_head``, FR-Spec; logits −inf outside them), None: the full head.
 
     Raises:
         ValueError: unknown quantization or dtype, a format not for ``device``; an unknown model id while the
@@ -246,11 +240,8 @@ def load(
         ImportError: an explicit format whose library is not installed.
         FileNotFoundError: a path that does not exist.
         AssetError: a preset's model part is missing or fails its hash (names the pip command).
-        FileNotFoundError, ValueError, TypeError: a ``ranked_vocab`` without a ranking for the tokenizer, beyond
-            it, or for a head that is neither q4 nor dense (``vocab_rank.ranking``, ``ranked_head.ranked_head``).
     """
     check_options(quantization, dtype)
-    ranked = None if ranked_vocab is None else RankedVocab(ranked_vocab)
     from transformers import AutoTokenizer
 
     copy_dtype = "float32" if dtype == "float32" else "bfloat16"
@@ -273,15 +264,8 @@ def load(
         model = load_weights(origin, name_or_path, quantization, dtype, device, quantize_lm_head)
     if dense is not None and not had_dense and FORMATS[quantization].reads_gguf and dense.exists():
         shutil.rmtree(dense, ignore_errors=True)  # made for the probe only: the chosen format reads the GGUF file
-    if ranked is not None:
-        rank_head(model, ranking(tokenizer, ranked.size))
     return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        name=name_or_path,
-        weight_format=quantization,
-        quantized_head=quantize_lm_head,
-        ranked_vocab=ranked_vocab,
+        model=model, tokenizer=tokenizer, name=name_or_path, weight_format=quantization, quantized_head=quantize_lm_head
     )
 
 
