@@ -218,7 +218,7 @@ def test_plain_decoding_priced_as_the_trace_timed_it_or_by_the_profile(traces):
 
 def test_a_beside_run_is_read_as_a_bench_of_plain_and_adaptive(tmp_path):
     """`replay --bench` takes `llama_cpp_prompts.py --beside`'s rows (a column per method) as runs."""
-    from hf_adaspec.cli.trace_cli import _bench_runs
+    from hf_adaspec.cli.replay_cli import _bench_runs
 
     path = tmp_path / "beside.json"
     path.write_text(

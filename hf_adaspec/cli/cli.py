@@ -17,7 +17,7 @@ from ..bench.prompts import SPLITS, Prompt, load_prompts
 from ..config import SPECULATION_MODES
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from . import check_files_cli, export_cli, learned, profile_cli, trace_cli, train_head_cli
+from . import check_files_cli, export_cli, learned, profile_cli, replay_cli, trace_cli, train_head_cli
 from .checks import check_output, check_prompts_file, parse_methods, parse_sizes, usage_errors
 from .pair import QUANTIZATION_HELP
 from .pair import load_pair as _load_pair
@@ -30,7 +30,7 @@ app = typer.Typer(
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
 SPEC_BENCH = trace_cli.SPEC_BENCH  # the packaged Spec-Bench subset (hf_adaspec/data/spec_bench.jsonl)
 app.command()(trace_cli.trace)
-app.command()(trace_cli.replay)
+app.command()(replay_cli.replay)
 app.command("export-vllm")(export_cli.export_vllm)
 app.command("check-files")(check_files_cli.check_files)
 app.command(hidden=True)(check_files_cli.verify)  # the old name, for one release (check_files_cli.RENAMED)
