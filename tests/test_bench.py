@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_adaspec.bench.bench import Run, markdown, method_kwargs, run_prompt, summarize
+from hf_adaspec.bench.bench import Run, method_kwargs, run_prompt
 from hf_adaspec.bench.prompts import Prompt, load_prompts
+from hf_adaspec.bench.summary import markdown, summarize
 from hf_adaspec.costs.table import CostTable
 
 SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
@@ -307,8 +308,8 @@ def test_summarize_reports_pct_of_oracle_acceptance_and_k():
 
 
 def test_write_results_json_markdown_and_png(tmp_path):
-    from hf_adaspec.bench.bench import write_results
     from hf_adaspec.bench.oracle_inputs import PromptOracle
+    from hf_adaspec.bench.summary import write_results
 
     runs = [
         _run(1, "a", "plain", 10.0),

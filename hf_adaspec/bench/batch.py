@@ -20,8 +20,9 @@ from pathlib import Path
 
 from ..api.generate_batch import encode_batch, generate_batch
 from ..engine.run import SpeculationState
-from .bench import divergence_gap, write_json
+from .bench import divergence_gap
 from .prompts import Prompt, load_prompts
+from .summary import write_json
 
 BATCH_METHODS = ("plain", "plain-again", "hf-assisted", "fixed-k", "adaptive")
 NEEDS_DRAFT = ("hf-assisted", "fixed-k", "adaptive")  # batch methods that run the draft model

@@ -138,6 +138,7 @@ def bench(
 ) -> None:
     """Interleaved benchmark per prompt; writes JSON + markdown; last stdout line is one JSON object."""
     from ..bench import bench as bm
+    from ..bench.summary import markdown, summarize, write_results
 
     check_output(output)
     check_prompts_file(prompts)
@@ -178,7 +179,7 @@ def bench(
         result = bm.run_prompt(tgt.model, tgt.tokenizer, draft_model, prompt, method_list, i, cfg)
         runs += result.runs
         oracles += [result.oracle] if result.oracle is not None else []
-    summary = bm.summarize(runs, method_list, oracles)
+    summary = summarize(runs, method_list, oracles)
     meta = {
         "target": target,
         "draft": draft,
@@ -195,8 +196,8 @@ def bench(
         "prompts_file": str(prompts),
         "oracle_k_max": 8,
     }
-    bm.write_results(output, runs, summary, meta, oracles)
-    typer.echo(bm.markdown(summary, method_list))
+    write_results(output, runs, summary, meta, oracles)
+    typer.echo(markdown(summary, method_list))
     _echo_overall(summary, method_list, output)
 
 

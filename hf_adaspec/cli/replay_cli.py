@@ -129,7 +129,7 @@ def replay(
 ) -> None:
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
-    from ..bench import bench as bm
+    from ..bench.summary import markdown, summarize, write_json
     from ..replay.report import validate
 
     start = time.perf_counter()
@@ -158,7 +158,7 @@ def replay(
         prefill,
         plain,
     )
-    summary = bm.summarize(result.runs, method_list, result.oracles)
+    summary = summarize(result.runs, method_list, result.oracles)
     meta = {
         "kind": "replay prediction (virtual clock, not measured)",
         "profile": str(profile),
@@ -202,11 +202,11 @@ def replay(
             step_overhead_ms=round(step_overhead_ms, 2),
             plain_overhead_ms=round(plain_overhead_ms, 2),
         )
-    bm.write_json(output, meta, summary, result.runs, **extra)
+    write_json(output, meta, summary, result.runs, **extra)
     output.with_suffix(".md").write_text(
-        "Replay prediction (virtual clock from the profile, not measured)\n\n" + bm.markdown(summary, method_list)
+        "Replay prediction (virtual clock from the profile, not measured)\n\n" + markdown(summary, method_list)
     )
-    typer.echo(bm.markdown(summary, method_list))
+    typer.echo(markdown(summary, method_list))
     line["seconds"] = round(time.perf_counter() - start, 1)
     typer.echo(json.dumps(line))
 

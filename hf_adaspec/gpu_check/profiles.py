@@ -102,7 +102,7 @@ def replay(check: Check) -> dict:
     adaptive-lookup) at batch 1, 2, 4, 8, with the engine overheads measured on the GPU (else none); at batch 1
     also per workload. Predicted, not measured; the acceptance is the CPU-traced pair's, for the 7B target too.
     The 7B's 4-bit profile (``FOUR_BIT_PROFILE``) is held to ``WORKLOAD_BARS`` (not with --tiny)."""
-    from ..bench import bench as bm
+    from ..bench.summary import summarize
     from ..replay.clock import Clock
     from ..replay.report import replay_all
     from ..replay.trace import load_traces
@@ -112,7 +112,7 @@ def replay(check: Check) -> dict:
 
     def speedups(subset, clock, b) -> dict:
         result = replay_all(subset, REPLAY_METHODS, clock, b)
-        overall = bm.summarize(result.runs, list(REPLAY_METHODS), result.oracles)["table"]["overall"]
+        overall = summarize(result.runs, list(REPLAY_METHODS), result.oracles)["table"]["overall"]
         return {
             "plain_tokens_per_s": round(overall["plain"]["tokens_per_s"], 2),
             "all_match_traces": all(r.matches_plain for r in result.runs),
