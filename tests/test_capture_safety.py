@@ -23,7 +23,7 @@ from conftest import left_padded
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
-from hf_adaspec.backend import arenas, graphs, static_kv
+from hf_adaspec.backend import arena_sizes, arenas, graphs, static_kv
 from hf_adaspec.backend.arenas import arenas_of
 from hf_adaspec.backend.capture_check import CaptureUnsafe, refusing_host_reads
 from hf_adaspec.backend.head_kv import COLUMN
@@ -119,7 +119,7 @@ def test_every_recorded_width_and_the_drafts_token_pass_the_capture_check(as_on_
     for model in (target, draft):
         records = arenas_of(model).records()
         graph_width = max(r.width for r in records)
-        assert {r.width for r in records} == set(static_kv.width_buckets(graph_width)) and graph_width > 1
+        assert {r.width for r in records} == set(arena_sizes.width_buckets(graph_width)) and graph_width > 1
         assert {r.batch for r in records} == {2} and not _unsafe(records)
     assert "hf-adaspec" not in capsys.readouterr().err
 

@@ -24,7 +24,7 @@ from conftest import left_padded
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
-from hf_adaspec.backend import static_kv
+from hf_adaspec.backend import arena_sizes
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 COSTS = CostTable(verify_ms=(10.0,) * 9, draft_ms=1.0)  # cheap drafts: adaptive speculates
@@ -212,7 +212,7 @@ def test_windowed_families_equal_plain_greedy_past_the_window(windowed, prompt):
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 def test_windowed_batches_with_holes_equal_each_rows_plain_greedy(windowed, kv_cache, monkeypatch):
     """Rows of different lengths (left padding), each rejecting its own drafts: holes inside a row's window."""
-    monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)  # an arena as wide as the request needs
+    monkeypatch.setattr(arena_sizes, "CAPACITY_FLOOR", 16)  # an arena as wide as the request needs
     target, draft, plain = windowed
     out = _speculate(
         target, left_padded([LONG, SHORT]), draft, speculation="fixed", num_speculative_tokens=4, kv_cache=kv_cache
@@ -221,7 +221,7 @@ def test_windowed_batches_with_holes_equal_each_rows_plain_greedy(windowed, kv_c
 
 
 def test_windowed_single_row_on_the_arena_equals_plain_greedy(windowed, monkeypatch):
-    monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)  # 16 columns: the request compacts and moves arenas
+    monkeypatch.setattr(arena_sizes, "CAPACITY_FLOOR", 16)  # 16 columns: the request compacts and moves arenas
     target, draft, plain = windowed
     out = _speculate(
         target,

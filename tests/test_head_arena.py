@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from hf_adaspec.backend import arenas, static_kv
+from hf_adaspec.backend import arena_sizes, arenas, static_kv
 from hf_adaspec.backend.arenas import arenas_of
 from hf_adaspec.backend.caches import open_head_cache
 from hf_adaspec.backend.graphs import Rerun
@@ -114,7 +114,7 @@ def test_a_later_request_starts_on_the_widest_arena(tiny_head, monkeypatch):
     column replays the recording already made there."""
     head, counting = copy.deepcopy(tiny_head), CountingCapture()
     monkeypatch.setattr(arenas, "capture_for", lambda device: counting)
-    monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 8)
+    monkeypatch.setattr(arena_sizes, "CAPACITY_FLOOR", 8)
     gen, hidden = torch.Generator().manual_seed(2), torch.zeros(1, 1, head.config.hidden_size)
     first = open_head_cache(head, 1, "static")
     with torch.no_grad():

@@ -25,7 +25,7 @@ import hf_adaspec
 import hf_adaspec.engine.step_verify as step_verify
 import hf_adaspec.engine.verification as verification
 from hf_adaspec import CostTable, SpeculationState
-from hf_adaspec.backend import static_kv
+from hf_adaspec.backend import arena_sizes
 from hf_adaspec.engine.verification import Verification, speculative_sample
 from hf_adaspec.gpu_check.sampling import chi2_ratio  # the same test the GPU check runs on the device
 
@@ -305,7 +305,7 @@ def test_generate_sampling_is_lossless_per_row(assistants, exact_marginals, mode
     vocabulary; "adaptive" under steep costs: the draft model offered 2 tokens and stopped by its confidence
     stop rule after 1). The arenas get the columns the request needs (64), not the 256-column floor: attention
     reads every column, and 2,048 rows × 256 would spend the test on empty ones (the head's arena too)."""
-    monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)
+    monkeypatch.setattr(arena_sizes, "CAPACITY_FLOOR", 16)
     if mode == "fixed-k2":
         new, stats = _sampled(assistants, drafter, speculation="fixed", num_speculative_tokens=2, kv_cache=kv_cache)
     else:
@@ -375,7 +375,7 @@ def test_sampling_with_sliding_window_layers_is_lossless(windowed_models, kv_cac
     """The chi-square check on a hybrid model (full and sliding-window layers), the batch left-padded: windows
     are counted in each row's tokens across its holes, in the dynamic cache and in the arena."""
     assert windowed_models["target"].config.layer_types == ["full_attention", "sliding_attention"]
-    monkeypatch.setattr(static_kv, "CAPACITY_FLOOR", 16)
+    monkeypatch.setattr(arena_sizes, "CAPACITY_FLOOR", 16)
     new, stats = _sampled(windowed_models, speculation="fixed", num_speculative_tokens=2, kv_cache=kv_cache)
     drafted = [s for s in stats.steps if s.step == 0 and s.k > 0]
     assert 0 < sum(s.accepted for s in drafted) < sum(s.k for s in drafted)

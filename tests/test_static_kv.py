@@ -16,7 +16,7 @@ from conftest import left_padded
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
-from hf_adaspec.backend import static_kv
+from hf_adaspec.backend import arena_sizes, static_kv
 from hf_adaspec.backend.arenas import arenas_of
 from hf_adaspec.backend.draft_prefix import DraftPrefixStore
 from hf_adaspec.backend.graphs import Rerun
@@ -175,12 +175,12 @@ def test_each_width_is_recorded_once_and_replayed_across_requests(tiny_factory):
 
 
 def test_run_width_pads_narrow_blocks_to_the_graph_width_where_they_fit():
-    assert static_kv.width_buckets(9) == (1, 2, 3, 5, 9) and static_kv.width_buckets(5) == (1, 2, 3, 5)
-    assert static_kv.width_buckets(1) == (1,) and static_kv.width_buckets(12) == (1, 2, 3, 5, 9, 12)
-    widths = [static_kv.run_width(n, 10, 9, 256, pad=True) for n in (1, 2, 3, 4, 5, 6, 8, 9, 10, 40)]
+    assert arena_sizes.width_buckets(9) == (1, 2, 3, 5, 9) and arena_sizes.width_buckets(5) == (1, 2, 3, 5)
+    assert arena_sizes.width_buckets(1) == (1,) and arena_sizes.width_buckets(12) == (1, 2, 3, 5, 9, 12)
+    widths = [arena_sizes.run_width(n, 10, 9, 256, pad=True) for n in (1, 2, 3, 4, 5, 6, 8, 9, 10, 40)]
     assert widths == [1, 2, 3, 5, 5, 9, 9, 9, 10, 40]
-    assert [static_kv.run_width(n, 10, 9, 256, pad=False) for n in (1, 2, 4, 9)] == [1, 2, 4, 9]
-    assert static_kv.run_width(6, 250, 9, 256, pad=True) == 6  # 250 + 9 columns do not fit: its own width
+    assert [arena_sizes.run_width(n, 10, 9, 256, pad=False) for n in (1, 2, 4, 9)] == [1, 2, 4, 9]
+    assert arena_sizes.run_width(6, 250, 9, 256, pad=True) == 6  # 250 + 9 columns do not fit: its own width
 
 
 def test_padded_arenas_record_two_widths_and_keep_greedy_tokens(models, monkeypatch):
@@ -211,7 +211,7 @@ def test_padded_arenas_record_two_widths_and_keep_greedy_tokens(models, monkeypa
     assert len(ks - {0}) > 1  # verifications of several widths ran
     widths = {r.width for model in (target, draft) for r in arenas_of(model).records()}
     graph_width = max(r.width for r in arenas_of(target).records())
-    assert widths <= set(static_kv.width_buckets(graph_width)) and graph_width > max(ks - {0})
+    assert widths <= set(arena_sizes.width_buckets(graph_width)) and graph_width > max(ks - {0})
     assert 4 not in widths and {k + 1 for k in ks} - widths  # some widths ran padded
 
 
@@ -256,10 +256,10 @@ def test_a_slower_replay_is_dropped_for_the_eager_forward(tiny_factory):
 
 
 def test_capacity_buckets_and_store_choice(models):
-    assert static_kv.capacity_for(10) == 512 and static_kv.capacity_for(0, 0) == 256
-    assert static_kv.capacity_for(300, 300) == 1024
+    assert arena_sizes.capacity_for(10) == 512 and arena_sizes.capacity_for(0, 0) == 256
+    assert arena_sizes.capacity_for(300, 300) == 1024
     with pytest.raises(ValueError, match="context and new tokens"):
-        static_kv.capacity_for(-1)
+        arena_sizes.capacity_for(-1)
     model = models["target"]
     assert store_kind(model, "auto") == "dynamic"  # a CPU: the dynamic cache
     assert store_kind(model, "static") == "static"

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..backend import hf_compat, static_kv
+from ..backend import arena_sizes, hf_compat
 from ..backend.arenas import arenas_of
 from ..config import SpeculationConfig
 from ..costs.table import CostTable
@@ -295,7 +295,7 @@ def enable(model) -> Any:
     return model
 
 
-TARGET_WIDTHS = static_kv.width_buckets(SpeculationConfig().max_speculative_tokens + 1)  # 1, 2, 3, 5, 9
+TARGET_WIDTHS = arena_sizes.width_buckets(SpeculationConfig().max_speculative_tokens + 1)  # 1, 2, 3, 5, 9
 
 
 def compile_steps(model, widths: tuple[int, ...] = (1,)) -> Any:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
-from . import static_kv
+from . import arena_sizes, static_kv
 from .graphs import capture_for
 from .static_kv import Arena, CaptureRecord, KVShape
 
@@ -77,7 +77,7 @@ class ModelArenas:
         on first use: recordings are CUDA graphs on a GPU and ``graphs.Rerun`` stand-ins elsewhere; a role's
         least recently used arena gives way past ``static_kv.ARENAS_PER_ROLE``."""
         model = self.model
-        key = (role, static_kv.next_power(batch), capacity)
+        key = (role, arena_sizes.next_power(batch), capacity)
         arena = self._arenas.pop(key, None)
         if arena is None:
             mine = [k for k in self._arenas if k[0] == role]
@@ -109,11 +109,11 @@ class ModelArenas:
         Raises:
             KeyError: none is kept there.
         """
-        return self._arenas[(role, static_kv.next_power(batch), capacity)]
+        return self._arenas[(role, arena_sizes.next_power(batch), capacity)]
 
     def widest_capacity(self, role: str, batch: int) -> int:
         """Columns of the widest arena kept for ``role`` with room for ``batch`` rows (0: none)."""
-        rows = static_kv.next_power(batch)
+        rows = arena_sizes.next_power(batch)
         return max((capacity for r, b, capacity in self._arenas if (r, b) == (role, rows)), default=0)
 
     def compile(self, widths: frozenset[int]) -> None:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from ..models.eagle3 import Eagle3Head, HeadCache, HeadKV
+from .arena_sizes import capacity_for
 from .draft_prefix import PrefixSeed
 from .head_kv import StaticHeadCache
 from .ragged import RaggedCache
-from .static_kv import capacity_for
 from .stores import open_store
 
 NEW_TOKENS_SIZED = 1024  # a request's arena is first sized for at most this many new tokens; a longer one moves

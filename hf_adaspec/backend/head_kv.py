@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.eagle3 import Eagle3Head
-from . import static_kv
+from . import arena_sizes
 from .arenas import arenas_of
 from .static_kv import Arena, KVShape
 
@@ -70,11 +70,11 @@ def _column_step(head: Eagle3Head, arena: Arena, inputs: _ColumnInputs) -> Calla
 class StaticHeadCache:
     """One request's draft-head entries on the head's arena (``models.eagle3.HeadKV``) for ``batch`` rows, held
     empty at first: the arena of ``capacity`` columns (None: the widest the head has for these rows, at least
-    ``static_kv.CAPACITY_FLOOR``)."""
+    ``arena_sizes.CAPACITY_FLOOR``)."""
 
     def __init__(self, head: Eagle3Head, batch: int, capacity: int | None = None) -> None:
         self.head = head
-        capacity = capacity or max(static_kv.CAPACITY_FLOOR, arenas_of(head).widest_capacity("head", batch))
+        capacity = capacity or max(arena_sizes.CAPACITY_FLOOR, arenas_of(head).widest_capacity("head", batch))
         self.arena = arenas_of(head).arena("head", batch, capacity, kv_shape(head))
         self.mask, self.lengths = torch.zeros(batch, 0, dtype=torch.bool), torch.zeros(batch, dtype=torch.long)
         self.arena.rowmask.zero_()

@@ -1,7 +1,7 @@
 """A preallocated KV cache whose narrow forwards run as captured graphs (a CUDA graph on a GPU).
 
 Design: an ``Arena`` per (model, role) holds, per layer, keys and values for B_cap rows × L_cap columns at
-fixed addresses (B_cap a power of two, L_cap from ``capacity_for``), a row mask [B_cap, L_cap] on the device
+fixed addresses (B_cap a power of two, L_cap from ``arena_sizes.capacity_for``), a row mask [B_cap, L_cap] on the device
 and, per forward width n ≤ ``graph_width`` (1 … k_max + 1: a draft token, a verification), one recording
 whose static inputs are the token ids and RoPE positions [B_cap, n] and the columns it writes [n]; the 4-D
 attention mask is built inside the recording from the row mask (a column is visible to block column i when
@@ -38,27 +38,12 @@ from dataclasses import dataclass
 import torch
 
 from . import graphs, hf_compat
+from .arena_sizes import run_width, width_buckets
 from .graphs import Capture, timed_ms
 
-CAPACITY_FLOOR = 256  # the smallest arena, in columns
-STANDARD_NEW_TOKENS = 256  # a request's length when only its context is known (the profile's cells)
 ARENAS_PER_ROLE = 3  # arenas kept per (model, role), least recently used first out
 REPLAY_TIMINGS = 3  # a recording's replay is timed this many times (median) where the arena chooses by time
 PAD_DEVICES = frozenset({"cuda"})  # device types whose arenas pad blocks to bucket widths and record them at opening
-
-
-def next_power(n: int, floor: int = 1) -> int:
-    """The smallest power of two ≥ n (at least ``floor``): an arena's rows for n batch rows, its columns."""
-    return max(floor, 1 << max(0, n - 1).bit_length())
-
-
-def capacity_for(context: int, new_tokens: int = STANDARD_NEW_TOKENS) -> int:
-    """Columns of the arena a request of ``context`` tokens that generates ``new_tokens`` more is given: the
-    next power of two ≥ their sum (at least ``CAPACITY_FLOOR``). Attention reads every column, so a step's
-    cost depends on this bucket; the profile measures a context c at ``capacity_for(c)``."""
-    if context < 0 or new_tokens < 0:
-        raise ValueError(f"context and new tokens must be >= 0, got {context}, {new_tokens}")
-    return next_power(context + new_tokens, CAPACITY_FLOOR)
 
 
 def block_forward(
@@ -84,23 +69,6 @@ def block_forward(
     visible = (rowmask[:, None, None, :] & seen[None, None]) | own[None, None]  # [B, 1, n, L]
     mask = hf_compat.layer_masks(model, visible, positions, column_positions)
     return hf_compat.raw_forward(model, ids, cache, keep, mask, positions, layers)
-
-
-@functools.cache
-def width_buckets(graph_width: int) -> tuple[int, ...]:
-    """The widths a padding arena records: 1, 2, 3, 5, 9, 17, … (1 + powers of two) below ``graph_width``, and
-    ``graph_width``."""
-    doubling = {1 + 2**i for i in range(graph_width.bit_length()) if 1 + 2**i < graph_width}
-    return tuple(sorted({1, graph_width} | doubling))
-
-
-def run_width(n: int, start: int, graph_width: int, capacity: int, pad: bool) -> int:
-    """The width a block of ``n`` columns written from column ``start`` runs at: with ``pad``, the smallest of
-    ``width_buckets(graph_width)`` ≥ n whose block fits in ``capacity`` columns; else (and past
-    ``graph_width``) n."""
-    if not pad or n > graph_width:
-        return n
-    return next((w for w in width_buckets(graph_width) if w >= n and start + w <= capacity), n)
 
 
 @functools.cache
@@ -156,7 +124,7 @@ KVShape = tuple[int, int, int, torch.dtype]  # (layers, key/value heads, head di
 
 class Arena:
     """Preallocated keys/values [B_cap, H_kv, L_cap, D] per layer of one model, its row mask, and its
-    recordings per (width, feature layers); ``pad``: blocks run padded to bucket widths (``run_width``),
+    recordings per (width, feature layers); ``pad``: blocks run padded to bucket widths (``arena_sizes.run_width``),
     recorded by ``prime``. ``shape``: the keys' and values' ``KVShape`` (None: the transformers model's,
     ``hf_compat.kv_shape``; a draft head gives its own, ``head_kv``); ``compiled``: the widths recorded through
     ``torch.compile`` (``arenas.ModelArenas.compile``)."""

@@ -15,8 +15,8 @@ from typing import Protocol
 import torch
 
 from . import hf_compat
+from .arena_sizes import capacity_for
 from .arenas import arenas_of
-from .static_kv import capacity_for
 
 
 class KVStore(Protocol):

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat
+from ..backend.arena_sizes import capacity_for
 from ..backend.arenas import arenas_of
 from ..backend.caches import open_cache, open_head_cache
 from ..backend.graphs import timed_ms
-from ..backend.static_kv import capacity_for
 from ..backend.stores import store_kind
 from ..kernels import q4, route
 from ..models.eagle3 import Eagle3Head

@@ -12,8 +12,8 @@ import time
 
 import torch
 
+from ..backend import arena_sizes
 from ..backend import graphs as recorded
-from ..backend import static_kv
 from ..backend.arenas import arenas_of
 from ..backend.caches import open_cache, open_head_cache
 from ..costs.table import ForwardProbe, HeadProbe
@@ -21,7 +21,7 @@ from ..models.eagle3_format import random_head
 from . import steps as cs
 from .steps import BIG, DRAFT, NEAR_TIE, TARGET, Check
 
-PROMPT, WIDTHS = 24, (1, 4, 9)  # on a GPU width 4 runs padded to 5 (static_kv.run_width)
+PROMPT, WIDTHS = 24, (1, 4, 9)  # on a GPU width 4 runs padded to 5 (arena_sizes.run_width)
 
 
 @torch.no_grad()
@@ -34,7 +34,7 @@ def graphs(check: Check) -> dict:
     gen = torch.Generator().manual_seed(4)
     ids = torch.randint(1, tgt.config.vocab_size, (1, PROMPT + max(WIDTHS)), generator=gen)
     dynamic = open_cache(tgt, 1)
-    arena = open_cache(tgt, 1, check.kv_cache, static_kv.capacity_for(PROMPT), "check", max(WIDTHS))
+    arena = open_cache(tgt, 1, check.kv_cache, arena_sizes.capacity_for(PROMPT), "check", max(WIDTHS))
     for cache in (dynamic, arena):
         cache.append(ids[:, :PROMPT], torch.ones(1, PROMPT, dtype=torch.bool), 1)
     held, rows = torch.tensor([PROMPT]), {}
