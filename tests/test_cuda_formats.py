@@ -21,6 +21,7 @@ from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.kernels import int4
 from hf_adaspec.models import cuda_formats, formats
 from hf_adaspec.models import format_choice as fc
+from hf_adaspec.models import format_rules as fr
 from hf_adaspec.models.format_choice import FormatMeasure
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -55,14 +56,14 @@ def test_the_choice_on_a_gpu_weighs_a_verification_per_token_and_keeps_nf4_withi
     """Timings shaped as the H200's 7B (NF4 doubles a verification); which format wins is the score's."""
     nf4, dense = _m("nf4", 7.3, 14.3), _m("none", 7.4, 8.6, 1.0)
     fast = (dense, nf4, _m("int4", 4.0, 5.0), _m("gemlite", 3.8, 9.0), FormatMeasure("int4-torchao", error="x"))
-    assert fc.pick(fast[1:]) == "int4"  # 4.0 + 5.0/6 beats 3.8 + 9.0/6 (a faster step) and NF4's 7.3 + 14.3/6
-    assert fc.pick(fast) == "int4"
+    assert fr.pick(fast[1:]) == "int4"  # 4.0 + 5.0/6 beats 3.8 + 9.0/6 (a faster step) and NF4's 7.3 + 14.3/6
+    assert fr.pick(fast) == "int4"
     slow = (dense, nf4, _m("int4", 9.0, 10.0))
-    assert fc.pick(slow[1:]) == "nf4" and fc.pick(slow) == "none"  # among 4-bit formats NF4 stays where fastest
-    near = (nf4, _m("int4", 7.3, 14.3 * (1 - fc.SWITCH_MARGIN) + 0.5))
-    assert fc.pick(near) == "nf4"  # within SWITCH_MARGIN of NF4's score
+    assert fr.pick(slow[1:]) == "nf4" and fr.pick(slow) == "none"  # among 4-bit formats NF4 stays where fastest
+    near = (nf4, _m("int4", 7.3, 14.3 * (1 - fr.SWITCH_MARGIN) + 0.5))
+    assert fr.pick(near) == "nf4"  # within SWITCH_MARGIN of NF4's score
     worse = (nf4, _m("int4", 4.0, 5.0, top1=0.90))
-    assert fc.pick(worse) == "nf4"  # below NF4's agreement − tolerance
+    assert fr.pick(worse) == "nf4"  # below NF4's agreement − tolerance
 
 
 def test_each_missing_kernel_is_named_in_one_line(monkeypatch):

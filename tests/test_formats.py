@@ -11,6 +11,7 @@ import hf_adaspec
 from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.models import format_choice as fc
 from hf_adaspec.models import format_probe as fp
+from hf_adaspec.models import format_rules as fr
 from hf_adaspec.models.format_choice import FormatMeasure
 from hf_adaspec.models.formats import FORMATS, format_of, load_weights
 
@@ -25,20 +26,20 @@ def _m(fmt, ms, top1=1.0):
 
 def test_pick_takes_the_fastest_eligible_format():
     measures = (_m("none", 30), _m("nf4", 20, 0.95), _m("int8", 15, 0.97), _m("q4", 5, 0.94))
-    assert fc.pick(measures) == "q4"  # 0.94 ≥ 0.95 − 0.02
+    assert fr.pick(measures) == "q4"  # 0.94 ≥ 0.95 − 0.02
 
 
 def test_nf4_stays_unless_another_format_is_faster_beyond_the_margin():
-    near = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 20 * (1 - fc.SWITCH_MARGIN) + 0.1, 0.95))
-    assert fc.pick(near) == "nf4"
-    clear = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 20 * (1 - fc.SWITCH_MARGIN) - 0.1, 0.95))
-    assert fc.pick(clear) == "q4"
+    near = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 20 * (1 - fr.SWITCH_MARGIN) + 0.1, 0.95))
+    assert fr.pick(near) == "nf4"
+    clear = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 20 * (1 - fr.SWITCH_MARGIN) - 0.1, 0.95))
+    assert fr.pick(clear) == "q4"
 
 
 def test_a_format_below_the_quality_tolerance_is_not_chosen_however_fast():
     measures = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 5, 0.90))
-    assert [m.format for m in fc.eligible(measures)] == ["none", "nf4"]
-    assert fc.pick(measures) == "nf4"
+    assert [m.format for m in fr.eligible(measures)] == ["none", "nf4"]
+    assert fr.pick(measures) == "nf4"
 
 
 def test_without_nf4_the_bar_is_the_best_quantized_format():
@@ -48,12 +49,12 @@ def test_without_nf4_the_bar_is_the_best_quantized_format():
         _m("int8", 25, 0.99),
         _m("q4", 5, 0.90),
     )
-    assert fc.pick(measures) == "int8"
+    assert fr.pick(measures) == "int8"
 
 
 def test_a_format_too_slow_to_be_measured_for_quality_is_not_eligible():
     measures = (_m("none", 30), _m("nf4", 20, 0.95), FormatMeasure("int8", 90.0, 180.0, None, None, 0.1))
-    assert [m.format for m in fc.eligible(measures)] == ["none", "nf4"]
+    assert [m.format for m in fr.eligible(measures)] == ["none", "nf4"]
     assert "int8 90/180 ms over twice the best: quality not measured" in fc.FormatChoice(
         "nf4", measures, fc.cache_path({}), False, 1.0
     ).line("m")
@@ -62,8 +63,8 @@ def test_a_format_too_slow_to_be_measured_for_quality_is_not_eligible():
 def test_dense_weights_are_eligible_whatever_their_agreement_with_their_own_free_running_output():
     # a small bf16 model's teacher-forced argmax can leave its own batched greedy output (padding, rounding): the
     # reference itself must stay a candidate, also before any quantized format is measured
-    assert fc.pick((_m("none", 30, 0.95),)) == "none"
-    assert [m.format for m in fc.eligible((_m("none", 30, 0.95), _m("nf4", 20, 0.99)))] == ["none", "nf4"]
+    assert fr.pick((_m("none", 30, 0.95),)) == "none"
+    assert [m.format for m in fr.eligible((_m("none", 30, 0.95), _m("nf4", 20, 0.99)))] == ["none", "nf4"]
 
 
 def test_pick_names_every_error_when_nothing_loaded():
@@ -72,7 +73,7 @@ def test_pick_names_every_error_when_nothing_loaded():
         FormatMeasure("q4", error="KernelUnavailable: no compiler"),
     )
     with pytest.raises(ValueError, match="none: OSError: disk; q4: KernelUnavailable: no compiler"):
-        fc.pick(measures)
+        fr.pick(measures)
 
 
 def _head(fmt, ms, top1=1.0):
@@ -81,14 +82,14 @@ def _head(fmt, ms, top1=1.0):
 
 def test_the_quantized_head_is_kept_only_when_eligible_and_faster_beyond_the_margin():
     base = (_m("none", 30), _m("nf4", 20, 0.95), _m("q4", 10, 0.95))
-    assert fc.pick((*base, _head("q4", 1, 0.99))) == "q4"  # a head variant is never pick's candidate
-    assert fc.keep_head((*base, _head("q4", 10 * (1 - fc.SWITCH_MARGIN) - 0.1, 0.94)), "q4")
-    assert not fc.keep_head((*base, _head("q4", 10 * (1 - fc.SWITCH_MARGIN) + 0.1, 0.95)), "q4")  # within the margin
-    assert not fc.keep_head((*base, _head("q4", 5, 0.92)), "q4")  # below NF4's agreement − tolerance
-    assert not fc.keep_head((*base, FormatMeasure("q4", error="RuntimeError: x", head=True)), "q4")
-    assert not fc.keep_head(base, "q4")  # not measured
+    assert fr.pick((*base, _head("q4", 1, 0.99))) == "q4"  # a head variant is never pick's candidate
+    assert fr.keep_head((*base, _head("q4", 10 * (1 - fr.SWITCH_MARGIN) - 0.1, 0.94)), "q4")
+    assert not fr.keep_head((*base, _head("q4", 10 * (1 - fr.SWITCH_MARGIN) + 0.1, 0.95)), "q4")  # within the margin
+    assert not fr.keep_head((*base, _head("q4", 5, 0.92)), "q4")  # below NF4's agreement − tolerance
+    assert not fr.keep_head((*base, FormatMeasure("q4", error="RuntimeError: x", head=True)), "q4")
+    assert not fr.keep_head(base, "q4")  # not measured
     with_nf4_head = (_m("none", 30), _head("nf4", 5, 0.99), _m("nf4", 20, 0.90), _m("q4", 10, 0.89))
-    assert [m.format for m in fc.eligible(with_nf4_head) if not m.head] == ["none", "nf4", "q4"]  # bar: 0.90 − 0.02
+    assert [m.format for m in fr.eligible(with_nf4_head) if not m.head] == ["none", "nf4", "q4"]  # bar: 0.90 − 0.02
 
 
 def test_a_format_twice_the_best_is_timed_once():

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..models import format_choice as fc
+from ..models import format_rules as fr
 from ..models.format_quality import greedy_reference
 from ..models.formats import probed_for
 from .profiles import FOUR_BIT_PROFILE, profile_pair
@@ -50,8 +51,8 @@ def formats_7b(check: Check) -> dict:
     check.drop()
     four_bit = tuple(m for m in measures if m.format != "none")
     loaded = [m for m in four_bit if m.error is None]
-    chosen = fc.pick(four_bit) if loaded else None
-    overall = fc.pick(tuple(measures))
+    chosen = fr.pick(four_bit) if loaded else None
+    overall = fr.pick(tuple(measures))
     if chosen is not None:
         check.facts[FOUR_BIT] = chosen
     rows = [

@@ -9,7 +9,7 @@ cache (a plain step and a verification; ``format_probe``). Its quality is measur
 divergence; the dense model is the reference and is not scored against itself). A format is eligible when its
 top-1 agreement is at most ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not
 load); the eligible format with the least ``score`` (a plain step's ms plus a verification's ms per verified
-token) is chosen, except that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's.
+token) is chosen, except that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's (``format_rules``).
 From a GGUF file whose blocks a format reads itself here (``q4`` on a CPU; timing the others took a first load 155 s
 only to rank them below it), that format alone is loaded and timed, and not scored: it runs the file's own model (its
 kernel's exactness is the test suite's), dense weights would only rank last, and the formats that would requantize the
@@ -43,10 +43,9 @@ from ..kernels import q4
 from .assets import cache_dir
 from .format_probe import PROBE_CONTEXT, PROBE_K, FormatMeasure, Timer, forward_ms, measure_format, rewarm, score
 from .format_quality import dense_reference
+from .format_rules import keep_head, pick
 from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, probed_for
 
-QUALITY_TOLERANCE = 0.02  # eligible: top-1 agreement ≥ NF4's − this
-SWITCH_MARGIN = 0.05  # another format replaces an eligible NF4 only when its score is this share below NF4's
 QUALITY_TOKENS = 64  # dense greedy tokens per prompt in the quality check of ``auto``
 SCHEMA = 6  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
 # 4: the chosen format's quantized-head variant measured too; 5: NF4 not tried beside a format reading the GGUF file;
@@ -74,44 +73,6 @@ class FormatChoice:
             f"hf-adaspec: {name}: weights {chosen} (quantization='auto'; 1/{PROBE_K + 1}-token forwards at "
             f"context {PROBE_CONTEXT}: {'; '.join(parts)}; {how})"
         )
-
-
-def eligible(measures: tuple[FormatMeasure, ...]) -> list[FormatMeasure]:
-    """Loaded formats whose top-1 agreement is within ``QUALITY_TOLERANCE`` of NF4's (where NF4 did not load,
-    of the best quantized format's; dense weights, and a format that ran the GGUF file's own blocks unscored
-    (``exact``), are always within). The bar comes from the formats with a dense output head; a quantized-head
-    variant (``head``) is held to it too."""
-    loaded = [m for m in measures if m.error is None and (m.top1 is not None or m.format == "none" or m.exact)]
-    nf4 = [m.top1 for m in loaded if m.format == "nf4" and not m.head]
-    quantized = [m.top1 for m in loaded if m.format != "none" and not m.head and m.top1 is not None]
-    bar = (nf4 or [max(quantized, default=1.0)])[0] - QUALITY_TOLERANCE
-    return [m for m in loaded if (m.format == "none" and not m.head) or m.exact or m.top1 >= bar]
-
-
-def pick(measures: tuple[FormatMeasure, ...]) -> str:
-    """The eligible format with the least ``score``; NF4 (the default before ``auto``) where it is eligible and no
-    format's score is ``SWITCH_MARGIN`` below its own (a near-tie is within the probe's run-to-run spread).
-    Quantized-head variants are not candidates here (``keep_head``). Raises ValueError when no format loaded (the
-    message lists each one's error)."""
-    ok = [m for m in eligible(measures) if not m.head]
-    if not ok:
-        raise ValueError("no weight format loaded: " + "; ".join(f"{m.format}: {m.error}" for m in measures))
-    best = min(ok, key=lambda m: score(m.ms_1, m.ms_k))
-    nf4 = next((m for m in ok if m.format == "nf4"), None)
-    if nf4 is not None and score(best.ms_1, best.ms_k) > (1 - SWITCH_MARGIN) * score(nf4.ms_1, nf4.ms_k):
-        return "nf4"
-    return best.format
-
-
-def keep_head(measures: tuple[FormatMeasure, ...], chosen: str) -> bool:
-    """Whether ``chosen`` (``pick``'s format) is loaded with its output head quantized too: its ``head`` variant was
-    measured, is eligible (``eligible``: the same quality bar) and its score is ``SWITCH_MARGIN`` below the
-    dense head's."""
-    body = next(m for m in measures if m.format == chosen and not m.head)
-    variant = next((m for m in eligible(measures) if m.format == chosen and m.head), None)
-    if variant is None:
-        return False
-    return score(variant.ms_1, variant.ms_k) <= (1 - SWITCH_MARGIN) * score(body.ms_1, body.ms_k)
 
 
 def probe_key(name: str, source: str | Source, dtype: str, device: str, quantize_lm_head: bool) -> dict:

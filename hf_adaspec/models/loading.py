@@ -230,7 +230,7 @@ def load(
     ``quantize_lm_head`` also quantizes the output head (kept dense by default): worth it for a draft model, whose
     output head over the whole vocabulary is a large share of its 1-token forward (docs/experiments.md, row "NF4
     output head for the draft"); without it, "auto" measures the chosen format with its head quantized too and
-    loads that where it is faster within the quality tolerance (``format_choice.keep_head``). ``verify``: hash
+    loads that where it is faster within the quality tolerance (``format_rules.keep_head``). ``verify``: hash
     every file of the cache entries used (dense copy, assembled GGUF) against its stamp instead of trusting an
     unchanged size and mtime (``hf-adaspec check-files`` checks the whole cache); an entry that fails is rebuilt.
 
