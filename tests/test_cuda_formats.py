@@ -19,7 +19,7 @@ from hf_adaspec.backend.arenas import arenas_of
 from hf_adaspec.backend.graphs import Rerun
 from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.kernels import int4
-from hf_adaspec.models import cuda_formats, formats
+from hf_adaspec.models import cuda_formats, format_load, formats
 from hf_adaspec.models import format_choice as fc
 from hf_adaspec.models import format_rules as fr
 from hf_adaspec.models.format_choice import FormatMeasure
@@ -32,7 +32,7 @@ def test_the_gpu_formats_are_registered_for_cuda_and_leave_the_cpus_choice_as_it
     for name in GPU_FORMATS:
         assert formats.FORMATS[name].devices == ("cuda",) and name in formats.QUANTIZATIONS
         with pytest.raises(ValueError, match=f"quantization='{name}' runs on cuda only, not cpu"):
-            formats.model_kwargs(name, "bfloat16", "cpu", False)
+            format_load.model_kwargs(name, "bfloat16", "cpu", False)
     assert formats.probed_for("cpu") == ("nf4", "q4", "none")
     assert set(formats.probed_for("cuda:0")) == {"nf4", "none", *GPU_FORMATS}
     key = fc.probe_key("m", "src", "bfloat16", "cpu", False)
@@ -162,9 +162,9 @@ def test_int4_speculative_greedy_equals_its_own_plain_or_diverges_at_a_near_tie(
     monkeypatch.setitem(
         formats.FORMATS, "int4", dataclasses.replace(formats.FORMATS["int4"], devices=None, missing=None)
     )
-    target = hf_adaspec.enable(formats.load_weights(tiny_dir, "tiny", "int4", "float32", "cpu", False))
+    target = hf_adaspec.enable(format_load.load_weights(tiny_dir, "tiny", "int4", "float32", "cpu", False))
     assert sum(isinstance(m, int4.Int4Linear) for m in target.modules()) == 2 * 7
-    draft = formats.load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
+    draft = format_load.load_weights(tiny_dir, "tiny", "none", "float32", "cpu", False)
     gen = torch.Generator().manual_seed(3)
     for prompt in (torch.randint(1, 64, (1, 12), generator=gen), torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])):
         plain = target.generate(prompt, max_new_tokens=40, do_sample=False)

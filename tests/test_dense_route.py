@@ -12,8 +12,9 @@ import hf_adaspec
 from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.kernels import q4, route
 from hf_adaspec.models import route_choice
+from hf_adaspec.models.format_load import load_weights
 from hf_adaspec.models.format_quality import agreement, greedy_reference
-from hf_adaspec.models.formats import FORMATS, load_weights
+from hf_adaspec.models.formats import FORMATS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

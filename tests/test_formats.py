@@ -13,7 +13,8 @@ from hf_adaspec.models import format_choice as fc
 from hf_adaspec.models import format_probe as fp
 from hf_adaspec.models import format_rules as fr
 from hf_adaspec.models.format_choice import FormatMeasure
-from hf_adaspec.models.formats import FORMATS, format_of, load_weights
+from hf_adaspec.models.format_load import load_weights
+from hf_adaspec.models.formats import FORMATS, format_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NEAR_TIE = 0.25

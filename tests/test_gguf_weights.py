@@ -13,7 +13,8 @@ import transformers
 
 from hf_adaspec.kernels import fused, q4
 from hf_adaspec.models import gguf_weights
-from hf_adaspec.models.formats import FORMATS, Source, load_weights
+from hf_adaspec.models.format_load import load_weights
+from hf_adaspec.models.formats import FORMATS, Source
 
 TYPES = {
     "attn_q": "Q8_0",

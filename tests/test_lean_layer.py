@@ -15,7 +15,7 @@ from hf_adaspec.backend import hf_compat
 from hf_adaspec.kernels.fused import GatedMLP
 from hf_adaspec.kernels.layer_ops import RMSNorm, rms_norm_reference
 from hf_adaspec.kernels.q4 import Q4Linear
-from hf_adaspec.models import formats, lean_layer
+from hf_adaspec.models import format_load, lean_layer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 BASE = dict(
@@ -115,10 +115,10 @@ def test_each_family_s_modules_equal_their_lean_replacements(family, dtype, kern
 
 
 def test_q4_models_of_known_families_load_lean_and_others_do_not():
-    llama = formats.convert(_tiny("llama"), "q4", False)
+    llama = format_load.convert(_tiny("llama"), "q4", False)
     assert sum(isinstance(m, RMSNorm) for m in llama.modules()) == 2 * BASE["num_hidden_layers"] + 1
     assert sum(isinstance(m, GatedMLP) for m in llama.modules()) == BASE["num_hidden_layers"]
-    phi3 = formats.convert(_tiny_phi3(), "q4", False)
+    phi3 = format_load.convert(_tiny_phi3(), "q4", False)
     assert not any(isinstance(m, (RMSNorm, GatedMLP)) for m in phi3.modules())
 
 
@@ -130,9 +130,9 @@ def _tiny_phi3() -> torch.nn.Module:
 
 def test_a_lean_q4_model_decodes_as_the_same_model_without_it(monkeypatch):
     """The same q4 blocks with and without the lean modules: the same greedy tokens, speculative or plain."""
-    lean = hf_adaspec.enable(formats.convert(_tiny("qwen2", seed=3), "q4", False))
+    lean = hf_adaspec.enable(format_load.convert(_tiny("qwen2", seed=3), "q4", False))
     monkeypatch.setattr(lean_layer, "lean", lambda model, directory: 0)
-    plain_modules = hf_adaspec.enable(formats.convert(_tiny("qwen2", seed=3), "q4", False))
+    plain_modules = hf_adaspec.enable(format_load.convert(_tiny("qwen2", seed=3), "q4", False))
     assert not any(isinstance(m, RMSNorm) for m in plain_modules.modules())
     prompt = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(1))
     expected = plain_modules.generate(prompt, max_new_tokens=24, do_sample=False)
@@ -165,7 +165,7 @@ def test_lean_attention_gives_transformers_logits_to_the_bit(family, extra, dtyp
     same logits with and without ``LeanAttention``."""
     config = transformers.AutoConfig.for_model(family, **BASE, **extra)
     torch.manual_seed(5)
-    model = formats.convert(transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval(), "q4", False)
+    model = format_load.convert(transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval(), "q4", False)
     if implementation == hf_compat.PACKED_SDPA:
         hf_compat.use_packed_attention(model)
     else:
@@ -185,7 +185,7 @@ def test_lean_attention_gives_transformers_logits_to_the_bit(family, extra, dtyp
 
 
 def test_lean_attention_leaves_other_families_and_dense_models_alone():
-    assert hf_compat.use_lean_attention(formats.convert(_tiny("qwen3"), "q4", False)) == 0  # q/k norms: unlisted
+    assert hf_compat.use_lean_attention(format_load.convert(_tiny("qwen3"), "q4", False)) == 0  # q/k norms: unlisted
     assert hf_compat.use_lean_attention(_tiny("llama")) == 0  # dense projections: nothing fused
 
 
@@ -203,7 +203,7 @@ def test_an_enabled_q4_model_speculates_past_its_window_as_it_decodes_plainly():
     )
     torch.manual_seed(9)
     target = hf_adaspec.enable(
-        formats.convert(transformers.AutoModelForCausalLM.from_config(config).eval(), "q4", False)
+        format_load.convert(transformers.AutoModelForCausalLM.from_config(config).eval(), "q4", False)
     )
     target.generation_config.eos_token_id = None
     prompt = torch.randint(1, 64, (1, 9), generator=torch.Generator().manual_seed(2))

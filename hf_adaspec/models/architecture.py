@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from .formats import FORMATS, convert, model_kwargs
+from .format_load import convert, model_kwargs
+from .formats import FORMATS
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 

@@ -41,10 +41,11 @@ from .. import machine
 from ..files import read_json_verified, write_json_verified
 from ..kernels import q4
 from .assets import cache_dir
+from .format_load import load_weights
 from .format_probe import PROBE_CONTEXT, PROBE_K, FormatMeasure, Timer, forward_ms, measure_format, rewarm, score
 from .format_quality import dense_reference
 from .format_rules import keep_head, pick
-from .formats import FORMATS, PROBED, Source, load_weights, missing_kernel, probed_for
+from .formats import FORMATS, PROBED, Source, missing_kernel, probed_for
 
 QUALITY_TOKENS = 64  # dense greedy tokens per prompt in the quality check of ``auto``
 SCHEMA = 6  # 2: the score of a plain step plus a verification per token; 3: NF4 kept within SWITCH_MARGIN;
@@ -164,7 +165,7 @@ def choose(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[FormatChoice, torch.nn.Module | None]:
     """The format ``auto`` loads for ``name`` (from ``source``) and, when it was measured now, that model
-    already loaded (None when read from the cache: load it with ``formats.load_weights``, its output head quantized
+    already loaded (None when read from the cache: load it with ``format_load.load_weights``, its output head quantized
     where ``FormatChoice.head``). Where ``source`` is a GGUF file whose blocks a format of ``formats`` reads itself
     on this device (``q4`` on a CPU), that format is loaded first and, once it loads, is the only one timed, not
     scored (``FormatMeasure.exact``: it runs the file's own blocks; its kernel's exactness is the test suite's), and

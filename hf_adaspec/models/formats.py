@@ -103,7 +103,7 @@ def _dense(dtype: torch.dtype, quantize_lm_head: bool) -> None:
     return None
 
 
-def _kernel_dir() -> Path:
+def kernel_dir() -> Path:
     """Where the q4 kernel is built (``<cache>/kernels``), after building it. Raises KernelUnavailable (a
     RuntimeError) naming the fix where it cannot be built here."""
     from ..kernels import q4
@@ -142,10 +142,10 @@ def finish_q4(model: torch.nn.Module, directory: Path) -> None:
 def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
     """Every linear layer whose input features are a multiple of 32 (the output head only with
     ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear`` with Q4_K
-    blocks. Raises KernelUnavailable as ``_kernel_dir``."""
+    blocks. Raises KernelUnavailable as ``kernel_dir``."""
     from ..kernels import q4
 
-    directory = _kernel_dir()
+    directory = kernel_dir()
     head = model.get_output_embeddings()
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
@@ -162,13 +162,13 @@ def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
     """``model``'s output head as ``load_weights(..., "q4", ..., quantize_lm_head=True)`` makes it, for a model already
     loaded with a dense head: a ``kernels.q4.Q4Linear`` on the GGUF file's own blocks where ``source`` is a file
     that ``q4`` reads (``gguf_weights.reads_exactly``), else on its dense weight quantized to Q4_K.
-    Raises KernelUnavailable as ``_kernel_dir``; ValueError for a head whose input features are not a multiple
+    Raises KernelUnavailable as ``kernel_dir``; ValueError for a head whose input features are not a multiple
     of 32."""
     from ..kernels.q4 import Q4Linear
     from ..kernels.route import layers
     from .gguf_weights import head_rows, reads_exactly
 
-    head, directory = model.get_output_embeddings(), _kernel_dir()
+    head, directory = model.get_output_embeddings(), kernel_dir()
     if head.in_features % 32:
         raise ValueError(f"an output head over {head.in_features} features has no q4 layout (a multiple of 32)")
     if isinstance(source, Source) and source.gguf is not None and reads_exactly(source.gguf, source.meta()):
@@ -291,67 +291,3 @@ def format_of(name: str, device: str) -> WeightFormat:
             f"choose one of {tuple(n for n, f in FORMATS.items() if f.devices is None)}"
         )
     return fmt
-
-
-def model_kwargs(quantization: str, dtype: str, device: str, quantize_lm_head: bool) -> dict:
-    """``from_pretrained`` keywords for a weight format (``FORMATS``), dtype and device; a format with a
-    ``convert`` step loads dense and is converted by ``convert``.
-    Raises ValueError for "auto" (not a format), an unknown format or dtype, or a format not for ``device``."""
-    check_options(quantization, dtype)
-    fmt = format_of(quantization, device)
-    kwargs: dict = {"dtype": DTYPES[dtype], "device_map": device}
-    config = fmt.config(DTYPES[dtype], quantize_lm_head)
-    if config is not None:
-        kwargs["quantization_config"] = config
-    return kwargs
-
-
-def convert(model: torch.nn.Module, quantization: str, quantize_lm_head: bool) -> torch.nn.Module:
-    """``model`` (loaded with ``model_kwargs``) after its format's conversion, if it has one."""
-    fmt = FORMATS[quantization]
-    if fmt.convert is not None:
-        fmt.convert(model, quantize_lm_head)
-    return model
-
-
-def _from_gguf(
-    source: Source, quantization: str, dtype: torch.dtype, device: str, quantize_lm_head: bool
-) -> torch.nn.Module | None:
-    """``gguf_weights.build`` for a format that ``reads_gguf``, on ``device``; None where it refuses the architecture,
-    or for ``none`` where the kernel (its dequantizer) cannot be built. Raises KernelUnavailable for ``q4``."""
-    from ..kernels.q4 import KernelUnavailable
-    from .gguf_weights import build
-
-    try:
-        directory = _kernel_dir()
-    except KernelUnavailable:
-        if quantization != "none":
-            raise
-        return None
-    model = build(source.gguf, source.meta(), dtype, quantize_lm_head, directory, kernel=quantization != "none")
-    if model is not None and quantization != "none":
-        finish_q4(model, directory)
-    return model.to(device) if model is not None and torch.device(device).type != "cpu" else model
-
-
-def load_weights(
-    source: str | Source, name: str, quantization: str, dtype: str, device: str, quantize_lm_head: bool
-) -> torch.nn.Module:
-    """The causal LM at ``source`` (a ``Source``, or a folder or HF id ``from_pretrained`` reads) in weight format
-    ``quantization`` (not "auto"), named ``name`` (a cost profile's identity names the model as asked, not a
-    cache path); eval mode. A format that ``reads_gguf`` builds a GGUF source from the file's blocks
-    (``gguf_weights.build``; its dense path where that refuses the architecture); the others load dense weights.
-    Raises ValueError as ``model_kwargs``; ImportError for a format's missing library; KernelUnavailable."""
-    kwargs = model_kwargs(quantization, dtype, device, quantize_lm_head)
-    source = source if isinstance(source, Source) else Source(source)
-    from transformers import AutoModelForCausalLM
-
-    model = None
-    reads = FORMATS[quantization].reads_gguf and not (quantization == "none" and source.has_dense)
-    if reads and source.gguf is not None:  # dense weights: the copy on disk where there is one (same values)
-        model = _from_gguf(source, quantization, kwargs["dtype"], device, quantize_lm_head)
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(source.dense(), **kwargs)
-        convert(model, quantization, quantize_lm_head)
-    model.config._name_or_path = name
-    return model.eval()

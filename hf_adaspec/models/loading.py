@@ -28,7 +28,8 @@ import torch
 from ..files import FileStamp, atomic_dir, check_files, sweep, write_stamp
 from . import format_choice, gguf_weights
 from .assets import assemble, cache_dir
-from .formats import DTYPES, FORMATS, Source, check_options, fallback, load_weights
+from .format_load import load_weights
+from .formats import DTYPES, FORMATS, Source, check_options, fallback
 from .presets import PRESETS
 
 _DONE = "ADASPEC_COMPLETE"
