@@ -17,7 +17,7 @@ import math
 import tempfile
 from pathlib import Path
 
-from hf_adaspec.costs.profile import load_profile
+from hf_adaspec.costs.profile_files import load_profile
 from hf_adaspec.engine import persist
 from hf_adaspec.engine.run import SpeculationState
 from hf_adaspec.policy.confidence import CalibratorMemory

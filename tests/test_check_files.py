@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from hf_adaspec.cli import check_files_cli, cli
 from hf_adaspec.costs.predictors import ProfileCell
-from hf_adaspec.costs.profile import assemble_profile, save_profile
+from hf_adaspec.costs.profile import assemble_profile
+from hf_adaspec.costs.profile_files import save_profile
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.files import check_files, write_json_verified
 from hf_adaspec.models import assets, loading

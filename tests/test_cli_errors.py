@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from hf_adaspec.cli import cli, trace_cli
 from hf_adaspec.costs.predictors import ProfileCell
-from hf_adaspec.costs.profile import assemble_profile, save_profile
+from hf_adaspec.costs.profile import assemble_profile
+from hf_adaspec.costs.profile_files import save_profile
 from hf_adaspec.replay.trace import Trace, save_trace
 
 META = {"versions": {}, "machine": "", "cpu": "", "threads": 1, "created": "", "command": "", "grid": {}}

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from hf_adaspec.cli import export_cli
 from hf_adaspec.costs.predictors import ProfileCell
-from hf_adaspec.costs.profile import assemble_profile, save_profile
+from hf_adaspec.costs.profile import assemble_profile
+from hf_adaspec.costs.profile_files import save_profile
 from hf_adaspec.policy.goodput import goodput
 from hf_adaspec.replay.export_vllm import (
     acceptance_from_traces,

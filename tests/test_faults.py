@@ -25,7 +25,8 @@ from conftest import build_tiny_tokenizer
 import hf_adaspec
 from hf_adaspec.costs import table as cost_table
 from hf_adaspec.costs.predictors import ProfileCell
-from hf_adaspec.costs.profile import assemble_profile, profile_identity, save_profile
+from hf_adaspec.costs.profile import assemble_profile
+from hf_adaspec.costs.profile_files import profile_identity, save_profile
 from hf_adaspec.files import (
     TMP_MARK,
     read_stamp,
@@ -325,7 +326,7 @@ _WRITER = textwrap.dedent("""
         from hf_adaspec.models import loading
         loading.resolve(str(root / "tiny.gguf"), "float32")
     else:
-        from hf_adaspec.costs.profile import load_profile, save_profile
+        from hf_adaspec.costs.profile_files import load_profile, save_profile
         save_profile(load_profile(root / "good.json"), root / "profiles" / "p.json")
 """)
 

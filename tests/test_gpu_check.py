@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from hf_adaspec.costs.profile import load_profile
+from hf_adaspec.costs.profile_files import load_profile
 from hf_adaspec.gpu_check import gpu_check, profiles, quantized, speed, timing
 from hf_adaspec.gpu_check import steps as cs
 from hf_adaspec.gpu_check.gpu_check import RESULTS, SUMMARY, Step

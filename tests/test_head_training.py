@@ -142,7 +142,7 @@ def test_bad_training_options_are_refused():
 
 def test_the_predicted_speedup_is_plain_without_agreement_and_grows_with_it():
     from hf_adaspec.cli.train_head_cli import predicted_speedup
-    from hf_adaspec.costs.profile import load_profile
+    from hf_adaspec.costs.profile_files import load_profile
 
     profile = load_profile(Path(__file__).parent.parent / "model_cards" / "qwen2.5-coder-1.5b_0.5b" / "profile.json")
     assert predicted_speedup([0.0, 0.0, 0.0], 5.0, profile) == 1.0  # k = 0: a plain step

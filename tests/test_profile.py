@@ -23,9 +23,9 @@ from hf_adaspec.costs.predictors import (
     interp1,
     table_predict,
 )
-from hf_adaspec.costs.profile import (
+from hf_adaspec.costs.profile import assemble_profile
+from hf_adaspec.costs.profile_files import (
     PROFILE_ENV,
-    assemble_profile,
     default_profile_path,
     find_profile,
     load_profile,

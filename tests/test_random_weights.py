@@ -12,7 +12,7 @@ from conftest import build_tiny_tokenizer
 from typer.testing import CliRunner
 
 from hf_adaspec.cli import cli
-from hf_adaspec.costs.profile import load_profile, profile_identity, profile_key
+from hf_adaspec.costs.profile_files import load_profile, profile_identity, profile_key
 from hf_adaspec.models import architecture, loading
 from hf_adaspec.models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
 

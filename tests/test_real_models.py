@@ -151,7 +151,7 @@ def test_qwen_pair_batch_rows_match_batch1_plain_or_near_tie(qwen_pair):
 def test_random_weight_qwen_pair_has_the_profile_key_of_the_trained_pair(qwen_pair):
     """A profile measured from the architectures alone (``profile --random-weights``) is the one the
     trained NF4 pair finds: same identity, same key (the committed model card's profile among them)."""
-    from hf_adaspec.costs.profile import load_profile, profile_identity
+    from hf_adaspec.costs.profile_files import load_profile, profile_identity
     from hf_adaspec.models.architecture import load_architecture
 
     target, draft = qwen_pair

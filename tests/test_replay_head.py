@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from hf_adaspec import SpeculationState
 from hf_adaspec.cli import cli, trace_cli
 from hf_adaspec.costs.predictors import ProfileCell
-from hf_adaspec.costs.profile import assemble_profile, save_profile
+from hf_adaspec.costs.profile import assemble_profile
+from hf_adaspec.costs.profile_files import save_profile
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.models.eagle3_format import save_head
 from hf_adaspec.replay.clock import Clock

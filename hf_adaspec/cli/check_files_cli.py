@@ -21,7 +21,7 @@ from pathlib import Path
 import typer
 
 from ..costs.cache import TABLE_ERRORS, read_table
-from ..costs.profile import load_profile
+from ..costs.profile_files import load_profile
 from ..files import TMP_MARK
 from ..models.assets import cache_dir, check_assembled
 from ..models.loading import check_dense

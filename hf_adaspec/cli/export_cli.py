@@ -40,7 +40,7 @@ def export_vllm(
     vLLM's speculative_config (num_speculative_tokens_per_batch_size when it varies); with --method eagle3
     the head named by --head-model, priced by its traced chains and the head's profile. Last stdout line:
     one JSON object {"output", "speculative_config"}."""
-    from ..costs.profile import load_profile
+    from ..costs.profile_files import load_profile
     from ..replay.export_vllm import acceptance_from_traces, head_prefix_acceptance, speculative_config
     from ..replay.trace import load_traces
     from .trace_cli import check_output

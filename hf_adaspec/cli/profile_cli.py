@@ -64,7 +64,7 @@ def profile(
     """Measure the pair's cost profile: target forwards vs new tokens × batch × context and draft forwards
     vs batch × context; table and fitted predictors scored per quantity on held-out cells. Last stdout line: JSON."""
     from ..costs import measure as profiling
-    from ..costs.profile import default_profile_path, save_profile
+    from ..costs.profile_files import default_profile_path, save_profile
 
     grid = profile_grid(quick, contexts, batch_sizes, new_tokens, repeats, max_tokens_per_forward)
     pair = profiling.pair_name(target, "head" if head else draft)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from ..costs.profile import load_profile
+from ..costs.profile_files import load_profile
 from ..files import atomic_write
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_TARGET

@@ -12,7 +12,7 @@ import torch
 
 from ..files import read_json_verified, sweep, write_json_verified
 from ..models.assets import cache_dir
-from .profile import find_profile
+from .profile_files import find_profile
 from .table import CostTable, measure, table_key
 
 TABLE_ERRORS = (OSError, ValueError, KeyError, TypeError)  # what ``read_table`` raises for a bad file

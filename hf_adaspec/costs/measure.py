@@ -30,7 +30,8 @@ from ..files import atomic_write
 from ..machine import processor_name
 from ..models.eagle3 import Eagle3Head
 from .predictors import CATCHUP_CHUNK, ProfileCell
-from .profile import Profile, assemble_profile, library_versions, profile_identity
+from .profile import Profile, assemble_profile
+from .profile_files import library_versions, profile_identity
 from .table import ForwardProbe, HeadProbe
 
 DRAFT_NEW_TOKENS = (1, CATCHUP_CHUNK)

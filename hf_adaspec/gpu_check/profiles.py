@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..api.generate import compile_steps
 from ..costs.measure import ProfileGrid, measure_profile, pair_name, plot_profile
-from ..costs.profile import load_profile, save_profile
+from ..costs.profile_files import load_profile, save_profile
 from . import steps as cs
 from .report import REPLAY_METHODS
 from .steps import BIG, DRAFT, Check, label
