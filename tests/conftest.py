@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import hf_adaspec
-from hf_adaspec.policy.controller import Decision
+from hf_adaspec.policy.decision import Decision
 
 
 def pytest_collection_finish(session):

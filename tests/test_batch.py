@@ -22,7 +22,8 @@ from hf_adaspec.api.generate_batch import encode_batch, generate_batch
 from hf_adaspec.backend.ragged import RaggedCache
 from hf_adaspec.engine.loop import speculative_decode
 from hf_adaspec.engine.settings import DecodeSettings, RunParts
-from hf_adaspec.policy.controller import Decision, StepView
+from hf_adaspec.policy.controller import StepView
+from hf_adaspec.policy.decision import Decision
 from hf_adaspec.proposers import DraftModelProposer, PromptLookupProposer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")

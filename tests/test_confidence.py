@@ -22,7 +22,8 @@ from hf_adaspec.policy.confidence import (
     isotonic,
     prefix_confidences,
 )
-from hf_adaspec.policy.controller import AdaptiveController, Decision, StepOutcome, StepView
+from hf_adaspec.policy.controller import AdaptiveController, StepView
+from hf_adaspec.policy.decision import Decision, StepOutcome
 from hf_adaspec.policy.goodput import draft_next_column
 from hf_adaspec.proposers import DraftModelProposer, Rows
 

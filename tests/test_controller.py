@@ -13,16 +13,8 @@ from conftest import decide
 from hf_adaspec.costs.table import CostTable
 from hf_adaspec.policy.acceptance import AcceptancePrior, ConfidenceAcceptance, IIDAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
-from hf_adaspec.policy.controller import (
-    AdaptiveController,
-    ConfidenceStop,
-    Decision,
-    FixedController,
-    Pricing,
-    StepOutcome,
-    StepView,
-    step_ms,
-)
+from hf_adaspec.policy.controller import AdaptiveController, FixedController, StepView
+from hf_adaspec.policy.decision import ConfidenceStop, Decision, Pricing, StepOutcome, step_ms
 from hf_adaspec.policy.goodput import DrafterPaths, best_plan, expected_tokens
 
 # verification costs the same for 1..9 tokens; 20 ms per draft token, 2 ms per catch-up token

@@ -10,7 +10,8 @@ from hf_adaspec.costs.table import CostTable
 from hf_adaspec.engine.hindsight import hindsight
 from hf_adaspec.policy.acceptance import ConfidenceAcceptance
 from hf_adaspec.policy.confidence import ConfidenceCalibrator
-from hf_adaspec.policy.controller import AdaptiveController, StepOutcome, StepView
+from hf_adaspec.policy.controller import AdaptiveController, StepView
+from hf_adaspec.policy.decision import StepOutcome
 from hf_adaspec.policy.match import (
     EDGES,
     LOOKUP_START_ALPHA,

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..backend import hf_compat
-from ..policy.controller import Controller, Decision, StepOutcome, StepView
+from ..policy.controller import Controller, StepView
+from ..policy.decision import Decision, StepOutcome
 from ..proposers.base import DraftOffer, Proposals, Rows
 from .hindsight import scored
 from .rows import TokenRows
