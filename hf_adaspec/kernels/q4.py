@@ -1,17 +1,17 @@
 """Block-quantized weights, 8-bit activations: a linear layer whose matmul is our AVX2 kernel (``q4.c``).
 
 Design: on a CPU without AVX512-BF16 bitsandbytes' NF4 dequantizes every weight before multiplying and torch's int4
-kernel unpacks in float, so a 1-token forward of a 1.5B model is bound by arithmetic, not by memory (NF4: 1.5–1.9 s on
-a 2-core AVX2 EPYC, dense bf16 0.3 s). llama.cpp's answer is integer dot products of its quantized blocks with
-activations quantized to 8 bits (Q4_K x Q8_K), which keeps a matrix-vector product near the memory's speed. ``q4.c``
-does the same for torch tensors on the GGUF file's own blocks (``blocks``: Q4_K, Q6_K, Q8_0; dense weights quantized
-to Q4_K): ``linear`` quantizes the activations [M, K] (float32 or bfloat16, read in place) per 256 features to int8,
+kernel unpacks in float, so a 1-token forward of a 1.5B model is bound by arithmetic, not by memory (the figures:
+docs/experiments.md). llama.cpp's answer is integer dot products of its quantized blocks with activations quantized
+to 8 bits (Q4_K x Q8_K), which keeps a matrix-vector product near the memory's speed. ``q4.c`` does the same for
+torch tensors on the GGUF file's own blocks (``blocks``: Q4_K, Q6_K, Q8_0; dense weights quantized to Q4_K):
+``linear`` quantizes the activations [M, K] (float32 or bfloat16, read in place) per 256 features to int8,
 multiplies every weight superblock with up to 4 activation rows at a time, weight rows split over torch's threads,
-adds the bias and writes the activations' dtype: one foreign call per layer, no tensor operations around it. A matrix
-may hold rows of several kinds (``Q4Linear.segments``), so fused projections stay one call. The kernel's cost grows
-with the rows, so a long prefill can take the dense route instead (``Q4Linear.dense_product``: the weight dequantized
-in C a tile at a time, torch's matmul; where it starts: ``kernels.route``). GGUF blocks are put in these layouts in C
-as well (``from_gguf``).
+adds the bias and writes the activations' dtype: one foreign call per layer, no tensor operations around it. A
+matrix may hold rows of several kinds (``Q4Linear.segments``), so fused projections stay one call. The kernel's cost
+grows with the rows, so a long prefill can take the dense route instead (``Q4Linear.dense_product``: the weight
+dequantized in C a tile at a time, torch's matmul; where it starts: ``kernels.route``). GGUF blocks are put in these
+layouts in C as well (``from_gguf``).
 
 The C source is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``<directory>/q4-<hash>.so`` (written atomically) and loaded with ``ctypes``; it shares torch's OpenMP runtime.

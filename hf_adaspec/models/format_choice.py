@@ -10,11 +10,11 @@ divergence; the dense model is the reference and is not scored against itself). 
 top-1 agreement is at most ``QUALITY_TOLERANCE`` below NF4's (or the best quantized format's where NF4 does not
 load); the eligible format with the least ``score`` (a plain step's ms plus a verification's ms per verified
 token) is chosen, except that NF4 stays unless that score is ``SWITCH_MARGIN`` below NF4's (``format_rules``).
-From a GGUF file whose blocks a format reads itself here (``q4`` on a CPU; timing the others took a first load 155 s
-only to rank them below it), that format alone is loaded and timed, and not scored: it runs the file's own model (its
-kernel's exactness is the test suite's), dense weights would only rank last, and the formats that would requantize the
-file's dequantized weights (NF4) run another model and need its dense copy on disk. Where it does not load, the others
-are probed as above.
+From a GGUF file whose blocks a format reads itself here (``q4`` on a CPU; timing the others made a first load take
+minutes only to rank them below it), that format alone is loaded and timed, and not scored: it runs the file's own
+model (its kernel's exactness is the test suite's), dense weights would only rank last, and the formats that would
+requantize the file's dequantized weights (NF4) run another model and need its dense copy on disk. Where it does not
+load, the others are probed as above.
 Unless the caller quantizes the output head itself, the chosen format is then measured once more with its output
 head quantized too (the head over the whole vocabulary is a large share of a small model's step), and that
 variant is loaded when it is eligible and its score is ``SWITCH_MARGIN`` below the dense head's (``keep_head``).

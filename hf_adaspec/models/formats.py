@@ -3,7 +3,7 @@
 Design: the fastest format depends on the processor, not on the model: bitsandbytes' NF4 runs its
 fused 4-bit kernel only where the CPU has AVX512-BF16 and dequantizes every weight before multiplying
 elsewhere, while our q4 kernel (integer dot products on AVX512-VNNI or AVX2) and dense bf16 matmuls run on any
-x86-64 CPU with AVX2 (a 1.5B's 1-token forward on an AVX2-only EPYC: NF4 1.5–1.9 s, dense bf16 0.3 s). So
+x86-64 CPU with AVX2 (without AVX512-BF16, NF4's forward is several times dense bf16's: docs/experiments.md). So
 a format is only a recipe; which one loads is decided by timing on the running machine
 (``format_choice``). Each ``WeightFormat`` gives the ``quantization_config`` handed to ``from_pretrained``
 (bitsandbytes) and/or a conversion applied after a dense load (``q4``: its layers replace ``nn.Linear``).
