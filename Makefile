@@ -31,7 +31,7 @@ browser:
 	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium"; fi; }
 
 demo: install
-	$(BIN)/hf-adaspec generate --fresh  # its tokens/s never from state that has seen this prompt
+	$(BIN)/hf-adaspec generate
 
 test: install browser
 	$(BIN)/python -m pytest -q

@@ -17,7 +17,7 @@ from ..bench.prompts import SPLITS, Prompt, load_prompts
 from ..config import SPECULATION_MODES
 from ..models.eagle3_format import load_head
 from ..models.presets import DEFAULT_DRAFT, DEFAULT_TARGET
-from . import check_files_cli, export_cli, learned, profile_cli, replay_cli, trace_cli, train_head_cli
+from . import check_files_cli, export_cli, profile_cli, replay_cli, trace_cli, train_head_cli
 from .checks import check_output, check_prompts_file, parse_methods, parse_sizes, usage_errors
 from .pair import QUANTIZATION_HELP
 from .pair import load_pair as _load_pair
@@ -52,13 +52,8 @@ def generate(
     do_sample: bool = typer.Option(False, help="Sample (lossless speculative sampling) instead of greedy."),
     temperature: float = typer.Option(0.7),
     top_p: float = typer.Option(0.9),
-    learned_state: Path | None = typer.Option(
-        None, help="The pair's learned statistics to start from and update (default: a file per pair in the cache)."
-    ),
-    fresh: bool = typer.Option(False, help="Start from nothing learned; no learned-state file is read or written."),
 ) -> None:
-    """Generate for one prompt, streaming the text; then print one stats line. Speculation starts from what
-    earlier runs of the pair learned (counts, never text: ``cli.learned``) and adds this run's."""
+    """Generate for one prompt, streaming the text; then print one stats line."""
     from transformers import TextStreamer
 
     if speculation not in (*SPECULATION_MODES, "off"):
@@ -81,28 +76,17 @@ def generate(
         if drf is not None or head:
             with usage_errors(ValueError, FileNotFoundError, hint="--head"):
                 kwargs["assistant_model"] = load_head(head, tgt.model) if head else drf.model
-    opened = None
-    if speculation != "off":
-        opened = learned.open_state(tgt.model, kwargs.get("assistant_model"), learned_state, fresh, _note)
-        kwargs["speculation_state"] = opened.state
     streamer = TextStreamer(tgt.tokenizer, skip_prompt=True, skip_special_tokens=True)
     start = time.perf_counter()
     with usage_errors(ValueError):  # settings generate refuses, e.g. a draft with another vocabulary
         out = tgt.model.generate(**inputs, streamer=streamer, **kwargs)
     seconds = time.perf_counter() - start
-    if opened is not None:
-        learned.keep_state(opened, tgt.model, kwargs.get("assistant_model"), _note)
     stats = getattr(out, "speculation", None)
     if stats is not None:
         typer.echo(f"[hf-adaspec] {speculation}: {stats.summary()}")
     else:
         new = out.sequences.shape[1] - inputs["input_ids"].shape[1]
         typer.echo(f"[hf-adaspec] plain: {new} tokens in {seconds:.2f} s = {new / seconds:.2f} tokens/s")
-
-
-def _note(line: str) -> None:
-    """A line about the run beside its output (stderr), e.g. that the pair's learned state was not usable."""
-    typer.echo(line, err=True)
 
 
 @app.command()

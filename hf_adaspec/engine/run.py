@@ -32,7 +32,6 @@ from ..policy.confidence import CalibratorMemory
 from ..policy.match import MatchMemory
 from ..policy.modes import MODES, DrafterContext, DrafterSpec, Learned, PolicyInputs, assistant_identity
 from ..proposers.suffix import SuffixMemory
-from . import persist
 from .loop import speculative_decode
 from .settings import DecodeResult, DecodeSettings, RunParts
 from .threads import ThreadChooser
@@ -47,42 +46,13 @@ class SpeculationState:
     (``threads``). The model's ``engine.owner.ModelState`` (``enable`` makes it) holds one, so decisions —
     and with them sampled outputs — change from call to call as it learns;
     ``generate(..., speculation_state=SpeculationState())`` starts a call (or a workload, or a benchmarked
-    method) from a fresh one. ``save`` and ``load`` carry its learned statistics to another process
-    (``engine.persist``); a ``SpeculationState()`` never reads a file."""
+    method) from a fresh one."""
 
     calibrators: CalibratorMemory = field(default_factory=CalibratorMemory)
     matches: MatchMemory = field(default_factory=MatchMemory)
     draft_prefixes: DraftPrefixStore = field(default_factory=DraftPrefixStore)
     suffixes: SuffixMemory = field(default_factory=SuffixMemory)
     threads: ThreadChooser = field(default_factory=lambda: ThreadChooser.for_threads(torch.get_num_threads()))
-
-    def save(self, path: str | Path, model: torch.nn.Module, assistant_model: object | None = None) -> Path:
-        """Write what this state learned with ``model`` (the target) and ``assistant_model`` (the draft model or
-        head, None without one) to ``path`` (JSON, written atomically, its digest checked when read): the draft's
-        confidence calibration and the costless drafters' acceptance per match length — counts per bin, keyed by
-        the pair's weights identities and the format's version. Never token ids: the recent responses, the
-        draft's caches and the thread chooser are not saved. Returns the path.
-
-        Raises:
-            OSError: ``path`` cannot be written (IsADirectoryError: a folder is there).
-        """
-        path = Path(path)
-        persist.write_learned(path, persist.PairKey.of(model, assistant_model), self.calibrators, self.matches)
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path, model: torch.nn.Module, assistant_model: object | None = None) -> SpeculationState:
-        """A new state that starts from the statistics ``save`` wrote to ``path`` for this pair (no recent
-        responses, no caches: those start empty), for ``generate(..., speculation_state=...)``.
-
-        Raises:
-            FileNotFoundError: no file at ``path``.
-            engine.persist.LearnedStateError (a ValueError): the file is corrupt, of another format version, or
-                was saved for other models (other weights); the message names the file and the fix.
-        """
-        state = cls()
-        persist.read_learned(Path(path), persist.PairKey.of(model, assistant_model), state.calibrators, state.matches)
-        return state
 
 
 class Caches(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 
 def isotonic(values: Sequence[float], weights: Sequence[float]) -> tuple[float, ...]:
@@ -146,54 +146,6 @@ class ConfidenceCalibrator:
             self.token_mean += (q - self.token_mean) / (self.tokens_seen + 1)  # the seed counts as one token
         self._refit()
 
-    def counts(self) -> dict:
-        """What this calibrator learned, as plain numbers (JSON-ready): per bin its trials and successes (the
-        prior's pseudo-trials included), the running mean per-token confidence (a probability) and the number of
-        tokens it averages; with the settings the counts mean something under (``n_bins``, ``prior_strength``).
-        Counts only: no token id, no text."""
-        return {
-            "n_bins": len(self.centres),
-            "prior_strength": self.prior_strength,
-            "trials": list(self.trials),
-            "successes": list(self.successes),
-            "token_mean": self.token_mean,
-            "tokens_seen": self.tokens_seen,
-        }
-
-    def restore(self, counts: Mapping) -> None:
-        """Take ``counts`` (another calibrator's ``counts()``) as what this one learned.
-
-        Raises:
-            ValueError: counts made under other settings (bins, prior strength), or not a state an observing
-                calibrator reaches (a count that is not a finite number, successes outside [0, trials], trials
-                below the prior's, a mean outside [0, 1]); this calibrator is then unchanged.
-        """
-        n = len(self.centres)
-        if counts.get("n_bins") != n or counts.get("prior_strength") != self.prior_strength:
-            raise ValueError(
-                f"calibration made with {counts.get('n_bins')} bins and prior strength {counts.get('prior_strength')}, "
-                f"this one has {n} and {self.prior_strength}"
-            )
-        trials, successes = finite_numbers(counts.get("trials"), n), finite_numbers(counts.get("successes"), n)
-        mean, seen = counts.get("token_mean"), counts.get("tokens_seen")
-        if any(t < self.prior_strength or not 0.0 <= s <= t for t, s in zip(trials, successes)):
-            raise ValueError(
-                "calibration counts out of range (successes outside [0, trials], or trials below the prior)"
-            )
-        if not (type(mean) in (int, float) and 0.0 <= mean <= 1.0) or type(seen) is not int or seen < 0:
-            raise ValueError(f"calibration's mean confidence {mean!r} or token count {seen!r} out of range")
-        self.trials, self.successes, self.token_mean, self.tokens_seen = trials, successes, float(mean), seen
-        self._refit()
-
-
-def finite_numbers(values: object, length: int) -> list[float]:
-    """``values`` as ``length`` finite floats (a JSON list of numbers). Raises ValueError otherwise."""
-    if not isinstance(values, list) or len(values) != length:
-        raise ValueError(f"expected a list of {length} numbers, got {values!r:.80}")
-    if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) for v in values):
-        raise ValueError(f"expected finite numbers, got {values!r:.80}")
-    return [float(v) for v in values]
-
 
 class CalibratorMemory:
     """One ``ConfidenceCalibrator`` per drafter key (a (target, drafter) pair), kept across requests."""
@@ -207,28 +159,6 @@ class CalibratorMemory:
         if key not in self._calibrators:
             self._calibrators[key] = self.factory()
         return self._calibrators[key]
-
-    def counts(self) -> dict[str, dict]:
-        """Every calibrator's ``counts()`` by its drafter key (JSON-ready; counts only, no token)."""
-        return {key: c.counts() for key, c in sorted(self._calibrators.items())}
-
-    def restore(self, counts: Mapping[str, Mapping]) -> None:
-        """Calibrators (made by ``factory``) holding ``counts`` (``counts()``'s) in place of any under those keys.
-
-        Raises:
-            ValueError: a key that is not a string, or counts a calibrator refuses (``ConfidenceCalibrator.restore``;
-                the key named); nothing is restored then.
-        """
-        made = {}
-        for key, value in counts.items():
-            if not isinstance(key, str) or not isinstance(value, Mapping):
-                raise ValueError(f"calibration {key!r}: expected a drafter key and its counts")
-            made[key] = self.factory()
-            try:
-                made[key].restore(value)
-            except ValueError as e:
-                raise ValueError(f"calibration {key!r}: {e}") from None
-        self._calibrators.update(made)
 
 
 class RunningMean:

@@ -16,11 +16,11 @@ never waits for lookup to be chosen, which a pessimistic rate learned only when 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from .confidence import PESSIMISM, finite_numbers, isotonic, shifted_rate
+from .confidence import PESSIMISM, isotonic, shifted_rate
 
 # bucket b holds match lengths in [EDGES[b], EDGES[b+1]); the last is open
 EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -96,29 +96,6 @@ class MatchTable:
             self.successes[b] += 1.0 if u < accepted else 0.0
         self._refit()
 
-    def counts(self) -> dict:
-        """What this table learned, as plain numbers (JSON-ready): per match-length bucket (``edges``: each
-        bucket's shortest match length) its discounted trials and successes. Counts only: no token id, no text."""
-        return {"edges": list(EDGES), "trials": list(self.trials), "successes": list(self.successes)}
-
-    def restore(self, counts: Mapping) -> None:
-        """Take ``counts`` (another table's ``counts()``) as what this one learned; its prior stays its own.
-
-        Raises:
-            ValueError: counts over other buckets, or not a state an observing table reaches (a count that is not a
-                finite number, successes outside [0, trials]); this table is then unchanged.
-        """
-        if counts.get("edges") != list(EDGES):
-            raise ValueError(f"match table over buckets {counts.get('edges')!r:.80}, this one's are {list(EDGES)}")
-        trials, successes = (
-            finite_numbers(counts.get("trials"), len(EDGES)),
-            finite_numbers(counts.get("successes"), len(EDGES)),
-        )
-        if any(not 0.0 <= s <= t for t, s in zip(trials, successes, strict=True)):
-            raise ValueError("match table counts out of range (successes outside [0, trials])")
-        self.trials, self.successes = trials, successes
-        self._refit()
-
 
 class MatchMemory:
     """One ``MatchTable`` per drafter key (a (target, prompt lookup) pair), kept across requests."""
@@ -132,28 +109,6 @@ class MatchMemory:
         if key not in self._tables:
             self._tables[key] = self.factory()
         return self._tables[key]
-
-    def counts(self) -> dict[str, dict]:
-        """Every table's ``counts()`` by its drafter key (JSON-ready; counts only, no token)."""
-        return {key: t.counts() for key, t in sorted(self._tables.items())}
-
-    def restore(self, counts: Mapping[str, Mapping]) -> None:
-        """Tables (made by ``factory``) holding ``counts`` (``counts()``'s) in place of any under those keys.
-
-        Raises:
-            ValueError: a key that is not a string, or counts a table refuses (``MatchTable.restore``; the key
-                named); nothing is restored then.
-        """
-        made = {}
-        for key, value in counts.items():
-            if not isinstance(key, str) or not isinstance(value, Mapping):
-                raise ValueError(f"match table {key!r}: expected a drafter key and its counts")
-            made[key] = self.factory()
-            try:
-                made[key].restore(value)
-            except ValueError as e:
-                raise ValueError(f"match table {key!r}: {e}") from None
-        self._tables.update(made)
 
 
 class MatchAcceptance:
