@@ -2,13 +2,16 @@ r"""The verification curve per q4 kernel path: a model's forwards over 1 … 9 n
 controller prices), t(n) and t(n)/t(1), for each code path of ``hf_adaspec/kernels/q4.c`` this CPU runs (AVX2,
 AVX-VNNI, AVX512-VNNI: ``q4.PATHS``), with an A/A (the first path timed twice).
 
-One process, one model loaded in q4 with its head quantized and enabled (its lean attention, as ``generate`` runs
-it). Each round times, per width, every path in an order that alternates between rounds; medians over rounds (the
-first 2 dropped). ``--llama-bench`` (repeatable, ``label=path`` or a path) gives llama.cpp's own curve on the same
-file: each binary's ``llama-bench -p 1,2,…,9 -n 0 -r 1 -d <--llama-depth>`` once per round after ours, binaries
-in alternating order, medians over the same rounds (``--llama-depth 128``: at our context). The processor's flags
-and the variables that cap the paths are recorded. Last line: one JSON object (also written to ``--out``, with the
-command).
+One process, one model loaded in q4 with its head quantized and enabled, each forward timed as the engine's
+calibration times it (``costs.table.ForwardProbe``: n new tokens on top of a 128-token cache, every position's logits
+kept, as a verification keeps them, with the attention speculative requests swap in). Each path's row calls the
+kernel through ``q4.linear`` (its checks, the path capped); ``shipped`` is ``Q4Linear``'s own forward (the fastest
+path, its call bound once per layer), what ``generate`` runs. Each round times, per width, every row in an order that
+alternates between rounds; medians over rounds (the first 2 dropped). ``--llama-bench`` (repeatable,
+``label=path`` or a path) gives llama.cpp's own curve on the same file: each binary's ``llama-bench -p 1,2,…,9 -n 0
+-r 1 -d <--llama-depth>`` once per round after ours, binaries in alternating order, medians over the same rounds
+(``--llama-depth 128``: at our context). The processor's flags and the variables that cap the paths are recorded.
+Last line: one JSON object (also written to ``--out``, with the command).
 
     python benchmarks/verify_curve.py --model qwen2.5-coder-1.5b --rounds 10 \
         --llama-bench ~/.cache/llama-cpp-anchor/build-native/bin/llama-bench
@@ -27,13 +30,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 import hf_adaspec
+from hf_adaspec.backend import hf_compat
+from hf_adaspec.costs.table import ForwardProbe
 from hf_adaspec.kernels import q4
 from hf_adaspec.machine import processor_name
 from hf_adaspec.models import assets
@@ -102,20 +105,17 @@ def main() -> None:
     model = hf_adaspec.enable(hf_adaspec.load(args.model, quantization="q4", quantize_lm_head=True).model)  # as decoded
     directory = next(m for m in model.modules() if isinstance(m, q4.Q4Linear)).directory
     paths = [p for p in q4.PATHS[1:] if q4.path(directory, p) == p]
-    variants = {p: _forward_on(p) for p in paths} | {f"{paths[0]}_again": _forward_on(paths[0])}
-    native, cache, ms = q4.Q4Linear.forward, DynamicCache(), {}
-    with torch.no_grad():
-        model(input_ids=torch.randint(0, 10000, (1, 128)), past_key_values=cache, use_cache=True)
+    native, ms = q4.Q4Linear.forward, {}
+    variants = {p: _forward_on(p) for p in paths} | {f"{paths[0]}_again": _forward_on(paths[0]), "shipped": native}
+    with torch.no_grad(), hf_compat.speculative_attention(hf_compat.AttentionSwap(model)):
+        probe = ForwardProbe(model, 128, max(widths))
         for r in range(args.rounds + 2):
             for n in widths:
-                ids = torch.randint(0, 10000, (1, n))
                 for name in list(variants) if r % 2 else list(variants)[::-1]:
                     q4.Q4Linear.forward = variants[name]
-                    start = time.perf_counter()
-                    model(input_ids=ids, past_key_values=cache, use_cache=True)
+                    elapsed = probe.time_ms(n)
                     if r >= 2:
-                        ms.setdefault(name, {}).setdefault(str(n), []).append((time.perf_counter() - start) * 1e3)
-                    cache.crop(-n)
+                        ms.setdefault(name, {}).setdefault(str(n), []).append(elapsed)
             q4.Q4Linear.forward = native
             for label in list(benches) if r % 2 else list(benches)[::-1]:
                 curve = _llama_bench(benches[label], args.model, widths, torch.get_num_threads(), args.llama_depth)

@@ -5,6 +5,7 @@ session into a temporary directory (conftest's ``kernel_dir``)."""
 
 from __future__ import annotations
 
+import copy
 import os
 import stat
 
@@ -306,6 +307,31 @@ def test_q4_linear_keeps_shape_dtype_and_bias_and_approximates_the_dense_layer(k
     assert float((y.float() - ref.detach()).norm() / ref.detach().norm()) < 0.1
     nobias = q4.Q4Linear.dense(torch.nn.Linear(96, 40, bias=False), kdir)
     assert nobias.bias is None and "bias=False" in repr(nobias) and "kinds=q4_k" in repr(nobias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_layers_bound_call_is_linears_product_and_rebinds_after_a_copy_or_cast(kdir, dtype):
+    """``Q4Linear.forward`` binds the kernel call once per layer: bit for bit ``q4.linear``'s product (2-D, 3-D and
+    strided inputs, with a bias), and a copy, a cast or a replaced bias binds its own buffers, not the old ones."""
+    torch.manual_seed(6)
+    layer = q4.Q4Linear.dense(torch.nn.Linear(256, 24), kdir)
+
+    def reference(module, x):
+        b = module._buffers
+        flat = x.reshape(-1, 256)
+        return q4.linear(flat, b["blocks"], b["kind_ids"], b["rows"], 256, kdir, b["bias"]).view(*x.shape[:-1], 24)
+
+    for x in (torch.randn(3, 256, dtype=dtype), torch.randn(2, 5, 256, dtype=dtype), torch.randn(4, 512)[:, ::2]):
+        assert torch.equal(layer(x), reference(layer, x))
+    copied = copy.deepcopy(layer)
+    copied.bias.mul_(2.0)  # its own buffer: the layer it was copied from keeps its bias
+    x = torch.randn(2, 256, dtype=dtype)
+    assert torch.equal(copied(x), reference(copied, x)) and torch.equal(layer(x), reference(layer, x))
+    assert not torch.equal(copied(x), layer(x))
+    layer.bias = torch.zeros(24)  # a replaced buffer is bound anew
+    assert torch.equal(layer(x), reference(layer, x))
+    halved = layer.to(torch.bfloat16)  # the bias buffer cast: read as float32 again
+    assert torch.equal(halved(x), reference(halved, x))
 
 
 def test_a_missing_compiler_is_named_with_the_fix(tmp_path, monkeypatch):

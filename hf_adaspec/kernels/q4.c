@@ -844,9 +844,10 @@ int q4_from_gguf(int src, const uint8_t *raw, int64_t N, int64_t K, uint8_t *out
 /* y [M, N] = x [M, K_in] @ W.T (+ bias [N] float32, or NULL). W: nseg segments, segment s holding rows[s] output
    rows of kinds[s] (K/256 blocks each, K a multiple of 256, K_in <= K), stored one after another from w.
    x float32, or bfloat16 where x_bf16; y float32, or bfloat16 where y_bf16. The best path the CPU has, at most isa
-   (q4_isa's numbering). Returns 0; -1 where the scratch buffer cannot be allocated; -2 for an unknown kind. */
-int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, const void *x, int x_bf16,
-              int64_t M, int64_t K_in, int64_t K, const float *bias, void *y, int y_bf16, int isa, int threads) {
+   (q4_isa's numbering). The layer's arguments come first, the call's after (isa), so a caller can bind them once.
+   Returns 0; -1 where the scratch buffer cannot be allocated; -2 for an unknown kind. */
+int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, int64_t K_in, int64_t K,
+              const float *bias, int isa, const void *x, int x_bf16, int64_t M, void *y, int y_bf16, int threads) {
     enum { MAX_SEG = 16 };
     int64_t B = K / 256, first[MAX_SEG + 1], N = 0;
     const uint8_t *base[MAX_SEG];

@@ -33,7 +33,7 @@ import ctypes
 import functools
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +75,7 @@ def library(directory: Path) -> ctypes.CDLL:
     """The loaded kernel (built in ``directory`` if needed). Raises KernelUnavailable as ``build``."""
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
     lib = ctypes.CDLL(str(build(directory)))
-    lib.q4_linear.argtypes = [_P, _P, _P, _C, _P, _C, _I, _I, _I, _P, _P, _C, _C, _C]
+    lib.q4_linear.argtypes = [_P, _P, _P, _C, _I, _I, _P, _C, _P, _C, _I, _P, _C, _C]
     lib.q4_dequantize.argtypes = [_C, _P, _I, _I, _I, _P, _C, _C, _C]
     lib.q4_from_gguf.argtypes = [_C, _P, _I, _I, _P, _C]
     sizes = [lib.q4_block_bytes(i) for i in range(len(KINDS))]
@@ -160,22 +160,28 @@ def linear(
         kinds.data_ptr(),
         rows.data_ptr(),
         len(kinds),
-        x.data_ptr(),
-        bf16,
-        m,
         k_in,
         padded(k),
         None if bias is None else bias.data_ptr(),
+        isa,
+        x.data_ptr(),
+        bf16,
+        m,
         y.data_ptr(),
         bf16,
-        isa,
         torch.get_num_threads(),
     )
+    _raise_for(done, m, k, kinds, rows)
+    return y
+
+
+def _raise_for(done: int, m: int, k: int, kinds: torch.Tensor, rows: torch.Tensor) -> None:
+    """q4_linear's return code as an error: -1 MemoryError (the activations' scratch), any other nonzero
+    ValueError (a layout the kernel refuses); 0 returns."""
     if done == -1:
         raise MemoryError(f"the q4 kernel could not allocate {m} x {k} activations' scratch")
     if done:
         raise ValueError(f"the q4 kernel refused the layout: kinds {kinds.tolist()}, rows {rows.tolist()}")
-    return y
 
 
 @functools.cache
@@ -283,6 +289,7 @@ class Q4Linear(torch.nn.Module):
         self.register_buffer("kind_ids", torch.tensor([KINDS.index(k) for k in self.kinds], dtype=torch.int32))
         self.register_buffer("rows", torch.tensor([r.shape[0] for _, r in parts], dtype=torch.int64))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self._bound: tuple | None = None  # ``_product``'s bound call and the buffers it was bound to
 
     @classmethod
     def dense(cls, linear: torch.nn.Linear, directory: Path) -> Q4Linear:
@@ -300,21 +307,52 @@ class Q4Linear(torch.nn.Module):
         return torch.cat(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.numel() // self.in_features  # activation rows
+        dense = self.dense_rows is not None and m >= self.dense_rows
+        if dense or not (x.is_cpu and x.dtype in _NATIVE and m and x.shape[-1] == self.in_features):
+            return self._forward_checked(x)
+        product = self._product()
+        if product is None:
+            return self._forward_checked(x)
+        x = x.contiguous()
+        y = torch.empty(x.shape[:-1] + (self.out_features,), dtype=x.dtype)  # [..., N]
+        bf16 = x.dtype == torch.bfloat16
+        done = product(x.data_ptr(), bf16, m, y.data_ptr(), bf16, torch.get_num_threads())
+        if done:
+            _raise_for(done, m, self.in_features, self.kind_ids, self.rows)
+        return y
+
+    def _forward_checked(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` through ``linear`` (its conversions, checks and errors) or the dense route."""
         flat = x.reshape(-1, self.in_features)  # [M, K]
         if self.dense_rows is not None and flat.shape[0] >= self.dense_rows:
             y = self.dense_product(flat)
         else:
-            y = linear(
-                flat,
-                self.blocks,
-                self.kind_ids,
-                self.rows,
-                self.in_features,
-                self.directory,
-                self.bias,
-                n=self.out_features,
-            )
+            b = self._buffers
+            y = linear(flat, b["blocks"], b["kind_ids"], b["rows"], self.in_features, self.directory, b["bias"])
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # [..., N]; .to copies only for other dtypes
+
+    def __getstate__(self) -> dict:
+        """A copy (``copy.deepcopy``, pickling) binds its own call: the bound one points into this layer's buffers."""
+        return {**super().__getstate__(), "_bound": None}
+
+    def _product(self) -> Callable[..., int] | None:
+        """``q4_linear`` with this layer's weights, bias and path bound: (x pointer, x is bf16, M, y pointer, y is
+        bf16, threads) → its return code; the one call a decoding step makes per layer, so nothing is looked up
+        or checked again. Bound again when a buffer was replaced (``to``, a cast); None where ``linear``'s checks
+        are needed (weights off the CPU)."""
+        b, bound = self._buffers, self._bound
+        blocks, kinds, rows, bias = b["blocks"], b["kind_ids"], b["rows"], b["bias"]
+        if bound is not None and bound[0] is blocks and bound[1] is kinds and bound[2] is rows and bound[3] is bias:
+            return bound[4]
+        if blocks.device.type != "cpu" or not blocks.is_contiguous():
+            return None
+        bias = None if bias is None else bias.float().contiguous()
+        lib, isa, k = library(self.directory), _isa(self.directory, None), self.in_features
+        layer = (blocks.data_ptr(), kinds.data_ptr(), rows.data_ptr(), len(kinds), k, padded(k))
+        call = functools.partial(lib.q4_linear, *layer, None if bias is None else bias.data_ptr(), isa)
+        self._bound = (blocks, kinds, rows, b["bias"], call, bias)  # the float32 bias kept alive with its pointer
+        return call
 
     def dense_product(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in_features] @ W.T + b → [M, out_features] through dense weights: ``DENSE_TILE_BYTES`` of W at a
