@@ -112,6 +112,26 @@ def _commit(
         drafter.commit(lengths, keep, features)
 
 
+def _commit_step(
+    parts: RunParts,
+    decision: Decision,
+    finished: list[bool],
+    held: list[int],
+    accepted: list[int],
+    features: torch.Tensor | None,
+) -> None:
+    """``_commit`` after a step whose rows ``held`` tokens before it and ``accepted`` n_i of their drafts: the
+    target keeps held + n_i per row, each drafter what ``_own`` says, the head's features of the n_i + 1
+    confirmed positions. Where every row made a plain step, none finished and no features are recorded, this
+    changes nothing (the target's cache holds every token but the last; no drafter ingested anything), so the
+    loop does not call it then."""
+    confirmed = torch.tensor([h + n for h, n in zip(held, accepted, strict=True)])  # [b]
+    before = torch.tensor(held) if any(accepted) else confirmed  # [b]
+    own = [_own(d, decision.drafters, confirmed, before) for d in range(len(parts.drafters))]
+    kept = None if features is None else [features[s, : n + 1] for s, n in enumerate(accepted)]  # [n_i+1, F]
+    _commit(parts, finished, confirmed, own, kept)
+
+
 def _own(drafter: int, chosen: Sequence[int], confirmed: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
     """What drafter ``drafter`` keeps per row ([b] long): the ``confirmed`` tokens where it drafted this step
     (``chosen``: each row's drafter), else what the row ``held`` before it."""
@@ -184,14 +204,12 @@ def speculative_decode(parts: RunParts, input_ids: torch.Tensor, attention_mask:
         decision_ms = (
             (decision_s + time.perf_counter() - mark) * 1000.0 if settings.decision_ms is None else settings.decision_ms
         )
-        held = torch.tensor([rows.ends[i] - rows.starts[i] for i in rows.active])  # [b] tokens held before the step
-        confirmed = held + torch.tensor(accepted)  # tokens each row holds, minus its new last token
+        held = [rows.ends[i] - rows.starts[i] for i in rows.active]  # tokens each row held before the step
         ends = [rows.ends[i] for i in rows.active]
         finished = [rows.emit(s, n, now()) for s, n in enumerate(new)]
-        own = [_own(d, decision.drafters, confirmed, held) for d in range(len(parts.drafters))]
-        kept = None if features is None else [features[s, : n + 1] for s, n in enumerate(accepted)]  # [n_i+1, F]
-        _commit(parts, finished, confirmed, own, kept)  # commit
         ks = proposals.ks
+        if any(ks) or any(finished) or features is not None:  # a plain step's commit would change nothing
+            _commit_step(parts, decision, finished, held, accepted, features)  # commit
         draft_ms, verify_ms = (t1 - t0) * 1000.0, (time.perf_counter() - t1) * 1000.0
         outcome = StepOutcome(
             decision.drafters, ks, tuple(accepted), proposals.confidences or ((),) * len(ks), seen, decision_ms

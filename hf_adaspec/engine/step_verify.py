@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from ..backend.ragged import right_pad
+from ..kernels.argmax import argmax
 from ..proposers.base import Proposal, Proposals
 from .rows import TokenRows
 from .settings import DecodeSettings
@@ -77,7 +78,7 @@ def verify_step(
     the rows of one k_i in one call (``verify_group``), one host read per group."""
     if not settings.do_sample and not proposals.tokens.numel():  # greedy plain rows: the target's argmax
         scores = processed_scores(logits[:, :1], proposals, rows, settings, free)  # [b, 1, V]
-        return [0] * len(proposals), [[t] for t in scores[:, 0].argmax(dim=-1).tolist()]
+        return [0] * len(proposals), [[t] for t in argmax(scores[:, 0]).tolist()]
     drafts = proposals.rows()  # the proposals are on the host
     width = max(len(d) for d in drafts) + 1
     scores = processed_scores(logits[:, :width], proposals, rows, settings, free)  # [b, K+1, V]

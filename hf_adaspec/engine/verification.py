@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.argmax import argmax
+
 
 @dataclass(frozen=True)
 class Verification:
@@ -35,7 +37,7 @@ def greedy_verify(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> Ve
 
     draft_tokens: [B, k] long; target_scores: [B, k+1, V] processed target logits.
     """
-    target_tokens = target_scores.argmax(dim=-1)  # [B, k+1]
+    target_tokens = argmax(target_scores)  # [B, k+1]
     n = _first_rejection(draft_tokens == target_tokens[:, :-1])  # [B]
     next_token = target_tokens.gather(1, n[:, None]).squeeze(1)  # [B]
     return Verification(num_accepted=n, next_token=next_token)
@@ -55,7 +57,7 @@ def select_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generat
     """One token per row from processed scores [B, V] → [B, 1] (on the scores' device)."""
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)
-    return scores.argmax(dim=-1, keepdim=True)
+    return argmax(scores)[:, None]
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backend import hf_compat
+from ..kernels.argmax import argmax
 from .base import Proposals, StopRule
 
 
@@ -49,11 +50,12 @@ class Sampler:
                 [self.logits_processor(v[None].to(scores.device), scores[i : i + 1]) for i, v in enumerate(views)]
             )
         if not self.do_sample:
+            token = argmax(scores)  # [b]
             if not confident:
-                return scores.argmax(dim=-1), None, None
+                return token, None, None
             f = scores.float()
-            shifted = f - f.max(dim=-1, keepdim=True).values
-            return scores.argmax(dim=-1), None, 1.0 / shifted.exp().sum(dim=-1)  # softmax at the argmax
+            shifted = f - f.gather(1, token[:, None])  # the largest value at the argmax: ≤ 0 everywhere
+            return token, None, 1.0 / shifted.exp_().sum(dim=-1)  # softmax at the argmax
         q = torch.softmax(scores, dim=-1)  # [b, V]
         token = torch.multinomial(q, 1, generator=self.generator)  # [b, 1]
         return token.squeeze(1), q, q.gather(1, token).squeeze(1) if confident else None
