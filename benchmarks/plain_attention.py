@@ -1,8 +1,10 @@
-"""transformers' plain ``generate`` on the default pair's target after ``enable``: its own attention against the
-packed attention that speculative requests swap in, ms per decoding step at a short and a long prompt.
+"""transformers' plain ``generate`` on the default target (q4) after ``enable``: transformers' own attention
+against the packed attention that speculative requests swap in, ms per decoding step at a short and a long prompt.
 
-``enable`` leaves plain ``generate`` as transformers runs it (sdpa, its cache); only a speculative request swaps
-in the packed attention. This measures what that choice costs plain decoding: per prompt and round, the time of
+``enable`` leaves plain ``generate`` as transformers runs it (sdpa, its cache) on a model loaded elsewhere; only a
+speculative request swaps in the packed attention (``hf_adaspec.load`` makes it a q4 model's own; here the model is
+loaded by ``models.loading.load``, before that step, so it starts with transformers'). This measures what
+transformers' attention costs plain decoding: per prompt and round, the time of
 ``generate`` for 34 tokens less that for 2 (prefill and first token cancel), over 32 steps, each attention in
 turn (interleaved). Held-out Spec-Bench prompts 161 (short) and 241 (long) of the packaged subset.
 
@@ -17,10 +19,11 @@ import json
 import statistics
 import time
 
+from hf_adaspec import enable
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.bench.prompts import SPEC_BENCH, load_prompts
-from hf_adaspec.cli.pair import load_pair
 from hf_adaspec.machine import processor_name
+from hf_adaspec.models.loading import load
 
 PROMPTS = (161, 241)
 
@@ -35,7 +38,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    tgt, _ = load_pair("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "auto", "bfloat16")
+    tgt = load("qwen2.5-coder-1.5b")  # transformers' attention: not hf_adaspec.load's
+    enable(tgt.model)
     swap = hf_compat.AttentionSwap(tgt.model)
     prompts = [p for p in load_prompts(SPEC_BENCH, 1, None, "held-out") if p.question_id in PROMPTS]
     out: dict[str, dict] = {}

@@ -17,6 +17,7 @@ reads it and checks every import).
 
 from .api.generate import TARGET_WIDTHS, SpeculativeGenerateOutput, compile_steps, enable
 from .api.generate_batch import BatchGeneration, generate_batch
+from .api.load import load
 from .config import SPECULATION_MODES, SpeculationConfig
 from .costs.table import CostTable
 from .engine.run import SpeculationState
@@ -24,7 +25,7 @@ from .engine.stats import SpeculationStats, StepRecord
 from .models.assets import AssetError
 from .models.eagle3 import Eagle3Head
 from .models.eagle3_format import load_head, save_head
-from .models.loading import LoadedModel, load
+from .models.loading import LoadedModel
 from .models.presets import DEFAULT_DRAFT, DEFAULT_TARGET, PRESETS
 from .policy.goodput import expected_tokens
 

@@ -8,6 +8,7 @@ import torch
 from conftest import build_tiny_tokenizer, save_tiny_llama
 
 import hf_adaspec
+from hf_adaspec.backend import hf_compat
 from hf_adaspec.bench.bench import divergence_gap
 from hf_adaspec.models import format_choice as fc
 from hf_adaspec.models import format_probe as fp
@@ -250,6 +251,26 @@ def test_explicit_formats_are_honoured_without_a_probe(tiny_dir, monkeypatch):
         assert lm.weight_format == fmt
         kinds = {type(p).__name__ for p in lm.model.parameters()} | {type(m).__name__ for m in lm.model.modules()}
         assert kind in kinds
+
+
+def test_a_q4_load_runs_the_speculative_attention_in_plain_generate_and_other_formats_keep_their_own(tiny_dir):
+    """``hf_adaspec.load`` gives a q4 model the packed, lean attention as its own, so plain ``generate`` runs what
+    speculative requests run (float32: the same greedy tokens as speculation); other formats keep sdpa."""
+    lm = hf_adaspec.load(tiny_dir, quantization="q4", dtype="float32")
+    model = hf_adaspec.enable(lm.model)
+    lean = [m for m in model.modules() if isinstance(m, hf_compat.lean_attention.LeanAttention)]
+    assert model.config._attn_implementation == hf_compat.PACKED_SDPA and len(lean) == model.config.num_hidden_layers
+    prompt = torch.randint(1, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    plain = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    spec = model.generate(
+        prompt, max_new_tokens=12, do_sample=False, assistant_model=model, speculation="fixed", num_speculative_tokens=3
+    )
+    assert torch.equal(spec, plain)
+    assert model.config._attn_implementation == hf_compat.PACKED_SDPA  # speculation swapped nothing out
+    assert [m for m in model.modules() if isinstance(m, hf_compat.lean_attention.LeanAttention)] == lean
+    dense = hf_adaspec.load(tiny_dir, quantization="none", dtype="float32").model
+    assert dense.config._attn_implementation == "sdpa"
+    assert not any(isinstance(m, hf_compat.lean_attention.LeanAttention) for m in dense.modules())
 
 
 def test_formats_refuse_what_they_cannot_do():

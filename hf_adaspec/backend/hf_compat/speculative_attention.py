@@ -3,7 +3,8 @@
 Speculation runs a model's "sdpa" attention as ``use_packed_attention``'s (the same SDPA computation, its
 grouped-query heads packed on a CPU) and a q4 model's attention modules as ``use_lean_attention``'s (the same
 values, the rotary embedding in one C call). Both are faster on the engine's narrow forwards, and neither is
-what the user loaded: plain ``generate`` on an enabled model must run transformers' own.
+what a user who loaded a model with transformers loaded: plain ``generate`` on such an enabled model runs
+transformers' own. (``hf_adaspec.load`` makes them a q4 model's own at load: then a swap changes nothing.)
 
 ``AttentionSwap`` is one model's swap. Its first ``swap_in`` makes the switch through transformers
 (``set_attn_implementation``, a walk over the modules) and notes what changed: each config whose attention

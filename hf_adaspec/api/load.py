@@ -1,0 +1,36 @@
+"""``hf_adaspec.load``: a model and tokenizer as ``models.loading.load`` builds them, and, for a model it put on the
+q4 kernel, the attention the engine's steps run made the model's own.
+
+Design: a q4 model is ours, not one transformers built: its linear layers are the kernel's, its norms and MLPs the
+lean modules (``models.lean_layer``). Its attention is made lean at load too, so plain ``generate`` runs what a
+speculative request's steps run (``hf_compat.use_packed_attention``: the same SDPA computation with grouped-query
+heads packed on a CPU; ``hf_compat.use_lean_attention``: the fused query/key/value split and rotated in one C
+call). A model loaded elsewhere and passed to ``enable`` keeps its own attention outside speculative requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..backend import hf_compat
+from ..models import loading
+from ..models.loading import LoadedModel
+
+
+def load(
+    name_or_path: str,
+    quantization: str = "auto",
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    quantize_lm_head: bool = False,
+    verify: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> LoadedModel:
+    """``models.loading.load`` (its arguments, what it returns, its errors; the format ``auto`` chooses is
+    measured at the first load on this machine); where the weights are ``q4``, the model's attention is the
+    packed, lean one (module docstring) for plain ``generate`` as well as for speculative requests."""
+    loaded = loading.load(name_or_path, quantization, dtype, device, quantize_lm_head, verify, log)
+    if loaded.weight_format == "q4":
+        hf_compat.use_packed_attention(loaded.model)
+        hf_compat.use_lean_attention(loaded.model)
+    return loaded
