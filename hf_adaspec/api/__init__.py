@@ -1,1 +1,1 @@
-"""The public entry: ``enable`` (``model.generate(..., speculation=...)``) and ``generate_batch``."""
+"""The public entry: ``load``, ``enable`` (``model.generate(..., speculation=...)``) and ``generate_batch``."""
