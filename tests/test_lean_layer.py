@@ -4,6 +4,7 @@ a q4 model's greedy output is unchanged by it."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 
 import pytest
@@ -13,7 +14,7 @@ import transformers
 import hf_adaspec
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.kernels.fused import GatedMLP
-from hf_adaspec.kernels.layer_ops import RMSNorm, rms_norm_reference
+from hf_adaspec.kernels.layer_ops import RMSNorm, RopeSplit, rms_norm_reference, rope_split, rotate_half_reference
 from hf_adaspec.kernels.q4 import Q4Linear
 from hf_adaspec.models import format_load, lean_layer
 
@@ -87,6 +88,48 @@ def test_rms_norm_of_other_dtypes_takes_the_formula(kernel_dir):
     weight = torch.nn.Parameter(torch.randn(32))
     x = torch.randn(2, 32, dtype=torch.bfloat16)  # float32 weight, bfloat16 activations: promoted to float32
     assert torch.equal(RMSNorm(weight, 1e-5, kernel_dir)(x), rms_norm_reference(x, weight, 1e-5))
+
+
+def test_a_copied_rms_norm_computes_as_its_original(kernel_dir):
+    norm = RMSNorm(torch.nn.Parameter(torch.randn(48, dtype=torch.bfloat16)), 1e-6, kernel_dir)
+    x = torch.randn(3, 48, dtype=torch.bfloat16)
+    assert torch.equal(copy.deepcopy(norm)(x), norm(x))
+
+
+def _rope_reference(qkv, cos, sin, heads, kv_heads):
+    b, n, width = qkv.shape
+    q, k, v = qkv.view(b, n, -1, width // (heads + 2 * kv_heads)).transpose(1, 2).split([heads, kv_heads, kv_heads], 1)
+    return rotate_half_reference(q, cos, sin), rotate_half_reference(k, cos, sin), v
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "b,n,heads,kv_heads,d,cos_rows", [(1, 1, 12, 2, 128, 1), (2, 3, 3, 1, 6, 2), (2, 5, 4, 4, 34, 1)]
+)
+def test_rope_split_rotates_as_transformers_to_the_bit(dtype, b, n, heads, kv_heads, d, cos_rows, kernel_dir):
+    """Head widths whose halves fill no vector, or a part of one; cos and sin per batch row or shared."""
+    gen = torch.Generator().manual_seed(d)
+    qkv = (torch.randn(b, n, (heads + 2 * kv_heads) * d, generator=gen) * 4).to(dtype)
+    cos, sin = (torch.randn(cos_rows, n, d, generator=gen).to(dtype) for _ in range(2))
+    want = _rope_reference(qkv, cos, sin, heads, kv_heads)
+    split = RopeSplit(heads, kv_heads, kernel_dir)
+    for got in (
+        rope_split(qkv, cos, sin, heads, kv_heads, kernel_dir),
+        split(qkv, cos, sin),
+        copy.deepcopy(split)(qkv, cos, sin),
+    ):
+        for g, w in zip(got, want, strict=True):
+            assert g.is_contiguous() and g.dtype == dtype and torch.equal(g, w)
+
+
+def test_rope_split_of_other_dtypes_takes_torch_s_operations(kernel_dir):
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(1, 2, 4 * 8, generator=gen, dtype=torch.float16)
+    cos, sin = torch.randn(1, 2, 8, generator=gen), torch.randn(1, 2, 8, generator=gen)  # float32: another dtype
+    for got, want in zip(rope_split(qkv, cos, sin, 2, 1, kernel_dir), _rope_reference(qkv, cos, sin, 2, 1)):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="even width"):
+        rope_split(torch.randn(1, 1, 4 * 7), cos, sin, 2, 1, kernel_dir)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -182,6 +225,31 @@ def test_lean_attention_gives_transformers_logits_to_the_bit(family, extra, dtyp
     assert hf_compat.use_lean_attention(model) == 0  # idempotent
     for got, want in zip(logits(), before):
         assert torch.equal(got, want)
+
+
+def test_lean_attention_follows_a_change_of_implementation_and_a_copy():
+    """The attention function looked up on the first call is looked up again when the model's implementation
+    changes; a copy of the model reads its own config."""
+    torch.manual_seed(5)
+    model = format_load.convert(_tiny("qwen2"), "q4", False)
+    model.set_attn_implementation("sdpa")
+    hf_compat.use_lean_attention(model)
+    block = torch.randint(1, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+    calls = []
+
+    def counted(module, *args, **kwargs):
+        calls.append(module)
+        return transformers.integrations.sdpa_attention.sdpa_attention_forward(module, *args, **kwargs)
+
+    transformers.AttentionInterface.register("counted_sdpa", counted)
+    with torch.inference_mode():
+        want = model(block).logits
+        model.set_attn_implementation("counted_sdpa")
+        assert torch.equal(model(block).logits, want) and len(calls) == BASE["num_hidden_layers"]
+        copied = copy.deepcopy(model)
+        copied.set_attn_implementation("sdpa")
+        assert torch.equal(copied(block).logits, want) and len(calls) == BASE["num_hidden_layers"]
+        assert torch.equal(model(block).logits, want) and len(calls) == 2 * BASE["num_hidden_layers"]
 
 
 def test_lean_attention_leaves_other_families_and_dense_models_alone():

@@ -10,6 +10,14 @@ sums (torch's reduction order differs, so its last bit can differ). bfloat16 rou
 #include <stdint.h>
 #include <string.h>
 
+/* A function compiled once per vector width (with GCC on x86-64), the widest this CPU has chosen when the library
+is loaded: the same arithmetic in each (C11 mode contracts no multiply-add). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 static inline float bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   float f;
@@ -20,9 +28,8 @@ static inline float bf16_to_f32(uint16_t h) {
 static inline uint16_t f32_to_bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
+  uint32_t nan = (u >> 16) | 0x40u, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);  /* NaN stays NaN; no branch: vectorizes */
 }
 
 static float inverse_rms(const float *x, int64_t h, float eps) {
@@ -36,27 +43,31 @@ static float inverse_rms(const float *x, int64_t h, float eps) {
   return 1.0f / sqrtf(s / (float)h + eps);
 }
 
-/* x, y [m, h] and w [h], all bfloat16 (bf16 != 0) or all float32; a bfloat16 row's float32 copy lives on the
-   stack. Returns 1 for a width the stack copy refuses, else 0. */
+/* One row x, y [h] and w [h], all bfloat16 (bf16 != 0) or all float32; a bfloat16 row's float32 copy lives on
+   the stack. */
+VECTOR_CLONES static void rms_row(const void *x, const void *w, int64_t h, float eps, void *y, int bf16) {
+  if (bf16) {
+    float row[h];
+    const uint16_t *xr = (const uint16_t *)x, *wr = (const uint16_t *)w;
+    uint16_t *yr = (uint16_t *)y;
+    for (int64_t i = 0; i < h; i++) row[i] = bf16_to_f32(xr[i]);
+    float inv = inverse_rms(row, h, eps);
+    for (int64_t i = 0; i < h; i++) yr[i] = f32_to_bf16(bf16_to_f32(wr[i]) * bf16_to_f32(f32_to_bf16(row[i] * inv)));
+  } else {
+    const float *xr = (const float *)x, *wr = (const float *)w;
+    float *yr = (float *)y;
+    float inv = inverse_rms(xr, h, eps);
+    for (int64_t i = 0; i < h; i++) yr[i] = wr[i] * (xr[i] * inv);
+  }
+}
+
+/* x, y [m, h] and w [h], all bfloat16 (bf16 != 0) or all float32. Returns 1 for a width the stack copy refuses,
+   else 0. */
 int ops_rms_norm(const void *x, const void *w, int64_t m, int64_t h, float eps, void *y, int bf16, int threads) {
   if (h <= 0 || h > 65536) return 1;
+  int64_t size = bf16 ? 2 : 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (m >= 32)
-  for (int64_t r = 0; r < m; r++) {
-    if (bf16) {
-      float row[h];
-      const uint16_t *xr = (const uint16_t *)x + r * h, *wr = (const uint16_t *)w;
-      uint16_t *yr = (uint16_t *)y + r * h;
-      for (int64_t i = 0; i < h; i++) row[i] = bf16_to_f32(xr[i]);
-      float inv = inverse_rms(row, h, eps);
-      for (int64_t i = 0; i < h; i++)
-        yr[i] = f32_to_bf16(bf16_to_f32(wr[i]) * bf16_to_f32(f32_to_bf16(row[i] * inv)));
-    } else {
-      const float *xr = (const float *)x + r * h, *wr = (const float *)w;
-      float *yr = (float *)y + r * h;
-      float inv = inverse_rms(xr, h, eps);
-      for (int64_t i = 0; i < h; i++) yr[i] = wr[i] * (xr[i] * inv);
-    }
-  }
+  for (int64_t r = 0; r < m; r++) rms_row((const char *)x + r * h * size, w, h, eps, (char *)y + r * h * size, bf16);
   return 0;
 }
 
@@ -70,12 +81,17 @@ static inline float rope_bf16(float x, float c, float rot, float s) {
   return bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(x * c)) + bf16_to_f32(f32_to_bf16(rot * s))));
 }
 
-static void rope_head_bf16(const uint16_t *x, const uint16_t *c, const uint16_t *s, int64_t d, uint16_t *out) {
+/* Each half in a loop of its own, so that the compiler vectorizes it. */
+VECTOR_CLONES static void rope_head_bf16(const uint16_t *restrict x, const uint16_t *restrict c,
+                                         const uint16_t *restrict s, int64_t d, uint16_t *restrict out) {
   int64_t half = d / 2;
   for (int64_t j = 0; j < half; j++) {
-    float a = bf16_to_f32(x[j]), b = bf16_to_f32(x[j + half]);
-    out[j] = f32_to_bf16(rope_bf16(a, bf16_to_f32(c[j]), -b, bf16_to_f32(s[j])));
-    out[j + half] = f32_to_bf16(rope_bf16(b, bf16_to_f32(c[j + half]), a, bf16_to_f32(s[j + half])));
+    float rot = -bf16_to_f32(x[j + half]);
+    out[j] = f32_to_bf16(rope_bf16(bf16_to_f32(x[j]), bf16_to_f32(c[j]), rot, bf16_to_f32(s[j])));
+  }
+  for (int64_t j = half; j < d; j++) {
+    float rot = bf16_to_f32(x[j - half]);
+    out[j] = f32_to_bf16(rope_bf16(bf16_to_f32(x[j]), bf16_to_f32(c[j]), rot, bf16_to_f32(s[j])));
   }
 }
 

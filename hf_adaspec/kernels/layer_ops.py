@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -49,41 +50,33 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 class RMSNorm(torch.nn.Module):
     """A drop-in for the Llama family's RMSNorm module (``rms_norm_reference``'s values; the sum of squares in
     another order, so a last bit can differ) holding the same ``weight`` [H] parameter. Input [..., H] → output
-    [..., H]. x and weight of one dtype, float32 or bfloat16, on the CPU: one C call (``layer_ops.c``); any other
-    combination: ``rms_norm_reference``. Raises KernelUnavailable at construction where the library cannot be
-    built (``cbuild``)."""
+    [..., H]. x and weight of one dtype, float32 or bfloat16, on the CPU: one C call (``layer_ops.c``, its function
+    looked up once per module); any other combination: ``rms_norm_reference``. Raises KernelUnavailable at
+    construction where the library cannot be built (``cbuild``)."""
 
     def __init__(self, weight: torch.nn.Parameter, eps: float, directory: Path):
         super().__init__()
         self.weight, self.eps, self.directory = weight, float(eps), Path(directory)
-        library(self.directory)  # fails here, before the model's own module is replaced
+        self._norm = library(self.directory).ops_rms_norm  # fails here, before the model's own module is replaced
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.shape[-1]
-        w = self.weight
-        if (
-            x.dtype != w.dtype
-            or x.dtype not in _NATIVE
-            or x.device.type != "cpu"
-            or w.device.type != "cpu"
-            or h != w.shape[0]
-            or h > _WIDEST
-        ):
+        w = self._parameters["weight"]
+        if not (x.is_cpu and w.is_cpu and x.dtype == w.dtype and x.dtype in _NATIVE and h == w.shape[0] <= _WIDEST):
             return rms_norm_reference(x, w, self.eps)
         x, w = x.contiguous(), w.contiguous()
         y = torch.empty_like(x)  # [..., H]
-        if library(self.directory).ops_rms_norm(
-            x.data_ptr(),
-            w.data_ptr(),
-            x.numel() // h,
-            h,
-            self.eps,
-            y.data_ptr(),
-            x.dtype == torch.bfloat16,
-            torch.get_num_threads(),
-        ):
+        norm = self._norm
+        if norm is None:
+            norm = self._norm = library(self.directory).ops_rms_norm
+        bf16 = x.dtype == torch.bfloat16
+        if norm(x.data_ptr(), w.data_ptr(), x.numel() // h, h, self.eps, y.data_ptr(), bf16, torch.get_num_threads()):
             raise ValueError(f"layer_ops.c refused a row of {h} features")
         return y
+
+    def __getstate__(self) -> dict:
+        """A copy (``copy.deepcopy``, pickling) looks its function up again: a ctypes function is not copied."""
+        return {**super().__getstate__(), "_norm": None}
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -107,42 +100,66 @@ def rope_split(
     [B or 1, n, D]. qkv, cos and sin of one dtype, float32 or bfloat16, on the CPU: one C call (``layer_ops.c``);
     otherwise torch's operations. Raises ValueError when qkv's width is not (H + 2·H_kv) times an even D.
     Raises KernelUnavailable as ``library``."""
-    b, n, width = qkv.shape
-    d, rest = divmod(width, heads + 2 * kv_heads)
-    if rest or d % 2:
-        raise ValueError(
-            f"a fused query/key/value output {width} wide is not {heads} + 2·{kv_heads} heads of an even width"
+    return RopeSplit(heads, kv_heads, directory)(qkv, cos, sin)
+
+
+class RopeSplit:
+    """``rope_split`` for ``heads`` query and ``kv_heads`` key/value heads, its C function looked up on the first
+    call only: (qkv, cos, sin) → (q, k, v) as ``rope_split``, which raises as it does."""
+
+    def __init__(self, heads: int, kv_heads: int, directory: Path):
+        self.heads, self.kv_heads, self.directory = heads, kv_heads, Path(directory)
+        self._split: Callable[..., int] | None = None
+
+    def __getstate__(self) -> dict:
+        """A copy (``copy.deepcopy``, pickling) looks its function up again: a ctypes function is not copied."""
+        return {**self.__dict__, "_split": None}
+
+    def __call__(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, n, width = qkv.shape
+        heads, kv_heads, dtype = self.heads, self.kv_heads, qkv.dtype
+        d, rest = divmod(width, heads + 2 * kv_heads)
+        if rest or d % 2:
+            raise ValueError(
+                f"a fused query/key/value output {width} wide is not {heads} + 2·{kv_heads} heads of an even width"
+            )
+        native = (
+            dtype in _NATIVE
+            and cos.dtype == sin.dtype == dtype
+            and qkv.is_cpu
+            and cos.is_cpu
+            and sin.is_cpu
+            and cos.shape == sin.shape
+            and cos.shape[0] in (1, b)
+            and cos.shape[1:] == (n, d)
         )
-    native = (
-        qkv.dtype in _NATIVE
-        and cos.dtype == sin.dtype == qkv.dtype
-        and qkv.device.type == "cpu"
-        and cos.device.type == "cpu"
-        and cos.shape == sin.shape
-        and cos.shape[0] in (1, b)
-        and cos.shape[1:] == (n, d)
-    )
-    if not native:
-        q, k, v = qkv.view(b, n, heads + 2 * kv_heads, d).transpose(1, 2).split([heads, kv_heads, kv_heads], 1)
-        return (rotate_half_reference(q, cos, sin), rotate_half_reference(k, cos, sin), v)
-    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
-    q = torch.empty(b, heads, n, d, dtype=qkv.dtype)  # [B, H, n, D]
-    k = torch.empty(b, kv_heads, n, d, dtype=qkv.dtype)  # [B, H_kv, n, D]
-    v = torch.empty(b, kv_heads, n, d, dtype=qkv.dtype)  # [B, H_kv, n, D]
-    if library(directory).ops_rope_split(
-        qkv.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        0 if cos.shape[0] == 1 else n * d,
-        b,
-        n,
-        heads,
-        kv_heads,
-        d,
-        q.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        qkv.dtype == torch.bfloat16,
-    ):
-        raise ValueError(f"layer_ops.c refused a head width of {d}")
-    return q, k, v
+        if not native:
+            q, k, v = qkv.view(b, n, heads + 2 * kv_heads, d).transpose(1, 2).split([heads, kv_heads, kv_heads], 1)
+            return (rotate_half_reference(q, cos, sin), rotate_half_reference(k, cos, sin), v)
+        qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+        q = torch.empty(b, heads, n, d, dtype=dtype)  # [B, H, n, D]
+        k = torch.empty(b, kv_heads, n, d, dtype=dtype)  # [B, H_kv, n, D]
+        v = torch.empty(b, kv_heads, n, d, dtype=dtype)  # [B, H_kv, n, D]
+        split = self._split
+        if split is None:
+            split = self._split = library(self.directory).ops_rope_split
+        stride = 0 if cos.shape[0] == 1 else n * d
+        if split(
+            qkv.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            stride,
+            b,
+            n,
+            heads,
+            kv_heads,
+            d,
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            dtype == torch.bfloat16,
+        ):
+            raise ValueError(f"layer_ops.c refused a head width of {d}")
+        return q, k, v

@@ -1,5 +1,5 @@
 """A q4 model's attention made lean: one module that splits the fused query/key/value output into heads and
-rotates them in one C call (``kernels.layer_ops.rope_split``), in place of transformers' views, transposes and
+rotates them in one C call (``kernels.layer_ops.RopeSplit``), in place of transformers' views, transposes and
 rotary operations (+2.8% tokens/s for a q4 1.5B on a Xeon, outputs identical).
 
 Design: on a CPU a q4 model's 1-token step pays, per layer, for the rotary embedding's fourteen small tensor
@@ -20,7 +20,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ...kernels.fused import Q4Slice
-from ...kernels.layer_ops import rope_split
+from ...kernels.layer_ops import RopeSplit
 from ...models.lean_layer import qualified_name
 
 
@@ -54,8 +54,11 @@ class LeanAttention(torch.nn.Module):
         self.inner, self.qkv, self.o_proj = attention, attention.q_proj.layer, attention.o_proj
         self.heads = attention.q_proj.out_features // attention.head_dim
         self.kv_heads = attention.k_proj.out_features // attention.head_dim
+        self.split = RopeSplit(self.heads, self.kv_heads, self.qkv.directory)
         self.keywords = keywords(attention)
         self.eager = sys.modules[type(attention).__module__].eager_attention_forward  # its forward's default
+        self._settings: dict | None = None  # vars(attention.config), read on the first call
+        self._attend: tuple[str | None, Callable] = (None, self.eager)  # the implementation seen last, its function
 
     def forward(
         self,
@@ -67,12 +70,12 @@ class LeanAttention(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n = hidden_states.shape[:2]
         cos, sin = position_embeddings  # [B or 1, n, D]
-        q, k, v = rope_split(self.qkv(hidden_states), cos, sin, self.heads, self.kv_heads, self.qkv.directory)
-        inner = self.inner
+        modules = self._modules
+        inner = modules["inner"]
+        q, k, v = self.split(modules["qkv"](hidden_states), cos, sin)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, inner.layer_idx)  # [B, H_kv, L, D]
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(inner.config._attn_implementation, self.eager)
-        out, weights = attend(
+        out, weights = self.attention()(
             inner,
             q,
             k,
@@ -83,7 +86,25 @@ class LeanAttention(torch.nn.Module):
             **self.keywords,
             **kwargs,
         )  # out [B, n, H, D]
-        return self.o_proj(out.reshape(b, n, -1).contiguous()), weights
+        return modules["o_proj"](out.reshape(b, n, -1).contiguous()), weights
+
+    def attention(self) -> Callable:
+        """The attention function of the model's implementation now (``ALL_ATTENTION_FUNCTIONS``; the module's
+        eager function for "eager"), looked up again only when the implementation's name changed. The config's
+        settings are read from its ``__dict__``: its attribute access costs microseconds."""
+        settings = self._settings
+        if settings is None:
+            settings = self._settings = vars(self.inner.config)
+        implementation = settings["_attn_implementation_internal"]
+        seen, attend = self._attend
+        if implementation != seen:
+            attend = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, self.eager)
+            self._attend = (implementation, attend)
+        return attend
+
+    def __getstate__(self) -> dict:
+        """A copy (``copy.deepcopy``, pickling) reads its own config's settings: nothing read is carried over."""
+        return {**super().__getstate__(), "_settings": None, "_attend": (None, self.eager)}
 
 
 def _fused_qkv(attention: torch.nn.Module) -> bool:
