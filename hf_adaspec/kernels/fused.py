@@ -101,8 +101,9 @@ def fuse(layers: list[Q4Linear], directory: Path) -> list[Q4Slice]:
 class GatedMLP(torch.nn.Module):
     """A gated MLP, down(act(gate(x)) · up(x)) (Shazeer 2020, "GLU Variants Improve Transformer", eq. 6 with the
     model's activation: SwiGLU for SiLU), with gate and up as one kernel call (``gate_up``: ``stack`` of the two)
-    and no slice modules: the same values as the model's MLP module over its fused siblings. Input
-    [..., in_features] → [..., down_proj.out_features]."""
+    and no slice modules: the same values as the model's MLP module over its fused siblings. The activation's
+    ``forward`` is called directly (hooks on ``act_fn`` are not run) and the product is taken in place of its
+    output. Input [..., in_features] → [..., down_proj.out_features]."""
 
     def __init__(self, gate: Q4Linear, up: Q4Linear, down: torch.nn.Module, act_fn: torch.nn.Module, directory: Path):
         super().__init__()
@@ -111,8 +112,9 @@ class GatedMLP(torch.nn.Module):
         self.down_proj, self.act_fn = down, act_fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.gate_up(x)  # [..., 2·I]: gate's columns, then up's
-        return self.down_proj(self.act_fn(y[..., : self.intermediate]) * y[..., self.intermediate :])  # [..., H]
+        modules, i = self._modules, self.intermediate
+        y = modules["gate_up"](x)  # [..., 2·I]: gate's columns, then up's
+        return modules["down_proj"](modules["act_fn"].forward(y[..., :i]).mul_(y[..., i:]))  # [..., H]
 
 
 def _merged(parts: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
