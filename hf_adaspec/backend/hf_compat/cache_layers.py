@@ -47,6 +47,8 @@ class GrowingLayer(DynamicLayer):
         self._v[:, :, self.length : end] = value_states
         self.length = end
         self._view()
+        if not self.visible_from:
+            return self.keys, self.values
         return self._k[:, :, self.visible_from : end], self._v[:, :, self.visible_from : end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
