@@ -10,26 +10,19 @@ call). A model loaded elsewhere and passed to ``enable`` keeps its own attention
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 
 from ..backend import hf_compat
 from ..models import loading
 from ..models.loading import LoadedModel
 
 
-def load(
-    name_or_path: str,
-    quantization: str = "auto",
-    dtype: str = "bfloat16",
-    device: str = "cpu",
-    quantize_lm_head: bool = False,
-    verify: bool = False,
-    log: Callable[[str], None] | None = None,
-) -> LoadedModel:
+@functools.wraps(loading.load, assigned=())  # its signature (``__wrapped__``); this docstring
+def load(*args, **kwargs) -> LoadedModel:
     """``models.loading.load`` (its arguments, what it returns, its errors; the format ``auto`` chooses is
     measured at the first load on this machine); where the weights are ``q4``, the model's attention is the
     packed, lean one (module docstring) for plain ``generate`` as well as for speculative requests."""
-    loaded = loading.load(name_or_path, quantization, dtype, device, quantize_lm_head, verify, log)
+    loaded = loading.load(*args, **kwargs)
     if loaded.weight_format == "q4":
         hf_compat.use_packed_attention(loaded.model)
         hf_compat.use_lean_attention(loaded.model)

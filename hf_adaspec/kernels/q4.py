@@ -340,18 +340,19 @@ class Q4Linear(torch.nn.Module):
         """``q4_linear`` with this layer's weights, bias and path bound: (x pointer, x is bf16, M, y pointer, y is
         bf16, threads) → its return code; the one call a decoding step makes per layer, so nothing is looked up
         or checked again. Bound again when a buffer was replaced (``to``, a cast); None where ``linear``'s checks
-        are needed (weights off the CPU)."""
+        are needed (weights off the CPU, a bias cast from float32, which ``linear`` reads as float32 per call)."""
         b, bound = self._buffers, self._bound
         blocks, kinds, rows, bias = b["blocks"], b["kind_ids"], b["rows"], b["bias"]
         if bound is not None and bound[0] is blocks and bound[1] is kinds and bound[2] is rows and bound[3] is bias:
             return bound[4]
         if blocks.device.type != "cpu" or not blocks.is_contiguous():
             return None
-        bias = None if bias is None else bias.float().contiguous()
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            return None
         lib, isa, k = library(self.directory), _isa(self.directory, None), self.in_features
         layer = (blocks.data_ptr(), kinds.data_ptr(), rows.data_ptr(), len(kinds), k, padded(k))
         call = functools.partial(lib.q4_linear, *layer, None if bias is None else bias.data_ptr(), isa)
-        self._bound = (blocks, kinds, rows, b["bias"], call, bias)  # the float32 bias kept alive with its pointer
+        self._bound = (blocks, kinds, rows, bias, call)
         return call
 
     def dense_product(self, x: torch.Tensor) -> torch.Tensor:
