@@ -56,7 +56,10 @@ def test_tiny_check_runs_every_step_and_passes(tiny_run):
     assert len(cases) == 10 and {"draft_model", "prompt_lookup", "suffix"} <= {
         d for c in cases.values() for d in c["drafters"]
     }
-    assert all(c["acceptance_clear"] >= 0.9 for c in steps["self-draft-nf4"]["cases"].values())
+    judged = [
+        c["acceptance_clear"] for c in steps["self-draft-nf4"]["cases"].values() if c["acceptance_clear"] is not None
+    ]
+    assert judged and min(judged) >= 0.9 and steps["self-draft-nf4"]["ties"]["drafted_clear"] > 0
     ties = steps["self-draft-bf16"]["ties"]
     assert ties["drafted_clear"] + ties["drafted_tie"] == sum(
         c["drafted"] for c in steps["self-draft-bf16"]["cases"].values()

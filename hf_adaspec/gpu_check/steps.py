@@ -310,11 +310,18 @@ def greedy_matrix(check: Check, quantization: str) -> dict:
     }
 
 
+def _ratio(part: int, whole: int) -> float | None:
+    """``part / whole``, or None where ``whole`` is 0 (a case that drafted no such token has no rate to judge:
+    whether adaptive drafts at all depends on the machine's numerics and the cost table)."""
+    return part / whole if whole else None
+
+
 def self_draft(check: Check, quantization: str) -> dict:
     """The target drafts for itself: every draft token is its argmax but at near-ties between a 1-token and a
     (k+1)-token forward, so the accept path and bonus tokens run. Each drafted token is classed by the target's
-    top-2 gap at its position (``tie_split``): the bar is 90% accepted away from near-ties; the acceptance at
-    near-ties and their share of the drafted tokens explain the overall acceptance."""
+    top-2 gap at its position (``tie_split``): the bar is 90% accepted away from near-ties in every case that
+    drafted such a token, and some case must (whether ``adaptive`` drafts at all with a draft as costly as the
+    target depends on the machine's numerics); the acceptance at near-ties and their share of the drafted tokens explain the overall acceptance."""
     if quantization not in check.quantizations:
         return {"passed": None, "fallback": True, "summary": check.fallback}
     target, prompts, new, plain = _setup(check, quantization)
@@ -326,13 +333,15 @@ def self_draft(check: Check, quantization: str) -> dict:
     for case in cases.values():
         t = case["ties"]
         case["acceptance"] = case["accepted"] / max(case["drafted"], 1)
-        case["acceptance_clear"] = t["accepted_clear"] / max(t["drafted_clear"], 1)
-        case["acceptance_tie"] = t["accepted_tie"] / max(t["drafted_tie"], 1)
-        case["passed"] = case["passed"] and case["acceptance_clear"] >= 0.9
+        case["acceptance_clear"] = _ratio(t["accepted_clear"], t["drafted_clear"])
+        case["acceptance_tie"] = _ratio(t["accepted_tie"], t["drafted_tie"])
+        case["passed"] = case["passed"] and (case["acceptance_clear"] is None or case["acceptance_clear"] >= 0.9)
     t = {k: sum(c["ties"][k] for c in cases.values()) for k in next(iter(cases.values()))["ties"]}
     line = (
         f"; acceptance {min(c['acceptance'] for c in cases.values()):.3f} lowest overall, away from near-ties "
         f"{t['accepted_clear']}/{t['drafted_clear']}, at near-ties (gap <= {NEAR_TIE}) {t['accepted_tie']}/"
         f"{t['drafted_tie']}"
     )
-    return {**_summarize(cases, {"draft_model"}, line), "ties": t}
+    result = _summarize(cases, {"draft_model"}, line)
+    result["passed"] = result["passed"] and t["drafted_clear"] > 0  # else the accept path was never judged
+    return {**result, "ties": t}
