@@ -321,7 +321,8 @@ def self_draft(check: Check, quantization: str) -> dict:
     (k+1)-token forward, so the accept path and bonus tokens run. Each drafted token is classed by the target's
     top-2 gap at its position (``tie_split``): the bar is 90% accepted away from near-ties in every case that
     drafted such a token, and some case must (whether ``adaptive`` drafts at all with a draft as costly as the
-    target depends on the machine's numerics); the acceptance at near-ties and their share of the drafted tokens explain the overall acceptance."""
+    target depends on the machine's numerics); the acceptance at near-ties and their share of the drafted tokens
+    explain the overall acceptance."""
     if quantization not in check.quantizations:
         return {"passed": None, "fallback": True, "summary": check.fallback}
     target, prompts, new, plain = _setup(check, quantization)
