@@ -28,10 +28,9 @@ def _scores(argmaxes: list[list[int]], vocab: int = 8) -> torch.Tensor:
 
 
 def test_greedy_all_accepted_gives_bonus_token():
-    draft = torch.tensor([[3, 1, 4]])  # [1, k=3]
-    result = greedy_verify(draft, _scores([[3, 1, 4, 7]]))
-    assert result.num_accepted.tolist() == [3]
-    assert result.next_token.tolist() == [7]  # argmax of the last (bonus) position
+    accepted, tokens = greedy_verify([[3, 1, 4]], _scores([[3, 1, 4, 7]]))  # k = 3
+    assert accepted == [3]
+    assert tokens == [7]  # argmax of the last (bonus) position
 
 
 @pytest.mark.parametrize("mismatch", [0, 1, 2])
@@ -39,22 +38,27 @@ def test_greedy_first_mismatch(mismatch):
     target = [3, 1, 4, 7]
     draft = list(target[:3])
     draft[mismatch] = 0  # wrong at `mismatch`; later positions still agree (must not count)
-    result = greedy_verify(torch.tensor([draft]), _scores([target]))
-    assert result.num_accepted.tolist() == [mismatch]
-    assert result.next_token.tolist() == [target[mismatch]]  # the target's correction
+    accepted, tokens = greedy_verify([draft], _scores([target]))
+    assert accepted == [mismatch]
+    assert tokens == [target[mismatch]]  # the target's correction
 
 
 def test_greedy_batch_rows_are_independent():
-    draft = torch.tensor([[2, 5], [2, 6]])  # [2, k=2]
-    result = greedy_verify(draft, _scores([[2, 5, 1], [2, 3, 0]]))
-    assert result.num_accepted.tolist() == [2, 1]
-    assert result.next_token.tolist() == [1, 3]
-    assert result.num_accepted.dtype == torch.long and result.next_token.shape == (2,)
+    accepted, tokens = greedy_verify([[2, 5], [2, 6]], _scores([[2, 5, 1], [2, 3, 0]]))  # k = 2
+    assert accepted == [2, 1]
+    assert tokens == [1, 3]
+
+
+def test_greedy_rows_of_different_k_read_their_own_columns():
+    # row 0 drafts 1 token (its bonus at column 1), row 1 drafts 3; row 0's padded columns 2-3 are never read
+    accepted, tokens = greedy_verify([[2], [2, 5, 1]], _scores([[2, 6, 2, 2], [2, 5, 1, 4]]))
+    assert accepted == [1, 3]
+    assert tokens == [6, 4]
 
 
 def test_greedy_k0_is_plain_argmax():
-    result = greedy_verify(torch.zeros(1, 0, dtype=torch.long), _scores([[4]]))
-    assert result.num_accepted.tolist() == [0] and result.next_token.tolist() == [4]
+    accepted, tokens = greedy_verify([[]], _scores([[4]]))
+    assert accepted == [0] and tokens == [4]
 
 
 def test_residual_distribution():

@@ -66,7 +66,7 @@ class DynamicStore:
     row, a reused prompt prefix; None: an empty one)."""
 
     def __init__(self, model: torch.nn.Module, cache: object | None = None) -> None:
-        self.model = model
+        self.model, self.device = model, hf_compat.input_device(model)
         self.cache = cache if cache is not None else hf_compat.new_cache(model)
 
     @property
@@ -85,14 +85,14 @@ class DynamicStore:
         layers: tuple[int, ...],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if mask is None or bool(mask.all()):  # no holes: positions follow the cache length, as in a plain forward
-            return hf_compat.forward(self.model, tokens, self.cache, keep, feature_layers=layers)
-        return hf_compat.forward(self.model, tokens, self.cache, keep, mask, positions, layers)
+            return hf_compat.forward(self.model, tokens, self.cache, keep, feature_layers=layers, device=self.device)
+        return hf_compat.forward(self.model, tokens, self.cache, keep, mask, positions, layers, self.device)
 
     def crop(self, width: int) -> None:
         hf_compat.rollback(self.cache, width)
 
     def select(self, rows: torch.Tensor) -> None:
-        hf_compat.select_rows(self.cache, rows.to(self.model.device))
+        hf_compat.select_rows(self.cache, rows.to(self.device))
 
     def make_room(self, mask: torch.Tensor, n: int) -> torch.Tensor:
         return mask  # it grows

@@ -83,9 +83,7 @@ def verify_step(
     width = max(len(d) for d in drafts) + 1
     scores = processed_scores(logits[:, :width], proposals, rows, settings, free)  # [b, K+1, V]
     if not settings.do_sample:
-        padded = torch.tensor([d + [-1] * (width - 1 - len(d)) for d in drafts], dtype=torch.long)  # [b, K]
-        result = greedy_verify(padded.to(scores.device), scores)  # a padded column never matches
-        accepted, tokens = torch.stack([result.num_accepted, result.next_token]).tolist()  # one host read
+        accepted, tokens = greedy_verify(drafts, scores)  # one host read
     else:
         accepted, tokens = [0] * len(proposals), [0] * len(proposals)
         for k in sorted(set(proposals.ks)):

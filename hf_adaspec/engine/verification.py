@@ -8,6 +8,7 @@ chosen from scores.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,15 +33,26 @@ def _first_rejection(accepted: torch.Tensor) -> torch.Tensor:
     return accepted.long().cumprod(dim=-1).sum(dim=-1)
 
 
-def greedy_verify(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> Verification:
-    """Accept while the draft token equals the target argmax, then emit the target's argmax.
+def greedy_verify(drafts: Sequence[Sequence[int]], target_scores: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Accept while the draft token equals the target argmax, then emit the target's argmax (the bonus token
+    after n = k_i accepted, else the correction), in one host read.
 
-    draft_tokens: [B, k] long; target_scores: [B, k+1, V] processed target logits.
+    drafts: B rows of k_i draft ids (ragged); target_scores: [B, K+1, V] processed target logits, K ≥ max k_i
+    (row i's first k_i + 1 columns are its own) → accepted n_i and the emitted token per row, host ints.
     """
-    target_tokens = argmax(target_scores)  # [B, k+1]
-    n = _first_rejection(draft_tokens == target_tokens[:, :-1])  # [B]
-    next_token = target_tokens.gather(1, n[:, None]).squeeze(1)  # [B]
-    return Verification(num_accepted=n, next_token=next_token)
+    targets = argmax(target_scores).tolist()  # B × [K+1]: the one host read
+    accepted = [_agreeing(draft, target) for draft, target in zip(drafts, targets, strict=True)]
+    return accepted, [target[n] for target, n in zip(targets, accepted, strict=True)]
+
+
+def _agreeing(draft: Sequence[int], target: Sequence[int]) -> int:
+    """How many of ``draft``'s leading ids equal ``target``'s at the same positions."""
+    n = 0
+    for d, t in zip(draft, target):
+        if d != t:
+            break
+        n += 1
+    return n
 
 
 def process_scores(processor, ids: torch.Tensor, draft: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from .generate_options import (
 )
 from .lean_attention import use_lean_attention
 from .masks import layer_masks
-from .model_calls import PACKED_SDPA, forward, forward_logits, raw_forward, use_packed_attention
+from .model_calls import PACKED_SDPA, forward, forward_logits, input_device, raw_forward, use_packed_attention
 from .model_facts import (
     ATTENTION_TYPES,
     kv_shape,
@@ -61,6 +61,7 @@ __all__ = [
     "eos_token_ids",
     "forward",
     "forward_logits",
+    "input_device",
     "kv_shape",
     "layer_masks",
     "layer_types",

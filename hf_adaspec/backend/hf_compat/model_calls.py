@@ -59,6 +59,12 @@ def use_packed_attention(model: torch.nn.Module) -> bool:
     return True
 
 
+def input_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s input embedding, where its inputs go (``model.device`` walks the parameters, and
+    transformers' ``get_input_embeddings`` searches the modules: both cost a step's worth of Python to repeat)."""
+    return model.get_input_embeddings().weight.device
+
+
 def forward_logits(model: torch.nn.Module, input_ids: torch.Tensor, cache: DynamicCache, keep: int) -> torch.Tensor:
     """Run ``model`` on new tokens appended to ``cache``; return float32 logits of the last ``keep``.
 
@@ -76,13 +82,15 @@ def forward(
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
     feature_layers: tuple[int, ...] = (),
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of ``model`` over input_ids [B, n] on top of ``cache`` (with ``attention_mask`` [B, L + n]
     and ``position_ids`` [B, n] for rows with holes, else positions follow the cache length) → float32
     logits of the last ``keep`` columns [B, keep, V] on the model's device and, with ``feature_layers``, the
     residual stream at the inputs of those layers for every column, concatenated: [B, n, len(layers)·H]
-    float32 on the CPU (EAGLE-3's target features; transformers' hidden_states[i] is the input of layer i)."""
-    device = model.get_input_embeddings().weight.device  # ``model.device`` walks the parameters: a step's cost
+    float32 on the CPU (EAGLE-3's target features; transformers' hidden_states[i] is the input of layer i).
+    ``device``: the model's (``input_device``), where a caller that runs many forwards has it; else looked up."""
+    device = device or input_device(model)
     masked = {}
     if attention_mask is not None:
         masked = {
