@@ -14,8 +14,10 @@ What is measured (all on a CPU, one torch thread, float32, greedy, batch size 1)
   (a copy of the target's weights: every step drafts 4 tokens and emits 5).
   Also reported, not part of the bar: ``plain_no_draft`` (``speculation="fixed", num_speculative_tokens=0``
   without a draft: the loop's plain step with no decision) and each kind's forward ms and step wall ms.
-- ``never_agree_vs_transformers``: the wall time of transformers' own ``generate`` (a copy of the target that was
-  never ``enable``d, ``do_sample=False``) divided by that of the enabled target's
+- ``never_agree_vs_transformers``: the wall time of transformers' own ``generate`` (``do_sample=False``, on a
+  module that was never ``enable``d and holds the target's own weight tensors: the same weights in the same memory,
+  as a user's one model with and without speculation; two copies of the weights run at speeds that differ by where
+  their memory landed) divided by that of the enabled target's
   ``generate(..., assistant_model=<never-agreeing draft>, speculation="adaptive")`` (no hooks on either), the two
   interleaved ``--ratio-repeats`` times per worker (order alternating), medians; then the median over rounds.
   Above 1: ``adaptive`` is faster. Issue 70's bar: >= 0.98. (Also reported: the median of the pairs' own ratios,
@@ -111,7 +113,9 @@ def _models(job: dict):
     target = build(job["seed"], 4, 256, 688)
     never = build(job["seed"] + 1, 2, 128, 344)
     agree = copy.deepcopy(target)  # α = 1: the same weights, its own storage
-    hf_target = copy.deepcopy(target)  # transformers' generate: never enabled
+    hf_target = build(job["seed"], 4, 256, 688)  # transformers' generate: its own modules, never enabled,
+    hf_target.load_state_dict(target.state_dict(), assign=True)  # over the target's weight tensors
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(hf_target.parameters(), target.parameters(), strict=True))
     return target, hf_target, never, agree
 
 
