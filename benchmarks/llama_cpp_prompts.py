@@ -12,9 +12,12 @@ minutes apart, and on a machine whose speed drifts (a shared host) their ratio m
 prompt then runs three units in an order that rotates from prompt to prompt: ours (``bench.run_prompt``: plain,
 plain again for the A/A spread, ``adaptive``; learned state per method as the bench keeps it; greedy outputs
 checked against plain: where one differs, the target's top-2 logit gap where it first does, a near-tie when
-small), llama.cpp's plain and its speculative decoding. Overall: the geometric mean over categories (README's).
+small), llama.cpp's plain and its speculative decoding. Overall: the geometric mean over categories (README's). Each row
+also keeps ``adaptive``'s last timed run's steps: new tokens, share of plain steps, mean k, acceptance α.
 ``--repeats N`` times every method N times per prompt and keeps the median (ours: every repeat after the first
-starts from the state as it was before the prompt, ``bench.run_prompt``); ``--categories`` keeps those categories.
+starts from the state as it was before the prompt, ``bench.run_prompt``); with N ≥ 3 a row's ``paired`` holds,
+for plain-again (the A/A) and ``adaptive``, plain's time over theirs per round: median and 95% bootstrap interval.
+``--categories`` keeps those categories.
 
     python benchmarks/llama_cpp_prompts.py --split held-out --per-category 1 \\
         --output benchmarks/results/llama_cpp_spec_bench_heldout.json
@@ -33,6 +36,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -119,6 +123,25 @@ OURS = ["plain", "plain-again", "adaptive"]
 COLUMNS = OURS + ["llama.cpp plain", "llama.cpp speculative"]
 
 
+def _finite(x: float | None) -> float | None:
+    """``x``, or None where it is NaN (nothing drafted) or missing: JSON has no NaN."""
+    return None if x is None or math.isnan(x) else x
+
+
+def _paired(base: tuple[float, ...], other: tuple[float, ...], draws: int = 4000) -> list[float]:
+    """[median, low, high] of the per-round ratios base/other (a speedup of ``other`` over ``base``; rounds
+    time both methods once each, so round i's times are a pair): the median and a 95% percentile-bootstrap
+    interval of it (Efron & Tibshirani 1993, ch. 13), seeded so a file is reproducible."""
+    ratios = [b / o for b, o in zip(base, other, strict=True)]
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return [
+        round(statistics.median(ratios), 4),
+        round(meds[int(0.025 * draws)], 4),
+        round(meds[int(0.975 * draws) - 1], 4),
+    ]
+
+
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
@@ -142,6 +165,19 @@ def _beside_row(pair, prompt, text: str, rotation: int, args, target: str, draft
     def ours() -> None:
         runs = run_prompt(tgt.model, tgt.tokenizer, drf.model, prompt, OURS, rotation, cfg).runs
         row.update({r.method: round(r.tokens_per_s, 3) for r in runs})
+        seconds = {r.method: r.repeat_seconds for r in runs}
+        if args.repeats >= 3:  # per round: plain's time over the other's, median and its 95% bootstrap interval
+            row["paired"] = {m: _paired(seconds["plain"], seconds[m]) for m in ("plain-again", "adaptive")}
+        row["adaptive_steps"] = next(  # its last timed run: why it won or lost (plain steps, k, α)
+            {
+                "new_tokens": r.new_tokens,
+                "plain_share": r.plain_share,
+                "mean_k": r.mean_k,
+                "acceptance": _finite(r.acceptance),
+            }
+            for r in runs
+            if r.method == "adaptive"
+        )
         row["greedy_gap_vs_plain"] = {
             r.method: r.divergence_gap
             for r in runs  # top-2 gap where it first differs

@@ -361,3 +361,18 @@ def test_run_prompt_methods_match_plain_learn_apart_and_get_an_oracle_bound(mode
     states = cfg["states"]
     assert set(states) == set(methods) - {"plain"} and len({id(s) for s in states.values()}) == 4
     assert result.oracle is not None and set(result.oracle.tokens_per_s) == {"draft", "lookup", "hybrid"}
+    assert all(r.repeat_seconds == (r.seconds,) for r in result.runs)  # one repeat: its time is the median
+
+
+def test_run_prompt_keeps_every_repeat_in_round_order_and_times_by_their_median(models, monkeypatch):
+    durations = iter([5.0, 1.0, 2.0, 6.0, 3.0, 4.0])  # rounds: (plain, plain-again) × 3
+
+    def scripted(generate, inputs, kwargs, max_new_tokens):
+        out = generate(**inputs, **kwargs, max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+        return out, next(durations)
+
+    monkeypatch.setattr("hf_adaspec.bench.bench._timed", scripted)
+    cfg = {"fixed_k": 3, "max_new_tokens": 4, "repeats": 3}
+    result = run_prompt(models["target"], _Tokenizer(), None, Prompt(1, "qa", "hi"), ["plain", "plain-again"], 0, cfg)
+    assert [r.repeat_seconds for r in result.runs] == [(5.0, 2.0, 3.0), (1.0, 6.0, 4.0)]
+    assert [r.seconds for r in result.runs] == [3.0, 4.0]

@@ -63,7 +63,9 @@ METHOD_FAMILY = {
 
 @dataclass(frozen=True)
 class Run:
-    """One timed generation: tokens/s over wall time, and whether it equals plain greedy."""
+    """One timed generation: tokens/s over wall time (``seconds``: the median of the timed repeats), and whether
+    it equals plain greedy; ``repeat_seconds``: every timed repeat's seconds in round order (each round times
+    every method once, so the i-th entries of two methods are a pair)."""
 
     question_id: int
     category: str
@@ -79,6 +81,7 @@ class Run:
     mean_k: float | None = None
     oracle_tokens_per_s: float | None = None
     draft_prefix_tokens: int | None = None
+    repeat_seconds: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,7 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
                 stats.mean_k if stats else None,
                 bound,
                 stats.draft_prefix_tokens if stats else None,
+                tuple(seconds[method]),
             )
         )
     return PromptResult(runs, oracle)
