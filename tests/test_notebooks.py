@@ -19,7 +19,7 @@ SMALL = {
     "DRAFT": "smollm2-135m",
     "QUANTIZATION": "none",
     "DTYPE": "float32",
-    "DRAFT_QUANTIZATION": "nf4",
+    "DRAFT_QUANTIZATION": "q4",
     "QUANTIZE_DRAFT_HEAD": False,
     "MAX_NEW_TOKENS": 24,
     "REPEATS": 2,

@@ -1,9 +1,11 @@
 """Greedy equality with plain ``generate()`` on real models (slow: assembles and loads GGUF models).
 
 SmolLM2-135M in float32 (shape-stable forward): speculative output must equal plain greedy exactly.
-Qwen2.5-Coder 1.5B target + 0.5B draft in NF4 (the default path): a 1-token and a (k+1)-token forward
-may differ in the last bits, so the output must equal plain greedy, or first diverge at a near-tie
-(top-2 logit gap below NEAR_TIE at the divergence point) — never elsewhere.
+Qwen2.5-Coder 1.5B target + 0.5B draft in q4 with quantized heads (``auto``'s choice on a CPU; NF4 is
+dequantized weight by weight at every forward on a CPU without AVX512-BF16, ten times slower): a 1-token
+and a (k+1)-token forward (bfloat16 activations) may differ in the last bits, so the output must equal
+plain greedy, or first diverge at a near-tie (top-2 logit gap below NEAR_TIE at the divergence point) —
+never elsewhere.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 import hf_adaspec
 from hf_adaspec.bench.bench import divergence_gap
+from hf_adaspec.costs.table import CostTable
 
 pytestmark = pytest.mark.slow
 PROMPTS = [json.loads(line) for line in (Path(__file__).parent / "data" / "spec_bench_sample.jsonl").open()]
@@ -69,8 +72,8 @@ def test_smollm_batch_rows_equal_batch1_plain_greedy(smollm):
 
 def test_gemma3_past_its_sliding_window_adaptive_equals_plain_greedy():
     """The gemma-3-270m preset (sliding-window layers of 512 tokens beside full ones), fp32: a 600+-token prompt
-    and 1,000 new tokens with ``adaptive`` (prompt lookup and suffix drafts rolled back past the window) equal
-    plain greedy token for token."""
+    and a window's worth and 8 more new tokens with ``adaptive`` (prompt lookup and suffix drafts rolled back past
+    the window) equal plain greedy token for token."""
     lm = hf_adaspec.load("gemma-3-270m", quantization="none", dtype="float32")
     model, tok = hf_adaspec.enable(lm.model), lm.tokenizer
     colours = ["red", "green", "blue", "amber", "violet"]
@@ -81,18 +84,19 @@ def test_gemma3_past_its_sliding_window_adaptive_equals_plain_greedy():
         return_tensors="pt",
     )
     assert ids["input_ids"].shape[1] >= 600 > model.config.sliding_window
-    kwargs = {"max_new_tokens": 1000, "min_new_tokens": 1000, "do_sample": False}
+    new = model.config.sliding_window + 8  # the answer alone passes the window
+    kwargs = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False}
     plain = model.generate(**ids, **kwargs)
     out = model.generate(**ids, **kwargs, speculation="adaptive", return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain)
-    assert out.speculation.new_tokens == 1000 and sum(s.accepted for s in out.speculation.steps) > 0
+    assert out.speculation.new_tokens == new and sum(s.accepted for s in out.speculation.steps) > 0
 
 
 @pytest.fixture(scope="module")
 def qwen_pair():
-    """The NF4 pair, named explicitly: ``auto`` would choose by this machine's timings (a test must not)."""
-    target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET, quantization="nf4")
-    draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantization="nf4", quantize_lm_head=True)
+    """The q4 pair, named explicitly: ``auto`` would choose by this machine's timings (a test must not)."""
+    target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET, quantization="q4", dtype="float32", quantize_lm_head=True)
+    draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantization="q4", dtype="float32", quantize_lm_head=True)
     hf_adaspec.enable(target.model)
     return target, draft
 
@@ -134,12 +138,24 @@ def test_qwen_pair_sampling_runs_and_stops(qwen_pair):
 
 
 def test_qwen_pair_batch_rows_match_batch1_plain_or_near_tie(qwen_pair):
-    """Three Spec-Bench prompts in one batch with the draft (adaptive): each row equals its batch-1 plain
-    greedy output or first diverges at a near-tie (NF4: batched and 1-row forwards differ in the last bits)."""
+    """Three Spec-Bench prompts in one batch, the draft proposing 4 tokens a step (``fixed``: it drafts on any
+    machine): each row equals its batch-1 plain greedy output or first diverges at a near-tie (batched and 1-row
+    forwards differ in the last bits). A given cost table: no calibration at 2 and 3 rows."""
     target, draft = qwen_pair
     model, tok = target.model, target.tokenizer
     texts = [row["turns"][0] for row in PROMPTS[:3]]
-    out = hf_adaspec.generate_batch(model, tok, texts, draft_model=draft.model, max_new_tokens=24)
+    costs = CostTable(verify_ms=tuple(60.0 + 5.0 * n for n in range(9)), draft_ms=6.0)
+    out = hf_adaspec.generate_batch(
+        model,
+        tok,
+        texts,
+        draft_model=draft.model,
+        speculation="fixed",
+        num_speculative_tokens=4,
+        max_new_tokens=24,
+        speculation_costs=costs,
+    )
+    assert any(s.k > 0 and s.drafter == "draft_model" for s in out.stats.steps)
     width = out.sequences.shape[1] - max(out.stats.row_tokens)
     for i, text in enumerate(texts):
         inputs = _inputs(tok, text)
@@ -148,13 +164,14 @@ def test_qwen_pair_batch_rows_match_batch1_plain_or_near_tie(qwen_pair):
         _assert_equal_or_near_tie(model, plain, torch.cat([inputs["input_ids"][0], row])[None])
 
 
-def test_random_weight_qwen_pair_has_the_profile_key_of_the_trained_pair(qwen_pair):
+def test_random_weight_qwen_pair_has_the_profile_key_of_the_trained_pair():
     """A profile measured from the architectures alone (``profile --random-weights``) is the one the
     trained NF4 pair finds: same identity, same key (the committed model card's profile among them)."""
     from hf_adaspec.costs.profile_files import load_profile, profile_identity
     from hf_adaspec.models.architecture import load_architecture
 
-    target, draft = qwen_pair
+    target = hf_adaspec.load(hf_adaspec.DEFAULT_TARGET, quantization="nf4")
+    draft = hf_adaspec.load(hf_adaspec.DEFAULT_DRAFT, quantization="nf4", quantize_lm_head=True)
     random_target = load_architecture(hf_adaspec.DEFAULT_TARGET)
     random_draft = load_architecture(hf_adaspec.DEFAULT_DRAFT, quantize_lm_head=True)
     trained = profile_identity(target.model, draft.model)
