@@ -3,9 +3,9 @@
 SmolLM2-135M in float32 (shape-stable forward): speculative output must equal plain greedy exactly.
 Qwen2.5-Coder 1.5B target + 0.5B draft in q4 with quantized heads (``auto``'s choice on a CPU; NF4 is
 dequantized weight by weight at every forward on a CPU without AVX512-BF16, ten times slower): a 1-token
-and a (k+1)-token forward (bfloat16 activations) may differ in the last bits, so the output must equal
-plain greedy, or first diverge at a near-tie (top-2 logit gap below NEAR_TIE at the divergence point) —
-never elsewhere.
+and a (k+1)-token forward (float32 activations, each row quantized to 8 bits for the kernel) may differ in the
+last bits, so the output must equal plain greedy, or first diverge at a near-tie (top-2 logit gap below NEAR_TIE
+at the divergence point) — never elsewhere.
 """
 
 from __future__ import annotations
