@@ -81,6 +81,12 @@ def save_tiny_llama(path, hidden_size: int) -> str:
     return str(path)
 
 
+def slow_except(values, fast) -> list:
+    """``values`` as ``pytest.param``s for a one-argument ``parametrize``, those not in ``fast`` marked slow: the fast
+    suite keeps a representative of the matrix, ``pytest -q`` (make test, CI) runs all of it."""
+    return [pytest.param(v, marks=() if v in fast else pytest.mark.slow) for v in values]
+
+
 def left_padded(prompts, pad: int = 0) -> dict[str, torch.Tensor]:
     """input_ids and attention_mask [B, T] for token lists of different lengths, rows right-aligned."""
     width = max(len(p) for p in prompts)
@@ -148,8 +154,12 @@ def tiny_factory():
 
 
 @pytest.fixture(scope="session")
-def kernel_dir(tmp_path_factory):
-    """Where the q4 kernel is built, once per session (``kernels.q4.build``), for every private cache."""
+def kernel_dir(request, tmp_path_factory):
+    """Where the C kernels are built (``kernels.cbuild.build``), for every private cache: pytest's cache folder,
+    so a build is reused by later runs (a library is named after its source, compiler and flags, and written
+    atomically); a fresh folder per session where pytest's cache is off (``-p no:cacheprovider``)."""
+    if request.config.pluginmanager.has_plugin("cacheprovider"):
+        return request.config.cache.mkdir("hf-adaspec-kernels")
     return tmp_path_factory.mktemp("kernels")
 
 

@@ -90,6 +90,7 @@ def test_repeats_start_from_the_state_before_the_prompt(bench_setup, tmp_path):
     assert len(timed) == 4 * 2 * 2  # prompts × speculative methods × repeats
 
 
+@pytest.mark.slow  # the fast suite keeps the repeats' case of the same rule
 def test_each_batch_size_starts_from_a_fresh_state(bench_setup, tmp_path):
     path, seen = bench_setup
     result = CliRunner().invoke(

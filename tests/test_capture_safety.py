@@ -19,7 +19,7 @@ import weakref
 import pytest
 import torch
 import transformers
-from conftest import left_padded
+from conftest import left_padded, slow_except
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
@@ -109,7 +109,7 @@ def _unsafe(records) -> list[str]:
     return [f"width {r.width}: {r.error}" for r in records if r.error is not None]
 
 
-@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("architecture", slow_except(sorted(ARCHITECTURES), fast={"llama"}))
 def test_every_recorded_width_and_the_drafts_token_pass_the_capture_check(as_on_a_gpu, architecture, capsys):
     model_type, extra = ARCHITECTURES[architecture]
     target, draft = _tiny(model_type, 0, **extra), _tiny(model_type, 1, **extra)
@@ -149,7 +149,7 @@ HOST_READS = {  # what a recorded step must not do, each on the block's ids [B, 
 }
 
 
-@pytest.mark.parametrize("read", sorted(HOST_READS))
+@pytest.mark.parametrize("read", slow_except(sorted(HOST_READS), fast={"item"}))
 def test_a_host_read_in_a_recorded_step_is_refused_and_the_request_runs_eagerly(
     as_on_a_gpu, tiny_factory, read, capsys
 ):

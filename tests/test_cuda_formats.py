@@ -102,6 +102,7 @@ def int4_here(monkeypatch):
     monkeypatch.setitem(formats.FORMATS, "int4", fmt)
 
 
+@pytest.mark.slow  # converts to NF4 with bitsandbytes; the fast suite keeps auto's case of a missing kernel
 def test_an_explicit_format_whose_kernel_is_missing_loads_nf4_with_one_line(tiny_dir, int4_here):
     lines = []
     lm = hf_adaspec.load(tiny_dir, quantization="int4", dtype="float32", log=lines.append)

@@ -284,9 +284,9 @@ def test_formats_refuse_what_they_cannot_do():
         load_architecture("smollm2-135m", quantization="auto")
 
 
-# the fast suite keeps q4 (our own kernel) and none (the dense reference); bitsandbytes' nf4 and int8 are slow
+# the fast suite keeps q4 (our own kernel); none (the dense reference) and bitsandbytes' nf4 and int8 are slow
 CPU_FORMATS = [
-    pytest.param(f, marks=() if f in ("q4", "none") else pytest.mark.slow)
+    pytest.param(f, marks=() if f == "q4" else pytest.mark.slow)
     for f in sorted(f for f, w in FORMATS.items() if w.devices is None or "cpu" in w.devices)
 ]
 

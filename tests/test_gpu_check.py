@@ -254,6 +254,7 @@ def test_the_format_step_names_a_missing_kernel_and_chooses_among_the_4bit_forma
     assert rows["none"]["top1"] is None and "int4 skipped (torch's int4 kernel" in entry["summary"]
 
 
+@pytest.mark.slow  # two child processes, each importing torch: ~4 s on 2 cores
 def test_isolated_steps_each_run_in_a_process_of_their_own_and_a_dead_one_is_recorded(tmp_path, monkeypatch):
     """--isolation process: the environment step runs in a child process that merges its entry (with the run's
     provenance) into the results; a step whose process dies without recording is that step's error, and the

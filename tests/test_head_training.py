@@ -110,6 +110,7 @@ def test_recording_resumes_to_identical_shards_and_skips_tests(models, tmp_path)
     assert data.tokens.shape == (6, 16) and data.features.shape == (6, 16, 96) and data.top_ids.shape == (6, 16, 8)
 
 
+@pytest.mark.slow  # trains a head three times (learn, resume, compare): ~1.4 s on 2 cores
 def test_a_training_run_learns_resumes_and_saves_a_head_that_loads(models, tmp_path):
     target, tok = models["target"], build_tiny_tokenizer()
     paths = head_data.record(

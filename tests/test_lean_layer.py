@@ -202,7 +202,14 @@ def test_a_lean_q4_model_decodes_as_the_same_model_without_it(monkeypatch):
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("implementation", ["sdpa", "eager", hf_compat.PACKED_SDPA])
+@pytest.mark.parametrize(  # the fast suite keeps the packed attention, which q4 models run; make test runs all
+    "implementation",
+    [
+        pytest.param("sdpa", marks=pytest.mark.slow),
+        pytest.param("eager", marks=pytest.mark.slow),
+        hf_compat.PACKED_SDPA,
+    ],
+)
 def test_lean_attention_gives_transformers_logits_to_the_bit(family, extra, dtype, implementation):
     """A prompt, then one token and then three on its cache (a step, a verification), windows included: the
     same logits with and without ``LeanAttention``."""
