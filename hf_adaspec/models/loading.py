@@ -53,19 +53,37 @@ class LoadedModel:
         return f"{self.weight_format} + head" if head else self.weight_format
 
 
+def _array_reader(parse: type) -> type:
+    """``parse`` (gguf's ``GGUFReader``) slicing its memory map as a plain ``numpy.ndarray`` view of the same pages:
+    the parse slices the file twice per string, and numpy's ``memmap`` subclass costs at every slice and view (a
+    few times the parse's own work on a 151k-token vocabulary). Every slice goes through gguf's ``_get``, which
+    switches the map to the view first. Same fields, same tensor bytes, no copy."""
+    import numpy as np
+
+    class ArrayReader(parse):
+        def _get(self, *args, **kwargs):
+            if type(self.data) is np.memmap:
+                self.data = self.data.view(np.ndarray)
+            return super()._get(*args, **kwargs)
+
+    return ArrayReader
+
+
 @contextlib.contextmanager
 def _gguf_parsed_once() -> Iterator[None]:
     """Inside the block, ``gguf.GGUFReader`` parses each file once: transformers opens the GGUF file for the
     tokenizer, the config and the weights alike, and parsing its metadata (a 151k-token vocabulary, string by
-    string) takes longer than dequantizing the weights. The readers are read-only memory maps."""
+    string) takes longer than dequantizing the weights. The readers are read-only memory maps, sliced as plain
+    arrays (``_array_reader``)."""
     import gguf
 
     parse, readers = gguf.GGUFReader, {}
+    array_reader = _array_reader(parse)
 
     def reader(path, mode="r"):
         key = (str(path), mode)
         if key not in readers:
-            readers[key] = parse(path, mode)
+            readers[key] = array_reader(path, mode)
         return readers[key]
 
     gguf.GGUFReader = reader
