@@ -170,52 +170,21 @@ def replay_request(
     drafts = draft_key is VirtualDraft
     if drafts and not all(t.draft for t in traces):
         raise ValueError(f"{method} needs traces taken with a draft model; re-run `hf-adaspec trace --draft ...`")
-    chains = [i for t in traces for row in t.head_next for i in row] if draft_key is head else []
+    drafting_head = head if draft_key is head else None
+    chains = [i for t in traces for row in t.head_next for i in row] if drafting_head is not None else []
     vocab = Vocab([i for t in traces for i in (*t.tokens, *t.draft_next, *t.eos)] + chains + state.suffixes.ids())
     eos = vocab.encode(traces[0].eos)
     pad = int(eos[0]) if eos.numel() else 0  # pads fill holes the engine never reads
     rows = [vocab.encode(t.tokens) for t in traces]
     input_ids, valid = left_pad([r[: t.prompt_len] for r, t in zip(rows, traces, strict=True)], pad)  # [B, T]
     width = input_ids.shape[1]
-    caches = TraceCaches(
-        [target_answers(r, pad) for r in rows],
-        [draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces] if drafts else [],
-        vocab.size,
-        head if draft_key is head else None,
-    )
-    if draft_key is head:
-        head.serve(
-            [
-                head_answers(
-                    t.prompt_len,
-                    vocab.encode([i for row in t.head_next for i in row]).view(len(t.head_next), -1),
-                    t.head_q,
-                )
-                for t in traces
-            ],
-            vocab.size,
-        )
-    max_length = width + max(t.max_new_tokens for t in traces)
-    settings = DecodeSettings(
-        LogitsProcessorList(),
-        _stopping(eos, max_length),
-        max_length,
-        False,
-        pad,
-        tuple(eos.tolist()),
-        decision_ms=clock.decision_ms,
-        step_ms=StepPrices(clock, caches, head if draft_key is head else None),
-    )
-    priced_by = clock.head_profile if draft_key is head else clock.profile
+    caches = _trace_caches(traces, rows, vocab, pad, drafts, drafting_head)
+    settings = _settings(clock, caches, eos, pad, width + max(t.max_new_tokens for t in traces), drafting_head)
+    priced_by = clock.head_profile if drafting_head is not None else clock.profile
     table = costs_for or (lambda b, c: priced_by.cost_table(b, c, config.max_speculative_tokens + 1))
-    compact = dataclasses.replace(
-        state,
-        suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
-        draft_prefixes=state.draft_prefixes.mapped(vocab.encode_known),
-    )  # this request's ids
     run = build_run(
         config,
-        compact,
+        _in_request_ids(state, vocab),
         input_ids,
         valid.long(),
         draft_key,
@@ -227,10 +196,52 @@ def replay_request(
     outputs = [vocab.decode(result.sequences[i, width : width + n]) for i, n in enumerate(result.stats.row_tokens)]
     record_run(state, run, [list(t.tokens[: t.prompt_len]) for t in traces], outputs)
     draft_log = caches.made_draft.log if caches.made_draft is not None else []
-    head_log = head.log if draft_key is head else []
+    head_log = drafting_head.log if drafting_head is not None else []
     time_ms = price_request(clock, traces, caches.made_target.log, (draft_log, head_log), result.stats)
     seed = run.seed.length if run.seed is not None else 0
     return _run(traces, method, result.stats, time_ms, seed, _matches(result.sequences, width, traces, vocab))
+
+
+def _trace_caches(
+    traces: Sequence[Trace], rows: list[torch.Tensor], vocab: Vocab, pad: int, drafts: bool, head: VirtualHead | None
+) -> TraceCaches:
+    """The target's answers (and the draft's, where ``drafts``; the head's, served to ``head``) from the traces,
+    in this request's ids."""
+    caches = TraceCaches(
+        [target_answers(r, pad) for r in rows],
+        [draft_answers(t.prompt_len, vocab.encode(t.draft_next), t.draft_q) for t in traces] if drafts else [],
+        vocab.size,
+        head,
+    )
+    if head is not None:
+        chains = [vocab.encode([i for row in t.head_next for i in row]).view(len(t.head_next), -1) for t in traces]
+        head.serve([head_answers(t.prompt_len, c, t.head_q) for t, c in zip(traces, chains, strict=True)], vocab.size)
+    return caches
+
+
+def _settings(
+    clock: Clock, caches: TraceCaches, eos: torch.Tensor, pad: int, max_length: int, head: VirtualHead | None
+) -> DecodeSettings:
+    """Greedy decoding to ``max_length`` or an EOS id, each step priced by the clock (``StepPrices``)."""
+    return DecodeSettings(
+        LogitsProcessorList(),
+        _stopping(eos, max_length),
+        max_length,
+        False,
+        pad,
+        tuple(eos.tolist()),
+        decision_ms=clock.decision_ms,
+        step_ms=StepPrices(clock, caches, head),
+    )
+
+
+def _in_request_ids(state: SpeculationState, vocab: Vocab) -> SpeculationState:
+    """``state`` with its suffix index and draft prefixes in this request's ids."""
+    return dataclasses.replace(
+        state,
+        suffixes=state.suffixes.mapped(lambda s: vocab.encode(s.tolist()).numpy()),
+        draft_prefixes=state.draft_prefixes.mapped(vocab.encode_known),
+    )
 
 
 def _matches(sequences: torch.Tensor, width: int, traces: Sequence[Trace], vocab: Vocab) -> bool:
