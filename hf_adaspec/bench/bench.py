@@ -170,34 +170,35 @@ def run_prompt(model, tokenizer, draft, prompt: Prompt, methods: list[str], rota
             (prompt.question_id, prompt.category),
             max(reused),
         )
-    runs = []
-    for method in methods:
-        out, elapsed = outputs[method][0], statistics.median(seconds[method])
-        new = out.sequences.shape[1] - prompt_len
-        stats = getattr(out, "speculation", None)
-        gap = divergence_gap(model, plain_seq, out.sequences) if plain_seq is not None else None
-        family = METHOD_FAMILY.get(method)
-        bound = oracle.tokens_per_s.get(family) if oracle is not None and family else None
-        runs.append(
-            Run(
-                prompt.question_id,
-                prompt.category,
-                method,
-                new,
-                elapsed,
-                new / elapsed,
-                plain_seq is not None and gap is None,
-                stats.mean_accepted_length if stats else None,
-                stats.plain_share if stats else None,
-                gap,
-                stats.acceptance_rate if stats else None,
-                stats.mean_k if stats else None,
-                bound,
-                stats.draft_prefix_tokens if stats else None,
-                tuple(seconds[method]),
-            )
-        )
+    runs = [_run(model, prompt, m, outputs[m][0], seconds[m], prompt_len, plain_seq, oracle) for m in methods]
     return PromptResult(runs, oracle)
+
+
+def _run(model, prompt: Prompt, method: str, out, seconds: list[float], prompt_len: int, plain_seq, oracle) -> Run:
+    """One method's row: its median time over ``seconds``, its output against plain's ``plain_seq`` (where plain
+    ran), its speculation statistics (none for plain) and the oracle's bound for its family (where priced)."""
+    elapsed, new = statistics.median(seconds), out.sequences.shape[1] - prompt_len
+    stats = getattr(out, "speculation", None)
+    gap = divergence_gap(model, plain_seq, out.sequences) if plain_seq is not None else None
+    family = METHOD_FAMILY.get(method)
+    bound = oracle.tokens_per_s.get(family) if oracle is not None and family else None
+    return Run(
+        prompt.question_id,
+        prompt.category,
+        method,
+        new,
+        elapsed,
+        new / elapsed,
+        plain_seq is not None and gap is None,
+        stats.mean_accepted_length if stats else None,
+        stats.plain_share if stats else None,
+        gap,
+        stats.acceptance_rate if stats else None,
+        stats.mean_k if stats else None,
+        bound,
+        stats.draft_prefix_tokens if stats else None,
+        tuple(seconds),
+    )
 
 
 def divergence_gap(model, plain: torch.Tensor, other: torch.Tensor) -> float | None:
