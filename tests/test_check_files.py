@@ -126,6 +126,7 @@ def test_a_corrupted_dense_file_passes_the_stat_check_fails_check_files_and_is_r
     assert _check(root)[0].exit_code == 0
 
 
+@pytest.mark.slow  # the fast suite keeps the dense file's case of the same check (and test_faults' reassembly)
 def test_a_corrupted_assembled_gguf_fails_check_files_and_assemble_verify_reassembles_it(cache):
     root, asset, _ = cache
     path = root / "gguf" / asset.filename

@@ -91,7 +91,9 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+# slow, both modes: the fast suite keeps test_the_whole_prompt_is_reused_and_the_grown_cache_stored (a stored prefix
+# reused by generate, greedy output plain's) and test_seed_is_an_independent_copy_of_the_longest_shared_prefix
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) for m in MODES])
 def test_a_shared_prefix_is_reused_and_greedy_output_equals_plain(tiny_factory, mode, one_thread):
     target, draft = hf_adaspec.enable(tiny_factory(0)), tiny_factory(1)
     prompts = [torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 3 + i]]) for i in range(3)]  # 8 shared tokens

@@ -229,6 +229,7 @@ def test_eagle3_names_the_head_and_takes_k_from_its_measured_depths():
         speculative_config(cheap, {"draft_model": 0.9}, "draft_model", "d", 512)
 
 
+@pytest.mark.slow  # the fast suite keeps test_cli_writes_the_config_and_prints_it_last and eagle3's config test
 def test_cli_exports_eagle3_with_the_head_model(tmp_path):
     traces = tmp_path / "traces"
     save_trace(_head_trace(0, [0] + [4] * 12), traces)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import build_tiny_tokenizer
+from conftest import build_tiny_tokenizer, slow_except
 
 import hf_adaspec
 from hf_adaspec.costs import table as cost_table
@@ -80,7 +80,8 @@ def _logits(model) -> torch.Tensor:
 # --- verify what you load ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+# fast: flip (same size: only the hash finds it); truncate and delete are slow
+@pytest.mark.parametrize("damage", slow_except(["flip", "truncate", "delete"], fast={"flip"}))
 def test_damaged_dense_cache_is_rebuilt(fake_gguf, tiny_factory, damage, capsys):
     gguf, conversions = fake_gguf
     dense = Path(loading.resolve(str(gguf), "float32"))
@@ -148,7 +149,10 @@ def _generate(model, draft, **kwargs):
     )
 
 
-@pytest.mark.parametrize("value", [float("nan"), -5.0, 1e12])
+# fast: NaN; a negative and an implausibly large time are slow
+@pytest.mark.parametrize(
+    "value", [float("nan"), pytest.param(-5.0, marks=pytest.mark.slow), pytest.param(1e12, marks=pytest.mark.slow)]
+)
 def test_cost_table_with_bad_values_is_measured_again(enabled, private_cache, tmp_path, value, capsys):
     model, draft = enabled
     expected = model.generate(PROMPT, max_new_tokens=12, do_sample=False)
@@ -162,6 +166,8 @@ def test_cost_table_with_bad_values_is_measured_again(enabled, private_cache, tm
     assert all(math.isfinite(t) and 0 < t < 1e5 for t in json.loads(path.read_text())["verify_ms"])
 
 
+@pytest.mark.slow  # the fast suite keeps test_cost_table_with_bad_values_is_measured_again[nan] (and the digest
+# check in test_profile_scaled_a_million_times_is_refused)
 def test_cost_table_edited_by_hand_is_measured_again(enabled, private_cache, tmp_path, capsys):
     model, draft = enabled
     _generate(model, draft)

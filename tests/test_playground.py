@@ -109,6 +109,7 @@ def test_feed_sends_only_what_is_new_then_the_plain_run_then_the_speedup(playgro
     assert len(playground.plain_runs) == 1 and again["plain_pieces"] == got["plain_pieces"]
 
 
+@pytest.mark.slow  # the fast suite keeps test_feed_sends_only_what_is_new_then_the_plain_run_then_the_speedup
 def test_feed_without_comparison_or_with_plain_method(playground):
     got, answers = _run(playground, compare=False)
     assert "speedup" not in answers[-1]["stats"] and not got["plain_pieces"]
@@ -152,6 +153,7 @@ def test_bad_requests_become_page_errors(playground, prompt, method, message):
         _run(playground, prompt=prompt, method=method)
 
 
+@pytest.mark.slow  # the fast suite keeps test_unknown_feed_answers_done_with_an_error (an error in the feed)
 def test_model_errors_come_back_in_the_feed(playground, tiny_factory):
     playground.pairs["qwen"].draft = tiny_factory(1, vocab_size=80)
     _, answers = _run(playground)
