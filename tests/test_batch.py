@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import left_padded
+from conftest import left_padded, slow_except
 from transformers import LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
 
 from hf_adaspec import CostTable, SpeculationState, SpeculationStats
@@ -52,10 +52,14 @@ def _by_step(stats: SpeculationStats) -> dict[int, list]:
     return steps
 
 
-# adaptive without the slowdown bound: it speculates from the first step, whatever the engine's timing
+# adaptive without the slowdown bound: it speculates from the first step, whatever the engine's timing; the fast
+# suite keeps fixed's case (mode1), adaptive's is slow
 @pytest.mark.parametrize(
     "mode",
-    [{"speculation": "adaptive", "max_slowdown": math.inf}, {"speculation": "fixed", "num_speculative_tokens": 3}],
+    [
+        pytest.param({"speculation": "adaptive", "max_slowdown": math.inf}, marks=pytest.mark.slow),
+        {"speculation": "fixed", "num_speculative_tokens": 3},
+    ],
 )
 def test_batch_speculates_and_accepts_ragged(models, mode):
     out = _spec(models, "noisy_copy", max_new_tokens=30, **mode)
@@ -120,7 +124,8 @@ def test_mixed_drafters_keep_the_draft_cache_exact(models):
         assert torch.equal(result.sequences[i, width:], _plain_row(models, prompt, max_new_tokens=40))
 
 
-@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+# the fast suite keeps prompt lookup's case; the draft model's is slow
+@pytest.mark.parametrize("drafter", slow_except(["noisy_copy", "prompt_lookup"], fast={"prompt_lookup"}))
 def test_rows_stop_at_eos_at_different_times(models, drafter):
     plain = [_plain_row(models, p, max_new_tokens=30) for p in PROMPTS]
     eos = int(plain[1][4])  # the 5th token of row 1: ends row 1 early (and any row that emits it sooner)
@@ -179,7 +184,8 @@ class CharTokenizer:
         return ["".join(chr(96 + (t % 26)) for t in row.tolist() if t != 0) for row in ids]
 
 
-@pytest.mark.parametrize("draft", ["noisy_copy", None])
+# the fast suite keeps the draft model's case (generate_batch passes it on); None's is slow
+@pytest.mark.parametrize("draft", slow_except(["noisy_copy", None], fast={"noisy_copy"}))
 def test_generate_batch_matches_plain_batched_generate(models, draft):
     tok = CharTokenizer()
     prompts = ["abcabcabc", "hello", "xyzzy xyzzy"]

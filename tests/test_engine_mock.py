@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from conftest import slow_except
 from transformers.generation.streamers import BaseStreamer
 
 import hf_adaspec
@@ -75,7 +76,14 @@ def test_fixed_uses_only_the_draft_model_when_given(models):
     assert {s.drafter for s in out.speculation.steps if s.k} == {"draft_model"}  # no prompt lookup beside it
 
 
-@pytest.mark.parametrize("mode", [{"speculation": "adaptive"}, {"speculation": "fixed", "num_speculative_tokens": 3}])
+# the fast suite keeps adaptive's case (mode0); fixed's is slow
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"speculation": "adaptive"},
+        pytest.param({"speculation": "fixed", "num_speculative_tokens": 3}, marks=pytest.mark.slow),
+    ],
+)
 def test_identical_draft_is_always_accepted(models, mode):
     out = _spec(models, "same_model", max_new_tokens=30, return_dict_in_generate=True, **mode)
     assert torch.equal(out.sequences, _plain(models, max_new_tokens=30))
@@ -95,8 +103,9 @@ def test_partial_agreement_is_partly_accepted(models):
     assert 0 < rate < 1
 
 
-@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
-@pytest.mark.parametrize("k", [1, 8])
+# the fast suite keeps 1-noisy_copy (a draft model's k checked step by step); the rest is slow
+@pytest.mark.parametrize("drafter", slow_except(["noisy_copy", "prompt_lookup"], fast={"noisy_copy"}))
+@pytest.mark.parametrize("k", slow_except([1, 8], fast={1}))
 def test_fixed_k_greedy_equals_plain(models, drafter, k):
     out = _spec(
         models, drafter, max_new_tokens=30, speculation="fixed", num_speculative_tokens=k, return_dict_in_generate=True
@@ -123,7 +132,8 @@ def test_fixed_k0_is_plain_decoding(models):
     assert out.speculation.k_histogram == {0: 11}
 
 
-@pytest.mark.parametrize(("p_min", "expected_k"), [(0.0, "all"), (1.0, "one")])
+# the fast suite keeps 1.0-one (both runs it makes, 1 and 0.75, stop drafting); 0.0-all is slow
+@pytest.mark.parametrize(("p_min", "expected_k"), [pytest.param(0.0, "all", marks=pytest.mark.slow), (1.0, "one")])
 def test_draft_p_min_stops_drafting(models, p_min, expected_k):
     """draft_p_min = 0 never stops (always k = 8, capped by the budget); 1 stops after the first drafted token
     (every q(x) < 1); 0.75, the llama.cpp default, stops in between."""
@@ -151,14 +161,15 @@ def test_draft_p_min_stops_drafting(models, p_min, expected_k):
 
 
 @pytest.mark.parametrize("drafter", ["noisy_copy", "same_model", "prompt_lookup"])
-@pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 13])
+@pytest.mark.parametrize("max_new_tokens", slow_except([1, 2, 5, 13], fast={1, 2, 5}))  # 13 (the dearest): slow
 def test_max_new_tokens_honoured_exactly(models, drafter, max_new_tokens):
     out = _spec(models, drafter, max_new_tokens=max_new_tokens, speculation="fixed", num_speculative_tokens=8)
     assert out.shape == (1, PROMPT.shape[1] + max_new_tokens)
     assert torch.equal(out, _plain(models, max_new_tokens=max_new_tokens))
 
 
-@pytest.mark.parametrize("drafter", DRAFTERS)
+# the fast suite keeps noisy_copy (a draft model with rejections); the other drafters are slow
+@pytest.mark.parametrize("drafter", slow_except(DRAFTERS, fast={"noisy_copy"}))
 def test_eos_stops_like_plain(models, drafter):
     generated = _plain(models, max_new_tokens=40)[0, PROMPT.shape[1] :].tolist()
     eos = generated[15]
@@ -182,7 +193,8 @@ class _Collect(BaseStreamer):
         self.ended += 1
 
 
-@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+# the fast suite keeps prompt lookup's case; the draft model's is slow
+@pytest.mark.parametrize("drafter", slow_except(["noisy_copy", "prompt_lookup"], fast={"prompt_lookup"}))
 def test_streamer_receives_exactly_the_generated_tokens(models, drafter):
     streamer = _Collect()
     out = _spec(models, drafter, max_new_tokens=30, streamer=streamer)
@@ -193,7 +205,8 @@ def test_streamer_receives_exactly_the_generated_tokens(models, drafter):
     assert any(len(chunk) > 1 for chunk in streamer.puts[1:])  # multi-token steps arrive as one chunk
 
 
-@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+# the fast suite keeps prompt lookup's case; the draft model's is slow
+@pytest.mark.parametrize("drafter", slow_except(["noisy_copy", "prompt_lookup"], fast={"prompt_lookup"}))
 def test_step_callback_sees_every_token_with_its_source(models, drafter):
     events = []
     out = _spec(
@@ -223,7 +236,8 @@ def test_sampling_with_top_k_1_equals_greedy(models):
     assert any(s.k > 0 for s in out.speculation.steps)
 
 
-@pytest.mark.parametrize("drafter", ["noisy_copy", "prompt_lookup"])
+# the fast suite keeps prompt lookup's case; the draft model's is slow
+@pytest.mark.parametrize("drafter", slow_except(["noisy_copy", "prompt_lookup"], fast={"prompt_lookup"}))
 def test_sampling_runs_and_respects_budget(models, drafter):
     torch.manual_seed(0)
     out = _spec(models, drafter, max_new_tokens=25, do_sample=True, return_dict_in_generate=True)

@@ -11,8 +11,8 @@
 - Families whose layers keep a recurrent state get one clear error naming the reason.
 Every case compares with each prompt's own batch-1 plain greedy ``generate`` (transformers' sliding caches).
 
-The fast suite runs one family of each kind (``FAST_FULL``, ``FAST_WINDOWED``); the rest of the matrix is marked
-``slow`` (``make test`` and CI run it all).
+The fast suite runs one family of each kind (``FAST_FULL``, ``FAST_WINDOWED``), and of the windowed family one
+prompt, the batch on the arena; the rest of the matrix is marked ``slow`` (``make test`` and CI run it all).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from conftest import left_padded
+from conftest import left_padded, slow_except
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
@@ -90,9 +90,10 @@ FULL = {
     "apertus": {},
     "arcee": {},
 }
-# in the fast suite: the reference Llama, GPT-2 (learned absolute positions, its own attention and cache code) and
-# DeepSeek-V3 (multi-head latent attention, mixture of experts); the other full-attention families are slow
-FAST_FULL = ("llama", "gpt2", "deepseek_v3")
+# in the fast suite: GPT-2 (learned absolute positions, its own attention and cache code); the other full-attention
+# families are slow: Llama (every other test file's tiny model) and DeepSeek-V3 (multi-head latent attention, mixture
+# of experts) among them
+FAST_FULL = ("gpt2",)
 SLIDING = ["sliding_attention", "full_attention"]
 UNTIED = {"tie_word_embeddings": False}  # Gemma's scaled tied embedding makes a tiny model repeat its last token
 WINDOWED = {
@@ -200,7 +201,8 @@ def windowed(request):
     return target, draft, plain
 
 
-@pytest.mark.parametrize("prompt", [SHORT, LONG], ids=["shorter", "longer"])
+# the fast suite keeps the prompt longer than the window; the shorter one is slow
+@pytest.mark.parametrize("prompt", [pytest.param(SHORT, marks=pytest.mark.slow), LONG], ids=["shorter", "longer"])
 def test_windowed_families_equal_plain_greedy_past_the_window(windowed, prompt):
     target, draft, plain = windowed
     inputs = {"input_ids": torch.tensor([prompt])}
@@ -209,7 +211,8 @@ def test_windowed_families_equal_plain_greedy_past_the_window(windowed, prompt):
     _check(_speculate(target, inputs, None, speculation="adaptive"), [prompt], plain, False)
 
 
-@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+# the fast suite keeps the arena's case (static; the dynamic cache's is test_windowed_families_..._past_the_window)
+@pytest.mark.parametrize("kv_cache", slow_except(["dynamic", "static"], fast={"static"}))
 def test_windowed_batches_with_holes_equal_each_rows_plain_greedy(windowed, kv_cache, monkeypatch):
     """Rows of different lengths (left padding), each rejecting its own drafts: holes inside a row's window."""
     monkeypatch.setattr(arena_sizes, "CAPACITY_FLOOR", 16)  # an arena as wide as the request needs
@@ -220,6 +223,7 @@ def test_windowed_batches_with_holes_equal_each_rows_plain_greedy(windowed, kv_c
     _check(out, [LONG, SHORT], plain, True)
 
 
+@pytest.mark.slow  # the fast suite keeps the arena's batch case (test_windowed_batches_with_holes_...[static])
 def test_windowed_single_row_on_the_arena_equals_plain_greedy(windowed, monkeypatch):
     monkeypatch.setattr(arena_sizes, "CAPACITY_FLOOR", 16)  # 16 columns: the request compacts and moves arenas
     target, draft, plain = windowed

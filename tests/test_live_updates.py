@@ -6,7 +6,7 @@ import math
 import threading
 
 import pytest
-from conftest import single_thread
+from conftest import single_thread, slow_except
 from test_live import COSTS, PROMPT, ByteTokenizer
 
 import hf_adaspec
@@ -39,7 +39,8 @@ def target(tiny_factory):
         return hf_adaspec.enable(tiny_factory(0))
 
 
-@pytest.mark.parametrize("method", ["plain", "prompt-lookup"])
+# the fast suite keeps prompt lookup's case (steps of several tokens); plain's is slow
+@pytest.mark.parametrize("method", slow_except(["plain", "prompt-lookup"], fast={"prompt-lookup"}))
 def test_a_long_interval_still_ends_with_the_final_update_at_once(target, method):
     extra = COSTS if method != "plain" else None
     snaps = [

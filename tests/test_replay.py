@@ -67,7 +67,8 @@ def _real(models, prompt, method_kwargs):
     ("method", "kwargs"),
     [
         ("adaptive-lookup", {"speculation": "adaptive"}),
-        ("fixed-k", {"speculation": "fixed", "num_speculative_tokens": 5}),
+        # the fast suite keeps adaptive-lookup; fixed-k (the virtual draft model) is slow
+        pytest.param("fixed-k", {"speculation": "fixed", "num_speculative_tokens": 5}, marks=pytest.mark.slow),
     ],
 )
 def test_replay_takes_the_real_runs_decisions(models, traces, one_thread, method, kwargs):
