@@ -206,6 +206,8 @@ def test_unknown_method_lists_valid_ones():
         method_kwargs("turbo", None, 5)
 
 
+# the fast suite keeps test_write_results_json_markdown_and_png and test_summarize_speedup_is_geometric_mean_of_ratios
+@pytest.mark.slow  # a batch summary written with its PNG
 def test_batch_bench_summary_speedups_unsupported_and_outputs(tmp_path):
     from hf_adaspec.bench import batch as bb
 

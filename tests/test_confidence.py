@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from conftest import decide
+from conftest import decide, slow_except
 from transformers import LogitsProcessorList
 
 from hf_adaspec import SpeculationConfig, SpeculationState
@@ -86,6 +86,8 @@ def test_calibrator_prefix_update_semantics():
         cal.update((0.9,), accepted=2)
 
 
+# the fast suite keeps test_calibrator_prefix_update_semantics and the optimism test's monotone grid
+@pytest.mark.slow  # 20000 updates
 def test_calibrator_learns_a_known_mapping_and_stays_monotone():
     truth = lambda c: c**2  # noqa: E731 — the draft is over-confident
     rng, cal = random.Random(0), ConfidenceCalibrator(n_bins=10, optimism=0.0)
@@ -98,6 +100,8 @@ def test_calibrator_learns_a_known_mapping_and_stays_monotone():
     assert all(a <= b for a, b in zip(grid, grid[1:]))
 
 
+# the fast suite keeps test_calibrator_optimism_is_an_upper_bound_that_shrinks_with_observations (pooled, monotone)
+@pytest.mark.slow  # 5000 updates
 def test_calibrator_is_monotone_even_when_the_data_is_not():
     rng, cal = random.Random(1), ConfidenceCalibrator(n_bins=10)
     for _ in range(5000):
@@ -240,7 +244,8 @@ def _generate(models, mode: str, drafter: str = "noisy_copy", **kwargs):
 
 
 @pytest.mark.usefixtures("one_thread", "private_cache")
-@pytest.mark.parametrize("mode", list(MODES))
+# fast: adaptive (pmin: test_pmin_extremes runs it); make test runs both
+@pytest.mark.parametrize("mode", slow_except(list(MODES), fast={"adaptive"}))
 # fast: the perturbed copy (0 < α < 1: stops, acceptances and rejections); the drafts at α ≈ 0 and α = 1 are slow
 @pytest.mark.parametrize(
     "drafter",
@@ -259,7 +264,8 @@ def test_confidence_modes_greedy_equal_plain(models, mode, drafter):
 
 
 @pytest.mark.usefixtures("one_thread", "private_cache")
-@pytest.mark.parametrize("mode", list(MODES))
+# fast: adaptive's goodput stop (pmin's threshold: test_pmin_extremes); make test runs both
+@pytest.mark.parametrize("mode", slow_except(list(MODES), fast={"adaptive"}))
 def test_the_stop_rule_ends_draft_model_proposals_before_the_cap(models, mode):
     emitted, pairs = 1, []  # (k, the cap k_max = 8 by the budget) per draft-model step
     for step in _generate(models, mode, max_new_tokens=40).speculation.steps:
@@ -284,7 +290,8 @@ def test_pmin_extremes(models):
 
 
 @pytest.mark.usefixtures("one_thread", "private_cache")
-@pytest.mark.parametrize("do_sample", [False, True])
+# fast: greedy (sampled confidences: test_draft_proposer_reports_confidences_and_honours_stop[True]); make test: both
+@pytest.mark.parametrize("do_sample", slow_except([False, True], fast={False}))
 def test_calibration_is_kept_across_requests(models, do_sample):
     """Every drafted token adds one prefix trial to the pair's calibrator; the next request starts from it."""
     made = []

@@ -138,6 +138,9 @@ def _head_quantized(model) -> bool:
     return type(model.get_output_embeddings()).__name__ == "Q4Linear"
 
 
+# the fast suite keeps test_the_quantized_head_is_kept_only_when_eligible_and_faster_beyond_the_margin and
+# test_a_q4_head_put_on_a_loaded_dense_source_model_is_the_head_a_load_with_it_gives
+@pytest.mark.slow  # a full probe with the head variant, twice
 def test_auto_quantizes_the_chosen_formats_head_where_that_is_faster(tiny_dir, monkeypatch):
     """The chosen format is measured again with its output head quantized; that variant is loaded (and cached)
     when its score is beyond the margin, and never measured when the caller quantizes the head itself."""
@@ -182,6 +185,8 @@ def test_a_q4_head_put_on_a_loaded_dense_source_model_is_the_head_a_load_with_it
         assert torch.equal(swapped(ids).logits, loaded(ids).logits) and _head_quantized(swapped)
 
 
+# the fast suite keeps test_pick_names_every_error_when_nothing_loaded (a format's error in the choice)
+@pytest.mark.slow  # a full probe
 def test_a_format_that_fails_is_skipped_with_its_reason(tiny_dir):
     def timer(model, fmt, n):
         if fmt == "q4":
@@ -201,6 +206,9 @@ def test_a_format_that_fails_is_skipped_with_its_reason(tiny_dir):
     assert "q4 skipped (RuntimeError: no kernel for this tensor)" in choice.line("tiny")
 
 
+# the fast suite keeps test_auto_loads_the_fastest_format_reports_it_in_one_line_and_caches_it (the cache read back),
+# test_a_changed_q4_kernel_measures_its_choice_and_its_costs_again (the key); the digest: files.read_json_verified
+@pytest.mark.slow  # two full probes
 def test_the_cache_key_holds_the_machine_and_a_bad_cache_file_is_measured_again(tiny_dir):
     key = fc.probe_key("m", "src", "bfloat16", "cpu", False)
     before = torch.get_num_threads()
@@ -284,13 +292,12 @@ def test_formats_refuse_what_they_cannot_do():
         load_architecture("smollm2-135m", quantization="auto")
 
 
-# the fast suite keeps q4 (our own kernel); none (the dense reference) and bitsandbytes' nf4 and int8 are slow
-CPU_FORMATS = [
-    pytest.param(f, marks=() if f == "q4" else pytest.mark.slow)
-    for f in sorted(f for f, w in FORMATS.items() if w.devices is None or "cpu" in w.devices)
-]
+# all slow: the fast suite keeps q4's speculative greedy equal to its plain greedy in
+# test_a_q4_load_runs_the_speculative_attention_in_plain_generate_and_other_formats_keep_their_own (make test: each)
+CPU_FORMATS = sorted(f for f, w in FORMATS.items() if w.devices is None or "cpu" in w.devices)
 
 
+@pytest.mark.slow  # four formats, each two prompts × three requests of 40 tokens
 @pytest.mark.parametrize("fmt", CPU_FORMATS)
 def test_each_format_speculative_greedy_equals_its_own_plain_or_diverges_at_a_near_tie(tiny_dir, fmt):
     """Each format made for a CPU (the GPU formats: test_cuda_formats, through torch's CPU int4 kernel)."""

@@ -242,6 +242,8 @@ def test_the_7bs_4bit_profile_is_held_to_the_verification_and_step_bars(tmp_path
         quantized.profile_7b_4bit(cs.Check("cuda", False, tmp_path))
 
 
+# the fast suite keeps test_the_7bs_4bit_profile_is_held_to_the_verification_and_step_bars (a 4-bit step)
+@pytest.mark.slow  # a format probe
 def test_the_format_step_names_a_missing_kernel_and_chooses_among_the_4bit_formats_that_load(tmp_path, monkeypatch):
     monkeypatch.setattr(quantized, "probed_for", lambda device: ("nf4", "none", "int4"))
     # injected timings (the choice here does not hang on them: nf4 is the only 4-bit format that loads)

@@ -10,6 +10,7 @@ import importlib
 import pytest
 import torch
 import transformers
+from conftest import slow_except
 
 import hf_adaspec
 from hf_adaspec.backend import hf_compat
@@ -171,6 +172,9 @@ def _tiny_phi3() -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_config(config).float().eval()
 
 
+# the fast suite keeps test_each_family_s_modules_equal_their_lean_replacements (the same bits per module) and
+# test_an_enabled_q4_model_speculates_past_its_window_as_it_decodes_plainly (greedy through lean modules)
+@pytest.mark.slow  # two q4 conversions, three requests
 def test_a_lean_q4_model_decodes_as_the_same_model_without_it(monkeypatch):
     """The same q4 blocks with and without the lean modules: the same greedy tokens, speculative or plain."""
     lean = hf_adaspec.enable(format_load.convert(_tiny("qwen2", seed=3), "q4", False))
@@ -191,17 +195,17 @@ def test_a_lean_q4_model_decodes_as_the_same_model_without_it(monkeypatch):
     assert torch.equal(spec, expected)
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # the fast suite keeps llama and a windowed qwen2 in bfloat16; make test runs all
     "family,extra",
     [
         ("llama", {}),
-        ("qwen2", {}),
-        ("mistral", {}),
+        pytest.param("qwen2", {}, marks=pytest.mark.slow),
+        pytest.param("mistral", {}, marks=pytest.mark.slow),
         ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
-        ("mistral", {"sliding_window": 4}),
+        pytest.param("mistral", {"sliding_window": 4}, marks=pytest.mark.slow),
     ],
 )
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", slow_except([torch.bfloat16, torch.float32], fast={torch.bfloat16}))
 @pytest.mark.parametrize(  # the fast suite keeps the packed attention, which q4 models run; make test runs all
     "implementation",
     [

@@ -44,6 +44,7 @@ def test_weights_identity_follows_the_weights_not_the_object(tiny_factory):
     assert hf_compat.weights_identity(copy.deepcopy(model).to(torch.bfloat16)) != key  # another dtype
 
 
+@pytest.mark.slow  # two loads from disk; the fast suite keeps test_weights_identity_follows_the_weights_not_the_object
 def test_weights_identity_is_stable_across_a_reload_of_the_same_state_dict(tiny_factory, tmp_path):
     model = tiny_factory(0)
     fresh = transformers.LlamaForCausalLM(model.config).eval()  # other random weights, then the same ones
@@ -175,6 +176,8 @@ def test_a_generate_inside_a_request_on_the_same_model_names_the_fix(models):
     assert torch.equal(out, target.generate(PROMPT, max_new_tokens=16, do_sample=False))  # held no more
 
 
+# the fast suite keeps test_a_generate_inside_a_request_on_the_same_model_names_the_fix (one request per model)
+@pytest.mark.slow  # three requests and a 0.3 s wait
 @pytest.mark.usefixtures("one_thread", "private_cache")
 def test_a_second_threads_request_on_the_model_waits_for_the_first(models):
     """Two speculative requests on one model from two threads run one after the other, each as it runs alone."""

@@ -108,7 +108,10 @@ def test_bad_tpot_slo_is_rejected(value):
 
 
 @pytest.mark.usefixtures("one_thread", "private_cache")
-@pytest.mark.parametrize("mode, drafter", [("adaptive", "noisy_copy"), ("adaptive", None), ("fixed", "noisy_copy")])
+@pytest.mark.parametrize(  # the fast suite keeps adaptive with and without a draft model; make test runs fixed too
+    "mode, drafter",
+    [("adaptive", "noisy_copy"), ("adaptive", None), pytest.param("fixed", "noisy_copy", marks=pytest.mark.slow)],
+)
 def test_generate_with_slo_keeps_greedy_output_and_reports_attainment(models, mode, drafter):
     plain = models["target"].generate(PROMPT, max_new_tokens=20, do_sample=False)
     extra = {"num_speculative_tokens": 3} if mode == "fixed" else {}

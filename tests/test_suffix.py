@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import slow_except
 from transformers import LogitsProcessorList
 
 from hf_adaspec import SpeculationState
@@ -94,7 +95,7 @@ def _every_length(
     return best if best[0] else ((), 0.0, 0)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", slow_except(range(6), fast={0}))  # make test runs every seed
 def test_longest_first_search_finds_what_every_length_finds(seed):
     """Longest match first, skipping matches whose cap cannot beat the best and nodes met one token
     longer, and paths cut once they cannot win: the same draft as trying every length."""
@@ -170,6 +171,9 @@ def test_repeated_request_through_the_engine_is_exact_and_drafts_from_memory():
     assert sum(s.accepted for s in again.stats.steps) > 0 and len(again.stats.steps) < len(first.stats.steps)
 
 
+# the fast suite keeps test_repeated_request_through_the_engine_is_exact_and_drafts_from_memory and
+# test_replay_carries_the_memory_across_requests
+@pytest.mark.slow  # three requests on a tiny Llama
 def test_generate_remembers_responses_and_drafts_them_again(models, one_thread):
     table = CostTable((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0), 2.0, draft_catchup_ms=0.5)
     prompt = torch.tensor([[3, 17, 29, 41, 5, 8, 13, 21]])
