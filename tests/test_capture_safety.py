@@ -124,6 +124,7 @@ def test_every_recorded_width_and_the_drafts_token_pass_the_capture_check(as_on_
     assert "hf-adaspec" not in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the fast suite keeps test_every_recorded_width_..._pass_the_capture_check[llama] for the check
 def test_the_heads_column_and_the_targets_feature_widths_pass_the_capture_check(as_on_a_gpu, models, tiny_head, capsys):
     target = models["target"]
     arenas_of(target).drop()
@@ -196,6 +197,7 @@ class FailingAt:
         return graphs.Rerun(check=True)(fn)
 
 
+@pytest.mark.slow  # the fast suite keeps test_a_failed_capture_of_the_heads_column_drafts_eagerly for the rule
 def test_a_failed_capture_leaves_that_width_eager_and_the_next_request_records(monkeypatch, tiny_factory, capsys):
     """The second capture of a request fails: the request gives the eager tokens, one line names the error, that
     width stays eager; a later request (one row: new arenas) records its other widths and never that one."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import slow_except
 from typer.testing import CliRunner
 
 from hf_adaspec import SPECULATION_MODES, LoadedModel
@@ -23,7 +24,7 @@ class _Tokenizer:
         return "".join(chr(97 + int(i) % 26) for i in ids)
 
 
-@pytest.mark.parametrize("mode", list(SPECULATION_MODES))
+@pytest.mark.parametrize("mode", slow_except(list(SPECULATION_MODES), fast={"adaptive"}))
 def test_generate_runs_every_mode_and_prints_its_stats(mode, models, monkeypatch):
     target = LoadedModel(models["target"], _Tokenizer(), "t")
     draft = LoadedModel(models["noisy_copy"], None, "d")

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from conftest import single_thread
+from conftest import single_thread, slow_except
 
 import hf_adaspec
 from hf_adaspec import CostTable
@@ -56,7 +56,7 @@ def _final(pair, settings: RunSettings, **kwargs):
     return last
 
 
-@pytest.mark.parametrize("method", ["adaptive", "fixed", "prompt-lookup", "plain"])
+@pytest.mark.parametrize("method", slow_except(["adaptive", "fixed", "prompt-lookup", "plain"], fast={"adaptive"}))
 def test_run_live_streams_every_token_labelled(pair, method):
     target, _ = pair
     last = _final(pair, RunSettings(method, k=3, max_new_tokens=30))

@@ -340,6 +340,7 @@ def test_batch_costs_come_from_the_profile_at_each_batch_size(models, tmp_path, 
     assert costs_for(3).verify_ms[0] == pytest.approx(15.0 + 2 / 3 * 35.0)  # 2/3 of the way from batch 1 to 4
 
 
+@pytest.mark.slow  # the fast suite keeps test_a_pair_profile_serves_the_target_alone_but_not_another_target
 def test_mismatched_profile_warns_and_falls_back_to_calibration(models, tmp_path, capsys):
     path = save_profile(_hand_profile(), tmp_path / "other.json")
     out = _greedy(models, speculation="adaptive", assistant_model=models["noisy_copy"], speculation_profile=path)
@@ -452,6 +453,7 @@ def test_cli_profile_writes_json_png_and_a_last_json_line(models, tmp_path, monk
     assert "--contexts 16,32" in load_profile(output).meta["command"]
 
 
+@pytest.mark.slow  # the fast suite keeps test_cli_profile_writes_json_png_... and the head spec's parse test
 def test_cli_profile_measures_a_random_head_of_the_targets_shape(models, tmp_path, monkeypatch):
     loaded = {"t": LoadedModel(models["target"], None, "t")}
     monkeypatch.setattr(

@@ -48,6 +48,7 @@ def test_presets_ship_their_architectures():
         architecture.load_architecture("/nonexistent-folder")
 
 
+@pytest.mark.slow  # the fast suite keeps test_random_weights_have_the_trained_models_identity, the CLI test_profile's
 def test_cli_profiles_random_weights_from_a_config_folder(trained_folder, tmp_path, private_cache, one_thread):
     config_only = tmp_path / "arch"
     config_only.mkdir()

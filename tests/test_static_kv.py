@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import left_padded
+from conftest import left_padded, slow_except
 
 import hf_adaspec
 from hf_adaspec import CostTable, SpeculationState
@@ -96,7 +96,7 @@ def test_compaction_moves_each_rows_tokens_to_the_left(models):
     assert sta.mask.tolist() == [[1] * 14, [1] * 14]
 
 
-@pytest.mark.parametrize("drafter", ["draft_model", "prompt_lookup"])
+@pytest.mark.parametrize("drafter", slow_except(["draft_model", "prompt_lookup"], fast={"draft_model"}))
 def test_rows_stopping_at_different_times_match_the_dynamic_cache(models, drafter):
     """EOS ends rows at different steps; their arena slots stay masked while the others go on."""
     prompts = ([5, 6, 7, 8, 9, 10] * 4, [11, 12, 13], [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 8])
@@ -183,6 +183,7 @@ def test_run_width_pads_narrow_blocks_to_the_graph_width_where_they_fit():
     assert arena_sizes.run_width(6, 250, 9, 256, pad=True) == 6  # 250 + 9 columns do not fit: its own width
 
 
+@pytest.mark.slow  # the fast suite keeps ..._match_the_dynamic_cache[0-True] and test_capture_safety's [llama] case
 def test_padded_arenas_record_two_widths_and_keep_greedy_tokens(models, monkeypatch):
     """Arenas that pad (as on a GPU) record only the bucket widths for the target and the draft whatever k the
     controller picks, and give the tokens of the dynamic cache."""
