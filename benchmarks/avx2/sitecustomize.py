@@ -10,13 +10,16 @@ fails): there, and only for such calls (bfloat16 on the CPU, at least 64 queries
 runs in float32 and casts its output back to bfloat16. Decoding steps (1 to k + 1 queries) are untouched, so a
 timed generation differs from an AVX2-only CPU's only in the attention of a long prefill.
 Usage: ``PYTHONPATH=benchmarks/avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 hf-adaspec generate`` (the last
-caps oneDNN, whose bf16 matmul the dense prefill route calls, at AVX2 too).
+caps oneDNN, whose bf16 matmul the dense prefill route calls, at AVX2 too). torch.compile's cache goes to a folder of
+this path's own (``TORCHINDUCTOR_CACHE_DIR``, unless set): graphs compiled on one path must not load on the other.
 """
 
 import functools
 import importlib.abc
 import importlib.machinery
+import os
 import sys
+import tempfile
 
 _FLASH_QUERIES = 64  # from this many queries torch's bf16 CPU flash attention packs with AVX-512 (pack_vnni2)
 
@@ -66,3 +69,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _Finder())
+# torch.compile's cache in a folder of the AVX2 path's own (unless one is set): inductor's cache key does not hold
+# ATEN_CPU_CAPABILITY, and a graph compiled on one path and loaded on the other aborts in mm ("free(): invalid
+# pointer"; tests/test_static_kv.py's compiled recording, torch 2.13)
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor-avx2-path"))
