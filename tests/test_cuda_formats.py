@@ -102,8 +102,7 @@ def int4_here(monkeypatch):
     monkeypatch.setitem(formats.FORMATS, "int4", fmt)
 
 
-@pytest.mark.slow  # converts to NF4 with bitsandbytes; the fast suite keeps the fallback line in
-# test_each_missing_kernel_is_named_in_one_line
+@pytest.mark.slow  # converts to NF4 with bitsandbytes; the fast suite keeps auto's case of a missing kernel
 def test_an_explicit_format_whose_kernel_is_missing_loads_nf4_with_one_line(tiny_dir, int4_here):
     lines = []
     lm = hf_adaspec.load(tiny_dir, quantization="int4", dtype="float32", log=lines.append)
@@ -111,8 +110,6 @@ def test_an_explicit_format_whose_kernel_is_missing_loads_nf4_with_one_line(tiny
     assert lines == ["hf-adaspec: quantization='int4' is not available here (the int4 test kernel); NF4 used"]
 
 
-@pytest.mark.slow  # a load and a probe; the fast suite keeps test_each_missing_kernel_is_named_in_one_line (and
-# test_formats' and test_gpu_check's skipped formats)
 def test_auto_records_a_missing_kernel_without_loading_it(tiny_dir, int4_here, monkeypatch):
     timed = []
     monkeypatch.setattr(fc, "forward_ms", lambda model, fmt, n: timed.append(fmt) or {"none": 40.0}.get(fmt, 30.0) * n)
@@ -153,8 +150,9 @@ def test_the_int4_layer_runs_torchs_kernel_as_its_dequantized_weight_would(bias)
         int4.Int4Linear(torch.nn.Linear(96, 64))
 
 
-# slow, both cases: the fast suite keeps test_formats' q4 case of this check, and the int4 layer's kernel against its
-# dequantized weight (test_the_int4_layer_runs_torchs_kernel_as_its_dequantized_weight_would)
+# slow, both cases: the fast suite keeps q4's speculative greedy check (test_formats.py,
+# test_a_q4_load_runs_the_speculative_attention_in_plain_generate_and_other_formats_keep_their_own) and the int4
+# layer's kernel against its dequantized weight (test_the_int4_layer_runs_torchs_kernel_as_its_dequantized_weight_would)
 @pytest.mark.parametrize(
     "kwargs",
     [
