@@ -130,7 +130,6 @@ def replay(
     """Predict each method's tokens/s, speedup, accepted length, k and drafter histograms and % of oracle by
     replaying the library's controllers on traces (no model runs). Last stdout line: one JSON object."""
     from ..bench.summary import markdown, summarize, write_json
-    from ..replay.report import validate
 
     start = time.perf_counter()
     method_list = _replay_methods(methods)
@@ -185,23 +184,8 @@ def replay(
         "predicted_speedup": {m: round(summary["table"]["overall"][m]["speedup"], 3) for m in method_list},
     }
     if bench_runs:
-        judged = [r for r in result.runs if not fit_overheads or r.question_id % 2 == 1]  # held-out when fitted
-        with usage_errors(ValueError, hint="--bench"):
-            check = validate(judged, bench_runs)
-        meta["validation"] = {
-            "prompts": "held-out (odd ids)" if fit_overheads else "all",
-            "median_abs_error": check.median_abs_error,
-            "p90_abs_error": check.p90_abs_error,
-            "per_method": check.per_method,
-            "bench": str(bench),
-        }
-        extra["validation"] = check.pairs
-        line.update(
-            median_abs_error=round(check.median_abs_error, 4),
-            p90_abs_error=round(check.p90_abs_error, 4),
-            step_overhead_ms=round(step_overhead_ms, 2),
-            plain_overhead_ms=round(plain_overhead_ms, 2),
-        )
+        meta["validation"], extra["validation"], errors = _validation(result.runs, bench_runs, fit_overheads, bench)
+        line.update(errors, step_overhead_ms=round(step_overhead_ms, 2), plain_overhead_ms=round(plain_overhead_ms, 2))
     write_json(output, meta, summary, result.runs, **extra)
     output.with_suffix(".md").write_text(
         "Replay prediction (virtual clock from the profile, not measured)\n\n" + markdown(summary, method_list)
@@ -282,3 +266,26 @@ def _load_table(path: Path):
             "--controller-costs out to decide with the profile",
             param_hint="--controller-costs",
         ) from None
+
+
+def _validation(runs: list, bench_runs: list, fitted: bool, bench: Path | None) -> tuple[dict, list, dict]:
+    """Each predicted speedup against the bench's measured one (``replay.report.validate``), on the held-out prompts
+    (odd ids) where the overheads were ``fitted`` on the others: (the results' entry, the pairs, the last line's
+    error fields). Raises typer.BadParameter (--bench) where they share no (prompt, method) beyond plain."""
+    from ..replay.report import validate
+
+    judged = [r for r in runs if not fitted or r.question_id % 2 == 1]
+    with usage_errors(ValueError, hint="--bench"):
+        check = validate(judged, bench_runs)
+    entry = {
+        "prompts": "held-out (odd ids)" if fitted else "all",
+        "median_abs_error": check.median_abs_error,
+        "p90_abs_error": check.p90_abs_error,
+        "per_method": check.per_method,
+        "bench": str(bench),
+    }
+    return (
+        entry,
+        check.pairs,
+        {"median_abs_error": round(check.median_abs_error, 4), "p90_abs_error": round(check.p90_abs_error, 4)},
+    )
