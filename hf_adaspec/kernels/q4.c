@@ -755,10 +755,31 @@ int q4_dequantize(int kind, const uint8_t *w, int64_t N, int64_t K, int64_t K_ou
 /* Element x of a superblock (group x / 32, its element x % 32) sits at position POS(x). */
 #define POS(x) AT((x) / 32, (x) % 32)
 
-static void put_nibble(uint8_t *qs, int p, int code) { qs[p % 128] |= (uint8_t)((code & 15) << (p < 128 ? 0 : 4)); }
+/* Where the code at each position p of a converted superblock comes from in its GGUF block (set once, when the
+   library loads): POS_OF[x] = POS(x); Q4_K's code from byte Q4K_FROM[p] of qs, shifted right by Q4K_SHIFT[p]; Q6_K's
+   low 4 bits from ql[Q6K_LOW_FROM[p]] >> Q6K_LOW_SHIFT[p], its high 2 from qh[Q6K_HIGH_FROM[p]] >> Q6K_HIGH_SHIFT[p].
+   (GGUF Q4_K: element 64c + i the low nibble of byte 32c + i, 64c + 32 + i its high nibble; Q6_K: element
+   128h + 32s + i has low 4 bits from ql[64h + 32(s % 2) + i] (high nibble for s >= 2), high 2 bits at bits 2s of
+   qh[32h + i].) */
+static uint8_t POS_OF[256], Q4K_FROM[256], Q4K_SHIFT[256];
+static uint8_t Q6K_LOW_FROM[256], Q6K_LOW_SHIFT[256], Q6K_HIGH_FROM[256], Q6K_HIGH_SHIFT[256];
 
-/* GGUF Q4_K (fp16 d, dmin; 12 bytes of 6-bit scales and minima; 128 bytes: element 64c + i low nibble of byte
-   32c + i, 64c + 32 + i its high nibble) to q4k_block. */
+__attribute__((constructor)) static void conversion_tables(void) {
+    for (int x = 0; x < 256; x++) {
+        int p = POS(x), r = x % 64, h = x / 128, s = (x % 128) / 32, i = x % 32;
+        POS_OF[x] = (uint8_t)p;
+        Q4K_FROM[p] = (uint8_t)(32 * (x / 64) + r % 32), Q4K_SHIFT[p] = r < 32 ? 0 : 4;
+        Q6K_LOW_FROM[p] = (uint8_t)(64 * h + 32 * (s % 2) + i), Q6K_LOW_SHIFT[p] = (uint8_t)(4 * (s / 2));
+        Q6K_HIGH_FROM[p] = (uint8_t)(32 * h + i), Q6K_HIGH_SHIFT[p] = (uint8_t)(2 * s);
+    }
+}
+
+/* The 4-bit codes of positions d (low nibble) and d + 128 (high nibble) from src by the tables from, shift. */
+static inline uint8_t gguf_nibbles(const uint8_t *src, const uint8_t *from, const uint8_t *shift, int d) {
+    return (uint8_t)(((src[from[d]] >> shift[d]) & 15) | (((src[from[d + 128]] >> shift[d + 128]) & 15) << 4));
+}
+
+/* GGUF Q4_K (fp16 d, dmin; 12 bytes of 6-bit scales and minima; 128 bytes of codes) to q4k_block. */
 static void from_q4k(const uint8_t *g, q4k_block *o) {
     const uint8_t *a = g + 4, *b = g + 8, *c = g + 12, *qs = g + 16;
     memcpy(&o->d, g, 2), memcpy(&o->dmin, g + 2, 2);
@@ -766,25 +787,22 @@ static void from_q4k(const uint8_t *g, q4k_block *o) {
         o->sc[l] = a[l] & 63, o->sc[4 + l] = (uint8_t)((c[l] & 15) | ((a[l] >> 6) << 4));
         o->mn[l] = b[l] & 63, o->mn[4 + l] = (uint8_t)((c[l] >> 4) | ((b[l] >> 6) << 4));
     }
-    memset(o->qs, 0, sizeof o->qs);
-    for (int x = 0; x < 256; x++) {
-        int r = x % 64, byte = qs[32 * (x / 64) + r % 32];
-        put_nibble(o->qs, POS(x), r < 32 ? byte & 15 : byte >> 4);
-    }
+    for (int d = 0; d < 128; d++) o->qs[d] = gguf_nibbles(qs, Q4K_FROM, Q4K_SHIFT, d);
 }
 
-/* GGUF Q6_K (ql 128, qh 64, int8 scales 16, fp16 d; element 128h + 32s + i: low 4 bits of ql[64h + 32(s % 2) + i]
-   (high nibble for s >= 2), high 2 bits at bits 2s of qh[32h + i]) to q6k_block. */
+/* GGUF Q6_K (ql 128, qh 64, int8 scales 16, fp16 d) to q6k_block: position p's high 2 bits at bits 2(j / 2) of
+   qh[32(j % 2) + p % 32], j = p / 32, so byte q holds those of positions 32(2f + q / 32) + q % 32, f = 0..3. */
 static void from_q6k(const uint8_t *g, q6k_block *o) {
     const uint8_t *ql = g, *qh = g + 128;
     const int8_t *scales = (const int8_t *)(g + 192);
-    memset(o->ql, 0, sizeof o->ql), memset(o->qh, 0, sizeof o->qh);
-    for (int x = 0; x < 256; x++) {
-        int h = x / 128, s = (x % 128) / 32, i = x % 32;
-        int low = (ql[64 * h + 32 * (s % 2) + i] >> (4 * (s / 2))) & 15, high = (qh[32 * h + i] >> (2 * s)) & 3;
-        int p = POS(x), j = p / 32;
-        put_nibble(o->ql, p, low);
-        o->qh[32 * (j % 2) + p % 32] |= (uint8_t)(high << (2 * (j / 2)));
+    for (int d = 0; d < 128; d++) o->ql[d] = gguf_nibbles(ql, Q6K_LOW_FROM, Q6K_LOW_SHIFT, d);
+    for (int q = 0; q < 64; q++) {
+        int v = 0;
+        for (int f = 0; f < 4; f++) {
+            int p = 32 * (2 * f + q / 32) + q % 32;
+            v |= ((qh[Q6K_HIGH_FROM[p]] >> Q6K_HIGH_SHIFT[p]) & 3) << (2 * f);
+        }
+        o->qh[q] = (uint8_t)v;
     }
     for (int l = 0; l < 8; l++) o->sce[l] = scales[2 * l], o->sco[l] = scales[2 * l + 1];
     memcpy(&o->d, g + 208, 2);
@@ -801,12 +819,14 @@ static void group_codes(int src, const uint8_t *g, int8_t *q) {
         return;
     }
     const uint8_t *qs = g + (src == SRC_Q50 ? 6 : 2);
-    uint32_t high = 0;
-    if (src == SRC_Q50) memcpy(&high, g + 2, 4);
-    for (int j = 0; j < 32; j++) {
-        int code = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
-        q[j] = (int8_t)(src == SRC_Q50 ? (code | (int)(((high >> j) & 1) << 4)) - 16 : code - 8);
+    for (int j = 0; j < 16; j++) q[j] = (int8_t)(qs[j] & 15), q[j + 16] = (int8_t)(qs[j] >> 4);
+    if (src == SRC_Q40) {
+        for (int j = 0; j < 32; j++) q[j] = (int8_t)(q[j] - 8);
+        return;
     }
+    uint32_t high;
+    memcpy(&high, g + 2, 4);
+    for (int j = 0; j < 32; j++) q[j] = (int8_t)((q[j] | (int)(((high >> j) & 1) << 4)) - 16);
 }
 
 /* Up to 8 GGUF blocks of 32 (src: SRC_Q80, SRC_Q50, SRC_Q40) to q80_block; missing ones are zero (d = 0). */
@@ -816,7 +836,7 @@ static void from_groups(int src, const uint8_t *g, int count, q80_block *o) {
         int8_t q[32];
         memcpy(&o->d[l], g, 2);
         group_codes(src, g, q);
-        for (int t = 0; t < 32; t++) o->qs[POS(32 * l + t)] = q[t];
+        for (int t = 0; t < 32; t++) o->qs[POS_OF[32 * l + t]] = q[t];
     }
 }
 
