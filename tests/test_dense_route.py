@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from conftest import save_tiny_llama
@@ -93,12 +95,31 @@ def test_the_route_starts_where_the_dense_product_stays_faster():
     assert route.crossover(rows, [10, 20, 40, 80], [10, 20, 40, 80]) is None  # a tie is not faster
 
 
+@pytest.mark.parametrize(
+    "timings,measured,start",
+    [
+        ([(80, 90)], [512], None),  # the dense product slower at the largest count: nothing smaller is timed
+        ([(80, 30), (40, 20), (20, 25)], [128, 256, 512], 256),
+        ([(80, 30), (40, 20), (20, 15), (10, 5)], [64, 128, 256, 512], 64),
+    ],
+)
+def test_the_route_is_timed_from_the_largest_count_down_until_the_dense_product_is_not_faster(
+    monkeypatch, timings, measured, start
+):
+    script = iter(timings)  # (kernel ms, dense ms) at 512, 256, 128, 64 rows
+    monkeypatch.setattr(route, "_medians_ms", lambda ways: next(script))
+    layer = types.SimpleNamespace(dense_rows=7, in_features=32)
+    rows, kernel_ms, dense_ms = route.measure(layer, torch.float32)
+    assert rows == measured and list(zip(kernel_ms, dense_ms)) == timings[::-1] and layer.dense_rows == 7
+    assert route.crossover(tuple(rows), kernel_ms, dense_ms) == start
+
+
 def test_the_route_is_measured_once_per_machine_and_cached(tiny_dir, monkeypatch, tmp_path):
     calls = []
 
     def fake(layer, dtype):
         calls.append(dtype)
-        return [10.0, 20.0, 40.0, 80.0], [30.0, 15.0, 20.0, 30.0]
+        return [128, 256, 512], [20.0, 40.0, 80.0], [15.0, 20.0, 30.0]
 
     monkeypatch.setattr(route, "measure", fake)
     model = load_weights(tiny_dir, "tiny", "q4", "float32", "cpu", False)

@@ -6,8 +6,9 @@ at a time) and handing it to torch's matmul (``Q4Linear.dense_product``) costs a
 that, on a CPU with bfloat16 matrix instructions, grows slowly with the rows (a Xeon with AMX: the 1.5B's 512-token
 prefill 8.2 s → 1.8 s). Which is faster from how many rows depends on the processor (a CPU without a fast bfloat16
 matmul may never gain), so it is measured, not read from CPU flags (``measure``; ``models.route_choice`` caches the
-decision per machine): each of ``ROWS`` multiplied both ways, interleaved, medians of ``REPS``; the route starts at
-the least of ``ROWS`` from which the dense product was faster at every count measured (``crossover``). ``ROWS`` start
+decision per machine): ``ROWS`` from the largest down, each multiplied both ways, interleaved, medians of ``REPS``,
+until the dense product is not faster (no smaller count can start the route then); the route starts at the least
+count from which the dense product was faster at every larger one (``crossover``). ``ROWS`` start
 at 64 so that plain steps and verifications of fewer rows (B·(k + 1) < 64; the default largest k is 8) stay on the
 kernel: both multiply each row the same way, so greedy speculation still equals plain greedy, whatever the route.
 """
@@ -71,26 +72,34 @@ def crossover(rows: tuple[int, ...], kernel_ms: list[float], dense_ms: list[floa
     return start
 
 
-def measure(layer: Q4Linear, dtype: torch.dtype) -> tuple[list[float], list[float]]:
-    """Median ms of ``layer``'s product over each of ``ROWS`` random rows of ``dtype``: by the kernel and by the
-    dense route (``Q4Linear.dense_product``), interleaved, ``REPS`` each after one untimed call."""
+def measure(layer: Q4Linear, dtype: torch.dtype) -> tuple[list[int], list[float], list[float]]:
+    """(rows measured, ascending; median ms of ``layer``'s product over each by the kernel; by the dense route,
+    ``Q4Linear.dense_product``): ``ROWS`` from the largest down, random rows of ``dtype``, the two ways interleaved,
+    ``REPS`` each after one untimed call, until the dense product is not faster (the smallest count measured)."""
     gen = torch.Generator().manual_seed(0)
-    kernel_ms, dense_ms = [], []
+    measured: list[tuple[int, float, float]] = []
     saved, layer.dense_rows = layer.dense_rows, None
     try:
         with torch.inference_mode():
-            for m in ROWS:
+            for m in reversed(ROWS):
                 x = torch.randn(m, layer.in_features, generator=gen).to(dtype)  # [M, K]
-                ways = (lambda x=x: layer(x), lambda x=x: layer.dense_product(x))
-                times: tuple[list[float], list[float]] = ([], [])
-                for rep in range(REPS + 1):
-                    for way, out in zip(ways, times):
-                        start = time.perf_counter()
-                        way()
-                        if rep:
-                            out.append((time.perf_counter() - start) * 1e3)
-                kernel_ms.append(round(statistics.median(times[0]), 3))
-                dense_ms.append(round(statistics.median(times[1]), 3))
+                kernel, dense = _medians_ms((lambda x=x: layer(x), lambda x=x: layer.dense_product(x)))
+                measured.append((m, kernel, dense))
+                if dense >= kernel:
+                    break
     finally:
         layer.dense_rows = saved
-    return kernel_ms, dense_ms
+    rows, kernel_ms, dense_ms = zip(*reversed(measured))
+    return list(rows), list(kernel_ms), list(dense_ms)
+
+
+def _medians_ms(ways: tuple) -> tuple[float, float]:
+    """Each of the two calls' median ms over ``REPS`` timed calls after one untimed, the two interleaved."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for rep in range(REPS + 1):
+        for way, out in zip(ways, times, strict=True):
+            start = time.perf_counter()
+            way()
+            if rep:
+                out.append((time.perf_counter() - start) * 1e3)
+    return round(statistics.median(times[0]), 3), round(statistics.median(times[1]), 3)

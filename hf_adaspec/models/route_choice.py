@@ -40,9 +40,11 @@ def threshold(layer: q4.Q4Linear, dtype: torch.dtype) -> int | None:
             return doc["rows"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    kernel_ms, dense_ms = route.measure(layer, dtype)
-    rows = route.crossover(route.ROWS, kernel_ms, dense_ms)
-    write_json_verified(where, {"key": key, "rows": rows, "kernel_ms": kernel_ms, "dense_ms": dense_ms})
+    measured, kernel_ms, dense_ms = route.measure(layer, dtype)
+    rows = route.crossover(tuple(measured), kernel_ms, dense_ms)
+    write_json_verified(
+        where, {"key": key, "rows": rows, "measured_rows": measured, "kernel_ms": kernel_ms, "dense_ms": dense_ms}
+    )
     return rows
 
 
