@@ -1,9 +1,9 @@
 """Where a q4 model's dense route starts on this machine (``kernels.route``), measured once and cached.
 
 Design: the crossover is a property of the processor, torch's matmul and the layer's shape, not of the
-prompt, so it is timed at a model's first load here on its largest q4 layer (``kernels.route.measure``, about a
-second for a 1.5B model) and read back at later loads: ``<cache>/routes/<key>.json`` (atomic, with a
-digest) per processor, torch's thread count, version and CPU level, kernel source and path, dtype and the layer's
+prompt, so it is timed at a model's first load here on its largest q4 layer (``kernels.route.measure``) and read
+back at later loads: ``<cache>/routes/<key>.json`` (atomic, with a digest; the rows timed and their ms beside the
+decision) per processor, torch's thread count, version and CPU level, kernel source and path, dtype and the layer's
 shape and kinds. A cached decision keeps a model's outputs the same from one load to the next.
 """
 
