@@ -218,3 +218,12 @@ def test_a_valid_replay_still_runs(files):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["prompts"] == 1 and out.is_file()
     assert Path(out.with_suffix(".md")).is_file()
+
+
+def test_the_playground_without_gradio_names_the_install_before_loading_a_model(monkeypatch):
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gradio" else find(name, *a))
+    result = CliRunner().invoke(cli.app, ["playground"])
+    assert result.exit_code == 1 and "make playground" in result.output and "[playground]" in result.output

@@ -4,6 +4,7 @@ modules of their own. Bad input is a usage error: one ``Error:`` line naming the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 import time
@@ -276,7 +277,15 @@ def playground(
     concurrency: int = typer.Option(1, min=1, help="Generations running at once (the queue holds the rest)."),
 ) -> None:
     """Serve the Gradio playground: live speculation decisions, coloured tokens, k and step-time charts, the
-    speedup over plain."""
+    speedup over plain. Exits 1 (before loading a model) where Gradio is not installed (``make demo`` leaves it
+    out), naming the install."""
+    if importlib.util.find_spec("gradio") is None:
+        typer.echo(
+            "hf-adaspec: the playground needs Gradio, which `make demo` does not install: run `make playground`, "
+            "or pip install -e '.[playground]'",
+            err=True,
+        )
+        raise typer.Exit(1)
     from ..playground.playground import PAIRS, launch
 
     if pair not in PAIRS:
