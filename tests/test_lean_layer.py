@@ -238,6 +238,22 @@ def test_lean_attention_gives_transformers_logits_to_the_bit(family, extra, dtyp
         assert torch.equal(got, want)
 
 
+def test_lean_attention_of_a_model_in_eval_mode_does_not_drop_out():
+    """A module is made in training mode: ``LeanAttention`` takes the mode of the module it replaces, so an eval
+    model whose config asks for attention dropout gives the same logits with it as without it."""
+    config = transformers.AutoConfig.for_model("llama", **BASE, attention_dropout=0.5)
+    torch.manual_seed(5)
+    model = format_load.convert(transformers.AutoModelForCausalLM.from_config(config).eval(), "q4", False)
+    hf_compat.use_packed_attention(model)
+    block = torch.randint(1, 64, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        want = model(block).logits
+        hf_compat.use_lean_attention(model)
+        lean = [m for m in model.modules() if isinstance(m, hf_compat.lean_attention.LeanAttention)]
+        assert len(lean) == BASE["num_hidden_layers"] and not any(m.training for m in lean)
+        assert torch.equal(model(block).logits, want)
+
+
 def test_lean_attention_follows_a_change_of_implementation_and_a_copy():
     """The attention function looked up on the first call is looked up again when the model's implementation
     changes; a copy of the model reads its own config."""

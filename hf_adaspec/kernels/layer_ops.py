@@ -35,28 +35,6 @@ def library(directory: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(cbuild.build(_SOURCE, directory)))
     lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, ctypes.c_float, _P, _C, _C]
     lib.ops_rope_split.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _C]
-    lib.ops_attend.argtypes = [
-        _P,
-        _P,
-        _P,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _P,
-        _P,
-        _I,
-        _I,
-        _P,
-        _I,
-        _I,
-        ctypes.c_float,
-        _P,
-        _C,
-        _C,
-    ]
     return lib
 
 
@@ -185,59 +163,3 @@ class RopeSplit:
         ):
             raise ValueError(f"layer_ops.c refused a head width of {d}")
         return q, k, v
-
-
-class Attend:
-    """One layer's attention for n new tokens over its key/value cache in one C call (``layer_ops.c``'s
-    ``ops_attend``): the fused projection's output split into heads, the queries and new keys rotated as
-    ``rope_split`` rotates them, the new keys and values written into the cache's buffers, then
-    softmax(q·kᵀ·scale + mask)·v (Vaswani et al. 2017, eq. 1) in float32 with grouped-query heads (query head h
-    reads key/value head h // (H / H_kv)). A query row's output does not depend on how many rows are computed with
-    it; a row that sees no column is zeros. Its C function is looked up on the first call."""
-
-    def __init__(self, heads: int, kv_heads: int, directory: Path):
-        self.heads, self.kv_heads, self.directory = heads, kv_heads, Path(directory)
-        self._attend: Callable[..., int] | None = None
-
-    def __getstate__(self) -> dict:
-        """A copy (``copy.deepcopy``, pickling) looks its function up again: a ctypes function is not copied."""
-        return {**self.__dict__, "_attend": None}
-
-    def __call__(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        held: int,
-        mask: torch.Tensor | None,
-        scale: float,
-    ) -> torch.Tensor:
-        """qkv [B, n, (H + 2·H_kv)·D] contiguous; cos and sin [B or 1, n, D] contiguous; keys and values
-        [B, H_kv, C, D] contiguous buffers whose first ``held`` columns are filled (the n new ones are written at
-        held … held + n − 1); mask None (every column visible to every row) or boolean [B or 1, 1, n, held + n]
-        (True = attend) with unit stride along its columns; all on the CPU, of one dtype, float32 or bfloat16
-        → [B, n, H·D]. Raises ValueError for shapes that do not fit (D odd or over 512, held + n over C)."""
-        b, n, width = qkv.shape
-        d = keys.shape[-1]
-        out = torch.empty(b, n, self.heads * d, dtype=qkv.dtype)  # [B, n, H·D]
-        attend = self._attend
-        if attend is None:
-            attend = self._attend = library(self.directory).ops_attend
-        mask_ptr, mask_batch, mask_row = (
-            (None, 0, 0) if mask is None else (mask.data_ptr(), mask.stride(0), mask.stride(2))
-        )
-        if mask is not None and mask.shape[0] == 1:
-            mask_batch = 0
-        refused = width != (self.heads + 2 * self.kv_heads) * d or attend(
-            qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), 0 if cos.shape[0] == 1 else n * d,
-            b, n, self.heads, self.kv_heads, d, keys.data_ptr(), values.data_ptr(), keys.shape[2], held,
-            mask_ptr, mask_batch, mask_row, scale, out.data_ptr(), qkv.dtype == torch.bfloat16,
-            torch.get_num_threads(),
-        )  # fmt: skip
-        if refused:
-            raise ValueError(
-                f"layer_ops.c refused attention over {held} + {n} of {keys.shape[2]} columns, heads of {d}"
-            )
-        return out

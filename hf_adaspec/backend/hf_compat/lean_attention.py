@@ -20,13 +20,8 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ...kernels.fused import Q4Slice
-from ...kernels.layer_ops import Attend, RopeSplit
+from ...kernels.layer_ops import RopeSplit
 from ...models.lean_layer import qualified_name
-from .cache_layers import GrowingLayer
-from .model_calls import PACKED_SDPA
-
-IN_CACHE_ROWS = 16  # the most new tokens a forward attends in one C call (steps and verifications; a prompt: torch)
-_IN_CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _no_keywords(attention: torch.nn.Module) -> dict:
@@ -60,12 +55,11 @@ class LeanAttention(torch.nn.Module):
         self.heads = attention.q_proj.out_features // attention.head_dim
         self.kv_heads = attention.k_proj.out_features // attention.head_dim
         self.split = RopeSplit(self.heads, self.kv_heads, self.qkv.directory)
-        self.in_cache = Attend(self.heads, self.kv_heads, self.qkv.directory)
         self.keywords = keywords(attention)
         self.eager = sys.modules[type(attention).__module__].eager_attention_forward  # its forward's default
         self._settings: dict | None = None  # vars(attention.config), read on the first call
         self._attend: tuple[str | None, Callable] = (None, self.eager)  # the implementation seen last, its function
-        self.train(attention.training)
+        self.train(attention.training)  # a module is made in training mode: this one follows the module it replaces
 
     def forward(
         self,
@@ -79,13 +73,7 @@ class LeanAttention(torch.nn.Module):
         cos, sin = position_embeddings  # [B or 1, n, D]
         modules = self._modules
         inner = modules["inner"]
-        qkv = modules["qkv"](hidden_states)  # [B, n, (H + 2·H_kv)·D]
-        layer = self._attends_in_cache(qkv, cos, attention_mask, past_key_values)
-        if layer is not None:
-            keys, values, held = layer.open_columns(n)  # [B, H_kv, C, D] each
-            out = self.in_cache(qkv, cos, sin, keys, values, held, attention_mask, inner.scaling)  # [B, n, H·D]
-            return modules["o_proj"](out), None
-        q, k, v = self.split(qkv, cos, sin)
+        q, k, v = self.split(modules["qkv"](hidden_states), cos, sin)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, inner.layer_idx)  # [B, H_kv, L, D]
         out, weights = self.attention()(
@@ -100,41 +88,6 @@ class LeanAttention(torch.nn.Module):
             **kwargs,
         )  # out [B, n, H, D]
         return modules["o_proj"](out.reshape(b, n, -1).contiguous()), weights
-
-    def _attends_in_cache(
-        self, qkv: torch.Tensor, cos: torch.Tensor, mask: torch.Tensor | None, cache
-    ) -> GrowingLayer | None:
-        """The cache layer this forward attends over in one C call (``kernels.layer_ops.Attend``), or None where
-        that call does not compute what the model's attention does: the implementation is not sdpa (eager may
-        be asked for weights), a window, dropout, a prompt, a cache layer other than a full ``GrowingLayer`` of
-        the activations' dtype, a mask that is not boolean [B or 1, 1, n, L + n], tensors off the CPU."""
-        b, n, _ = qkv.shape
-        if n > IN_CACHE_ROWS or self.training or cache is None or self.keywords.get("sliding_window") is not None:
-            return None
-        settings = self._settings
-        if settings is None:
-            settings = self._settings = vars(self.inner.config)
-        if settings["_attn_implementation_internal"] not in ("sdpa", PACKED_SDPA):
-            return None
-        layer = cache.layers[self.inner.layer_idx]
-        if type(layer) is not GrowingLayer or not layer.is_initialized or layer.window is not None:
-            return None
-        keys, dtype = layer.buffers()[0], qkv.dtype
-        if not (
-            dtype in _IN_CACHE_DTYPES
-            and keys.dtype == cos.dtype == dtype
-            and keys.shape[0] == b
-            and qkv.is_cpu
-            and keys.is_cpu
-            and cos.is_cpu
-            and cos.shape[0] in (1, b)
-        ):
-            return None
-        if mask is None:
-            return layer if n == 1 else None
-        columns = layer.get_seq_length() + n
-        wanted = mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1:] == (1, n, columns)
-        return layer if wanted and mask.shape[0] in (1, b) and mask.stride(3) == 1 else None
 
     def attention(self) -> Callable:
         """The attention function of the model's implementation now (``ALL_ATTENTION_FUNCTIONS``; the module's
