@@ -1,9 +1,10 @@
 """Every touch of transformers internals lives in this package: what a model is (``model_facts``), its KV cache
 layers and their operations (``cache_layers``), a q4 model's lean attention (``lean_attention``), the attention a
 speculative request swaps in (``speculative_attention``), attention masks for rows with holes and windowed layers
-(``masks``), calling the model (``model_calls``), and the ``generate`` keywords the custom_generate path reads or
-drops (``generate_options``), and how far its stopping criteria and logits processors can be read over a
-whole span (``criteria``). The rest of hf-adaspec imports only the names below (``hf_compat.new_cache``, …).
+(``masks``), calling the model (``model_calls``; a q4 model's steps as one flat loop: ``flat_forward``), the
+``generate`` keywords the custom_generate path reads or drops (``generate_options``), and how far its stopping
+criteria and logits processors can be read over a whole span (``criteria``). The rest of hf-adaspec imports only
+the names below (``hf_compat.new_cache``, …).
 
 Tested against transformers 5.x (see pyproject's pin). The engine calls only these functions, so a transformers
 upgrade that moves an internal breaks this package alone.

@@ -108,7 +108,7 @@ class LeanAttention(torch.nn.Module):
         return {**super().__getstate__(), "_settings": None, "_attend": (None, self.eager)}
 
 
-def _fused_qkv(attention: torch.nn.Module) -> bool:
+def fused_qkv(attention: torch.nn.Module) -> bool:
     """``attention``'s q/k/v projections are the three slices, in order, of one fused layer that holds nothing else."""
     parts = [attention.q_proj, attention.k_proj, attention.v_proj]
     if not all(isinstance(p, Q4Slice) for p in parts) or len({id(p.layer) for p in parts}) != 1:
@@ -132,7 +132,7 @@ def use_lean_attention(model: torch.nn.Module) -> int:
             continue
         for name, child in list(parent.named_children()):
             kind = qualified_name(child)
-            if kind in ATTENTIONS and _fused_qkv(child):
+            if kind in ATTENTIONS and fused_qkv(child):
                 setattr(parent, name, LeanAttention(child, ATTENTIONS[kind]))
                 replaced += 1
     return replaced

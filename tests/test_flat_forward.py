@@ -1,0 +1,135 @@
+"""``hf_compat.flat_forward``: a q4 model's forward as one flat loop gives transformers' logits and features to the
+bit, runs only where that holds, and sees a changed model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from conftest import slow_except
+
+import hf_adaspec
+from hf_adaspec.backend import hf_compat
+from hf_adaspec.backend.hf_compat import flat_forward, model_calls
+from hf_adaspec.models import format_load
+
+pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
+BASE = dict(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=0,
+)
+
+
+def _q4(family: str, dtype: torch.dtype = torch.float32, seed: int = 5, **extra) -> torch.nn.Module:
+    config = transformers.AutoConfig.for_model(family, **BASE, **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    model = hf_adaspec.enable(format_load.convert(model, "q4", False))
+    hf_compat.use_packed_attention(model)
+    return model
+
+
+@pytest.fixture
+def flat_runs(monkeypatch):
+    """The blocks the flat forward ran (its n), through ``model_calls.forward``."""
+    ran = []
+    real = flat_forward.flat_forward
+
+    def counted(model, input_ids, *args):
+        out = real(model, input_ids, *args)
+        if out is not None:
+            ran.append(input_ids.shape[1])
+        return out
+
+    monkeypatch.setattr(model_calls, "flat_forward", counted)
+    return ran
+
+
+def _run(model: torch.nn.Module, blocks: list[torch.Tensor], layers: tuple[int, ...] = ()) -> list:
+    cache = hf_compat.new_cache(model)
+    with torch.inference_mode():
+        return [hf_compat.forward(model, block, cache, block.shape[1], feature_layers=layers) for block in blocks]
+
+
+@pytest.mark.parametrize("family", slow_except(["llama", "qwen2"], fast={"qwen2"}))
+@pytest.mark.parametrize("dtype", slow_except([torch.float32, torch.bfloat16], fast={torch.bfloat16}))
+def test_flat_forward_gives_transformers_logits_and_features_to_the_bit(family, dtype, flat_runs, monkeypatch):
+    """A prompt (the model's own forward), then a step, a verification, a step and a longer block, two rows, with
+    features out of order: the same logits and features as the model's forward."""
+    model = _q4(family, dtype)
+    blocks = [torch.randint(1, 64, (2, n), generator=torch.Generator().manual_seed(n)) for n in (7, 1, 3, 1, 5)]
+    flat = _run(model, blocks, layers=(1, 0))
+    assert flat_runs == [1, 3, 1, 5]
+    monkeypatch.setattr(model_calls, "flat_forward", lambda *args: None)
+    for (logits, features), (want_logits, want_features) in zip(flat, _run(model, blocks, layers=(1, 0))):
+        assert torch.equal(logits, want_logits) and torch.equal(features, want_features)
+
+
+def test_flat_forward_runs_only_what_transformers_would_compute(flat_runs):
+    """Windows, another family, dense weights, a transformers cache, training mode, a hooked module, a prompt on
+    an empty cache, a block wider than ``FLAT_ROWS``, a feature layer past the last: the model's forward."""
+    block = torch.randint(1, 64, (1, 2))
+    for model in (
+        _q4("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1),
+        _q4("mistral", sliding_window=4),
+        _q4("qwen3"),
+    ):
+        _run(model, [block, block])
+    dense = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model("llama", **BASE)).eval()
+    hf_compat.use_packed_attention(dense)
+    _run(dense, [block, block])
+    model = _q4("llama")
+    with torch.inference_mode():
+        hf_compat.forward(model, block, transformers.DynamicCache(config=model.config), 1)
+        hf_compat.forward(model, block, transformers.DynamicCache(config=model.config), 1)
+    model.train()
+    _run(model, [block, block])
+    model.eval()
+    handle = model.model.layers[1].post_attention_layernorm.register_forward_hook(lambda *args: None)
+    _run(model, [block, block])
+    handle.remove()
+    wide = torch.randint(1, 64, (1, flat_forward.FLAT_ROWS + 1))
+    _run(model, [block, wide], layers=(BASE["num_hidden_layers"],))
+    _run(model, [block, block], layers=(BASE["num_hidden_layers"],))
+    assert flat_runs == []
+    _run(model, [block, block])  # the hook removed: flat again
+    assert flat_runs == [2]
+
+
+def test_flat_forward_follows_the_attention_swap_and_sees_a_replaced_module(flat_runs):
+    """Speculation's swap of the attention for ``LeanAttention`` keeps the plan; a replaced norm ends it."""
+    model = _q4("qwen2")
+    block = torch.randint(1, 64, (1, 3))
+    with hf_compat.speculative_attention(hf_compat.AttentionSwap(model)):
+        _run(model, [block, block])
+    assert flat_runs == [3]
+    layer = model.model.layers[0]
+    layer.input_layernorm = transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm(BASE["hidden_size"])
+    _run(model, [block, block])
+    assert flat_runs == [3]
+
+
+def test_speculative_greedy_through_the_flat_forward_equals_plain_greedy(flat_runs):
+    """A q4 Qwen2 in float32: plain greedy through transformers, speculative greedy through the flat forward."""
+    target = _q4("qwen2", seed=9)
+    target.generation_config.eos_token_id = None
+    prompt = torch.randint(1, 64, (1, 9), generator=torch.Generator().manual_seed(2))
+    plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
+    spec = target.generate(
+        prompt,
+        max_new_tokens=20,
+        do_sample=False,
+        assistant_model=target,
+        speculation="fixed",
+        num_speculative_tokens=3,
+    )
+    assert torch.equal(spec, plain) and flat_runs
