@@ -11,6 +11,7 @@ from conftest import slow_except
 import hf_adaspec
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.backend.hf_compat import flat_forward, model_calls
+from hf_adaspec.backend.hf_compat.cache_layers import GrowingLayer
 from hf_adaspec.models import format_load
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
@@ -133,3 +134,20 @@ def test_speculative_greedy_through_the_flat_forward_equals_plain_greedy(flat_ru
         num_speculative_tokens=3,
     )
     assert torch.equal(spec, plain) and flat_runs
+
+
+def test_a_growing_layer_opens_columns_for_a_caller_that_writes_them():
+    """``open_columns`` grows the buffers, holds the new columns and hands back where to write them; it refuses a
+    layer before its first update and a windowed one."""
+    layer = GrowingLayer()
+    with pytest.raises(ValueError, match="first update"):
+        layer.open_columns(1)
+    layer.update(torch.zeros(1, 2, 63, 4), torch.zeros(1, 2, 63, 4))
+    keys, values, first = layer.open_columns(3)
+    assert first == 63 and keys.shape[2] >= 66 and values.shape == keys.shape and keys.is_contiguous()
+    keys[:, :, 63:66], values[:, :, 63:66] = 1.0, 2.0
+    assert layer.get_seq_length() == 66 and layer.keys[:, :, 63:].eq(1).all() and layer.values[:, :, 63:].eq(2).all()
+    windowed = GrowingLayer(("sliding", 4))
+    windowed.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    with pytest.raises(ValueError, match="window"):
+        windowed.open_columns(1)

@@ -123,6 +123,26 @@ def test_rope_split_rotates_as_transformers_to_the_bit(dtype, b, n, heads, kv_he
             assert g.is_contiguous() and g.dtype == dtype and torch.equal(g, w)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_split_into_a_cache_writes_the_split_s_keys_and_values_there(dtype, kernel_dir):
+    """Columns 4 … 6 of a cache's buffers take the split's keys and values, the rest stay; buffers of another dtype
+    take them as a cache's update does (cast); columns past the buffers are refused."""
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(2, 3, 8 * 8, generator=gen).to(dtype)
+    cos, sin = (torch.randn(1, 3, 8, generator=gen).to(dtype) for _ in range(2))
+    split = RopeSplit(4, 2, kernel_dir)
+    q, k, v = split(qkv, cos, sin)
+    keys, values = torch.full((2, 2, 10, 8), 7.0, dtype=dtype), torch.full((2, 2, 10, 8), 7.0, dtype=dtype)
+    assert torch.equal(split.into_cache(qkv, cos, sin, keys, values, 4), q)
+    assert torch.equal(keys[:, :, 4:7], k) and torch.equal(values[:, :, 4:7], v)
+    assert keys[:, :, 7:].eq(7).all() and keys[:, :, :4].eq(7).all() and values[:, :, 7:].eq(7).all()
+    halves = torch.zeros(2, 2, 3, 8, dtype=torch.float16), torch.zeros(2, 2, 3, 8, dtype=torch.float16)
+    assert torch.equal(split.into_cache(qkv, cos, sin, *halves, 0), q)
+    assert torch.equal(halves[0], k.half()) and torch.equal(halves[1], v.half())
+    with pytest.raises(ValueError, match="cannot take"):
+        split.into_cache(qkv, cos, sin, keys, values, 8)
+
+
 def test_rope_split_of_other_dtypes_takes_torch_s_operations(kernel_dir):
     gen = torch.Generator().manual_seed(0)
     qkv = torch.randn(1, 2, 4 * 8, generator=gen, dtype=torch.float16)

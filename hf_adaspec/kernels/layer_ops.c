@@ -72,9 +72,10 @@ int ops_rms_norm(const void *x, const void *w, int64_t m, int64_t h, float eps, 
 }
 
 /* rope_split: a fused query/key/value projection's output qkv [t, (h + 2 hkv) d] (t = b n tokens, row-major) to
-q [b, h, n, d] and k [b, hkv, n, d] rotated by the rotary position embedding (Su et al. 2021, RoFormer, eq. 34, in
+q [b, h, n, d] and k rotated by the rotary position embedding (Su et al. 2021, RoFormer, eq. 34, in
 transformers' rotate-half layout: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[d/2:], x[:d/2])) and
-v [b, hkv, n, d] copied. cos and sin [b or 1, n, d] (cos_batch_stride 0: one row of positions for every batch
+v copied, k and v [b, hkv, columns, d] written at columns first .. first + n - 1 (columns = n, first = 0: tensors
+of their own; a KV cache's buffers otherwise). cos and sin [b or 1, n, d] (cos_batch_stride 0: one row of positions for every batch
 row). Each product and the sum round to the activations' dtype as torch's three operations do (no fused
 multiply-add: C11 mode contracts nothing). All tensors bfloat16 (bf16 != 0) or all float32. */
 static inline float rope_bf16(float x, float c, float rot, float s) {
@@ -107,8 +108,9 @@ static void rope_head_f32(const float *x, const float *c, const float *s, int64_
 }
 
 int ops_rope_split(const void *qkv, const void *cos, const void *sin, int64_t cos_batch_stride, int64_t b,
-                   int64_t n, int64_t h, int64_t hkv, int64_t d, void *q, void *k, void *v, int bf16) {
-  if (d % 2) return 1;
+                   int64_t n, int64_t h, int64_t hkv, int64_t d, void *q, void *k, void *v, int64_t columns,
+                   int64_t first, int bf16) {
+  if (d % 2 || first < 0 || first + n > columns) return 1;
   int64_t width = (h + 2 * hkv) * d, size = bf16 ? 2 : 4;
   for (int64_t r = 0; r < b; r++)
     for (int64_t i = 0; i < n; i++) {
@@ -118,9 +120,9 @@ int ops_rope_split(const void *qkv, const void *cos, const void *sin, int64_t co
         const char *x = row + head * d * size;
         char *out;
         if (head < h) out = (char *)q + ((r * h + head) * n + i) * d * size;
-        else if (head < h + hkv) out = (char *)k + ((r * hkv + head - h) * n + i) * d * size;
+        else if (head < h + hkv) out = (char *)k + ((r * hkv + head - h) * columns + first + i) * d * size;
         else {
-          memcpy((char *)v + ((r * hkv + head - h - hkv) * n + i) * d * size, x, d * size);
+          memcpy((char *)v + ((r * hkv + head - h - hkv) * columns + first + i) * d * size, x, d * size);
           continue;
         }
         if (bf16) rope_head_bf16((const uint16_t *)x, (const uint16_t *)cos + at, (const uint16_t *)sin + at, d,

@@ -34,7 +34,7 @@ def library(directory: Path) -> ctypes.CDLL:
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the library then shares) is loaded first
     lib = ctypes.CDLL(str(cbuild.build(_SOURCE, directory)))
     lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, ctypes.c_float, _P, _C, _C]
-    lib.ops_rope_split.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _C]
+    lib.ops_rope_split.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _C]
     return lib
 
 
@@ -118,48 +118,84 @@ class RopeSplit:
     def __call__(
         self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, n, width = qkv.shape
-        heads, kv_heads, dtype = self.heads, self.kv_heads, qkv.dtype
-        d, rest = divmod(width, heads + 2 * kv_heads)
+        b, n, _ = qkv.shape
+        d = self._head_width(qkv)
+        if not self._native(qkv, cos, sin, qkv.dtype):
+            q, k, v = self._reference(qkv, cos, sin, d)
+            return rotate_half_reference(q, cos, sin), rotate_half_reference(k, cos, sin), v
+        k = torch.empty(b, self.kv_heads, n, d, dtype=qkv.dtype)  # [B, H_kv, n, D]
+        v = torch.empty(b, self.kv_heads, n, d, dtype=qkv.dtype)  # [B, H_kv, n, D]
+        return self._split_into(qkv, cos, sin, k, v, 0), k, v
+
+    def into_cache(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        first: int,
+    ) -> torch.Tensor:
+        """``__call__``'s split with the keys and values written into a cache's buffers keys and values
+        [B, H_kv, C, D] (contiguous) at columns first … first + n − 1, in their dtype (as a cache's update writes
+        them) → q [B, H, n, D]. Raises ValueError as ``__call__``, and where the columns do not fit."""
+        b, n, _ = qkv.shape
+        d = self._head_width(qkv)
+        if first < 0 or first + n > keys.shape[2] or not (keys.is_contiguous() and values.is_contiguous()):
+            raise ValueError(f"columns {first} … {first + n - 1} of {tuple(keys.shape)} cannot take the new keys")
+        if not (self._native(qkv, cos, sin, keys.dtype) and values.dtype == keys.dtype):
+            q, k, v = self._reference(qkv, cos, sin, d)
+            keys[:, :, first : first + n] = rotate_half_reference(k, cos, sin)
+            values[:, :, first : first + n] = v
+            return rotate_half_reference(q, cos, sin)
+        return self._split_into(qkv, cos, sin, keys, values, first)
+
+    def _head_width(self, qkv: torch.Tensor) -> int:
+        d, rest = divmod(qkv.shape[-1], self.heads + 2 * self.kv_heads)
         if rest or d % 2:
             raise ValueError(
-                f"a fused query/key/value output {width} wide is not {heads} + 2·{kv_heads} heads of an even width"
+                f"a fused query/key/value output {qkv.shape[-1]} wide is not {self.heads} + 2·{self.kv_heads} "
+                "heads of an even width"
             )
-        native = (
-            dtype in _NATIVE
-            and cos.dtype == sin.dtype == dtype
+        return d
+
+    def _native(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_dtype: torch.dtype) -> bool:
+        """Whether the C call takes these: one dtype it reads (keys and values written in it too), the CPU,
+        cos and sin [B or 1, n, D]."""
+        b, n, _ = qkv.shape
+        return (
+            qkv.dtype in _NATIVE
+            and cos.dtype == sin.dtype == kv_dtype == qkv.dtype
             and qkv.is_cpu
             and cos.is_cpu
             and sin.is_cpu
             and cos.shape == sin.shape
             and cos.shape[0] in (1, b)
-            and cos.shape[1:] == (n, d)
+            and cos.shape[1:] == (n, qkv.shape[-1] // (self.heads + 2 * self.kv_heads))
         )
-        if not native:
-            q, k, v = qkv.view(b, n, heads + 2 * kv_heads, d).transpose(1, 2).split([heads, kv_heads, kv_heads], 1)
-            return (rotate_half_reference(q, cos, sin), rotate_half_reference(k, cos, sin), v)
+
+    def _reference(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, d: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, H, n, D], k and v [B, H_kv, n, D] as views of qkv, not rotated (torch's operations)."""
+        b, n, _ = qkv.shape
+        heads, kv_heads = self.heads, self.kv_heads
+        return qkv.view(b, n, heads + 2 * kv_heads, d).transpose(1, 2).split([heads, kv_heads, kv_heads], 1)
+
+    def _split_into(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int
+    ) -> torch.Tensor:
+        """The C call (``_native`` holds): q [B, H, n, D] returned, the rotated keys and the values written into
+        k and v [B, H_kv, C, D] at columns first … first + n − 1."""
+        b, n, _ = qkv.shape
+        heads, kv_heads, dtype, d = self.heads, self.kv_heads, qkv.dtype, self._head_width(qkv)
         qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
         q = torch.empty(b, heads, n, d, dtype=dtype)  # [B, H, n, D]
-        k = torch.empty(b, kv_heads, n, d, dtype=dtype)  # [B, H_kv, n, D]
-        v = torch.empty(b, kv_heads, n, d, dtype=dtype)  # [B, H_kv, n, D]
         split = self._split
         if split is None:
             split = self._split = library(self.directory).ops_rope_split
         stride = 0 if cos.shape[0] == 1 else n * d
-        if split(
-            qkv.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            stride,
-            b,
-            n,
-            heads,
-            kv_heads,
-            d,
-            q.data_ptr(),
-            k.data_ptr(),
-            v.data_ptr(),
-            dtype == torch.bfloat16,
-        ):
+        args = (b, n, heads, kv_heads, d, q.data_ptr(), k.data_ptr(), v.data_ptr(), k.shape[2], first)
+        if split(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), stride, *args, dtype == torch.bfloat16):
             raise ValueError(f"layer_ops.c refused a head width of {d}")
-        return q, k, v
+        return q

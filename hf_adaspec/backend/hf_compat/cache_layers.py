@@ -39,10 +39,7 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[2]
-        if end > self._k.shape[2]:  # double the capacity (at least 64 columns)
-            wider = max(end, 2 * self._k.shape[2], 64)
-            pad = (0, 0, 0, wider - self._k.shape[2])
-            self._k, self._v = (torch.nn.functional.pad(t, pad) for t in (self._k, self._v))
+        self._fit(end)
         self._k[:, :, self.length : end] = key_states
         self._v[:, :, self.length : end] = value_states
         self.length = end
@@ -50,6 +47,27 @@ class GrowingLayer(DynamicLayer):
         if not self.visible_from:
             return self.keys, self.values
         return self._k[:, :, self.visible_from : end], self._v[:, :, self.visible_from : end]
+
+    def _fit(self, end: int) -> None:
+        """Room for ``end`` columns: the capacity doubled (at least 64 columns) where it is less."""
+        if end > self._k.shape[2]:
+            wider = max(end, 2 * self._k.shape[2], 64)
+            pad = (0, 0, 0, wider - self._k.shape[2])
+            self._k, self._v = (torch.nn.functional.pad(t, pad) for t in (self._k, self._v))
+
+    def open_columns(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """n new columns for a caller that writes their keys and values itself (``update`` without the copies):
+        (the keys' and the values' buffers [B, H_kv, C, D], contiguous, grown to hold them, and the first new
+        column). The layer holds them from now on (``keys``/``values`` include them); the caller writes columns
+        first … first + n − 1 of both before anything reads them. Raises ValueError before the first ``update``
+        (the buffers' shape and dtype come from it) and on a layer with a window."""
+        if not self.is_initialized or self.window is not None:
+            raise ValueError("open_columns takes a layer without a window, after its first update")
+        first = self.length
+        self._fit(first + n)
+        self.length = first + n
+        self._view()
+        return self._k, self._v, first
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length - self.visible_from, self.visible_from
@@ -157,6 +175,27 @@ class _ColumnLayer(CacheLayerMixin):
         self.keys.index_copy_(2, self.columns, key_states.to(self.dtype))
         self.values.index_copy_(2, self.columns, value_states.to(self.dtype))
         return self.keys, self.values
+
+    def _fit(self, end: int) -> None:
+        """Room for ``end`` columns: the capacity doubled (at least 64 columns) where it is less."""
+        if end > self._k.shape[2]:
+            wider = max(end, 2 * self._k.shape[2], 64)
+            pad = (0, 0, 0, wider - self._k.shape[2])
+            self._k, self._v = (torch.nn.functional.pad(t, pad) for t in (self._k, self._v))
+
+    def open_columns(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """n new columns for a caller that writes their keys and values itself (``update`` without the copies):
+        (the keys' and the values' buffers [B, H_kv, C, D], contiguous, grown to hold them, and the first new
+        column). The layer holds them from now on (``keys``/``values`` include them); the caller writes columns
+        first … first + n − 1 of both before anything reads them. Raises ValueError before the first ``update``
+        (the buffers' shape and dtype come from it) and on a layer with a window."""
+        if not self.is_initialized or self.window is not None:
+            raise ValueError("open_columns takes a layer without a window, after its first update")
+        first = self.length
+        self._fit(first + n)
+        self.length = first + n
+        self._view()
+        return self._k, self._v, first
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.keys.shape[2], 0

@@ -23,6 +23,8 @@ None and the caller runs the model:
 - the cache: ``GrowingLayer``s without windows (``new_cache``); no holes (no mask, positions follow the cache);
 - the block: 1 … ``FLAT_ROWS`` new tokens over a cache that holds columns (a prompt on an empty cache takes
   transformers' causal path, not a mask), feature layers below the layer count.
+The new keys and values are written into the cache's buffers by the call that splits and rotates them
+(``RopeSplit.into_cache`` over ``GrowingLayer.open_columns``): no copies.
 The plan (each layer's modules) is built once per model and checked at every call against the model's modules,
 so a replaced module (a swap of the attention for its ``LeanAttention``, a user's change) is seen.
 """
@@ -196,7 +198,7 @@ def flat_forward(
     if any(type(layer) is not GrowingLayer or layer.window is not None for layer in layers):
         return None
     held = layers[0].get_seq_length()
-    if held == 0 and n > 1:
+    if held == 0:  # a prompt: transformers' causal path, and the cache's buffers are made by its first update
         return None
     base = plan.base
     x = base.embed_tokens(input_ids)  # [B, n, H]
@@ -207,9 +209,9 @@ def flat_forward(
     for i, (layer, cached) in enumerate(zip(plan.layers, layers)):
         if i in feature_layers:
             features[i] = x
-        q, k, v = layer.split(layer.qkv.forward(layer.norm1.forward(x)), cos, sin)  # [B, H, n, D], [B, H_kv, n, D]
-        k, v = cached.update(k, v)  # [B, H_kv, L + n, D]
-        attended = packed_gqa(q, k, v, mask, layer.attention.scaling)  # [B, n, H, D]
+        qkv = layer.qkv.forward(layer.norm1.forward(x))  # [B, n, (H + 2·H_kv)·D]
+        q = layer.split.into_cache(qkv, cos, sin, *cached.open_columns(n))  # [B, H, n, D]; keys, values cached
+        attended = packed_gqa(q, cached.keys, cached.values, mask, layer.attention.scaling)  # [B, n, H, D]
         x = x + layer.o_proj.forward(attended.reshape(b, n, -1))
         x = x + layer.mlp.forward(layer.norm2.forward(x))
     logits = model.lm_head(base.norm(x[:, -keep:]))  # [B, keep, V]
