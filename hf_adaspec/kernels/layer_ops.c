@@ -71,33 +71,6 @@ int ops_rms_norm(const void *x, const void *w, int64_t m, int64_t h, float eps, 
   return 0;
 }
 
-/* add_rms_norm: a residual sum s = x + r rounded to the activations' dtype (torch's sum of two tensors of that
-dtype: in float32, then rounded), written to s, and rms_norm's y of it, per row: x, r, s, y [m, h] and w [h]. */
-VECTOR_CLONES static void add_row(const void *x, const void *r, int64_t h, void *s, int bf16) {
-  if (bf16) {
-    const uint16_t *xr = (const uint16_t *)x, *rr = (const uint16_t *)r;
-    uint16_t *sr = (uint16_t *)s;
-    for (int64_t i = 0; i < h; i++) sr[i] = f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(rr[i]));
-  } else {
-    const float *xr = (const float *)x, *rr = (const float *)r;
-    float *sr = (float *)s;
-    for (int64_t i = 0; i < h; i++) sr[i] = xr[i] + rr[i];
-  }
-}
-
-int ops_add_rms_norm(const void *x, const void *r, const void *w, int64_t m, int64_t h, float eps, void *s, void *y,
-                     int bf16, int threads) {
-  if (h <= 0 || h > 65536) return 1;
-  int64_t size = bf16 ? 2 : 4;
-#pragma omp parallel for num_threads(threads) schedule(static) if (m >= 32)
-  for (int64_t row = 0; row < m; row++) {
-    int64_t at = row * h * size;
-    add_row((const char *)x + at, (const char *)r + at, h, (char *)s + at, bf16);
-    rms_row((const char *)s + at, w, h, eps, (char *)y + at, bf16);
-  }
-  return 0;
-}
-
 /* rope_split: a fused query/key/value projection's output qkv [t, (h + 2 hkv) d] (t = b n tokens, row-major) to
 q [b, h, n, d] and k rotated by the rotary position embedding (Su et al. 2021, RoFormer, eq. 34, in
 transformers' rotate-half layout: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[d/2:], x[:d/2])) and

@@ -34,7 +34,6 @@ def library(directory: Path) -> ctypes.CDLL:
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the library then shares) is loaded first
     lib = ctypes.CDLL(str(cbuild.build(_SOURCE, directory)))
     lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, ctypes.c_float, _P, _C, _C]
-    lib.ops_add_rms_norm.argtypes = [_P, _P, _P, _I, _I, ctypes.c_float, _P, _P, _C, _C]
     lib.ops_rope_split.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _C]
     return lib
 
@@ -59,7 +58,6 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         self.weight, self.eps, self.directory = weight, float(eps), Path(directory)
         self._norm = library(self.directory).ops_rms_norm  # fails here, before the model's own module is replaced
-        self._add_norm: Callable[..., int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.shape[-1]
@@ -76,30 +74,9 @@ class RMSNorm(torch.nn.Module):
             raise ValueError(f"layer_ops.c refused a row of {h} features")
         return y
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A residual sum and its norm, (x + residual, forward(x + residual)), with the values of torch's sum and
-        ``forward``: x and residual [..., H] of one shape → two tensors [..., H]. Where ``forward`` makes one C call,
-        this makes one for both."""
-        h = x.shape[-1]
-        w = self._parameters["weight"]
-        native = x.is_cpu and w.is_cpu and x.dtype == w.dtype == residual.dtype and x.dtype in _NATIVE
-        if not (native and x.shape == residual.shape and h == w.shape[0] <= _WIDEST):
-            total = x + residual
-            return total, self.forward(total)
-        x, residual, w = x.contiguous(), residual.contiguous(), w.contiguous()
-        total, y = torch.empty_like(x), torch.empty_like(x)  # [..., H] each
-        add_norm = self._add_norm
-        if add_norm is None:
-            add_norm = self._add_norm = library(self.directory).ops_add_rms_norm
-        bf16, m = x.dtype == torch.bfloat16, x.numel() // h
-        args = (m, h, self.eps, total.data_ptr(), y.data_ptr(), bf16, torch.get_num_threads())
-        if add_norm(x.data_ptr(), residual.data_ptr(), w.data_ptr(), *args):
-            raise ValueError(f"layer_ops.c refused a row of {h} features")
-        return total, y
-
     def __getstate__(self) -> dict:
         """A copy (``copy.deepcopy``, pickling) looks its function up again: a ctypes function is not copied."""
-        return {**super().__getstate__(), "_norm": None, "_add_norm": None}
+        return {**super().__getstate__(), "_norm": None}
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

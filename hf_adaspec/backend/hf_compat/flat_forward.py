@@ -24,8 +24,7 @@ None and the caller runs the model:
 - the block: 1 … ``FLAT_ROWS`` new tokens over a cache that holds columns (a prompt on an empty cache takes
   transformers' causal path, not a mask), feature layers below the layer count.
 The new keys and values are written into the cache's buffers by the call that splits and rotates them
-(``RopeSplit.into_cache`` over ``GrowingLayer.open_columns``): no copies; each residual sum is taken by the call
-that normalizes it (``RMSNorm.add_forward``).
+(``RopeSplit.into_cache`` over ``GrowingLayer.open_columns``): no copies.
 The plan (each layer's modules) is built once per model and checked at every call against the model's modules,
 so a replaced module (a swap of the attention for its ``LeanAttention``, a user's change) is seen.
 """
@@ -207,18 +206,13 @@ def flat_forward(
     cos, sin = base.rotary_emb(x, positions)  # [1, n, D] each
     mask = None if n == 1 else (torch.arange(held + n) <= positions[0, :, None])[None, None]  # [1, 1, n, L + n]
     features = {}  # layer → the residual stream at its input, [B, n, H]
-    normed = plan.layers[0].norm1.forward(x)  # [B, n, H]
     for i, (layer, cached) in enumerate(zip(plan.layers, layers)):
         if i in feature_layers:
             features[i] = x
-        qkv = layer.qkv.forward(normed)  # [B, n, (H + 2·H_kv)·D]
+        qkv = layer.qkv.forward(layer.norm1.forward(x))  # [B, n, (H + 2·H_kv)·D]
         q = layer.split.into_cache(qkv, cos, sin, *cached.open_columns(n))  # [B, H, n, D]; keys, values cached
         attended = packed_gqa(q, cached.keys, cached.values, mask, layer.attention.scaling)  # [B, n, H, D]
-        x, normed = layer.norm2.add_forward(x, layer.o_proj.forward(attended.reshape(b, n, -1)))
-        out = layer.mlp.forward(normed)  # [B, n, H]
-        if i + 1 < len(plan.layers):
-            x, normed = plan.layers[i + 1].norm1.add_forward(x, out)
-        else:
-            x = x + out
+        x = x + layer.o_proj.forward(attended.reshape(b, n, -1))
+        x = x + layer.mlp.forward(layer.norm2.forward(x))
     logits = model.lm_head(base.norm(x[:, -keep:]))  # [B, keep, V]
     return logits, torch.cat([features[i] for i in feature_layers], dim=-1) if feature_layers else None
