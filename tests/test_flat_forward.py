@@ -3,6 +3,9 @@ bit, runs only where that holds, and sees a changed model."""
 
 from __future__ import annotations
 
+import copy
+import inspect
+
 import pytest
 import torch
 import transformers
@@ -10,7 +13,7 @@ from conftest import slow_except
 
 import hf_adaspec
 from hf_adaspec.backend import hf_compat
-from hf_adaspec.backend.hf_compat import flat_forward, model_calls
+from hf_adaspec.backend.hf_compat import flat_forward, flat_generate, model_calls
 from hf_adaspec.backend.hf_compat.cache_layers import GrowingLayer
 from hf_adaspec.models import format_load
 
@@ -151,3 +154,42 @@ def test_a_growing_layer_opens_columns_for_a_caller_that_writes_them():
     windowed.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
     with pytest.raises(ValueError, match="window"):
         windowed.open_columns(1)
+
+
+@pytest.mark.parametrize("family", slow_except(["llama", "qwen2"], fast={"qwen2"}))
+@pytest.mark.parametrize("dtype", slow_except([torch.float32, torch.bfloat16], fast={torch.float32}))
+def test_plain_generate_through_the_flat_forward_gives_transformers_tokens(family, dtype, monkeypatch):
+    """Two rows: the same greedy tokens with the model's flat forward as with transformers'; every step after the
+    prompt runs flat; a padded batch, and a copy, run as they should."""
+    model = _q4(family, dtype, seed=9)
+    hf_compat.use_lean_attention(model)  # as hf_adaspec.load makes it
+    model.generation_config.eos_token_id = None
+    prompt = torch.randint(1, 64, (2, 9), generator=torch.Generator().manual_seed(2))
+    want = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    padding = torch.ones(2, 9, dtype=torch.long)
+    padding[0, :3] = 0
+    want_padded = model.generate(prompt, attention_mask=padding, max_new_tokens=6, do_sample=False)
+    ran = []
+    real = flat_generate.flat_forward
+
+    def counted(*args):
+        out = real(*args)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(flat_generate, "flat_forward", counted)
+    assert hf_compat.use_flat_forward(model) and hf_compat.use_flat_forward(model)
+    assert "logits_to_keep" in inspect.signature(model.forward).parameters  # what generate inspects
+    assert torch.equal(model.generate(prompt, max_new_tokens=12, do_sample=False), want)
+    assert ran == [False] + [True] * 11  # the prompt runs transformers' forward
+    ran.clear()
+    assert torch.equal(model.generate(prompt, attention_mask=padding, max_new_tokens=6, do_sample=False), want_padded)
+    assert not any(ran)
+    copied = copy.deepcopy(model)
+    assert copied.forward.__self__ is copied
+    assert torch.equal(copied.generate(prompt, max_new_tokens=12, do_sample=False), want)
+
+
+def test_the_flat_forward_is_given_only_to_models_of_its_classes():
+    model = _q4("qwen3")
+    assert not hf_compat.use_flat_forward(model) and "forward" not in model.__dict__

@@ -5,7 +5,9 @@ Design: a q4 model is ours, not one transformers built: its linear layers are th
 lean modules (``models.lean_layer``). Its attention is made lean at load too, so plain ``generate`` runs what a
 speculative request's steps run (``hf_compat.use_packed_attention``: the same SDPA computation with grouped-query
 heads packed on a CPU; ``hf_compat.use_lean_attention``: the fused query/key/value split and rotated in one C
-call). A model loaded elsewhere and passed to ``enable`` keeps its own attention outside speculative requests.
+call), and its decoding steps run as the engine's do (``hf_compat.use_flat_forward``: one flat loop over the
+layers, the same logits). A model loaded elsewhere and passed to ``enable`` keeps its own attention and forward
+outside speculative requests.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from ..models.loading import LoadedModel
 def load(*args, **kwargs) -> LoadedModel:
     """``models.loading.load`` (its arguments, what it returns, its errors; the format ``auto`` chooses is
     measured at the first load on this machine); where the weights are ``q4``, the model's attention is the
-    packed, lean one (module docstring) for plain ``generate`` as well as for speculative requests."""
+    packed, lean one and its decoding steps flat (module docstring) for plain ``generate`` as well as for
+    speculative requests."""
     loaded = loading.load(*args, **kwargs)
     if loaded.weight_format == "q4":
         hf_compat.use_packed_attention(loaded.model)
         hf_compat.use_lean_attention(loaded.model)
+        hf_compat.use_flat_forward(loaded.model)
     return loaded

@@ -1,7 +1,8 @@
 """Every touch of transformers internals lives in this package: what a model is (``model_facts``), its KV cache
 layers and their operations (``cache_layers``), a q4 model's lean attention (``lean_attention``), the attention a
 speculative request swaps in (``speculative_attention``), attention masks for rows with holes and windowed layers
-(``masks``), calling the model (``model_calls``; a q4 model's steps as one flat loop: ``flat_forward``), the
+(``masks``), calling the model (``model_calls``; a q4 model's steps as one flat loop: ``flat_forward``, plain
+``generate``'s too: ``flat_generate``), the
 ``generate`` keywords the custom_generate path reads or drops (``generate_options``), and how far its stopping
 criteria and logits processors can be read over a whole span (``criteria``). The rest of hf-adaspec imports only
 the names below (``hf_compat.new_cache``, …).
@@ -22,6 +23,7 @@ from .cache_layers import (
     synthetic_cache,
 )
 from .criteria import StopSplit, position_free, split_stopping
+from .flat_generate import use_flat_forward
 from .generate_options import (
     ASSISTED_GENERATION_OPTIONS,
     assisted_generation_options,
@@ -78,6 +80,7 @@ __all__ = [
     "static_kv_reason",
     "stop_strings_as_criteria",
     "synthetic_cache",
+    "use_flat_forward",
     "use_lean_attention",
     "use_packed_attention",
     "vocab_size",

@@ -20,7 +20,8 @@ None and the caller runs the model:
   ``RMSNorm``, the MLP ``GatedMLP``, the attention of a class in ``lean_attention.ATTENTIONS`` over one fused q4
   projection, no window), full attention in every layer; its attention implementation the packed one (the caller,
   ``model_calls.forward``, checks that);
-- the cache: ``GrowingLayer``s without windows (``new_cache``); no holes (no mask, positions follow the cache);
+- the cache: ``GrowingLayer``s without windows (``new_cache``) or transformers' ``DynamicLayer``s (plain
+  ``generate``, ``use_flat_forward``); no holes (no mask, positions follow the cache);
 - the block: 1 … ``FLAT_ROWS`` new tokens over a cache that holds columns (a prompt on an empty cache takes
   transformers' causal path, not a mask), feature layers below the layer count.
 The new keys and values are written into the cache's buffers by the call that splits and rotates them
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.modules import module as nn_module
+from transformers.cache_utils import DynamicLayer
 
 from ...kernels.fused import GatedMLP
 from ...kernels.layer_ops import RMSNorm, RopeSplit
@@ -195,7 +197,7 @@ def flat_forward(
     layers = cache.layers
     if plan is None or len(layers) != len(plan.layers) or any(f >= len(layers) for f in feature_layers):
         return None
-    if any(type(layer) is not GrowingLayer or layer.window is not None for layer in layers):
+    if any(type(layer) is not DynamicLayer and (type(layer) is not GrowingLayer or layer.window) for layer in layers):
         return None
     held = layers[0].get_seq_length()
     if held == 0:  # a prompt: transformers' causal path, and the cache's buffers are made by its first update
@@ -210,8 +212,13 @@ def flat_forward(
         if i in feature_layers:
             features[i] = x
         qkv = layer.qkv.forward(layer.norm1.forward(x))  # [B, n, (H + 2·H_kv)·D]
-        q = layer.split.into_cache(qkv, cos, sin, *cached.open_columns(n))  # [B, H, n, D]; keys, values cached
-        attended = packed_gqa(q, cached.keys, cached.values, mask, layer.attention.scaling)  # [B, n, H, D]
+        if type(cached) is GrowingLayer:
+            q = layer.split.into_cache(qkv, cos, sin, *cached.open_columns(n))  # [B, H, n, D]; keys, values cached
+            k, v = cached.keys, cached.values  # [B, H_kv, L + n, D]
+        else:  # transformers' layer: it copies the columns in
+            q, k, v = layer.split(qkv, cos, sin)
+            k, v = cached.update(k, v)  # [B, H_kv, L + n, D]
+        attended = packed_gqa(q, k, v, mask, layer.attention.scaling)  # [B, n, H, D]
         x = x + layer.o_proj.forward(attended.reshape(b, n, -1))
         x = x + layer.mlp.forward(layer.norm2.forward(x))
     logits = model.lm_head(base.norm(x[:, -keep:]))  # [B, keep, V]
