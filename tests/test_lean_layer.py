@@ -65,6 +65,14 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a.view(bits).long() - b.view(bits).long()).abs().max())
 
 
+def _swiglu_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """The kernel's SwiGLU against torch's: float32 within a relative 1e-6 (its sigmoid a few units in the last
+    place from torch's), bfloat16 within one unit in the last place (a float32 difference can cross a rounding)."""
+    if got.dtype == torch.bfloat16:
+        return _ulps(got, want) <= 1
+    return torch.allclose(got, want, rtol=1e-6, atol=1e-6 * float(want.abs().max()))
+
+
 def test_every_registered_class_is_one_transformers_ships():
     for name in lean_layer.RMS_NORMS | lean_layer.GATED_MLPS:
         module, _, cls = name.rpartition(".")
@@ -171,7 +179,12 @@ def test_each_family_s_modules_equal_their_lean_replacements(family, dtype, kern
                 for name in ("gate_proj", "up_proj", "down_proj"):
                     setattr(module, name, Q4Linear.dense(getattr(module, name), kernel_dir))
                 lean = GatedMLP(module.gate_proj, module.up_proj, module.down_proj, module.act_fn, kernel_dir)
-                assert torch.equal(lean(x), module(x))  # the same kernel calls and activation: the same bits
+                if lean.silu:  # the kernel's SwiGLU: torch's silu(gate) · up but for its sigmoid's last bits
+                    gated = module.act_fn(module.gate_proj(x)) * module.up_proj(x)
+                    assert _swiglu_close(lean.gate_up.swiglu(x), gated)
+                    assert torch.equal(lean(x), module.down_proj(lean.gate_up.swiglu(x)))
+                else:
+                    assert torch.equal(lean(x), module(x))  # the same kernel calls and activation: the same bits
                 mlps += 1
     assert mlps == BASE["num_hidden_layers"]
     layers = BASE["num_hidden_layers"]  # Gemma's norm is another formula; Qwen3 adds q/k norms per layer

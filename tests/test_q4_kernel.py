@@ -15,7 +15,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf import dequantize as gguf_dequantize
 
-from hf_adaspec.kernels import blocks, q4
+from hf_adaspec.kernels import blocks, fused, q4
 
 SIZES = {"Q4_K": (144, 256), "Q6_K": (210, 256), "Q8_0": (34, 32), "Q5_0": (22, 32), "Q4_0": (18, 32)}
 
@@ -332,6 +332,27 @@ def test_the_layers_bound_call_is_linears_product_and_rebinds_after_a_copy_or_ca
     assert torch.equal(layer(x), reference(layer, x))
     halved = layer.to(torch.bfloat16)  # the bias buffer cast: read as float32 again
     assert torch.equal(halved(x), reference(halved, x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_is_silu_of_the_gate_rows_times_the_up_rows(kdir, dtype):
+    """``Q4Linear.swiglu`` of a layer of gate rows then up rows, with a bias: torch's silu(g) · u on the layer's
+    output (float32 within a relative 1e-6, bfloat16 within a unit in the last place); a row's output alone is its
+    output beside others; odd rows and the dense route's row counts give None (``forward``'s route then)."""
+    torch.manual_seed(3)
+    gate, up = torch.nn.Linear(512, 200), torch.nn.Linear(512, 200)  # 200 features: threads' ranges and a tail
+    layer, _ = fused.stack([q4.Q4Linear.dense(gate, kdir), q4.Q4Linear.dense(up, kdir)], kdir)
+    x = (torch.randn(7, 512) * 4).to(dtype)
+    y = layer(x)  # [7, 400]
+    want, got = (torch.nn.functional.silu(y[:, :200]) * y[:, 200:]).float(), layer.swiglu(x)
+    assert got.shape == (7, 200) and got.dtype == dtype
+    bound = 2.0**-7 if dtype == torch.bfloat16 else 1e-6
+    assert ((got.float() - want).abs() <= bound * want.abs() + 1e-6 * float(want.abs().max())).all()
+    for i in range(7):
+        assert torch.equal(layer.swiglu(x[i : i + 1]), got[i : i + 1])
+    assert q4.Q4Linear.dense(torch.nn.Linear(512, 25), kdir).swiglu(x) is None
+    layer.dense_rows = 4
+    assert layer.swiglu(x) is None and layer.swiglu(x[:3]) is not None
 
 
 def test_a_missing_compiler_is_named_with_the_fix(tmp_path, monkeypatch):

@@ -21,6 +21,8 @@ import torch
 from .blocks import row_bytes
 from .q4 import Q4Linear
 
+SILU_ACTIVATIONS = frozenset({"transformers.activations.SiLUActivation", "torch.nn.modules.activation.SiLU"})
+
 
 class _Group:
     """The fused layer and the one result its slices share: (input, output, slices yet to read it)."""
@@ -101,18 +103,22 @@ def fuse(layers: list[Q4Linear], directory: Path) -> list[Q4Slice]:
 class GatedMLP(torch.nn.Module):
     """A gated MLP, down(act(gate(x)) · up(x)) (Shazeer 2020, "GLU Variants Improve Transformer", eq. 6 with the
     model's activation: SwiGLU for SiLU), with gate and up as one kernel call (``gate_up``: ``stack`` of the two)
-    and no slice modules: the same values as the model's MLP module over its fused siblings. The activation's
-    ``forward`` is called directly (hooks on ``act_fn`` are not run) and the product is taken in place of its
-    output. Input [..., in_features] → [..., down_proj.out_features]."""
+    and no slice modules. With SiLU (``SILU_ACTIVATIONS``) the kernel applies it too (``Q4Linear.swiglu``: torch's
+    values but for its sigmoid's last bits); with another activation its ``forward`` is called directly (hooks
+    on ``act_fn`` are not run) and the product is taken in place of its output: the same values as the model's MLP
+    module over its fused siblings. Input [..., in_features] → [..., down_proj.out_features]."""
 
     def __init__(self, gate: Q4Linear, up: Q4Linear, down: torch.nn.Module, act_fn: torch.nn.Module, directory: Path):
         super().__init__()
         self.gate_up, bounds = stack([gate, up], directory)
         self.intermediate = bounds[0][1]
         self.down_proj, self.act_fn = down, act_fn
+        self.silu = f"{type(act_fn).__module__}.{type(act_fn).__qualname__}" in SILU_ACTIVATIONS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         modules, i = self._modules, self.intermediate
+        if self.silu and (y := modules["gate_up"].swiglu(x)) is not None:  # [..., I]: one kernel call
+            return modules["down_proj"](y)  # [..., H]
         y = modules["gate_up"](x)  # [..., 2·I]: gate's columns, then up's
         return modules["down_proj"](modules["act_fn"].forward(y[..., :i]).mul_(y[..., i:]))  # [..., H]
 

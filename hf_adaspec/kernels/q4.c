@@ -50,6 +50,7 @@ q4_linear is the one entry: it reads float32 or bfloat16 activations, quantizes 
 multiplies, adds the bias and writes float32 or bfloat16 (rounded to nearest even, as torch rounds), all in one
 call: a layer's step costs one foreign call and no tensor operations around it. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -866,48 +867,158 @@ int q4_from_gguf(int src, const uint8_t *raw, int64_t N, int64_t K, uint8_t *out
    x float32, or bfloat16 where x_bf16; y float32, or bfloat16 where y_bf16. The best path the CPU has, at most isa
    (q4_isa's numbering). The layer's arguments come first, the call's after (isa), so a caller can bind them once.
    Returns 0; -1 where the scratch buffer cannot be allocated; -2 for an unknown kind. */
-int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, int64_t K_in, int64_t K,
-              const float *bias, int isa, const void *x, int x_bf16, int64_t M, void *y, int y_bf16, int threads) {
-    enum { MAX_SEG = 16 };
-    int64_t B = K / 256, first[MAX_SEG + 1], N = 0;
-    const uint8_t *base[MAX_SEG];
-    if (nseg < 1 || nseg > MAX_SEG) return -2;
+/* A layer's row segments: segment s holds rows [first[s], first[s + 1]) of kind kinds[s] from base[s]. */
+enum { MAX_SEG = 16 };
+typedef struct { int64_t first[MAX_SEG + 1]; const uint8_t *base[MAX_SEG]; const int32_t *kinds; int nseg; } segs;
+
+static int64_t segments(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, int64_t B, segs *g) {
+    int64_t N = 0;
+    if (nseg < 1 || nseg > MAX_SEG) return -1;
     for (int s = 0; s < nseg; s++) {
-        if (kinds[s] < 0 || kinds[s] >= KINDS) return -2;
-        first[s] = N, base[s] = w;
+        if (kinds[s] < 0 || kinds[s] >= KINDS) return -1;
+        g->first[s] = N, g->base[s] = w;
         N += rows[s];
         w += rows[s] * B * BLOCK_BYTES[kinds[s]];
     }
-    first[nseg] = N;
+    g->first[nseg] = N, g->kinds = kinds, g->nseg = nseg;
+    return N;
+}
+
+/* Weight row n of the layer times every activation row, into o's column out, on the path chosen. */
+static void one_row(const segs *g, int path, int64_t n, const xblock *xq, int64_t M, int64_t B, const sink *o,
+                    int64_t out) {
+    int s = 0;
+    while (n >= g->first[s + 1]) s++;
+    int kind = g->kinds[s];
+    const uint8_t *wn = g->base[s] + (n - g->first[s]) * B * BLOCK_BYTES[kind];
+#if defined(__x86_64__)
+    if (path == 3) {
+        row_vnni(kind, wn, xq, M, B, o, out);
+        return;
+    }
+#if HAVE_AVXVNNI
+    if (path == 2) {
+        row_avxvnni(kind, wn, xq, M, B, o, out);
+        return;
+    }
+#endif
+    if (path == 1) {
+        row_avx2(kind, wn, xq, M, B, o, out);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < M; r++) put(o, r, out, dot_portable(kind, wn, xq + r * B, B));
+}
+
+int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, int64_t K_in, int64_t K,
+              const float *bias, int isa, const void *x, int x_bf16, int64_t M, void *y, int y_bf16, int threads) {
+    int64_t B = K / 256;
+    segs g;
+    int64_t N = segments(w, kinds, rows, nseg, B, &g);
+    if (N < 0) return -2;
     xblock *xq = malloc((size_t)(M * B) * sizeof(xblock));
     if (!xq) return -1;
     int path = runnable(isa);
     q8_blocks(x, x_bf16, M, K_in, K, xq, path == 3, threads);
     sink o = {y, y_bf16, bias, N};
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        int s = 0;
-        while (n >= first[s + 1]) s++;
-        int kind = kinds[s];
-        const uint8_t *wn = base[s] + (n - first[s]) * B * BLOCK_BYTES[kind];
-#if defined(__x86_64__)
-        if (path == 3) {
-            row_vnni(kind, wn, xq, M, B, &o, n);
-            continue;
-        }
-#if HAVE_AVXVNNI
-        if (path == 2) {
-            row_avxvnni(kind, wn, xq, M, B, &o, n);
-            continue;
-        }
-#endif
-        if (path == 1) {
-            row_avx2(kind, wn, xq, M, B, &o, n);
-            continue;
-        }
-#endif
-        for (int64_t r = 0; r < M; r++) put(&o, r, n, dot_portable(kind, wn, xq + r * B, B));
-    }
+    for (int64_t n = 0; n < N; n++) one_row(&g, path, n, xq, M, B, &o, n);
     free(xq);
     return 0;
+}
+
+/* q4_swiglu: a gated MLP's gate and up projections and its SwiGLU, y = silu(x G^T + b_G) * (x U^T + b_U) (Shazeer
+2020, "GLU Variants Improve Transformer", eq. 6 with SiLU), for a layer whose rows are the I gate rows, then the I up
+rows; y [M, I]. Each thread takes a range of features, multiplies its gate and up rows, and applies the product to
+what it just computed (no thread reads another's results: on a CPU the first read of another core's writes costs
+more than the arithmetic). The gate and up values are rounded to y's dtype, then silu(g) = g * sigmoid(g) is rounded
+to it and multiplied by u, rounded again: torch's silu(g) * u on that dtype's tensors, sigmoid from exp_neg (a few
+units in the last place from torch's). Elementwise, so a row's output does not depend on the rows computed with it. */
+static inline uint32_t bits_of(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+
+static inline float float_of(uint32_t u) {
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* e^x for x <= 0 (below -87: e^-87) to a few units in the last place: x = k ln 2 + r with |r| <= ln 2 / 2, e^r by
+   its degree-6 Taylor polynomial, 2^k from the exponent's bits (Cody & Waite 1980); k rounded to nearest by adding
+   and subtracting 1.5 * 2^23. Selections on integers only, so that a vector unit without masks runs it (a float
+   comparison may trap, and the compiler keeps it a branch). */
+static inline float exp_neg(float x) {
+    uint32_t ux = bits_of(x), floor_bits = 0xc2ae0000u; /* -87.0f; both negative: the larger bits, the lower */
+    x = float_of(ux > floor_bits ? floor_bits : ux);
+    float k = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.66666667e-1f + r * (4.16666667e-2f + r * (8.33333333e-3f +
+              r * 1.38888889e-3f)))));
+    return p * float_of((uint32_t)((int32_t)k + 127) << 23);
+}
+
+/* g * sigmoid(g), the sigmoid from e = e^-|g| (no overflow): e / (1 + e) for negative g, 1 / (1 + e) otherwise. */
+static inline float silu(float g) {
+    uint32_t ug = bits_of(g), negative = 0u - (ug >> 31);
+    float e = exp_neg(float_of(ug | 0x80000000u));
+    return g * (float_of((bits_of(e) & negative) | (bits_of(1.0f) & ~negative)) / (1.0f + e));
+}
+
+static inline float bf16_round(float v) { /* to the nearest bfloat16, ties to even, as float_to_bf16; NaN kept */
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* One activation row's features: g and u [f] (float32, before the bias; the bias added in place), bias [2I] or NULL
+   at feature j0 → y [f]. Branch-free loops, so that the compiler vectorizes them. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void swiglu_row(
+    float *restrict g, float *restrict u, int64_t f, const float *bias, int64_t j0, int64_t I, void *y, int bf16) {
+    if (bias)
+        for (int64_t j = 0; j < f; j++) g[j] += bias[j0 + j], u[j] += bias[I + j0 + j];
+    if (bf16) {
+        for (int64_t j = 0; j < f; j++) g[j] = bf16_round(bf16_round(silu(bf16_round(g[j]))) * bf16_round(u[j]));
+        for (int64_t j = 0; j < f; j++) ((uint16_t *)y)[j] = float_to_bf16(g[j]);
+    } else {
+        float *restrict out = (float *)y;
+        for (int64_t j = 0; j < f; j++) out[j] = silu(g[j]) * u[j];
+    }
+}
+
+int q4_swiglu(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, int64_t K_in, int64_t K,
+              const float *bias, int isa, const void *x, int x_bf16, int64_t M, void *y, int y_bf16, int threads) {
+    int64_t B = K / 256;
+    segs g;
+    int64_t N = segments(w, kinds, rows, nseg, B, &g), I = N / 2, size = y_bf16 ? 2 : 4;
+    if (N < 0 || N % 2) return -2;
+    xblock *xq = malloc((size_t)(M * B) * sizeof(xblock));
+    if (!xq) return -1;
+    int path = runnable(isa), failed = 0;
+    q8_blocks(x, x_bf16, M, K_in, K, xq, path == 3, threads);
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        int64_t per = ((I + T - 1) / T + 15) / 16 * 16, lo = t * per < I ? t * per : I;
+        int64_t f = (lo + per < I ? lo + per : I) - lo;  /* features [lo, lo + f) */
+        float *tmp = f ? malloc((size_t)(M * 2 * f) * sizeof(float)) : NULL;
+        if (f && !tmp) failed = 1;
+        if (tmp) {
+            sink o = {tmp, 0, NULL, 2 * f};  /* row r: the gate values, then the up values */
+            for (int64_t j = 0; j < f; j++) {
+                one_row(&g, path, lo + j, xq, M, B, &o, j);
+                one_row(&g, path, I + lo + j, xq, M, B, &o, f + j);
+            }
+            for (int64_t r = 0; r < M; r++)
+                swiglu_row(tmp + r * 2 * f, tmp + r * 2 * f + f, f, bias, lo, I, (char *)y + (r * I + lo) * size,
+                           y_bf16);
+            free(tmp);
+        }
+    }
+    free(xq);
+    return failed ? -1 : 0;
 }

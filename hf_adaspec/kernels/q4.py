@@ -76,6 +76,7 @@ def library(directory: Path) -> ctypes.CDLL:
     torch.get_num_threads()  # torch (and its OpenMP runtime, which the kernel then shares) is loaded first
     lib = ctypes.CDLL(str(build(directory)))
     lib.q4_linear.argtypes = [_P, _P, _P, _C, _I, _I, _P, _C, _P, _C, _I, _P, _C, _C]
+    lib.q4_swiglu.argtypes = lib.q4_linear.argtypes
     lib.q4_dequantize.argtypes = [_C, _P, _I, _I, _I, _P, _C, _C, _C]
     lib.q4_from_gguf.argtypes = [_C, _P, _I, _I, _P, _C]
     sizes = [lib.q4_block_bytes(i) for i in range(len(KINDS))]
@@ -289,7 +290,7 @@ class Q4Linear(torch.nn.Module):
         self.register_buffer("kind_ids", torch.tensor([KINDS.index(k) for k in self.kinds], dtype=torch.int32))
         self.register_buffer("rows", torch.tensor([r.shape[0] for _, r in parts], dtype=torch.int64))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self._bound: tuple | None = None  # ``_product``'s bound call and the buffers it was bound to
+        self._bound: dict[str, tuple] = {}  # ``_product``'s bound calls and the buffers each was bound to
 
     @classmethod
     def dense(cls, linear: torch.nn.Linear, directory: Path) -> Q4Linear:
@@ -307,15 +308,30 @@ class Q4Linear(torch.nn.Module):
         return torch.cat(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._kernel(x, "q4_linear", self.out_features)
+        return self._forward_checked(x) if y is None else y
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(x·Gᵀ + b_G) · (x·Uᵀ + b_U) (SwiGLU: Shazeer 2020, eq. 6) for a layer whose rows are I gate rows G
+        then I up rows U, in one kernel call whose threads apply it to the values they computed (``q4.c``'s
+        ``q4_swiglu``; torch's silu(g) · u on x's dtype, its sigmoid a few units in the last place from torch's).
+        x [..., in_features] → [..., I] in x's dtype, or None where ``forward`` would not call the kernel (the dense
+        route's row counts, weights or x off the CPU, other dtypes) or the rows are odd: the caller takes the
+        product of ``forward``'s halves then."""
+        return None if self.out_features % 2 else self._kernel(x, "q4_swiglu", self.out_features // 2)
+
+    def _kernel(self, x: torch.Tensor, function: str, width: int) -> torch.Tensor | None:
+        """``function`` (``q4_linear`` or ``q4_swiglu``) of x [..., in_features] → [..., width] in x's dtype, or None
+        where the kernel does not take x (``forward``'s other routes)."""
         m = x.numel() // self.in_features  # activation rows
         dense = self.dense_rows is not None and m >= self.dense_rows
         if dense or not (x.is_cpu and x.dtype in _NATIVE and m and x.shape[-1] == self.in_features):
-            return self._forward_checked(x)
-        product = self._product()
+            return None
+        product = self._product(function)
         if product is None:
-            return self._forward_checked(x)
+            return None
         x = x.contiguous()
-        y = torch.empty(x.shape[:-1] + (self.out_features,), dtype=x.dtype)  # [..., N]
+        y = torch.empty(x.shape[:-1] + (width,), dtype=x.dtype)  # [..., width]
         bf16 = x.dtype == torch.bfloat16
         done = product(x.data_ptr(), bf16, m, y.data_ptr(), bf16, torch.get_num_threads())
         if done:
@@ -334,14 +350,15 @@ class Q4Linear(torch.nn.Module):
 
     def __getstate__(self) -> dict:
         """A copy (``copy.deepcopy``, pickling) binds its own call: the bound one points into this layer's buffers."""
-        return {**super().__getstate__(), "_bound": None}
+        return {**super().__getstate__(), "_bound": {}}
 
-    def _product(self) -> Callable[..., int] | None:
-        """``q4_linear`` with this layer's weights, bias and path bound: (x pointer, x is bf16, M, y pointer, y is
-        bf16, threads) → its return code; the one call a decoding step makes per layer, so nothing is looked up
-        or checked again. Bound again when a buffer was replaced (``to``, a cast); None where ``linear``'s checks
-        are needed (weights off the CPU, a bias cast from float32, which ``linear`` reads as float32 per call)."""
-        b, bound = self._buffers, self._bound
+    def _product(self, function: str = "q4_linear") -> Callable[..., int] | None:
+        """``function`` (``q4_linear``, ``q4_swiglu``) with this layer's weights, bias and path bound: (x pointer, x
+        is bf16, M, y pointer, y is bf16, threads) → its return code; the one call a decoding step makes per layer,
+        so nothing is looked up or checked again. Bound again when a buffer was replaced (``to``, a cast); None
+        where ``linear``'s checks are needed (weights off the CPU, a bias cast from float32, which ``linear`` reads
+        as float32 per call)."""
+        b, bound = self._buffers, self._bound.get(function)
         blocks, kinds, rows, bias = b["blocks"], b["kind_ids"], b["rows"], b["bias"]
         if bound is not None and bound[0] is blocks and bound[1] is kinds and bound[2] is rows and bound[3] is bias:
             return bound[4]
@@ -351,8 +368,9 @@ class Q4Linear(torch.nn.Module):
             return None
         lib, isa, k = library(self.directory), _isa(self.directory, None), self.in_features
         layer = (blocks.data_ptr(), kinds.data_ptr(), rows.data_ptr(), len(kinds), k, padded(k))
-        call = functools.partial(lib.q4_linear, *layer, None if bias is None else bias.data_ptr(), isa)
-        self._bound = (blocks, kinds, rows, bias, call)
+        kernel = {"q4_linear": lib.q4_linear, "q4_swiglu": lib.q4_swiglu}[function]
+        call = functools.partial(kernel, *layer, None if bias is None else bias.data_ptr(), isa)
+        self._bound[function] = (blocks, kinds, rows, bias, call)
         return call
 
     def dense_product(self, x: torch.Tensor) -> torch.Tensor:

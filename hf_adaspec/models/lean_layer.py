@@ -1,13 +1,14 @@
 """A q4 model's decoder layers made lean: the modules around the kernel calls replaced, where transformers'
-forward is a known formula, by modules that compute the same values in fewer operations (+4.2% tokens/s for the q4
-1.5B on a Xeon, outputs identical).
+forward is a known formula, by modules that compute the same values in fewer operations (a SiLU-gated MLP's
+sigmoid aside: its last bits are the kernel's).
 
 Design: a 1-token forward of a q4 model on a CPU spends a large share of its time outside the kernel, in tensor
 operations of microseconds each and the Python around them. Two modules are replaced, by the qualified name of
 their transformers class (the families listed below, each compared with its replacement in the tests):
 - an RMSNorm of the Llama formula → ``kernels.layer_ops.RMSNorm`` (one C call; same weight parameter);
 - a gated MLP, down(act(gate(x)) · up(x)), whose gate and up are q4 layers → ``kernels.fused.GatedMLP`` (gate and
-  up one kernel call, no slice modules).
+  up one kernel call, no slice modules; with SiLU the kernel's threads apply act(gate) · up to what they computed,
+  ``Q4Linear.swiglu``).
 Any other module, and a model of any other family, is left as it is. The attention module is made lean when the
 model is enabled (``backend.hf_compat.lean_attention``: it calls transformers' attention functions).
 """
