@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 from conftest import slow_except
+from test_lean_layer import BASE  # the tiny models' shape
 
 import hf_adaspec
 from hf_adaspec.backend import hf_compat
@@ -18,19 +19,6 @@ from hf_adaspec.backend.hf_compat.cache_layers import GrowingLayer
 from hf_adaspec.models import format_load
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
-BASE = dict(
-    vocab_size=64,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=128,
-    eos_token_id=None,
-    bos_token_id=None,
-    pad_token_id=0,
-)
 
 
 def _q4(family: str, dtype: torch.dtype = torch.float32, seed: int = 5, **extra) -> torch.nn.Module:

@@ -176,27 +176,6 @@ class _ColumnLayer(CacheLayerMixin):
         self.values.index_copy_(2, self.columns, value_states.to(self.dtype))
         return self.keys, self.values
 
-    def _fit(self, end: int) -> None:
-        """Room for ``end`` columns: the capacity doubled (at least 64 columns) where it is less."""
-        if end > self._k.shape[2]:
-            wider = max(end, 2 * self._k.shape[2], 64)
-            pad = (0, 0, 0, wider - self._k.shape[2])
-            self._k, self._v = (torch.nn.functional.pad(t, pad) for t in (self._k, self._v))
-
-    def open_columns(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """n new columns for a caller that writes their keys and values itself (``update`` without the copies):
-        (the keys' and the values' buffers [B, H_kv, C, D], contiguous, grown to hold them, and the first new
-        column). The layer holds them from now on (``keys``/``values`` include them); the caller writes columns
-        first … first + n − 1 of both before anything reads them. Raises ValueError before the first ``update``
-        (the buffers' shape and dtype come from it) and on a layer with a window."""
-        if not self.is_initialized or self.window is not None:
-            raise ValueError("open_columns takes a layer without a window, after its first update")
-        first = self.length
-        self._fit(first + n)
-        self.length = first + n
-        self._view()
-        return self._k, self._v, first
-
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.keys.shape[2], 0
 
