@@ -67,8 +67,8 @@ def test_flat_forward_gives_transformers_logits_and_features_to_the_bit(family, 
 
 
 def test_flat_forward_runs_only_what_transformers_would_compute(flat_runs):
-    """Windows, another family, dense weights, a transformers cache, training mode, a hooked module, a prompt on
-    an empty cache, a block wider than ``FLAT_ROWS``, a feature layer past the last: the model's forward."""
+    """Windows, another family, dense weights, training mode, a hooked module, a prompt on an empty cache, a block
+    wider than ``FLAT_ROWS``, a feature layer past the last or negative: the model's forward."""
     block = torch.randint(1, 64, (1, 2))
     for model in (
         _q4("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1),
@@ -80,9 +80,6 @@ def test_flat_forward_runs_only_what_transformers_would_compute(flat_runs):
     hf_compat.use_packed_attention(dense)
     _run(dense, [block, block])
     model = _q4("llama")
-    with torch.inference_mode():
-        hf_compat.forward(model, block, transformers.DynamicCache(config=model.config), 1)
-        hf_compat.forward(model, block, transformers.DynamicCache(config=model.config), 1)
     model.train()
     _run(model, [block, block])
     model.eval()
@@ -92,6 +89,7 @@ def test_flat_forward_runs_only_what_transformers_would_compute(flat_runs):
     wide = torch.randint(1, 64, (1, flat_forward.FLAT_ROWS + 1))
     _run(model, [block, wide], layers=(BASE["num_hidden_layers"],))
     _run(model, [block, block], layers=(BASE["num_hidden_layers"],))
+    _run(model, [block, block], layers=(-1,))
     assert flat_runs == []
     _run(model, [block, block])  # the hook removed: flat again
     assert flat_runs == [2]

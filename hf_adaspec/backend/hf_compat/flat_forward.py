@@ -173,7 +173,10 @@ def _hooks(module: torch.nn.Module) -> bool:
     """Whether ``module`` has forward hooks (its ``__call__`` would run them; a direct ``forward`` does not) other
     than transformers' output-capturing hooks, which it installs for good on a model's first forward that
     records outputs and which record nothing outside such a forward."""
-    hooks = (*module._forward_hooks.values(), *module._forward_pre_hooks.values())
+    forward_hooks, pre_hooks = module._forward_hooks, module._forward_pre_hooks
+    if not forward_hooks and not pre_hooks:  # most modules: checked at every step, so first
+        return False
+    hooks = (*forward_hooks.values(), *pre_hooks.values())
     return not all(isinstance(h, types.FunctionType) and (h.__module__, h.__qualname__) == _CAPTURE_HOOK for h in hooks)
 
 
@@ -195,7 +198,7 @@ def flat_forward(
         return None
     plan = _plan(model)
     layers = cache.layers
-    if plan is None or len(layers) != len(plan.layers) or any(f >= len(layers) for f in feature_layers):
+    if plan is None or len(layers) != len(plan.layers) or any(not 0 <= f < len(layers) for f in feature_layers):
         return None
     if any(type(layer) is not DynamicLayer and (type(layer) is not GrowingLayer or layer.window) for layer in layers):
         return None
