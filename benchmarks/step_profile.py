@@ -50,25 +50,25 @@ def _timed(probe: ForwardProbe, forwards: int) -> list[float]:
 
 
 def _kernel_round(probe: ForwardProbe, forwards: int) -> dict[str, list[float]]:
-    """ms per step spent in each shape's ``Q4Linear.forward`` calls, over ``forwards`` timed forwards (the class's
-    ``forward`` wrapped: the flat forward calls it directly, without the module's hooks)."""
+    """ms per step spent in each shape's kernel calls (``q4_linear`` and ``q4_swiglu``), over ``forwards`` timed
+    forwards (the class's ``_kernel`` wrapped: the flat forward calls the layers directly, without their hooks)."""
     spent: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    forward = Q4Linear.forward
+    kernel = Q4Linear._kernel
 
-    def timed(module: Q4Linear, x: torch.Tensor) -> torch.Tensor:
+    def timed(module: Q4Linear, x: torch.Tensor, function: str, width: int) -> torch.Tensor | None:
         start = time.perf_counter()
-        y = forward(module, x)
-        key = _shape(module)
+        y = kernel(module, x, function, width)
+        key = f"{_shape(module)} {function}"
         spent[key] += (time.perf_counter() - start) * 1000.0
         calls[key] += 1
         return y
 
-    Q4Linear.forward = timed
+    Q4Linear._kernel = timed
     try:
         _timed(probe, forwards)
     finally:
-        Q4Linear.forward = forward
+        Q4Linear._kernel = kernel
     return {k: [spent[k] / forwards, calls[k] / forwards] for k in spent}
 
 
@@ -83,7 +83,7 @@ def main() -> None:
     linears = [m for m in model.modules() if isinstance(m, Q4Linear)]
     if not linears:
         raise SystemExit(f"{args.model} loaded without q4 layers: this profile is of the q4 kernel's step")
-    bytes_of = {_shape(m): m.blocks.numel() for m in linears}
+    bytes_of = {f"{_shape(m)} {f}": m.blocks.numel() for m in linears for f in ("q4_linear", "q4_swiglu")}
     swap = hf_compat.AttentionSwap(model)
     steps: list[float] = []
     kernel: dict[str, list[list[float]]] = defaultdict(list)
@@ -103,7 +103,7 @@ def main() -> None:
             "ms_per_step": round(ms, 3),
             "gb_per_s": round(bytes_of[key] * calls / (ms / 1000.0) / 1e9, 1),
         }
-        print(f"{key:32s} {calls:4.0f} calls {ms:8.2f} ms {shapes[key]['gb_per_s']:7.1f} GB/s", flush=True)
+        print(f"{key:42s} {calls:4.0f} calls {ms:8.2f} ms {shapes[key]['gb_per_s']:7.1f} GB/s", flush=True)
     kernel_ms = sum(s["ms_per_step"] for s in shapes.values())
     print(f"step {step_ms:.2f} ms: q4 kernel {kernel_ms:.2f} ms, the rest {step_ms - kernel_ms:.2f} ms", flush=True)
     print(

@@ -65,13 +65,19 @@ def _emulated(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """What the kernel computes, in float64: activations to int8 per 256 features (scale max|x| / 127, round half
     to even), times the dequantized weight w [N, K] exactly."""
     m, k = x.shape
+    xdeq = _quantized(x).double()[:, :k]
+    return (xdeq @ w.double().T).float()
+
+
+def _quantized(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the kernel quantizes it, in float32: per 256 features (zeros past K) the codes round(x · 127 /
+    max|x|) (half to even; 127 / max|x| one float32 division, as in C) times max|x| / 127 → [M, padded K]."""
+    m, k = x.shape
     kp = blocks.padded(k)
     xb = torch.nn.functional.pad(x.float(), (0, kp - k)).view(m, -1, blocks.BLOCK)  # [M, B, 256]
-    amax = xb.abs().amax(-1)  # [M, B] float32, as in C
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    qx = (xb * inv[..., None]).round()
-    xdeq = (qx * (amax / 127)[..., None]).double().view(m, kp)[:, :k]
-    return (xdeq @ w.double().T).float()
+    amax = xb.abs().amax(-1, keepdim=True)  # [M, B, 1]
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # not 127 / amax:
+    return ((xb * inv).round() * (amax / 127)).view(m, kp)  # torch takes that as 127 times amax's reciprocal
 
 
 def _layer(parts, k, kdir, bias=None):
@@ -187,6 +193,33 @@ def test_the_kernel_chooses_as_choose_does_and_the_environment_caps_it(kdir, mon
     monkeypatch.setenv(q4.PATH_ENV, "avx3")
     with pytest.raises(ValueError, match="HF_ADASPEC_Q4_PATH='avx3' is no q4 kernel path: choose one of portable"):
         q4.path(kdir)
+
+
+def _identity_q8_0(k: int) -> np.ndarray:
+    """GGUF Q8_0 rows [k, bytes] of the k × k identity: row n's code at feature n is 1, every block's d is 1."""
+    raw = np.zeros((k, k // 32, 34), dtype=np.uint8)
+    raw[:, :, 0:2] = np.array([1.0], dtype=np.float16).view(np.uint8)
+    raw[np.arange(k), np.arange(k) // 32, 2 + np.arange(k) % 32] = 1
+    return raw.reshape(k, -1)
+
+
+@pytest.mark.parametrize("ceiling", q4.PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activations_are_quantized_as_the_emulation_on_every_path(kdir, ceiling, dtype):
+    """Times the identity each output is one activation's code times its block's scale (qx · max|x| / 127, one
+    rounding), so every path's quantizer (plain C, AVX2) is compared code for code: round half to even (ties
+    included), a zero block, a width that is not whole blocks, and enough blocks to split over threads."""
+    k, m = 608, 30  # 3 blocks a row, the last part zeros; 90 blocks
+    kind, rows = q4.from_gguf("Q8_0", _identity_q8_0(k), k, kdir)
+    layer = _layer([(kind, rows)], k, kdir)
+    torch.manual_seed(12)
+    x = torch.randn(m, k) * torch.rand(m, 1) * 8
+    x[0, :256] = torch.arange(256) % 9 - 4.5
+    x[0, 0] = 127.0  # the block's scale 1: its halves are ties
+    x[1, 256:512] = 0.0
+    x = x.to(dtype)
+    y = q4.linear(x, layer.blocks, layer.kind_ids, layer.rows, k, kdir, ceiling=ceiling)  # [M, K]
+    assert torch.equal(y, _quantized(x)[:, :k].to(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

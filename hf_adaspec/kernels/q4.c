@@ -34,7 +34,7 @@ which sums four u8 x s8 products into an int32 lane in one instruction, on 512-b
 p and p + 4 of a superblock (lanes 0..7 group l's elements 4p..4p+3, lanes 8..15 its elements 16+4p..16+4p+3), so
 4 vpdpbusd per row leave group l's sums in int32 lanes l and 8 + l, one scale vector per superblock ([d sc_l] twice
 for Q4K, [d sce_l, d sco_l] for Q6K, [d_l] twice for Q80) finishes it in float. Activations are stored in that
-pair order for this path (``pairs`` in q8_blocks). vpdpbusd takes unsigned weights: Q6K's codes stay 0..63 and
+pair order for this path (``pairs`` in quantize_block). vpdpbusd takes unsigned weights: Q6K's codes stay 0..63 and
 Q80's are offset by 128, and each activation block carries its half-group sums (hs, 16 per 256 features) so that
 32 hs (Q6K) or 128 hs (Q80) is subtracted per row: one int32 vector operation, no sign trick. Rows are taken 8
 at a time (verification multiplies k + 1 <= 9 rows), so a weight superblock is decoded once per 8 activation rows.
@@ -178,19 +178,61 @@ static void quantize_block(const float *v, xblock *o, int pairs) {
     for (int l = 0; l < 8; l++) o->dsum[l] = o->d * (float)o->bsum[l];
 }
 
-/* x [M, K_in] (float32, or bfloat16 where bf16) -> out [M, K/256] blocks; features K_in .. K are zeros. */
-static void q8_blocks(const void *x, int bf16, int64_t M, int64_t K_in, int64_t K, xblock *out, int pairs,
+#if defined(__x86_64__)
+/* quantize_block on AVX2: the same scale, codes (_mm256_cvtps_epi32 rounds to nearest even, as lrintf does under
+   the default rounding mode) and sums for finite v. A group's 32 codes are packed to bytes in its natural order,
+   then each 4-byte unit is stored where AT (or AT_PAIRS) puts it. */
+AVX2 static void quantize_block_avx2(const float *v, xblock *o, int pairs) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 256; j += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + j), magnitude), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    float id = amax > 0.f ? 127.f / amax : 0.f;
+    const __m256 scale = _mm256_set1_ps(id);
+    const __m256i natural = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the packs' unit order, undone */
+    for (int l = 0; l < 8; l++) {
+        const float *g = v + 32 * l;
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(g + 8 * i), scale));
+        __m256i sums = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        sums = _mm256_hadd_epi32(sums, sums); /* per 128-bit lane: [first 16, second 16] of its halves */
+        int32_t s[8];
+        _mm256_storeu_si256((__m256i *)s, sums);
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        uint32_t unit[8];
+        _mm256_storeu_si256((__m256i *)unit, _mm256_permutevar8x32_epi32(bytes, natural));
+        for (int j = 0; j < 8; j++) memcpy(o->qs + (pairs ? AT_PAIRS(l, 4 * j) : AT(l, 4 * j)), unit + j, 4);
+        o->hs[l] = s[0] + s[4], o->hs[8 + l] = s[1] + s[5];
+        o->bsum[l] = (int16_t)(o->hs[l] + o->hs[8 + l]);
+    }
+    o->d = amax / 127.f;
+    for (int l = 0; l < 8; l++) o->dsum[l] = o->d * (float)o->bsum[l];
+}
+#endif
+
+/* x [M, K_in] (float32, or bfloat16 where bf16) -> out [M, K/256] blocks; features K_in .. K are zeros. The
+   vector paths (path >= 1) quantize with AVX2, the VNNI path (3) in pair order. */
+static void q8_blocks(const void *x, int bf16, int64_t M, int64_t K_in, int64_t K, xblock *out, int path,
                       int threads) {
     int64_t nb = K / 256, n = M * nb;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n > 64)
     for (int64_t i = 0; i < n; i++) {
-        int64_t row = i / nb, first = (i % nb) * 256;
+        int64_t row = i / nb, first = (i % nb) * 256, valid = K_in - first < 256 ? K_in - first : 256;
         float v[256];
-        for (int j = 0; j < 256; j++) {
-            int64_t c = first + j, at = row * K_in + c;
-            v[j] = c >= K_in ? 0.f : bf16 ? bf16_to_float(((const uint16_t *)x)[at]) : ((const float *)x)[at];
+        if (bf16)
+            for (int64_t j = 0; j < valid; j++) v[j] = bf16_to_float(((const uint16_t *)x)[row * K_in + first + j]);
+        else
+            memcpy(v, (const float *)x + row * K_in + first, (size_t)(valid > 0 ? valid : 0) * sizeof(float));
+        for (int64_t j = valid > 0 ? valid : 0; j < 256; j++) v[j] = 0.f;
+#if defined(__x86_64__)
+        if (path >= 1) {
+            quantize_block_avx2(v, out + i, path == 3);
+            continue;
         }
-        quantize_block(v, out + i, pairs);
+#endif
+        quantize_block(v, out + i, path == 3);
     }
 }
 
@@ -919,7 +961,7 @@ int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int n
     xblock *xq = malloc((size_t)(M * B) * sizeof(xblock));
     if (!xq) return -1;
     int path = runnable(isa);
-    q8_blocks(x, x_bf16, M, K_in, K, xq, path == 3, threads);
+    q8_blocks(x, x_bf16, M, K_in, K, xq, path, threads);
     sink o = {y, y_bf16, bias, N};
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) one_row(&g, path, n, xq, M, B, &o, n);
@@ -999,7 +1041,7 @@ int q4_swiglu(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int n
     xblock *xq = malloc((size_t)(M * B) * sizeof(xblock));
     if (!xq) return -1;
     int path = runnable(isa), failed = 0;
-    q8_blocks(x, x_bf16, M, K_in, K, xq, path == 3, threads);
+    q8_blocks(x, x_bf16, M, K_in, K, xq, path, threads);
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
