@@ -9,9 +9,14 @@ cleared). The base's source is built with this checkout's compiler flags into a 
 must take the same arguments as this checkout's. Run it alone on the machine; name the processor beside its figures.
 
     python benchmarks/kernel_ab.py --base 74df1df [--models qwen2.5-coder-1.5b,qwen2.5-coder-0.5b] [--context 128]
-        [--widths 1,5] [--rounds 9] [--forwards 12]
+        [--widths 1,5] [--rounds 9] [--forwards 12] [--neighbour 0.3]
 
-Last line: one JSON object (per model and width: each variant's median ms; the processor, its flags, the q4 path).
+``--neighbour D`` runs another process beside the timing that keeps one core busy a fraction D of each 10 ms (a
+shared host: another tenant, a browser), so both builds are timed under the same load; there the mean per round
+(the time a generation takes) is reported beside the median.
+
+Last line: one JSON object (per model and width: each variant's median ms, and its mean ms; the processor, its
+flags, the q4 path).
 """
 
 from __future__ import annotations
@@ -19,13 +24,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import multiprocessing
 import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 
 import torch
-from step_profile import _cpu_flags  # benchmarks/, on sys.path when this script runs
+from neighbour import neighbour  # benchmarks/, on sys.path when this script runs
+from step_profile import _cpu_flags
 
 from hf_adaspec import enable
 from hf_adaspec.backend import hf_compat
@@ -68,12 +75,19 @@ def main() -> None:
     ap.add_argument("--widths", default="1,5")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--forwards", type=int, default=12)
+    ap.add_argument("--neighbour", type=float, default=0.0, help="a busy process's share of one core (0: none)")
     args = ap.parse_args()
+    if not 0 <= args.neighbour < 1:
+        raise SystemExit("--neighbour: a share of one core in [0, 1)")
     widths = [int(w) for w in args.widths.split(",")]
     models = {name: enable(load(name).model) for name in args.models.split(",")}
     first = next(m for m in next(iter(models.values())).modules() if isinstance(m, Q4Linear))
     current = q4.library(first.directory)
     results: dict[str, dict[str, list[float]]] = {}
+    means: dict[str, dict[str, list[float]]] = {}
+    other = multiprocessing.Process(target=neighbour, args=(args.neighbour,), daemon=True)
+    if args.neighbour:
+        other.start()
     with tempfile.TemporaryDirectory() as folder, torch.no_grad():
         base = base_library(args.base, Path(folder), current)
         variants = {"base": base, "checkout": current, "base again": base}
@@ -90,10 +104,16 @@ def main() -> None:
                             results.setdefault(f"{name} n={n}", {}).setdefault(variant, []).append(
                                 statistics.median(times)
                             )
+                            means.setdefault(f"{name} n={n}", {}).setdefault(variant, []).append(
+                                statistics.fmean(times)
+                            )
             use(current, model)
+    if args.neighbour:
+        other.kill()
     table = {key: {v: round(statistics.median(t), 3) for v, t in row.items()} for key, row in results.items()}
+    mean = {key: {v: round(statistics.median(t), 3) for v, t in row.items()} for key, row in means.items()}
     for key, row in table.items():
-        print(f"{key:28s} " + "  ".join(f"{v} {ms:8.3f}" for v, ms in row.items()), flush=True)
+        print(f"{key:28s} " + "  ".join(f"{v} {ms:8.3f} (mean {mean[key][v]:8.3f})" for v, ms in row.items()))
     print(
         json.dumps(
             {
@@ -102,6 +122,8 @@ def main() -> None:
                 "rounds": args.rounds,
                 "forwards": args.forwards,
                 "ms": table,
+                "mean_ms": mean,
+                "neighbour": args.neighbour,
                 "threads": torch.get_num_threads(),
                 "q4_path": q4.path(first.directory),
                 "processor": processor_name(),
