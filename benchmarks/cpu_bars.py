@@ -104,6 +104,12 @@ STEPS = (
 )
 
 
+def commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+
+
 def pytest_counts(text: str) -> dict[str, int]:
     """pytest's closing line (``1 failed, 1209 passed, 3 skipped in 61.2s``) → {"failed": 1, "passed": 1209,
     "skipped": 3} ("errors" counted as "error")."""
@@ -139,7 +145,8 @@ def run_step(step: Step, out: Path, isa: str) -> dict:
             stdout=f,
             stderr=subprocess.STDOUT,
         ).returncode
-    record = {"command": command, "where": step.where, "rc": rc, "seconds": round(time.monotonic() - start, 1)}
+    seconds = round(time.monotonic() - start, 1)
+    record = {"command": command, "commit": commit(), "where": step.where, "rc": rc, "seconds": seconds}
     text = log.read_text(errors="replace")
     if step.name in ("test", "fast"):
         record["pytest"] = pytest_counts(text)
@@ -152,6 +159,11 @@ def run_step(step: Step, out: Path, isa: str) -> dict:
     return record
 
 
+def done(path: Path) -> bool:
+    """Whether a step's record at ``path`` says it ran to the end (a failed step runs again)."""
+    return path.exists() and json.loads(path.read_text())["rc"] == 0
+
+
 def write_atomic(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -159,66 +171,50 @@ def write_atomic(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
+OVERALL = ("tokens_per_s", "overall")
+BARS = (  # issue 71's done-when: (bar, the step and the keys of its figure, or the step whose seconds, bound)
+    ("plain / llama.cpp plain, demo prompt", ("demo_beside", "interleaved", "plain_over_llama_cpp_plain"), ">= 1.0"),
+    (
+        "adaptive / llama.cpp plain, demo prompt",
+        ("demo_beside", "interleaved", "adaptive_over_llama_cpp_plain"),
+        ">= 1.0",
+    ),
+    ("plain / llama.cpp plain, held-out Spec-Bench", ("spec_bench", *OVERALL, "plain_over_llama_cpp_plain"), ">= 1.0"),
+    (
+        "adaptive / llama.cpp plain, held-out Spec-Bench",
+        ("spec_bench", *OVERALL, "adaptive_over_llama_cpp_plain"),
+        ">= 1.0",
+    ),
+    ("adaptive / llama.cpp plain, held-out code", ("code", *OVERALL, "adaptive_over_llama_cpp_plain"), ">= 1.5"),
+    ("fresh make demo, s (install included)", ("demo",), "<= 240"),
+    ("make test, s, no failure", ("test",), "<= 1800"),
+    ("fast suite, s, no failure", ("fast",), "<= 60"),
+)
+
+
+def figure(records: dict[str, dict], step: str, *keys: str) -> float | None:
+    """A bar's figure: the value at ``keys`` in ``step``'s result, or without keys the step's seconds where it
+    exited 0 and pytest (if it ran) counted no failure or error; None where the step has not run or failed."""
+    record = records.get(step)
+    if not record or record["rc"] != 0:
+        return None
+    if not keys:
+        counts = record.get("pytest", {})
+        return None if counts.get("failed") or counts.get("error") else record["seconds"]
+    doc = record.get("result")
+    for key in keys:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
 def bars(records: dict[str, dict]) -> list[dict]:
-    """Issue 71's done-when, each with its figure (None where its step has not run or failed) and verdict."""
-
-    def result(step: str, *keys: str) -> float | None:
-        doc = (records.get(step) or {}).get("result")
-        for key in keys:
-            doc = doc.get(key) if isinstance(doc, dict) else None
-        return doc
-
-    def seconds(step: str) -> float | None:
-        record = records.get(step)
-        counts = (record or {}).get("pytest", {})
-        ok = record and record["rc"] == 0 and not counts.get("failed") and not counts.get("error")
-        return record["seconds"] if ok else None
-
-    overall = ("tokens_per_s", "overall")
-    rows = [
-        (
-            "plain / llama.cpp plain, demo prompt",
-            result("demo_beside", "interleaved", "plain_over_llama_cpp_plain"),
-            ">=",
-            1.0,
-        ),
-        (
-            "adaptive / llama.cpp plain, demo prompt",
-            result("demo_beside", "interleaved", "adaptive_over_llama_cpp_plain"),
-            ">=",
-            1.0,
-        ),
-        (
-            "plain / llama.cpp plain, held-out Spec-Bench",
-            result("spec_bench", *overall, "plain_over_llama_cpp_plain"),
-            ">=",
-            1.0,
-        ),
-        (
-            "adaptive / llama.cpp plain, held-out Spec-Bench",
-            result("spec_bench", *overall, "adaptive_over_llama_cpp_plain"),
-            ">=",
-            1.0,
-        ),
-        (
-            "adaptive / llama.cpp plain, held-out code",
-            result("code", *overall, "adaptive_over_llama_cpp_plain"),
-            ">=",
-            1.5,
-        ),
-        ("fresh make demo, s (install included)", seconds("demo"), "<=", 240),
-        ("fast suite, s, no failure", seconds("fast"), "<=", 60),
-        ("make test, s, no failure", seconds("test"), "<=", 1800),
-    ]
-    return [
-        {
-            "bar": name,
-            "figure": value,
-            "bound": f"{op} {bound}",
-            "met": None if value is None else (value >= bound if op == ">=" else value <= bound),
-        }
-        for name, value, op, bound in rows
-    ]
+    """Each of ``BARS`` with its figure and verdict (met: None where the figure is missing)."""
+    rows = []
+    for name, (step, *keys), bound in BARS:
+        value, (op, limit) = figure(records, step, *keys), bound.split()
+        met = None if value is None else (value >= float(limit) if op == ">=" else value <= float(limit))
+        rows.append({"bar": name, "figure": value, "bound": bound, "met": met})
+    return rows
 
 
 def main() -> None:
@@ -241,10 +237,10 @@ def main() -> None:
     records = {}
     for k, step in enumerate(steps):
         path = out / "steps" / f"{step.name}.json"
-        if path.exists() and step.name not in args.redo.split(","):
+        if done(path) and step.name not in args.redo.split(","):
             records[step.name] = json.loads(path.read_text())
             continue
-        left = sum(s.planned_s for s in steps[k:] if not (out / "steps" / f"{s.name}.json").exists())
+        left = sum(s.planned_s for s in steps[k:] if not done(out / "steps" / f"{s.name}.json"))
         print(
             f"[{k + 1}/{len(steps)}] {step.name}: planned {step.planned_s / 60:.0f} min, "
             f"the run's remaining {left / 60:.0f} min ({time.strftime('%H:%M')})",
@@ -253,9 +249,9 @@ def main() -> None:
         records[step.name] = run_step(step, out, args.isa)
         print(f"    {records[step.name]['seconds']:.0f} s, exit {records[step.name]['rc']}", flush=True)
         write_atomic(path, records[step.name])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     summary = {
-        "commit": commit.stdout.strip(),
+        "commit": commit(),
+        "steps_commits": {name: r.get("commit") for name, r in records.items()},
         "processor": processor_name(),
         "cpu_flags": flags,
         "bars": bars(records),
