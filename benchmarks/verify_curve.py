@@ -107,6 +107,8 @@ def main() -> None:
     paths = [p for p in q4.PATHS[1:] if q4.path(directory, p) == p]
     native, ms = q4.Q4Linear.forward, {}
     variants = {p: _forward_on(p) for p in paths} | {f"{paths[0]}_again": _forward_on(paths[0]), "shipped": native}
+    if set(benches) & set(variants):
+        raise SystemExit(f"--llama-bench labels {sorted(set(benches) & set(variants))} name our curves; choose others")
     with torch.no_grad(), hf_compat.speculative_attention(hf_compat.AttentionSwap(model)):
         probe = ForwardProbe(model, 128, max(widths))
         for r in range(args.rounds + 2):
