@@ -102,13 +102,14 @@ def main() -> None:
     args = _arguments()
     widths = [int(w) for w in args.widths.split(",")]
     benches = dict(b.split("=", 1) if "=" in b else ("llama.cpp", b) for b in args.llama_bench)
+    ours = {"shipped", *q4.PATHS[1:], *(f"{p}_again" for p in q4.PATHS[1:])}
+    if set(benches) & ours:
+        raise SystemExit(f"--llama-bench labels {sorted(set(benches) & ours)} name our curves; choose others")
     model = hf_adaspec.enable(hf_adaspec.load(args.model, quantization="q4", quantize_lm_head=True).model)  # as decoded
     directory = next(m for m in model.modules() if isinstance(m, q4.Q4Linear)).directory
     paths = [p for p in q4.PATHS[1:] if q4.path(directory, p) == p]
     native, ms = q4.Q4Linear.forward, {}
     variants = {p: _forward_on(p) for p in paths} | {f"{paths[0]}_again": _forward_on(paths[0]), "shipped": native}
-    if set(benches) & set(variants):
-        raise SystemExit(f"--llama-bench labels {sorted(set(benches) & set(variants))} name our curves; choose others")
     with torch.no_grad(), hf_compat.speculative_attention(hf_compat.AttentionSwap(model)):
         probe = ForwardProbe(model, 128, max(widths))
         for r in range(args.rounds + 2):
