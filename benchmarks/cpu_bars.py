@@ -1,17 +1,18 @@
 """Issue 71's bars on this machine in one resumable run: set-up and suite times from a fresh clone, then hf-adaspec
-beside llama.cpp (built here, native) on the demo prompt, held-out Spec-Bench and held-out code, the verification
-curve, and the step's diagnostics; at the end each bar with its figure and whether it is met.
+beside llama.cpp (built here by the anchor script, ``--isa native`` by default) on the demo prompt, held-out
+Spec-Bench and held-out code, the verification curve, and the step's diagnostics; at the end each bar with its
+figure and whether it is met.
 
 Each step runs one command of the project (``STEPS``), its output in ``OUT/logs/STEP.log``, and records what it
-measured in ``OUT/steps/STEP.json`` (written atomically); a step with a record is not run again, so an interrupted
-run goes on where it stopped (``--redo STEP`` runs one again). The set-up steps time what a user runs: ``git clone``
-of this checkout's HEAD into a temporary folder, ``make demo`` there with an empty model cache and pip's cache off
-(install included), then ``make test``, then the fast suite. The rest runs from this checkout with its ``.venv``.
-Run it alone on the machine (two model processes on 2 cores slow each other). Before each step it prints the
-step's planned time and the run's remaining time (the plan: each step's time on the 2-core AVX2-only EPYC where
-the issue was measured; about 3.5 hours in all). The bars are meant for a CPU with AVX2 and no AVX-512: elsewhere
-it stops unless ``--any-cpu`` (with ``--isa avx2`` and the AVX2 path reproduced, ``benchmarks/avx2``, it checks the
-run's plumbing on another CPU, not the bars).
+measured in ``OUT/steps/STEP.json`` (written atomically); a step recorded as finished is not run again (a failed
+one is), so an interrupted run goes on where it stopped (``--redo STEP`` runs one again). The set-up steps time
+what a user runs: ``git clone`` of this checkout's HEAD into a temporary folder, ``make demo`` there with an empty
+model cache and pip's cache off (install included), then ``make test``, then the fast suite. The rest runs from
+this checkout with its ``.venv`` (``make install`` first). Run it alone on the machine (two model processes on 2
+cores slow each other). Before each step it prints the step's planned time and the run's remaining time (the plan:
+each step's time on the 2-core AVX2-only EPYC where the issue was measured; about 3.5 hours in all). The bars are
+meant for a CPU with AVX2 and no AVX-512: elsewhere it stops unless ``--any-cpu`` (with ``--isa avx2`` and the AVX2
+path reproduced, ``benchmarks/avx2``, it checks the run's plumbing on another CPU, not the bars).
 
     python benchmarks/cpu_bars.py --out benchmarks/results/<cpu>-<date> [--steps demo,test,fast,...] [--any-cpu]
 
@@ -44,7 +45,7 @@ WORK = Path(tempfile.gettempdir()) / "hf-adaspec-cpu-bars"  # the set-up steps' 
 class Step:
     name: str
     planned_s: int  # on the 2-core AVX2-only EPYC (issue 71's measurements)
-    command: str  # run by bash in ``where``; {out}, {bin}, {threads}, {py} filled in
+    command: str  # run by bash in ``where``; {out}, {bin}, {threads}, {py}, {isa} filled in
     where: str = "root"  # "root": this checkout; "clone": the fresh clone
     result: str = ""  # a file the command writes (under OUT), else its last stdout line is its JSON
 
