@@ -132,6 +132,21 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(kdir, ceiling):
         assert torch.equal(together[i : i + 1], q4.linear(x[i : i + 1], *args, ceiling=ceiling))
 
 
+@pytest.mark.parametrize("ceiling", q4.PATHS)
+def test_a_long_prompts_rows_taken_in_passes_are_each_their_product_alone(kdir, ceiling, monkeypatch):
+    """A prefill's rows meet the weights a few dozen at a time (as many as fit in cache: 24 at 4096 features), the
+    last pass shorter; every row of ``linear`` and of ``swiglu`` is still bit for bit its result alone."""
+    monkeypatch.setenv(q4.PATH_ENV, ceiling)
+    torch.manual_seed(11)
+    k, m = 4096, 61  # passes of 24, 24, 13 rows
+    gate, up = gguf_rows("Q4_K", 16, k, 1, kdir), gguf_rows("Q6_K", 16, k, 2, kdir)
+    layer, x = _layer([gate, up], k, kdir), torch.randn(m, k).to(torch.bfloat16)
+    together, swiglu = layer(x), layer.swiglu(x)  # [61, 32], [61, 16]
+    for i in range(m):
+        assert torch.equal(together[i : i + 1], layer(x[i : i + 1]))
+        assert torch.equal(swiglu[i : i + 1], layer.swiglu(x[i : i + 1]))
+
+
 def test_the_path_follows_the_cpu_capped_by_aten_cpu_capability_and_the_ceiling(kdir, monkeypatch):
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     monkeypatch.delenv(q4.PATH_ENV, raising=False)

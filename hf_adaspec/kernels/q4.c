@@ -952,6 +952,23 @@ static void one_row(const segs *g, int path, int64_t n, const xblock *xq, int64_
     for (int64_t r = 0; r < M; r++) put(o, r, out, dot_portable(kind, wn, xq + r * B, B));
 }
 
+/* Activation rows one pass over the weights takes: as many as fit in CHUNK_BYTES (about an L1 data cache), at least
+   CHUNK_LEAST, a multiple of 8. A long prompt's rows then stay in cache while a weight row meets them (a pass over all
+   M rows streams them from memory once per weight row where M rows outgrow L2). Each row's products are unchanged:
+   only the order of the passes differs. */
+enum { CHUNK_BYTES = 65536, CHUNK_LEAST = 24 };
+static int64_t chunk_rows(int64_t B) {
+    int64_t c = CHUNK_BYTES / (B * (int64_t)sizeof(xblock)) / 8 * 8;
+    return c < CHUNK_LEAST ? CHUNK_LEAST : c;
+}
+
+/* The sink of rows [r0, ...) of o. */
+static sink rows_from(const sink *o, int64_t r0) {
+    sink s = *o;
+    s.y = (char *)o->y + r0 * o->N * (o->bf16 ? 2 : 4);
+    return s;
+}
+
 int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int nseg, int64_t K_in, int64_t K,
               const float *bias, int isa, const void *x, int x_bf16, int64_t M, void *y, int y_bf16, int threads) {
     int64_t B = K / 256;
@@ -963,8 +980,16 @@ int q4_linear(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int n
     int path = runnable(isa);
     q8_blocks(x, x_bf16, M, K_in, K, xq, path, threads);
     sink o = {y, y_bf16, bias, N};
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) one_row(&g, path, n, xq, M, B, &o, n);
+    int64_t C = chunk_rows(B);
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t t = omp_get_thread_num(), T = omp_get_num_threads(), per = (N + T - 1) / T;
+        int64_t lo = t * per < N ? t * per : N, hi = lo + per < N ? lo + per : N;
+        for (int64_t r0 = 0; r0 < M; r0 += C) {
+            sink part = rows_from(&o, r0);
+            for (int64_t n = lo; n < hi; n++) one_row(&g, path, n, xq + r0 * B, M - r0 < C ? M - r0 : C, B, &part, n);
+        }
+    }
     free(xq);
     return 0;
 }
@@ -1051,9 +1076,13 @@ int q4_swiglu(const uint8_t *w, const int32_t *kinds, const int64_t *rows, int n
         if (f && !tmp) failed = 1;
         if (tmp) {
             sink o = {tmp, 0, NULL, 2 * f};  /* row r: the gate values, then the up values */
-            for (int64_t j = 0; j < f; j++) {
-                one_row(&g, path, lo + j, xq, M, B, &o, j);
-                one_row(&g, path, I + lo + j, xq, M, B, &o, f + j);
+            int64_t C = chunk_rows(B);
+            for (int64_t r0 = 0; r0 < M; r0 += C) {
+                sink part = rows_from(&o, r0);
+                for (int64_t j = 0; j < f; j++) {
+                    one_row(&g, path, lo + j, xq + r0 * B, M - r0 < C ? M - r0 : C, B, &part, j);
+                    one_row(&g, path, I + lo + j, xq + r0 * B, M - r0 < C ? M - r0 : C, B, &part, f + j);
+                }
             }
             for (int64_t r = 0; r < M; r++)
                 swiglu_row(tmp + r * 2 * f, tmp + r * 2 * f + f, f, bias, lo, I, (char *)y + (r * I + lo) * size,
