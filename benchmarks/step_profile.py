@@ -27,7 +27,7 @@ from hf_adaspec import enable
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.costs.table import ForwardProbe
 from hf_adaspec.kernels import q4
-from hf_adaspec.kernels.q4 import Q4Linear
+from hf_adaspec.kernels.q4_layer import Q4Linear
 from hf_adaspec.machine import processor_name
 from hf_adaspec.models.loading import load
 

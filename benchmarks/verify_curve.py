@@ -37,7 +37,7 @@ import torch
 import hf_adaspec
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.costs.table import ForwardProbe
-from hf_adaspec.kernels import q4
+from hf_adaspec.kernels import q4, q4_layer
 from hf_adaspec.machine import processor_name
 from hf_adaspec.models import assets
 from hf_adaspec.models.presets import PRESETS
@@ -106,26 +106,26 @@ def main() -> None:
     if set(benches) & ours:
         raise SystemExit(f"--llama-bench labels {sorted(set(benches) & ours)} name our curves; choose others")
     model = hf_adaspec.enable(hf_adaspec.load(args.model, quantization="q4", quantize_lm_head=True).model)  # as decoded
-    directory = next(m for m in model.modules() if isinstance(m, q4.Q4Linear)).directory
+    directory = next(m for m in model.modules() if isinstance(m, q4_layer.Q4Linear)).directory
     paths = [p for p in q4.PATHS[1:] if q4.path(directory, p) == p]
-    native, ms = q4.Q4Linear.forward, {}
+    native, ms = q4_layer.Q4Linear.forward, {}
     variants = {p: _forward_on(p) for p in paths} | {f"{paths[0]}_again": _forward_on(paths[0]), "shipped": native}
     with torch.no_grad(), hf_compat.speculative_attention(hf_compat.AttentionSwap(model)):
         probe = ForwardProbe(model, 128, max(widths))
         for r in range(args.rounds + 2):
             for n in widths:
                 for name in list(variants) if r % 2 else list(variants)[::-1]:
-                    q4.Q4Linear.forward = variants[name]
+                    q4_layer.Q4Linear.forward = variants[name]
                     elapsed = probe.time_ms(n)
                     if r >= 2:
                         ms.setdefault(name, {}).setdefault(str(n), []).append(elapsed)
-            q4.Q4Linear.forward = native
+            q4_layer.Q4Linear.forward = native
             for label in list(benches) if r % 2 else list(benches)[::-1]:
                 curve = _llama_bench(benches[label], args.model, widths, torch.get_num_threads(), args.llama_depth)
                 for n, t in curve.items():
                     if r >= 2:
                         ms.setdefault(label, {}).setdefault(n, []).append(t)
-    q4.Q4Linear.forward = native
+    q4_layer.Q4Linear.forward = native
     out = {name: {n: round(statistics.median(v), 2) for n, v in per.items()} for name, per in ms.items()}
     ratios = {name: {n: round(t / curve[str(widths[0])], 3) for n, t in curve.items()} for name, curve in out.items()}
     for name in out:

@@ -12,7 +12,7 @@ from test_q4_kernel import gguf_rows
 
 import hf_adaspec
 from hf_adaspec.bench.bench import divergence_gap
-from hf_adaspec.kernels import q4, route
+from hf_adaspec.kernels import q4, q4_layer, route
 from hf_adaspec.models import route_choice
 from hf_adaspec.models.format_load import load_weights
 from hf_adaspec.models.format_quality import agreement, greedy_reference
@@ -32,14 +32,16 @@ def tiny_dir(tmp_path, private_cache):
     return save_tiny_llama(tmp_path / "tiny", 64)
 
 
-def _fused(kdir, bias: bool) -> q4.Q4Linear:
+def _fused(kdir, bias: bool) -> q4_layer.Q4Linear:
     """A 512-wide layer of three kinds (fused projections), 40 output rows."""
     parts = [
         gguf_rows("Q4_K", 16, 512, 1, kdir),
         gguf_rows("Q6_K", 8, 512, 2, kdir),
         gguf_rows("Q8_0", 16, 512, 3, kdir),
     ]
-    return q4.Q4Linear(512, parts, torch.randn(40, generator=torch.Generator().manual_seed(4)) if bias else None, kdir)
+    return q4_layer.Q4Linear(
+        512, parts, torch.randn(40, generator=torch.Generator().manual_seed(4)) if bias else None, kdir
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -52,7 +54,7 @@ def test_the_dense_route_is_the_dense_weights_product(kdir, dtype, bias):
     one unit of the dtype."""
     layer = _fused(kdir, bias)
     x = torch.randn(70, 512, generator=torch.Generator().manual_seed(5)).to(dtype)  # [M, K]
-    assert q4.DENSE_TILE_BYTES // (512 * x.element_size()) >= max(layer.rows.tolist())  # a kind fits one tile
+    assert q4_layer.DENSE_TILE_BYTES // (512 * x.element_size()) >= max(layer.rows.tolist())  # a kind fits one tile
     weight = layer.weight_float().to(dtype)  # [40, 512]
     b = None if layer.bias is None else layer.bias.to(dtype)  # [40]
     got = layer.dense_product(x)  # [70, 40]
@@ -69,7 +71,7 @@ def test_tiles_give_the_whole_matrix_product(kdir, monkeypatch):
     layer = _fused(kdir, True)
     x = torch.randn(9, 512, generator=torch.Generator().manual_seed(6))  # [M, K]
     whole = layer.dense_product(x)
-    monkeypatch.setattr(q4, "DENSE_TILE_BYTES", 7 * 512 * 4)  # 7 rows a tile: tiles inside and across the kinds
+    monkeypatch.setattr(q4_layer, "DENSE_TILE_BYTES", 7 * 512 * 4)  # 7 rows a tile: tiles inside and across the kinds
     tiled = layer.dense_product(x)
     assert tiled.shape == (9, 40) and torch.allclose(tiled, whole, rtol=1e-5, atol=1e-5)
 
@@ -169,8 +171,10 @@ def test_the_quality_check_reads_through_the_kernel_whatever_the_route(tiny_dir,
     route.set_rows(model, None)
     on_kernel = agreement(model, refs)
     dense_calls = []
-    product = q4.Q4Linear.dense_product
-    monkeypatch.setattr(q4.Q4Linear, "dense_product", lambda self, x: dense_calls.append(x.shape) or product(self, x))
+    product = q4_layer.Q4Linear.dense_product
+    monkeypatch.setattr(
+        q4_layer.Q4Linear, "dense_product", lambda self, x: dense_calls.append(x.shape) or product(self, x)
+    )
     route.set_rows(model, 4)
     assert agreement(model, refs) == on_kernel and on_kernel[0] == 1.0 and not dense_calls
     assert {m.dense_rows for m in route.layers(model)} == {4}

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from hf_adaspec.kernels import fused, q4
+from hf_adaspec.kernels import fused, q4_layer
 from hf_adaspec.models import gguf_weights
 from hf_adaspec.models.format_load import load_weights
 from hf_adaspec.models.formats import FORMATS, Source
@@ -112,7 +112,7 @@ def test_q4_keeps_every_exact_block_and_follows_the_dense_model(written, private
     model = load_weights(_source(written), "tiny", "q4", "float32", "cpu", True)
     assert "Q5_1 tensors have no exact layout" in capsys.readouterr().err  # said once, naming the type
     attention = model.model.layers[0].self_attn
-    assert isinstance(attention.q_proj, fused.Q4Slice) and isinstance(attention.o_proj, q4.Q4Linear)
+    assert isinstance(attention.q_proj, fused.Q4Slice) and isinstance(attention.o_proj, q4_layer.Q4Linear)
     qkv = attention.q_proj.fused.weight_float()  # [q + k + v rows, 64]: Q8_0, Q5_0 (as q8_0), Q8_0: exact
     names = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv"]
     assert torch.equal(qkv, torch.cat([held[n] for n in names]))
@@ -148,7 +148,7 @@ def test_auto_on_a_gguf_file_q4_reads_times_q4_alone_and_loads_no_dense_weights(
     )
 
     def timer(model, fmt, n):
-        return {"none": 40.0, "q4": 10.0}[fmt] * n * (0.5 if isinstance(model.lm_head, q4.Q4Linear) else 1.0)
+        return {"none": 40.0, "q4": 10.0}[fmt] * n * (0.5 if isinstance(model.lm_head, q4_layer.Q4Linear) else 1.0)
 
     choice, model = fc.choose(
         _source(written),
@@ -161,7 +161,9 @@ def test_auto_on_a_gguf_file_q4_reads_times_q4_alone_and_loads_no_dense_weights(
     )
     measures = {(m.format, m.head): m for m in choice.measures}
     assert loads == ["q4"] and choice.chosen == "q4" and choice.head
-    assert isinstance(model.model.layers[0].mlp.down_proj, q4.Q4Linear) and isinstance(model.lm_head, q4.Q4Linear)
+    assert isinstance(model.model.layers[0].mlp.down_proj, q4_layer.Q4Linear) and isinstance(
+        model.lm_head, q4_layer.Q4Linear
+    )
     for fmt in ("none", "nf4"):
         assert measures[fmt, False].error == "not tried: q4 runs the GGUF file's own blocks"
     assert all(m.exact and m.top1 is None for m in (measures["q4", False], measures["q4", True]))
@@ -223,7 +225,9 @@ def test_a_file_whose_blocks_q4_cannot_read_keeps_the_other_formats(written, mon
 
 def test_fused_slices_give_each_layers_own_product_and_recompute_for_a_new_input(kernel_dir):
     torch.manual_seed(3)
-    layers = [q4.Q4Linear.dense(torch.nn.Linear(64, n, bias=bias), kernel_dir) for n, bias in ((32, True), (16, False))]
+    layers = [
+        q4_layer.Q4Linear.dense(torch.nn.Linear(64, n, bias=bias), kernel_dir) for n, bias in ((32, True), (16, False))
+    ]
     slices = fused.fuse(layers, kernel_dir)
     x, other = torch.randn(3, 64), torch.randn(3, 64)
     assert torch.equal(slices[0](x), layers[0](x)) and torch.equal(slices[1](x), layers[1](x))
@@ -231,4 +235,4 @@ def test_fused_slices_give_each_layers_own_product_and_recompute_for_a_new_input
     assert torch.equal(slices[0](x), layers[0](x)) and torch.equal(slices[0](other), layers[0](other))
     assert [s.out_features for s in slices] == [32, 16] and "fused" in dict(slices[0].named_children())
     with pytest.raises(ValueError, match="in_features differ"):
-        fused.fuse([layers[0], q4.Q4Linear.dense(torch.nn.Linear(32, 8), kernel_dir)], kernel_dir)
+        fused.fuse([layers[0], q4_layer.Q4Linear.dense(torch.nn.Linear(32, 8), kernel_dir)], kernel_dir)

@@ -16,7 +16,7 @@ import hf_adaspec
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.kernels.fused import GatedMLP
 from hf_adaspec.kernels.layer_ops import RMSNorm, RopeSplit, rms_norm_reference, rope_split, rotate_half_reference
-from hf_adaspec.kernels.q4 import Q4Linear
+from hf_adaspec.kernels.q4_layer import Q4Linear
 from hf_adaspec.models import format_load, lean_layer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")

@@ -15,7 +15,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf import dequantize as gguf_dequantize
 
-from hf_adaspec.kernels import blocks, fused, q4
+from hf_adaspec.kernels import blocks, fused, q4, q4_layer
 
 SIZES = {"Q4_K": (144, 256), "Q6_K": (210, 256), "Q8_0": (34, 32), "Q5_0": (22, 32), "Q4_0": (18, 32)}
 
@@ -81,7 +81,7 @@ def _quantized(x: torch.Tensor) -> torch.Tensor:
 
 
 def _layer(parts, k, kdir, bias=None):
-    return q4.Q4Linear(k, parts, bias, kdir)
+    return q4_layer.Q4Linear(k, parts, bias, kdir)
 
 
 @pytest.mark.parametrize("ceiling", q4.PATHS)
@@ -273,7 +273,7 @@ def test_bfloat16_in_and_out_with_bias_is_the_float_result_rounded_once(kdir, ce
     the float32 path plus the bias, then torch's rounding, gives."""
     torch.manual_seed(3)
     bias, x = torch.randn(40), torch.randn(5, 544).to(torch.bfloat16)
-    layer = q4.Q4Linear.dense(torch.nn.Linear(544, 40), kdir)
+    layer = q4_layer.Q4Linear.dense(torch.nn.Linear(544, 40), kdir)
     args = (layer.blocks, layer.kind_ids, layer.rows, 544, kdir)
     y = q4.linear(x, *args, bias=bias, ceiling=ceiling)  # [5, 40]
     ref = q4.linear(x.float(), *args, ceiling=ceiling) + bias
@@ -283,7 +283,7 @@ def test_bfloat16_in_and_out_with_bias_is_the_float_result_rounded_once(kdir, ce
 
 
 def test_other_dtypes_go_through_float32_and_too_wide_inputs_are_refused(kdir):
-    layer = q4.Q4Linear.dense(torch.nn.Linear(256, 8, bias=False), kdir)
+    layer = q4_layer.Q4Linear.dense(torch.nn.Linear(256, 8, bias=False), kdir)
     x = torch.randn(2, 200)  # fewer features than the weight: the rest are zeros
     args = (layer.blocks, layer.kind_ids, layer.rows, 256, kdir)
     half = q4.linear(x.half(), *args)
@@ -295,7 +295,7 @@ def test_other_dtypes_go_through_float32_and_too_wide_inputs_are_refused(kdir):
 
 def test_a_bias_of_another_dtype_and_an_empty_input(kdir):
     torch.manual_seed(5)
-    layer, bias, x = q4.Q4Linear.dense(torch.nn.Linear(256, 16), kdir), torch.randn(16), torch.randn(3, 256)
+    layer, bias, x = q4_layer.Q4Linear.dense(torch.nn.Linear(256, 16), kdir), torch.randn(16), torch.randn(3, 256)
     args = (layer.blocks, layer.kind_ids, layer.rows, 256, kdir)
     torch.testing.assert_close(
         q4.linear(x, *args, bias=bias.to(torch.bfloat16)),
@@ -308,7 +308,7 @@ def test_a_bias_of_another_dtype_and_an_empty_input(kdir):
 
 def test_q4_linear_reads_strided_inputs_as_their_values(kdir):
     torch.manual_seed(4)
-    layer = q4.Q4Linear.dense(torch.nn.Linear(64, 16).to(torch.bfloat16), kdir)
+    layer = q4_layer.Q4Linear.dense(torch.nn.Linear(64, 16).to(torch.bfloat16), kdir)
     x = torch.randn(3, 128, dtype=torch.bfloat16)[:, ::2]  # [3, 64], not contiguous
     assert torch.equal(layer(x), layer(x.contiguous()))
 
@@ -337,7 +337,7 @@ def test_widths_that_are_not_whole_groups_and_wrong_layouts_are_refused(kdir):
     with pytest.raises(ValueError, match="multiple of 32"):
         blocks.quantize_q4_k(torch.randn(4, 40))
     with pytest.raises(ValueError, match=r"q6_k rows of 256 features are uint8 \[N, 210\]"):
-        q4.Q4Linear(256, [("q6_k", torch.zeros(2, 148, dtype=torch.uint8))], None, kdir)
+        q4_layer.Q4Linear(256, [("q6_k", torch.zeros(2, 148, dtype=torch.uint8))], None, kdir)
     with pytest.raises(ValueError, match="GGUF Q5_K has no exact layout"):
         q4.from_gguf("Q5_K", np.zeros((1, 176), np.uint8), 256, kdir)
     with pytest.raises(ValueError, match="rows of 140 bytes do not hold 256 features"):
@@ -347,13 +347,13 @@ def test_widths_that_are_not_whole_groups_and_wrong_layouts_are_refused(kdir):
 def test_q4_linear_keeps_shape_dtype_and_bias_and_approximates_the_dense_layer(kdir):
     torch.manual_seed(1)
     dense = torch.nn.Linear(96, 40).to(torch.bfloat16)
-    layer = q4.Q4Linear.dense(dense, kdir)
+    layer = q4_layer.Q4Linear.dense(dense, kdir)
     x = torch.randn(2, 3, 96, dtype=torch.bfloat16)
     y = layer(x)
     assert y.shape == (2, 3, 40) and y.dtype == torch.bfloat16
     ref = dense(x).float()
     assert float((y.float() - ref.detach()).norm() / ref.detach().norm()) < 0.1
-    nobias = q4.Q4Linear.dense(torch.nn.Linear(96, 40, bias=False), kdir)
+    nobias = q4_layer.Q4Linear.dense(torch.nn.Linear(96, 40, bias=False), kdir)
     assert nobias.bias is None and "bias=False" in repr(nobias) and "kinds=q4_k" in repr(nobias)
 
 
@@ -362,7 +362,7 @@ def test_the_layers_bound_call_is_linears_product_and_rebinds_after_a_copy_or_ca
     """``Q4Linear.forward`` binds the kernel call once per layer: bit for bit ``q4.linear``'s product (2-D, 3-D and
     strided inputs, with a bias), and a copy, a cast or a replaced bias binds its own buffers, not the old ones."""
     torch.manual_seed(6)
-    layer = q4.Q4Linear.dense(torch.nn.Linear(256, 24), kdir)
+    layer = q4_layer.Q4Linear.dense(torch.nn.Linear(256, 24), kdir)
 
     def reference(module, x):
         b = module._buffers
@@ -389,7 +389,7 @@ def test_swiglu_is_silu_of_the_gate_rows_times_the_up_rows(kdir, dtype):
     output beside others; odd rows and the dense route's row counts give None (``forward``'s route then)."""
     torch.manual_seed(3)
     gate, up = torch.nn.Linear(512, 200), torch.nn.Linear(512, 200)  # 200 features: threads' ranges and a tail
-    layer, _ = fused.stack([q4.Q4Linear.dense(gate, kdir), q4.Q4Linear.dense(up, kdir)], kdir)
+    layer, _ = fused.stack([q4_layer.Q4Linear.dense(gate, kdir), q4_layer.Q4Linear.dense(up, kdir)], kdir)
     x = (torch.randn(7, 512) * 4).to(dtype)
     y = layer(x)  # [7, 400]
     want, got = (torch.nn.functional.silu(y[:, :200]) * y[:, 200:]).float(), layer.swiglu(x)
@@ -398,7 +398,7 @@ def test_swiglu_is_silu_of_the_gate_rows_times_the_up_rows(kdir, dtype):
     assert ((got.float() - want).abs() <= bound * want.abs() + 1e-6 * float(want.abs().max())).all()
     for i in range(7):
         assert torch.equal(layer.swiglu(x[i : i + 1]), got[i : i + 1])
-    assert q4.Q4Linear.dense(torch.nn.Linear(512, 25), kdir).swiglu(x) is None
+    assert q4_layer.Q4Linear.dense(torch.nn.Linear(512, 25), kdir).swiglu(x) is None
     layer.dense_rows = 4
     assert layer.swiglu(x) is None and layer.swiglu(x[:3]) is not None
 
@@ -425,7 +425,7 @@ def test_a_build_is_reused(kdir):
 
 
 def test_tensors_off_the_cpu_are_refused_before_the_kernel_reads_them(kdir):
-    layer = q4.Q4Linear.dense(torch.nn.Linear(256, 8), kdir)
+    layer = q4_layer.Q4Linear.dense(torch.nn.Linear(256, 8), kdir)
     with pytest.raises(ValueError, match="runs on the CPU"):
         q4.linear(torch.randn(1, 256, device="meta"), layer.blocks, layer.kind_ids, layer.rows, 256, kdir)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from .blocks import row_bytes
-from .q4 import Q4Linear
+from .q4_layer import Q4Linear
 
 SILU_ACTIVATIONS = frozenset({"transformers.activations.SiLUActivation", "torch.nn.modules.activation.SiLU"})
 

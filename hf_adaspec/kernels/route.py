@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .q4 import Q4Linear
+from .q4_layer import Q4Linear
 
 ROWS = (64, 128, 256, 512)  # activation rows at which the two products are timed
 REPS = 3  # timed products per row count and way (after one untimed each)

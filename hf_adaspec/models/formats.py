@@ -122,7 +122,7 @@ def finish_q4(model: torch.nn.Module, directory: Path) -> None:
     MLP with its gate and up as one call); each remaining module's query/key/value and gate/up ``Q4Linear``
     children (``FUSED``; same input width) to one kernel call (``kernels.fused``), other layers left as they are;
     then every q4 layer's dense route set (``route_choice.apply``: measured at the first load on this machine)."""
-    from ..kernels import fused, q4
+    from ..kernels import fused, q4_layer
     from .lean_layer import lean
     from .route_choice import apply
 
@@ -131,7 +131,7 @@ def finish_q4(model: torch.nn.Module, directory: Path) -> None:
         for names in FUSED:
             layers = [getattr(module, name, None) for name in names]
             if (
-                all(isinstance(layer, q4.Q4Linear) for layer in layers)
+                all(isinstance(layer, q4_layer.Q4Linear) for layer in layers)
                 and len({layer.in_features for layer in layers}) == 1
             ):
                 for name, piece in zip(names, fused.fuse(layers, directory)):
@@ -141,9 +141,9 @@ def finish_q4(model: torch.nn.Module, directory: Path) -> None:
 
 def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
     """Every linear layer whose input features are a multiple of 32 (the output head only with
-    ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4.Q4Linear`` with Q4_K
+    ``quantize_lm_head``; a tied input embedding keeps its dense table) to ``kernels.q4_layer.Q4Linear`` with Q4_K
     blocks. Raises KernelUnavailable as ``kernel_dir``."""
-    from ..kernels import q4
+    from ..kernels import q4_layer
 
     directory = kernel_dir()
     head = model.get_output_embeddings()
@@ -154,17 +154,17 @@ def _q4(model: torch.nn.Module, quantize_lm_head: bool) -> None:
                 and child.in_features % 32 == 0
                 and (quantize_lm_head or child is not head)
             ):
-                setattr(module, child_name, q4.Q4Linear.dense(child, directory))
+                setattr(module, child_name, q4_layer.Q4Linear.dense(child, directory))
     finish_q4(model, directory)
 
 
 def q4_head(model: torch.nn.Module, source: str | Source) -> torch.nn.Module:
     """``model``'s output head as ``load_weights(..., "q4", ..., quantize_lm_head=True)`` makes it, for a model already
-    loaded with a dense head: a ``kernels.q4.Q4Linear`` on the GGUF file's own blocks where ``source`` is a file
+    loaded with a dense head: a ``kernels.q4_layer.Q4Linear`` on the GGUF file's own blocks where ``source`` is a file
     that ``q4`` reads (``gguf_weights.reads_exactly``), else on its dense weight quantized to Q4_K.
     Raises KernelUnavailable as ``kernel_dir``; ValueError for a head whose input features are not a multiple
     of 32."""
-    from ..kernels.q4 import Q4Linear
+    from ..kernels.q4_layer import Q4Linear
     from ..kernels.route import layers
     from .gguf_weights import head_rows, reads_exactly
 

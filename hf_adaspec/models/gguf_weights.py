@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from ..kernels.blocks import GGUF_EXACT, quantize_q4_k, quantize_q8_0
-from ..kernels.q4 import Q4Linear, dequantize_rows, from_gguf
+from ..kernels.q4 import dequantize_rows, from_gguf
+from ..kernels.q4_layer import Q4Linear
 
 _PERMUTED = ("llama",)  # query/key rows interleaved per head by llama.cpp's converter
 _NORM_PLUS_ONE = ("gemma2", "gemma3")  # norm weights stored as w + 1

@@ -21,7 +21,7 @@ import torch
 
 from ..kernels.fused import GatedMLP
 from ..kernels.layer_ops import RMSNorm
-from ..kernels.q4 import Q4Linear
+from ..kernels.q4_layer import Q4Linear
 
 
 def _names(kind: str, families: tuple[tuple[str, str], ...]) -> frozenset[str]:

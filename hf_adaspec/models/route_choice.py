@@ -16,7 +16,7 @@ import torch
 
 from .. import machine
 from ..files import read_json_verified, write_json_verified
-from ..kernels import q4, route
+from ..kernels import q4, q4_layer, route
 from .assets import cache_dir
 
 
@@ -29,7 +29,7 @@ def apply(model: torch.nn.Module) -> int | None:
     return rows
 
 
-def threshold(layer: q4.Q4Linear, dtype: torch.dtype) -> int | None:
+def threshold(layer: q4_layer.Q4Linear, dtype: torch.dtype) -> int | None:
     """From how many activation rows of ``dtype`` ``layer`` is faster through dense weights (one of
     ``route.ROWS``; None: never there): the cached decision, else measured now (``route.measure``) and cached."""
     key = _key(layer, dtype)
@@ -48,7 +48,7 @@ def threshold(layer: q4.Q4Linear, dtype: torch.dtype) -> int | None:
     return rows
 
 
-def _key(layer: q4.Q4Linear, dtype: torch.dtype) -> dict:
+def _key(layer: q4_layer.Q4Linear, dtype: torch.dtype) -> dict:
     """What the crossover depends on: the machine and libraries, the kernel and its path, the dtype, the rows
     measured and the layer's shape and kinds."""
     return {

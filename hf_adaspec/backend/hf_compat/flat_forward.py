@@ -42,7 +42,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ...kernels.fused import GatedMLP
 from ...kernels.layer_ops import RMSNorm, RopeSplit
-from ...kernels.q4 import Q4Linear
+from ...kernels.q4_layer import Q4Linear
 from ...models.lean_layer import qualified_name
 from ..attention import packed_gqa
 from .cache_layers import GrowingLayer
