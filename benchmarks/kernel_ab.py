@@ -47,10 +47,16 @@ SOURCE = "hf_adaspec/kernels/q4.c"
 
 
 def base_library(base: str, folder: Path, current: ctypes.CDLL) -> ctypes.CDLL:
-    """The base commit's q4.c built in ``folder``, its entries typed as ``current``'s. Raises SystemExit where the
-    base's blocks are laid out otherwise (its results would not be this checkout's)."""
+    """The base commit's q4.c (and the headers beside it that it includes) built in ``folder``, its entries typed as
+    ``current``'s. Raises SystemExit where the base's blocks are laid out otherwise (its results would not be this
+    checkout's)."""
     source = folder / "q4.c"
     source.write_bytes(subprocess.run(["git", "show", f"{base}:{SOURCE}"], capture_output=True, check=True).stdout)
+    for header in cbuild.LOCAL_INCLUDE.findall(source.read_bytes()):
+        path = f"{Path(SOURCE).parent}/{header.decode()}"
+        (folder / header.decode()).write_bytes(
+            subprocess.run(["git", "show", f"{base}:{path}"], capture_output=True, check=True).stdout
+        )
     lib = ctypes.CDLL(str(cbuild.build(source, folder)))
     for name in ENTRIES:
         getattr(lib, name).argtypes = getattr(current, name).argtypes

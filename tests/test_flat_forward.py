@@ -1,5 +1,6 @@
-"""``hf_compat.flat_forward``: a q4 model's forward as one flat loop gives transformers' logits and features to the
-bit, runs only where that holds, and sees a changed model."""
+"""``hf_compat.flat_forward``: a q4 model's forward as one flat loop (or its decoder stack as one C call) gives
+transformers' logits and features within the attention's rounding, each row's bits its own (a verification's rows
+are the steps'), the stack the loop's bits; it runs only where that holds, and sees a changed model."""
 
 from __future__ import annotations
 
@@ -16,16 +17,19 @@ import hf_adaspec
 from hf_adaspec.backend import hf_compat
 from hf_adaspec.backend.hf_compat import flat_forward, flat_generate, model_calls
 from hf_adaspec.backend.hf_compat.cache_layers import GrowingLayer
+from hf_adaspec.kernels.decoder import DecoderStack
 from hf_adaspec.models import format_load
 
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")
 
 
-def _q4(family: str, dtype: torch.dtype = torch.float32, seed: int = 5, **extra) -> torch.nn.Module:
+def _q4(
+    family: str, dtype: torch.dtype = torch.float32, seed: int = 5, quantize_head: bool = False, **extra
+) -> torch.nn.Module:
     config = transformers.AutoConfig.for_model(family, **BASE, **extra)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
-    model = hf_adaspec.enable(format_load.convert(model, "q4", False))
+    model = hf_adaspec.enable(format_load.convert(model, "q4", quantize_head))
     hf_compat.use_packed_attention(model)
     return model
 
@@ -52,18 +56,70 @@ def _run(model: torch.nn.Module, blocks: list[torch.Tensor], layers: tuple[int, 
         return [hf_compat.forward(model, block, cache, block.shape[1], feature_layers=layers) for block in blocks]
 
 
+@pytest.fixture
+def stack_runs(monkeypatch):
+    """The blocks the decoder stack ran (its n)."""
+    ran = []
+    real = DecoderStack.run
+
+    def counted(self, x, *args):
+        ran.append(x.shape[1])
+        return real(self, x, *args)
+
+    monkeypatch.setattr(DecoderStack, "run", counted)
+    return ran
+
+
 @pytest.mark.parametrize("family", slow_except(["llama", "qwen2"], fast={"qwen2"}))
 @pytest.mark.parametrize("dtype", slow_except([torch.float32, torch.bfloat16], fast={torch.bfloat16}))
-def test_flat_forward_gives_transformers_logits_and_features_to_the_bit(family, dtype, flat_runs, monkeypatch):
+def test_flat_forward_gives_transformers_logits_and_features_within_the_attentions_rounding(
+    family, dtype, flat_runs, stack_runs, monkeypatch
+):
     """A prompt (the model's own forward), then a step, a verification, a step and a longer block, two rows, with
-    features out of order: the same logits and features as the model's forward."""
-    model = _q4(family, dtype)
+    features out of order (the layer loop) and without (the stack): transformers' logits and features but for the
+    attention's last bits; the stack gives the loop's logits to the bit."""
+    model, tol = _q4(family, dtype), 1e-5 if dtype == torch.float32 else 2e-2
     blocks = [torch.randint(1, 64, (2, n), generator=torch.Generator().manual_seed(n)) for n in (7, 1, 3, 1, 5)]
     flat = _run(model, blocks, layers=(1, 0))
-    assert flat_runs == [1, 3, 1, 5]
+    stacked = _run(model, blocks)
+    assert flat_runs == [1, 3, 1, 5] * 2 and stack_runs == [1, 3, 1, 5]
     monkeypatch.setattr(model_calls, "flat_forward", lambda *args: None)
-    for (logits, features), (want_logits, want_features) in zip(flat, _run(model, blocks, layers=(1, 0))):
-        assert torch.equal(logits, want_logits) and torch.equal(features, want_features)
+    for (logits, features), (stack_logits, _), (want_logits, want_features) in zip(
+        flat, stacked, _run(model, blocks, layers=(1, 0))
+    ):
+        assert torch.equal(stack_logits, logits)
+        assert torch.allclose(logits.float(), want_logits.float(), atol=tol, rtol=0)
+        assert torch.allclose(features.float(), want_features.float(), atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", slow_except([torch.float32, torch.bfloat16], fast={torch.bfloat16}))
+def test_a_verifications_rows_are_the_steps_rows_to_the_bit(dtype, stack_runs):
+    """Five tokens verified in one block and the same five decoded one at a time, after the same prompt: each
+    position's logits the same bits (greedy speculative decoding then equals plain greedy). The head is q4 too (a
+    dense head's BLAS product over 5 rows may differ from its product over 1 in the last bits)."""
+    model = _q4("qwen2", dtype, quantize_head=True)
+    prompt, tokens = torch.randint(1, 64, (1, 9)), torch.randint(1, 64, (1, 5))
+    block = _run(model, [prompt, tokens])[1][0]  # [1, 5, V]
+    steps = _run(model, [prompt, *tokens.split(1, dim=1)])[1:]
+    assert stack_runs == [5, 1, 1, 1, 1, 1]
+    assert all(torch.equal(block[:, i], logits[:, 0]) for i, (logits, _) in enumerate(steps))
+
+
+def test_the_stack_binds_a_replaced_buffer_and_steps_aside_for_torch_s_swiglu_and_a_dense_route(stack_runs):
+    """A layer's weights replaced (a copy at another address) are bound again: the same logits; an MLP told to
+    take torch's SwiGLU, and a matrix whose dense route takes the block's rows: the loop runs the block."""
+    model = _q4("qwen2")
+    blocks = [torch.randint(1, 64, (1, n), generator=torch.Generator().manual_seed(n)) for n in (7, 3)]
+    want = _run(model, blocks)[1][0]
+    o_proj = model.model.layers[1].self_attn.o_proj
+    o_proj.blocks = o_proj.blocks.clone()
+    assert torch.equal(_run(model, blocks)[1][0], want) and stack_runs == [3, 3]
+    model.model.layers[0].mlp.silu = False  # torch's SiLU · up (the loop's)
+    assert torch.allclose(_run(model, blocks)[1][0], want, atol=1e-5) and stack_runs == [3, 3]
+    model.model.layers[0].mlp.silu = True
+    model.model.layers[0].mlp.down_proj.dense_rows = 2
+    dense = _run(model, blocks)[1][0]
+    assert stack_runs == [3, 3] and torch.equal(dense, _run(model, blocks, layers=(0,))[1][0])  # the loop's
 
 
 def test_flat_forward_runs_only_what_transformers_would_compute(flat_runs):

@@ -1,7 +1,8 @@
 """Compiling a C source of this package into a shared library on first use, with the machine's C compiler.
 
-Design: ``build`` names the library ``<directory>/<stem>-<hash>.so`` after the source, the compiler and the flags,
-so an edited source or another compiler builds anew and an unchanged one is reused; the library is written under
+Design: ``build`` names the library ``<directory>/<stem>-<hash>.so`` after the source, the headers beside it that
+it includes (``#include "name.h"``), the compiler and the flags, so an edited source or header or another compiler
+builds anew and an unchanged one is reused; the library is written under
 a temporary name and renamed (a crash leaves no half-written library; ``files.sweep`` removes the leftovers).
 ``KernelUnavailable`` says why a kernel cannot be built here (no compiler, a failed build) and names the fix.
 """
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import subprocess
 from pathlib import Path
 
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11")  # OpenMP: the kernels share torch's runtime
+LOCAL_INCLUDE = re.compile(rb'^#include "([^"/]+)"', re.MULTILINE)  # a header beside the source
 
 
 class KernelUnavailable(RuntimeError):
@@ -37,10 +40,12 @@ def compiler() -> str:
 
 def build(source: Path, directory: Path) -> Path:
     """The shared library of ``source`` (a ``.c`` file) in ``directory``, compiled now with ``FLAGS`` unless a build
-    of this source, compiler and flags is there. Raises KernelUnavailable: no C compiler, or the compiler failed
-    (its message)."""
+    of this source, its local headers, compiler and flags is there. Raises KernelUnavailable: no C compiler, or the
+    compiler failed (its message)."""
     cc = compiler()
-    tag = hashlib.sha256(source.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
+    text = source.read_bytes()
+    headers = b"".join((source.parent / name.decode()).read_bytes() for name in LOCAL_INCLUDE.findall(text))
+    tag = hashlib.sha256(text + headers + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
     path = Path(directory) / f"{source.stem}-{tag}.so"
     if path.exists():
         return path

@@ -1,5 +1,5 @@
-/* The small operations of a decoder layer around its matrix products, one foreign call each (a q4 1.5B's
-1-token step spent 13.5 of its 60 ms outside the kernel, RMSNorm 3.0 of it).
+/* The small operations of a decoder layer around its matrix products, one foreign call each: rms_norm, rope_split,
+attention and add (each described where it is defined). kernels/decoder.c calls them in a layer's order.
 
 rms_norm: y = w * (x * rsqrt(mean(x^2) + eps)) per row (Zhang & Sennrich 2019, eq. 4), rounded as transformers'
 Llama-family RMSNorm rounds it: x in float32, the mean of squares and the scaling in float32, the normalized row
@@ -8,7 +8,10 @@ row's output does not depend on how many rows are computed with it. The sum of s
 sums (torch's reduction order differs, so its last bit can differ). bfloat16 rounds to nearest even, as torch. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "vector_math.h"
 
 /* A function compiled once per vector width (with GCC on x86-64), the widest this CPU has chosen when the library
 is loaded: the same arithmetic in each (C11 mode contracts no multiply-add). */
@@ -17,17 +20,17 @@ is loaded: the same arithmetic in each (C11 mode contracts no multiply-add). */
 #else
 #define VECTOR_CLONES
 #endif
+/* A helper of a VECTOR_CLONES function, inlined into each clone so that it is compiled for the clone's vectors. */
+#if defined(__GNUC__)
+#define INLINE static inline __attribute__((always_inline))
+#else
+#define INLINE static inline
+#endif
 
-static inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+static inline float bf16_to_f32(uint16_t h) { return float_of((uint32_t)h << 16); }
 
 static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
+  uint32_t u = bits_of(f);
   uint32_t nan = (u >> 16) | 0x40u, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);  /* NaN stays NaN; no branch: vectorizes */
 }
@@ -131,4 +134,163 @@ int ops_rope_split(const void *qkv, const void *cos, const void *sin, int64_t co
       }
     }
   return 0;
+}
+
+/* attention: per query head, softmax(q k^T * scale) v over the columns its row sees (Vaswani et al. 2017, eq. 1),
+causal over a block of n new rows without holes: row i sees columns 0 .. held + i. q [b, h, n, d] (rope_split's),
+k and v [b, hkv, columns, d] (a cache's buffers: the first held + n columns are read); query head j reads key/value
+head j / (h / hkv); d a multiple of 16. out [b, n, h, d]. The g = h / hkv heads' rows that share a key/value head
+are computed by one thread, bfloat16 values widened to float32 once for all of them. Each row's arithmetic
+is its own and in a fixed order, in float32: its scores (16 partial sums of the features t, t + 16, ..., added
+pairwise), their maximum, exp_neg of each less it, their sum (16 partial sums, then in order), the values weighed
+in column order, divided by the sum and rounded once to the dtype. So a row's output does not depend on the rows or
+threads it is computed with; it differs from torch's SDPA in the last bits. */
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef float v4 __attribute__((vector_size(16), aligned(4)));
+
+INLINE v16 load16(const float *p) {
+  v16 x;
+  memcpy(&x, p, 64);
+  return x;
+}
+
+/* The 16 partial sums added pairwise: lane c + 8 into c, then c + 4, c + 2, c + 1. */
+INLINE float sum16(v16 p) {
+  v8 a, b;
+  memcpy(&a, &p, 32);
+  memcpy(&b, (char *)&p + 32, 32);
+  a += b;
+  v4 c, e;
+  memcpy(&c, &a, 16);
+  memcpy(&e, (char *)&a + 16, 16);
+  c += e;
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* x [count] widened to float32 into out (bfloat16: exactly), or x itself (float32: no copy). */
+INLINE const float *widened(const void *x, int64_t count, float *restrict out, int bf16) {
+  if (!bf16) return (const float *)x;
+  const uint16_t *xr = (const uint16_t *)x;
+  for (int64_t i = 0; i < count; i++) out[i] = bf16_to_f32(xr[i]);
+  return out;
+}
+
+/* s[j] = scale * (q . k_j) for the w keys k [w, d], four keys at a time (each key's sums its own). */
+INLINE void scores(const float *restrict q, const float *restrict k, int64_t w, int64_t d, float scale,
+                   float *restrict s) {
+  int64_t j = 0;
+  for (; j + 4 <= w; j += 4) {
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t t = 0; t < d; t += 16) {
+      v16 x = load16(q + t);
+      a0 += x * load16(k + j * d + t), a1 += x * load16(k + (j + 1) * d + t);
+      a2 += x * load16(k + (j + 2) * d + t), a3 += x * load16(k + (j + 3) * d + t);
+    }
+    s[j] = sum16(a0) * scale, s[j + 1] = sum16(a1) * scale, s[j + 2] = sum16(a2) * scale;
+    s[j + 3] = sum16(a3) * scale;
+  }
+  for (; j < w; j++) {
+    v16 a = {0};
+    for (int64_t t = 0; t < d; t += 16) a += load16(q + t) * load16(k + j * d + t);
+    s[j] = sum16(a) * scale;
+  }
+}
+
+/* s[0 .. w) replaced by e^(s - max); their sum returned (16 partial sums of j, j + 16, ..., then in order). */
+INLINE float weights(float *restrict s, int64_t w) {
+  float top = s[0], most[16], part[16] = {0}, sum = 0.0f;
+  for (int c = 0; c < 16; c++) most[c] = s[0];
+  int64_t i = 0;
+  for (; i + 16 <= w; i += 16)
+    for (int c = 0; c < 16; c++) most[c] = s[i + c] > most[c] ? s[i + c] : most[c];
+  for (; i < w; i++) top = s[i] > top ? s[i] : top;
+  for (int c = 0; c < 16; c++) top = most[c] > top ? most[c] : top;
+  for (int64_t j = 0; j < w; j++) s[j] = exp_neg(s[j] - top);
+  int64_t j = 0;
+  for (; j + 16 <= w; j += 16)
+    for (int c = 0; c < 16; c++) part[c] += s[j + c];
+  for (; j < w; j++) part[j & 15] += s[j];
+  for (int c = 0; c < 16; c++) sum += part[c];
+  return sum;
+}
+
+/* out [d] = (sum over j < w of p[j] v_j, in column order) / sum, rounded to the dtype; acc [d] is scratch (held in
+   registers over eight columns at a time). */
+INLINE void weighed(const float *restrict p, const float *restrict v, int64_t w, int64_t d, float sum,
+                    float *restrict acc, void *out, int bf16) {
+  for (int64_t t = 0; t < d; t++) acc[t] = 0.0f;
+  int64_t j = 0;
+  for (; j + 8 <= w; j += 8)
+    for (int64_t t = 0; t < d; t += 16) {
+      v16 a = load16(acc + t);
+      for (int64_t c = j; c < j + 8; c++) a = a + p[c] * load16(v + c * d + t);
+      memcpy(acc + t, &a, 64);
+    }
+  for (; j < w; j++)
+    for (int64_t t = 0; t < d; t += 16) {
+      v16 a = load16(acc + t) + p[j] * load16(v + j * d + t);
+      memcpy(acc + t, &a, 64);
+    }
+  if (bf16)
+    for (int64_t t = 0; t < d; t++) ((uint16_t *)out)[t] = f32_to_bf16(acc[t] / sum);
+  else
+    for (int64_t t = 0; t < d; t++) ((float *)out)[t] = acc[t] / sum;
+}
+
+/* The g n rows of one key/value head: q [g, n, d] (row r: query head r / n of the group, position r % n, seeing
+   held + r % n + 1 columns), k and v [columns, d] → row r at out + ((r % n) h + r / n) d. work: g n (d + held + n)
+   + 2 (held + n) d + d floats (bfloat16 queries, keys and values are widened into it once for all the rows). */
+VECTOR_CLONES static void attend_group(const void *q, int64_t g, int64_t n, int64_t h, const void *k, const void *v,
+                                       int64_t held, int64_t d, float scale, float *work, void *out, int bf16) {
+  int64_t rows = g * n, width = held + n, size = bf16 ? 2 : 4;
+  float *qf = work, *s = qf + rows * d, *kf = s + rows * width, *vf = kf + width * d, *acc = vf + width * d;
+  const float *qs = widened(q, rows * d, qf, bf16), *ks = widened(k, width * d, kf, bf16);
+  const float *vs = widened(v, width * d, vf, bf16);
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t w = held + r % n + 1;
+    float *sr = s + r * width;
+    scores(qs + r * d, ks, w, d, scale, sr);
+    weighed(sr, vs, w, d, weights(sr, w), acc, (char *)out + ((r % n) * h + r / n) * d * size, bf16);
+  }
+}
+
+/* Returns 1 for heads that do not group evenly, columns that do not fit or d not a multiple of 16; 2 where the
+   scratch could not be had. */
+int ops_attention(const void *q, const void *k, const void *v, int64_t b, int64_t n, int64_t h, int64_t hkv, int64_t d,
+                  int64_t columns, int64_t held, float scale, void *out, int bf16, int threads) {
+  if (b <= 0 || hkv <= 0 || h % hkv || held < 0 || n <= 0 || held + n > columns || d <= 0 || d % 16) return 1;
+  int64_t g = h / hkv, width = held + n, size = bf16 ? 2 : 4, work = g * n * (d + width) + 2 * width * d + d;
+  int failed = 0;
+#pragma omp parallel num_threads(threads) if (b * hkv > 1 && b * h * n * width * d >= (1 << 18)) reduction(| : failed)
+  {
+    float *scratch = malloc((size_t)work * sizeof(float));
+#pragma omp for schedule(static)
+    for (int64_t group = 0; group < b * hkv; group++) {
+      if (!scratch) {
+        failed = 1;
+        continue;
+      }
+      int64_t row = group / hkv, head = group % hkv;
+      attend_group((const char *)q + group * g * n * d * size, g, n, h, (const char *)k + group * columns * d * size,
+                   (const char *)v + group * columns * d * size, held, d, scale, scratch,
+                   (char *)out + (row * n * h + head * g) * d * size, bf16);
+    }
+    free(scratch);
+  }
+  return failed ? 2 : 0;
+}
+
+/* add: x += y over count values, rounded as torch's x + y on the dtype (bfloat16: the float32 sum rounded to
+nearest even). */
+VECTOR_CLONES void ops_add(void *x, const void *y, int64_t count, int bf16) {
+  if (bf16) {
+    uint16_t *xr = (uint16_t *)x;
+    const uint16_t *yr = (const uint16_t *)y;
+    for (int64_t i = 0; i < count; i++) xr[i] = f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(yr[i]));
+  } else {
+    float *xr = (float *)x;
+    const float *yr = (const float *)y;
+    for (int64_t i = 0; i < count; i++) xr[i] += yr[i];
+  }
 }

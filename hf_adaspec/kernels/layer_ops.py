@@ -1,12 +1,16 @@
-"""The small operations of a decoder layer around its matrix products, in C (``layer_ops.c``): RMSNorm, and the
-rotary position embedding applied while a fused query/key/value output is split into heads.
+"""The small operations of a decoder layer around its matrix products, in C (``layer_ops.c``): RMSNorm, the
+rotary position embedding applied while a fused query/key/value output is split into heads, the causal attention
+of a block of new tokens over a cache, and the residual sum.
 
 Design: once its matrix products stream at the memory's speed, a q4 model's 1-token forward on a CPU is
 paced by what runs outside them: tensor operations of microseconds each and the Python around them. transformers'
 RMSNorm is seven of them per call, twice per layer, and its rotary embedding fourteen (a profile of the q4
 1.5B's 1-token step: 13.5 of 60 ms outside the kernel). ``RMSNorm`` computes the
 Llama family's formula in one foreign call with the same rounding (``layer_ops.c``); ``rope_split`` splits a fused
-query/key/value output into heads and rotates the queries and keys in one call, to the bit as transformers does.
+query/key/value output into heads and rotates the queries and keys in one call, to the bit as transformers does;
+``attention`` computes each query row alone, so a verification's rows are the steps' rows to the bit (torch's SDPA
+is the faster kernel in isolation, but a decoding step on a CPU pays more for its dispatch and cold caches than for
+its arithmetic). ``kernels.decoder`` calls these functions from C.
 The library is built on first use like the q4 kernel (``cbuild``) and shares torch's OpenMP runtime. Nothing is
 built or loaded at import.
 """
@@ -24,7 +28,7 @@ from . import cbuild
 
 _SOURCE = Path(__file__).with_name("layer_ops.c")
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_NATIVE = (torch.float32, torch.bfloat16)  # dtypes the C code reads and writes
+NATIVE = (torch.float32, torch.bfloat16)  # dtypes the C code reads and writes
 _WIDEST = 65536  # the widest row layer_ops.c takes (its stack copy)
 
 
@@ -35,6 +39,9 @@ def library(directory: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(cbuild.build(_SOURCE, directory)))
     lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, ctypes.c_float, _P, _C, _C]
     lib.ops_rope_split.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _C]
+    lib.ops_attention.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _I, ctypes.c_float, _P, _C, _C]
+    lib.ops_add.argtypes = [_P, _P, _I, _C]
+    lib.ops_add.restype = None
     return lib
 
 
@@ -62,7 +69,7 @@ class RMSNorm(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.shape[-1]
         w = self._parameters["weight"]
-        if not (x.is_cpu and w.is_cpu and x.dtype == w.dtype and x.dtype in _NATIVE and h == w.shape[0] <= _WIDEST):
+        if not (x.is_cpu and w.is_cpu and x.dtype == w.dtype and x.dtype in NATIVE and h == w.shape[0] <= _WIDEST):
             return rms_norm_reference(x, w, self.eps)
         x, w = x.contiguous(), w.contiguous()
         y = torch.empty_like(x)  # [..., H]
@@ -164,7 +171,7 @@ class RopeSplit:
         cos and sin [B or 1, n, D]."""
         b, n, _ = qkv.shape
         return (
-            qkv.dtype in _NATIVE
+            qkv.dtype in NATIVE
             and cos.dtype == sin.dtype == kv_dtype == qkv.dtype
             and qkv.is_cpu
             and cos.is_cpu
@@ -199,3 +206,42 @@ class RopeSplit:
         if split(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), stride, *args, dtype == torch.bfloat16):
             raise ValueError(f"layer_ops.c refused a head width of {d}")
         return q
+
+
+def attention_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, held: int, scale: float):
+    """torch's scaled dot-product attention (Vaswani et al. 2017, eq. 1) of n new rows over a cache, causal without
+    holes: query [B, H, n, D]; keys and values [B, H_kv, C, D] (C ≥ held + n; the first held + n columns are read;
+    query head j reads key/value head j // (H / H_kv)); row i sees columns 0 … held + i → [B, n, H, D]."""
+    n, groups = query.shape[2], query.shape[1] // keys.shape[1]
+    k = keys[:, :, : held + n].repeat_interleave(groups, dim=1)  # [B, H, L + n, D]
+    v = values[:, :, : held + n].repeat_interleave(groups, dim=1)
+    mask = torch.arange(held + n) <= torch.arange(held, held + n)[:, None]  # [n, L + n]
+    out = torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2).contiguous()
+
+
+def attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, held: int, scale: float, directory: Path
+) -> torch.Tensor:
+    """``attention_reference``'s attention in one C call (``layer_ops.c``: each row alone, in float32, so its bits
+    do not depend on the rows beside it, and differ from torch's in the last ones): query [B, H, n, D]; keys and
+    values [B, H_kv, C, D], a cache's buffers whose first held + n columns are the block's (C ≥ held + n) → [B, n,
+    H, D]. Tensors of another dtype than float32 or bfloat16, mixed dtypes, off the CPU or not contiguous, and heads
+    D not a multiple of 16: ``attention_reference``.
+    Raises ValueError: H not a multiple of H_kv, or held + n columns beyond C. Raises KernelUnavailable as
+    ``library``."""
+    b, h, n, d = query.shape
+    kv, columns = keys.shape[1], keys.shape[2]
+    if kv <= 0 or h % kv or held < 0 or held + n > columns:
+        raise ValueError(f"{h} query heads over {kv} key/value heads, {held} + {n} of {columns} columns: no attention")
+    tensors = (query, keys, values)
+    if d % 16 or not (
+        query.dtype in NATIVE and all(t.dtype == query.dtype and t.is_cpu and t.is_contiguous() for t in tensors)
+    ):
+        return attention_reference(query, keys, values, held, scale)
+    out = torch.empty(b, n, h, d, dtype=query.dtype)  # [B, n, H, D]
+    bf16 = query.dtype == torch.bfloat16
+    args = (b, n, h, kv, d, columns, held, scale, out.data_ptr(), bf16, torch.get_num_threads())
+    if library(directory).ops_attention(query.data_ptr(), keys.data_ptr(), values.data_ptr(), *args):
+        raise MemoryError("layer_ops.c could not allocate the attention's scratch")
+    return out

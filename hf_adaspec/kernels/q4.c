@@ -54,6 +54,8 @@ call: a layer's step costs one foreign call and no tensor operations around it. 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "vector_math.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -1001,32 +1003,6 @@ what it just computed (no thread reads another's results: on a CPU the first rea
 more than the arithmetic). The gate and up values are rounded to y's dtype, then silu(g) = g * sigmoid(g) is rounded
 to it and multiplied by u, rounded again: torch's silu(g) * u on that dtype's tensors, sigmoid from exp_neg (a few
 units in the last place from torch's). Elementwise, so a row's output does not depend on the rows computed with it. */
-static inline uint32_t bits_of(float v) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    return u;
-}
-
-static inline float float_of(uint32_t u) {
-    float v;
-    memcpy(&v, &u, 4);
-    return v;
-}
-
-/* e^x for x <= 0 (below -87: e^-87) to a few units in the last place: x = k ln 2 + r with |r| <= ln 2 / 2, e^r by
-   its degree-6 Taylor polynomial, 2^k from the exponent's bits (Cody & Waite 1980); k rounded to nearest by adding
-   and subtracting 1.5 * 2^23. Selections on integers only, so that a vector unit without masks runs it (a float
-   comparison may trap, and the compiler keeps it a branch). */
-static inline float exp_neg(float x) {
-    uint32_t ux = bits_of(x), floor_bits = 0xc2ae0000u; /* -87.0f; both negative: the larger bits, the lower */
-    x = float_of(ux > floor_bits ? floor_bits : ux);
-    float k = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.66666667e-1f + r * (4.16666667e-2f + r * (8.33333333e-3f +
-              r * 1.38888889e-3f)))));
-    return p * float_of((uint32_t)((int32_t)k + 127) << 23);
-}
-
 /* g * sigmoid(g), the sigmoid from e = e^-|g| (no overflow): e / (1 + e) for negative g, 1 / (1 + e) otherwise. */
 static inline float silu(float g) {
     uint32_t ug = bits_of(g), negative = 0u - (ug >> 31);

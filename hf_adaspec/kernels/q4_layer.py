@@ -137,6 +137,14 @@ class Q4Linear(torch.nn.Module):
         self._bound[function] = (blocks, kinds, rows, bias, call)
         return call
 
+    def kernel_arguments(self, function: str = "q4_linear") -> tuple | None:
+        """The arguments ``function``'s bound call (``_product``) starts with, for a caller that calls the kernel
+        from C (``kernels.decoder``): (weights, kinds and rows pointers, segment count, K_in, K padded, bias pointer or
+        None, path), the same tuple object while this layer's buffers are unchanged; None where ``_product`` has no
+        bound call."""
+        call = self._product(function)
+        return None if call is None else call.args
+
     def dense_product(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in_features] @ W.T + b → [M, out_features] through dense weights: ``DENSE_TILE_BYTES`` of W at a
         time dequantized (``dequantize_rows``) into bfloat16 for bfloat16 x (float32 otherwise) and multiplied by

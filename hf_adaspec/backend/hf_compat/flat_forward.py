@@ -1,5 +1,6 @@
-"""A q4 model's forward over a few new tokens on the engine's cache as one flat loop over its decoder layers, the
-same operations as transformers' forward on the same modules, so the logits are the same to the bit.
+"""A q4 model's forward over a few new tokens on the engine's cache as one flat loop over its decoder layers, or its
+decoder stack as one C call: the same operations as transformers' forward on the same modules but for the
+attention's kernel, so the logits are transformers' within its rounding and each row's bits are its own.
 
 Design: once a q4 model's matrix products stream at the memory's speed, its 1-token forward on a CPU is paced by
 what runs around them, and transformers' forward of a decoder layer is a stack of module calls (the layer, two
@@ -11,11 +12,15 @@ whose forward is the Llama formula (``FLAT_MODELS``, each compared with transfor
     per layer: x = x + o_proj(attention(rope(qkv(norm₁(x))), cache)); x = x + mlp(norm₂(x))
     logits = head(norm(x)[:, -keep:])
 
-calling each module's ``forward`` directly (hooks on the layers' modules are not run), with the q4 model's lean
-parts (``models.lean_layer``: C norms, a gated MLP of one kernel call; ``kernels.layer_ops.RopeSplit``: the fused
-query/key/value output split and rotated in one call) and the packed attention (``attention.packed_gqa``) with
-transformers' causal mask. It runs only where that is what transformers would compute; anywhere else it returns
-None and the caller runs the model:
+with the q4 model's lean parts (``models.lean_layer``: C norms, a gated MLP of one kernel call;
+``kernels.layer_ops.RopeSplit``: the fused query/key/value output split and rotated in one call) and the C attention
+of the block's rows over the cache (``kernels.layer_ops.attention``: each row alone, so a verification's rows are
+the steps' rows to the bit, and greedy speculative decoding is plain greedy decoding). Where every layer is one it
+runs (SwiGLU, q4 projections, heads of a multiple of 16) and the cache is the engine's, the layers run as the plan's
+``kernels.decoder.DecoderStack``: one C call for the whole stack, the same C functions in the same order, so the
+same bits as the loop, which runs otherwise (transformers' cache layers, feature layers asked for, a dense route),
+calling each module's ``forward`` directly (hooks on the layers' modules are not run). It runs only where that is
+what transformers would compute; anywhere else it returns None and the caller runs the model:
 - the model: a class of ``FLAT_MODELS``, in eval mode, without hooks, every decoder layer lean (norms
   ``RMSNorm``, the MLP ``GatedMLP``, the attention of a class in ``lean_attention.ATTENTIONS`` over one fused q4
   projection, no window), full attention in every layer; its attention implementation the packed one (the caller,
@@ -23,11 +28,11 @@ None and the caller runs the model:
 - the cache: ``GrowingLayer``s without windows (``new_cache``) or transformers' ``DynamicLayer``s (plain
   ``generate``, ``use_flat_forward``); no holes (no mask, positions follow the cache);
 - the block: 1 … ``FLAT_ROWS`` new tokens over a cache that holds columns (a prompt on an empty cache takes
-  transformers' causal path, not a mask), feature layers below the layer count.
+  transformers' causal path), feature layers below the layer count.
 The new keys and values are written into the cache's buffers by the call that splits and rotates them
 (``RopeSplit.into_cache`` over ``GrowingLayer.open_columns``): no copies.
-The plan (each layer's modules) is built once per model and checked at every call against the model's modules,
-so a replaced module (a swap of the attention for its ``LeanAttention``, a user's change) is seen.
+The plan (each layer's modules, the stack) is built once per model and checked at every call against the model's
+modules, so a replaced module (a swap of the attention for its ``LeanAttention``, a user's change) is seen.
 """
 
 from __future__ import annotations
@@ -40,11 +45,12 @@ import torch
 from torch.nn.modules import module as nn_module
 from transformers.cache_utils import DynamicLayer
 
+from ...kernels import layer_ops
+from ...kernels.decoder import DecoderStack, StackLayer
 from ...kernels.fused import GatedMLP
 from ...kernels.layer_ops import RMSNorm, RopeSplit
 from ...kernels.q4_layer import Q4Linear
 from ...models.lean_layer import qualified_name
-from ..attention import packed_gqa
 from .cache_layers import GrowingLayer
 from .lean_attention import ATTENTIONS, LeanAttention, fused_qkv
 from .model_facts import layer_types
@@ -94,14 +100,23 @@ class _Layer:
         """Whether a module whose ``forward`` the flat loop calls directly, or that it skips, has a hook."""
         m = self.decoder._modules
         return any(
-            _hooks(x) for x in (self.decoder, m["self_attn"], self.norm1, self.qkv, self.o_proj, self.norm2, self.mlp)
+            _hooks(x)
+            for x in (self.decoder, m["self_attn"], self.norm1, self.qkv, self.o_proj, self.norm2, self.mlp)
+            + (self.mlp.down_proj,)
         )
+
+    def stacked(self) -> StackLayer | None:
+        """This layer as ``DecoderStack`` runs it (where its output projection is a q4 layer), else None."""
+        if not isinstance(self.o_proj, Q4Linear):
+            return None
+        return StackLayer(self.norm1, self.qkv, self.o_proj, self.norm2, self.mlp, float(self.attention.scaling))
 
 
 @dataclass(frozen=True)
 class _Plan:
     base: torch.nn.Module  # the decoder stack (``model.model``)
     layers: tuple[_Layer, ...]
+    stack: DecoderStack | None  # the layers as one C call, where every layer is one it runs
 
     def same_modules(self, model: torch.nn.Module) -> bool:
         decoders = self.base._modules["layers"]
@@ -154,7 +169,15 @@ def _new_plan(model: torch.nn.Module) -> _Plan | None:
     if len(decoders) != model.config.num_hidden_layers:
         return None
     layers = tuple(_layer(d) for d in decoders)
-    return None if any(layer is None for layer in layers) else _Plan(base, layers)
+    if any(layer is None for layer in layers):
+        return None
+    stacked = [layer.stacked() for layer in layers]
+    split, d = layers[0].split, layers[0].attention.head_dim
+    fits = all(
+        s is not None and s.fits(stacked[0].norm1.weight.shape[0], split.heads, split.kv_heads, d) for s in stacked
+    )
+    stack = DecoderStack(stacked, split.heads, split.kv_heads, d, layers[0].qkv.directory) if fits else None
+    return _Plan(base, layers, stack)
 
 
 def _plan(model: torch.nn.Module) -> _Plan | None:
@@ -209,20 +232,36 @@ def flat_forward(
     x = base.embed_tokens(input_ids)  # [B, n, H]
     positions = torch.arange(held, held + n, device=x.device).unsqueeze(0)  # [1, n]
     cos, sin = base.rotary_emb(x, positions)  # [1, n, D] each
-    mask = None if n == 1 else (torch.arange(held + n) <= positions[0, :, None])[None, None]  # [1, 1, n, L + n]
-    features = {}  # layer → the residual stream at its input, [B, n, H]
+    features: dict[int, torch.Tensor] = {}  # layer → the residual stream at its input, [B, n, H]
+    stack = plan.stack
+    if stack is not None and not feature_layers and all(type(layer) is GrowingLayer for layer in layers):
+        if stack.ready(x, cos, sin):
+            opened = [layer.open_columns(n) for layer in layers]  # (keys, values [B, H_kv, C, D], first column)
+            if any(first != held for _, _, first in opened):
+                raise ValueError("the cache's layers hold different numbers of columns")
+            stack.run(x, cos, sin, [(keys, values) for keys, values, _ in opened], held)  # x updated in place
+            return model.lm_head(base.norm(x[:, -keep:])), None  # [B, keep, V]
+    x = _layer_loop(plan, layers, x, cos, sin, feature_layers, features)
+    logits = model.lm_head(base.norm(x[:, -keep:]))  # [B, keep, V]
+    return logits, torch.cat([features[i] for i in feature_layers], dim=-1) if feature_layers else None
+
+
+def _layer_loop(plan: _Plan, layers: list, x: torch.Tensor, cos, sin, feature_layers, features: dict) -> torch.Tensor:
+    """The decoder layers over x [B, n, H] one module call at a time (``DecoderStack``'s calls, from Python) → the
+    residual stream after the last; ``features`` filled with the stream at the inputs of ``feature_layers``."""
+    b, n, _ = x.shape
     for i, (layer, cached) in enumerate(zip(plan.layers, layers)):
         if i in feature_layers:
             features[i] = x
         qkv = layer.qkv.forward(layer.norm1.forward(x))  # [B, n, (H + 2·H_kv)·D]
         if type(cached) is GrowingLayer:
-            q = layer.split.into_cache(qkv, cos, sin, *cached.open_columns(n))  # [B, H, n, D]; keys, values cached
-            k, v = cached.keys, cached.values  # [B, H_kv, L + n, D]
+            keys, values, first = cached.open_columns(n)  # [B, H_kv, C, D] each
+            q = layer.split.into_cache(qkv, cos, sin, keys, values, first)  # [B, H, n, D]; keys, values cached
         else:  # transformers' layer: it copies the columns in
             q, k, v = layer.split(qkv, cos, sin)
-            k, v = cached.update(k, v)  # [B, H_kv, L + n, D]
-        attended = packed_gqa(q, k, v, mask, layer.attention.scaling)  # [B, n, H, D]
-        x = x + layer.o_proj.forward(attended.reshape(b, n, -1))
+            keys, values = cached.update(k, v)  # [B, H_kv, L + n, D]
+            first = keys.shape[2] - n
+        attended = layer_ops.attention(q, keys, values, first, layer.attention.scaling, layer.qkv.directory)
+        x = x + layer.o_proj.forward(attended.reshape(b, n, -1))  # attended [B, n, H, D]
         x = x + layer.mlp.forward(layer.norm2.forward(x))
-    logits = model.lm_head(base.norm(x[:, -keep:]))  # [B, keep, V]
-    return logits, torch.cat([features[i] for i in feature_layers], dim=-1) if feature_layers else None
+    return x

@@ -1,5 +1,6 @@
 """Plain ``generate`` through the flat forward: a q4 model's own ``forward`` made to run its decoding steps as
-``flat_forward`` does (the same logits to the bit), and everything else as transformers' forward.
+``flat_forward`` does (the logits a speculative request's steps give, to the bit), and everything else as
+transformers' forward.
 
 Design: ``hf_adaspec.load`` makes a q4 model's attention the packed, lean one, so that plain ``generate`` runs
 what a speculative request's steps run. Its steps still go through transformers' forward, module by module;
