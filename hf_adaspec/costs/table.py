@@ -129,7 +129,7 @@ def table_key(
 ) -> str:
     """Stable cache key of a (target, draft) pair at a batch size on this machine and library versions."""
     ident = {
-        "schema": 3,  # 3: q4 models of the Llama formula step through ``hf_compat.flat_forward``
+        "schema": 4,  # 4: q4 models of the Llama formula step through ``kernels.decoder`` (3: the flat loop)
         **pair_identity(target, draft, kv_cache),
         "n_max": n_max,
         **({"batch": batch} if batch != 1 else {}),
