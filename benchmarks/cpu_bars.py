@@ -102,6 +102,7 @@ STEPS = (
     Step("kernel_ab", 600, "{py} benchmarks/kernel_ab.py --base 74df1df"),
     Step("step_profile", 300, "{py} benchmarks/step_profile.py --rounds 5"),
     Step("step_ab", 600, "{py} benchmarks/step_ab.py"),
+    Step("decoder_ab", 600, "{py} benchmarks/decoder_ab.py"),
 )
 
 
