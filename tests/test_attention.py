@@ -84,10 +84,11 @@ def test_c_attention_is_sdpa_within_rounding(dtype, tol, b, heads, kv, n, held, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("held", [37, 700])
+@pytest.mark.parametrize("held", [37, 62, 700])
 def test_c_attention_gives_each_row_the_bits_it_has_alone(dtype, held, kernel_dir):
     """A block's row i is the row computed alone over held + i columns, bit for bit, on one thread as on two: a
-    verification's rows are the decoding steps' rows."""
+    verification's rows are the decoding steps' rows. At held 62 and 700 the rows' last columns fall on both sides
+    of a boundary of the blocks in which keys and values are read (64 columns)."""
     query, keys, values = _block(dtype, held=held)
     n, scale = query.shape[2], 32**-0.5
     before = torch.get_num_threads()

@@ -200,9 +200,10 @@ def test_a_growing_layer_opens_columns_for_a_caller_that_writes_them():
 
 @pytest.mark.parametrize("family", slow_except(["llama", "qwen2"], fast={"qwen2"}))
 @pytest.mark.parametrize("dtype", slow_except([torch.float32, torch.bfloat16], fast={torch.float32}))
-def test_plain_generate_through_the_flat_forward_gives_transformers_tokens(family, dtype, monkeypatch):
+def test_plain_generate_through_the_flat_forward_gives_transformers_tokens(family, dtype, monkeypatch, stack_runs):
     """Two rows: the same greedy tokens with the model's flat forward as with transformers'; every step after the
-    prompt runs flat; a padded batch, and a copy, run as they should."""
+    prompt runs flat, through the decoder stack on the growing layers given to generate's cache; a padded batch,
+    beam search (its cache reordered) and a copy run as they should."""
     model = _q4(family, dtype, seed=9)
     hf_compat.use_lean_attention(model)  # as hf_adaspec.load makes it
     model.generation_config.eos_token_id = None
@@ -211,6 +212,8 @@ def test_plain_generate_through_the_flat_forward_gives_transformers_tokens(famil
     padding = torch.ones(2, 9, dtype=torch.long)
     padding[0, :3] = 0
     want_padded = model.generate(prompt, attention_mask=padding, max_new_tokens=6, do_sample=False)
+    want_beams = model.generate(prompt, num_beams=3, max_new_tokens=6, do_sample=False)
+    assert not stack_runs
     ran = []
     real = flat_generate.flat_forward
 
@@ -222,11 +225,14 @@ def test_plain_generate_through_the_flat_forward_gives_transformers_tokens(famil
     monkeypatch.setattr(flat_generate, "flat_forward", counted)
     assert hf_compat.use_flat_forward(model) and hf_compat.use_flat_forward(model)
     assert "logits_to_keep" in inspect.signature(model.forward).parameters  # what generate inspects
-    assert torch.equal(model.generate(prompt, max_new_tokens=12, do_sample=False), want)
-    assert ran == [False] + [True] * 11  # the prompt runs transformers' forward
+    out = model.generate(prompt, max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, want)
+    assert ran == [False] + [True] * 11 and stack_runs == [1] * 11  # the prompt runs transformers' forward
+    assert all(type(layer) is GrowingLayer for layer in out.past_key_values.layers)
     ran.clear()
     assert torch.equal(model.generate(prompt, attention_mask=padding, max_new_tokens=6, do_sample=False), want_padded)
     assert not any(ran)
+    assert torch.equal(model.generate(prompt, num_beams=3, max_new_tokens=6, do_sample=False), want_beams)
     copied = copy.deepcopy(model)
     assert copied.forward.__self__ is copied
     assert torch.equal(copied.generate(prompt, max_new_tokens=12, do_sample=False), want)

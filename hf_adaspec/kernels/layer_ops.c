@@ -140,7 +140,8 @@ int ops_rope_split(const void *qkv, const void *cos, const void *sin, int64_t co
 causal over a block of n new rows without holes: row i sees columns 0 .. held + i. q [b, h, n, d] (rope_split's),
 k and v [b, hkv, columns, d] (a cache's buffers: the first held + n columns are read); query head j reads key/value
 head j / (h / hkv); d a multiple of 16. out [b, n, h, d]. The g = h / hkv heads' rows that share a key/value head
-are computed by one thread, bfloat16 values widened to float32 once for all of them. Each row's arithmetic
+are computed by one thread, bfloat16 values widened to float32 once for all of them, the keys and values read in
+blocks that all those rows go through in turn (a long context's cache does not fit a core's cache). Each row's arithmetic
 is its own and in a fixed order, in float32: its scores (16 partial sums of the features t, t + 16, ..., added
 pairwise), their maximum, exp_neg of each less it, their sum (16 partial sums, then in order), the values weighed
 in column order, divided by the sum and rounded once to the dtype. So a row's output does not depend on the rows or
@@ -215,43 +216,61 @@ INLINE float weights(float *restrict s, int64_t w) {
   return sum;
 }
 
-/* out [d] = (sum over j < w of p[j] v_j, in column order) / sum, rounded to the dtype; acc [d] is scratch (held in
-   registers over eight columns at a time). */
-INLINE void weighed(const float *restrict p, const float *restrict v, int64_t w, int64_t d, float sum,
-                    float *restrict acc, void *out, int bf16) {
-  for (int64_t t = 0; t < d; t++) acc[t] = 0.0f;
-  int64_t j = 0;
-  for (; j + 8 <= w; j += 8)
+/* acc [d] += p[j] v_j for the columns j in [from, to), in column order, eight at a time from a multiple of 8 (then
+   one at a time): a row's sums are the same whichever blocks its columns are taken in, from and the blocks'
+   bounds being multiples of 8 (a row's last block ends at its own width). */
+INLINE void weighed(const float *restrict p, const float *restrict v, int64_t from, int64_t to, int64_t d,
+                    float *restrict acc) {
+  int64_t j = from;
+  for (; j + 8 <= to; j += 8)
     for (int64_t t = 0; t < d; t += 16) {
       v16 a = load16(acc + t);
       for (int64_t c = j; c < j + 8; c++) a = a + p[c] * load16(v + c * d + t);
       memcpy(acc + t, &a, 64);
     }
-  for (; j < w; j++)
+  for (; j < to; j++)
     for (int64_t t = 0; t < d; t += 16) {
       v16 a = load16(acc + t) + p[j] * load16(v + j * d + t);
       memcpy(acc + t, &a, 64);
     }
-  if (bf16)
-    for (int64_t t = 0; t < d; t++) ((uint16_t *)out)[t] = f32_to_bf16(acc[t] / sum);
-  else
-    for (int64_t t = 0; t < d; t++) ((float *)out)[t] = acc[t] / sum;
 }
 
+/* Columns a block of keys and of values holds while all the group's rows read it from the core's cache
+   (a multiple of 8: see weighed). */
+#define ATTENTION_BLOCK 64
+
 /* The g n rows of one key/value head: q [g, n, d] (row r: query head r / n of the group, position r % n, seeing
-   held + r % n + 1 columns), k and v [columns, d] → row r at out + ((r % n) h + r / n) d. work: g n (d + held + n)
-   + 2 (held + n) d + d floats (bfloat16 queries, keys and values are widened into it once for all the rows). */
+   held + r % n + 1 columns), k and v [columns, d] → row r at out + ((r % n) h + r / n) d. Keys and values are read
+   in blocks of ATTENTION_BLOCK columns, each block by all the rows in turn; each row's arithmetic is that of the
+   row alone (scores per column, weighed in column order). work: g n (2 d + held + n) + 2 (held + n) d floats
+   (bfloat16 queries, keys and values are widened into it once for all the rows). */
 VECTOR_CLONES static void attend_group(const void *q, int64_t g, int64_t n, int64_t h, const void *k, const void *v,
                                        int64_t held, int64_t d, float scale, float *work, void *out, int bf16) {
   int64_t rows = g * n, width = held + n, size = bf16 ? 2 : 4;
-  float *qf = work, *s = qf + rows * d, *kf = s + rows * width, *vf = kf + width * d, *acc = vf + width * d;
+  float *qf = work, *s = qf + rows * d, *acc = s + rows * width, *kf = acc + rows * d, *vf = kf + width * d;
   const float *qs = widened(q, rows * d, qf, bf16), *ks = widened(k, width * d, kf, bf16);
   const float *vs = widened(v, width * d, vf, bf16);
+  for (int64_t from = 0; from < width; from += ATTENTION_BLOCK)
+    for (int64_t r = 0; r < rows; r++) {
+      int64_t to = held + r % n + 1 < from + ATTENTION_BLOCK ? held + r % n + 1 : from + ATTENTION_BLOCK;
+      if (to > from) scores(qs + r * d, ks + from * d, to - from, d, scale, s + r * width + from);
+    }
+  float *sums = qf;  /* the queries are read no more: row r's sum of weights at sums[r] */
   for (int64_t r = 0; r < rows; r++) {
-    int64_t w = held + r % n + 1;
-    float *sr = s + r * width;
-    scores(qs + r * d, ks, w, d, scale, sr);
-    weighed(sr, vs, w, d, weights(sr, w), acc, (char *)out + ((r % n) * h + r / n) * d * size, bf16);
+    sums[r] = weights(s + r * width, held + r % n + 1);
+    for (int64_t t = 0; t < d; t++) acc[r * d + t] = 0.0f;
+  }
+  for (int64_t from = 0; from < width; from += ATTENTION_BLOCK)
+    for (int64_t r = 0; r < rows; r++) {
+      int64_t to = held + r % n + 1 < from + ATTENTION_BLOCK ? held + r % n + 1 : from + ATTENTION_BLOCK;
+      if (to > from) weighed(s + r * width, vs, from, to, d, acc + r * d);
+    }
+  for (int64_t r = 0; r < rows; r++) {
+    char *o = (char *)out + ((r % n) * h + r / n) * d * size;
+    if (bf16)
+      for (int64_t t = 0; t < d; t++) ((uint16_t *)o)[t] = f32_to_bf16(acc[r * d + t] / sums[r]);
+    else
+      for (int64_t t = 0; t < d; t++) ((float *)o)[t] = acc[r * d + t] / sums[r];
   }
 }
 
@@ -260,7 +279,7 @@ VECTOR_CLONES static void attend_group(const void *q, int64_t g, int64_t n, int6
 int ops_attention(const void *q, const void *k, const void *v, int64_t b, int64_t n, int64_t h, int64_t hkv, int64_t d,
                   int64_t columns, int64_t held, float scale, void *out, int bf16, int threads) {
   if (b <= 0 || hkv <= 0 || h % hkv || held < 0 || n <= 0 || held + n > columns || d <= 0 || d % 16) return 1;
-  int64_t g = h / hkv, width = held + n, size = bf16 ? 2 : 4, work = g * n * (d + width) + 2 * width * d + d;
+  int64_t g = h / hkv, width = held + n, size = bf16 ? 2 : 4, work = g * n * (2 * d + width) + 2 * width * d;
   int failed = 0;
 #pragma omp parallel num_threads(threads) if (b * hkv > 1 && b * h * n * width * d >= (1 << 18)) reduction(| : failed)
   {

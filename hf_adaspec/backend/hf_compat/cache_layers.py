@@ -1,6 +1,7 @@
 """KV cache layers: ``GrowingLayer`` (a dynamic cache whose buffers double, keeping every column of windowed
 layers so rejected drafts roll back past the window) and ``_ColumnLayer`` (a preallocated arena written at given
-columns), and the operations the engine applies to caches (length, rollback, copies, row selection)."""
+columns), and the operations the engine applies to caches (length, rollback, copies, row selection); an empty
+cache that ``generate`` made is given growing layers (``grow_empty_cache``)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,12 @@ class GrowingLayer(DynamicLayer):
             self._k, self._v = self._k[indices], self._v[indices]
             self._view()
 
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """Rows taken in ``beam_idx``'s order (beam search), as transformers' layers take them."""
+        if self.is_initialized:
+            self._k, self._v = (t.index_select(0, beam_idx.to(t.device)) for t in (self._k, self._v))
+            self._view()
+
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.is_initialized:
             self._k, self._v = (t.repeat_interleave(repeats, dim=0) for t in (self._k, self._v))
@@ -110,6 +117,23 @@ def new_cache(model: torch.nn.Module) -> DynamicCache:
         for layer, kind in zip(cache.layers, layer_types(model), strict=True)
     ]
     return cache
+
+
+def grow_empty_cache(model: torch.nn.Module, cache: Cache) -> bool:
+    """Give an empty transformers ``DynamicCache`` of a model with full attention only (its layers
+    ``DynamicLayer``s not yet written, as ``generate`` makes it) ``new_cache``'s ``GrowingLayer``s, in place: its
+    keys and values are then appended without copying the cache, and the flat forward's decoder stack writes into
+    them. True where it did; a cache of any other kind, or one holding columns, is left as it is."""
+    if type(cache) is not DynamicCache or any(
+        type(layer) is not DynamicLayer or layer.is_initialized for layer in cache.layers
+    ):
+        return False
+    if len(cache.layers) != len(layer_types(model)) or any(
+        window is not None for window in layer_windows(model).values()
+    ):
+        return False
+    cache.layers = new_cache(model).layers
+    return True
 
 
 def synthetic_cache(model: torch.nn.Module, batch: int, length: int, seed: int = 0) -> DynamicCache:

@@ -8,8 +8,10 @@ what a speculative request's steps run. Its steps still go through transformers'
 ``flat_forward`` where the call is one it runs — the inputs transformers' ``generate`` passes for a step over a
 cache without holes (input ids, an all-ones attention mask or none, positions that follow the cache) and no
 outputs beyond the logits — and calls the class's ``forward`` otherwise (a prompt, padding, labels, embeddings,
-attentions or hidden states asked for). Its signature is the class's (``__wrapped__``), which ``generate``
-inspects. A copy of the model (``copy.deepcopy``) binds the copy.
+attentions or hidden states asked for). The empty cache ``generate`` makes for a model with full attention only
+is given growing layers first (``cache_layers.grow_empty_cache``): the steps then append to it in place, and the
+flat forward runs its decoder stack as a speculative request's steps do. Its signature is the class's
+(``__wrapped__``), which ``generate`` inspects. A copy of the model (``copy.deepcopy``) binds the copy.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .cache_layers import grow_empty_cache
 from .flat_forward import FLAT_MODELS, flat_forward
 from .lean_attention import qualified_name
 from .model_calls import PACKED_SDPA
@@ -66,6 +69,7 @@ def _forward(
     **kwargs,
 ):
     if inputs_embeds is None and labels is None and use_cache is not False:
+        grow_empty_cache(self, past_key_values)
         out = _step(self, input_ids, attention_mask, position_ids, past_key_values, logits_to_keep, kwargs)
         if out is not None:
             return out
