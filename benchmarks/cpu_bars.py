@@ -55,7 +55,7 @@ BESIDE = "{py} benchmarks/llama_cpp_prompts.py --beside --max-new-tokens 256 --t
 STEPS = (
     Step("demo", 485, "make demo", "clone"),
     Step("test", 3240, "make test", "clone"),
-    Step("fast", 140, '.venv/bin/python -m pytest -q -m "not slow and not browser"', "clone"),
+    Step("fast", 140, '.venv/bin/python -m pytest -q -m "not slow and not browser" -n auto', "clone"),
     Step(
         "llama",
         480,

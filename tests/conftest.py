@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
+import hashlib
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -234,11 +238,27 @@ def train_tiny_head(target, steps: int = 80, draft_vocab: int = 48, lr: float = 
 
 
 @pytest.fixture(scope="session")
-def tiny_head_weights():
-    """(state dict, config) of ``train_tiny_head`` on the seed-0 tiny target, trained once per session."""
+def tiny_head_weights(request):
+    """(state dict, config) of ``train_tiny_head`` on the seed-0 tiny target, trained once and kept in pytest's
+    cache folder (as the kernels are) under a hash of what makes it: this file, the head's module, torch's and
+    transformers' versions; written atomically. Trained per session where pytest's cache is off."""
+    from hf_adaspec.models import eagle3
+
+    cache = request.config.cache if request.config.pluginmanager.has_plugin("cacheprovider") else None
+    made_of = [Path(__file__).read_bytes(), Path(eagle3.__file__).read_bytes(), torch.__version__.encode()]
+    tag = hashlib.sha256(b"".join([*made_of, transformers.__version__.encode()])).hexdigest()[:16]
+    path = cache.mkdir("hf-adaspec-tiny-head") / f"head-{tag}.pt" if cache else None
+    if path is not None and path.exists():
+        kept = torch.load(path, weights_only=True)
+        return kept["state"], eagle3.HeadConfig(**{**kept["config"], "aux_layers": tuple(kept["config"]["aux_layers"])})
     with single_thread():  # session fixtures run before one_thread; two threads make tiny steps several times slower
         head = train_tiny_head(build_tiny_llama(0))
-    return {k: v.detach().clone() for k, v in head.state_dict().items()}, head.config
+    state = {k: v.detach().clone() for k, v in head.state_dict().items()}
+    if path is not None:
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        torch.save({"state": state, "config": dataclasses.asdict(head.config)}, tmp)
+        os.replace(tmp, path)
+    return state, head.config
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The playground's logic without a browser: step rows, status line, the feed the page polls, request
-handling, errors, the page builds."""
+handling, errors; slow: the Gradio side (a bad request as gr.Error, the page builds), which imports gradio."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import re
 import threading
 import time
 
-import gradio as gr
 import pytest
 from test_live import ByteTokenizer
 
@@ -45,7 +44,7 @@ def playground(tiny_factory, tmp_path, monkeypatch):
 def _run(pg: Playground, prompt: str = "abcabcabcabc", method: str = "adaptive", compare: bool = True, slo=None):
     """Start a request and poll its feed as the page does (each answer's new items appended) until done:
     (everything the page got, the answers)."""
-    run = pg.start(RunControl(), prompt, "qwen", method, 3, 16, False, 0.7, 0.9, slo, compare)
+    run = pg.open_run(RunControl(), prompt, "qwen", method, 3, 16, False, 0.7, 0.9, slo, compare)
     got, answers = {name: [] for name in CURSOR_FIELDS}, []
     while not (answers and answers[-1]["done"]):
         answers.append(pg.poll({"run": run} | {name: len(items) for name, items in got.items()}))
@@ -120,10 +119,10 @@ def test_feed_without_comparison_or_with_plain_method(playground):
 
 def test_stop_ends_the_run_and_a_new_request_stops_the_previous_one(playground):
     control = RunControl()
-    first = playground.start(control, "abcabcabcabc", "qwen", "plain", 3, 16, False, 0.7, 0.9, None, True)
+    first = playground.open_run(control, "abcabcabcabc", "qwen", "plain", 3, 16, False, 0.7, 0.9, None, True)
     feed = playground.feeds[first]
     second = playground.feeds[
-        playground.start(control, "abcabcabcabc", "qwen", "plain", 3, 16, False, 0.7, 0.9, None, True)
+        playground.open_run(control, "abcabcabcabc", "qwen", "plain", 3, 16, False, 0.7, 0.9, None, True)
     ]
     assert feed.main.stop.is_set() and not second.main.stop.is_set()  # the earlier run ends at its next token
     for run in (feed.main, second.main):
@@ -148,9 +147,24 @@ def test_bad_poll_interval_is_refused():
         ("a" * 41, "adaptive", "accepts at most 40"),
     ],
 )
-def test_bad_requests_become_page_errors(playground, prompt, method, message):
-    with pytest.raises(gr.Error, match=message):
+def test_bad_requests_are_refused_naming_the_fix(playground, prompt, method, message):
+    with pytest.raises(ValueError, match=message):
         _run(playground, prompt=prompt, method=method)
+
+
+@pytest.mark.slow  # imports gradio; the fast suite keeps test_bad_requests_are_refused_naming_the_fix
+def test_bad_requests_and_load_failures_become_page_errors(playground):
+    import gradio as gr
+
+    with pytest.raises(gr.Error, match="prompt is empty"):
+        playground.start(RunControl(), "   ", "qwen", "adaptive", 3, 16, False, 0.7, 0.9, None, True)
+
+    def failing_load(name):
+        raise OSError("no such file")
+
+    playground.pair = failing_load  # a pair that fails to load: named in the page
+    with pytest.raises(gr.Error, match="OSError: no such file"):
+        playground.start(RunControl(), "abc", "qwen", "adaptive", 3, 16, False, 0.7, 0.9, None, True)
 
 
 @pytest.mark.slow  # the fast suite keeps test_unknown_feed_answers_done_with_an_error (an error in the feed)
@@ -169,6 +183,7 @@ def test_unknown_pair_and_bad_limit_are_refused():
         Playground("qwen", max_prompt_tokens=0, preload=False)
 
 
+@pytest.mark.slow  # imports gradio (the browser test drives the page)
 def test_page_builds_with_its_components(playground):
     demo = playground.build()
     ids = {getattr(block, "elem_id", None) for block in demo.blocks.values()}

@@ -172,7 +172,20 @@ class Playground:
             )
         return inputs
 
-    def start(
+    def start(self, control: RunControl, *request) -> str:
+        """Gradio handler: ``open_run(control, *request)``, a request that cannot run raised as gr.Error (its
+        message names the fix; an exception other than ValueError, e.g. a pair that fails to load, is named
+        too): the page shows it and the server keeps serving."""
+        import gradio as gr
+
+        try:
+            return self.open_run(control, *request)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from exc
+        except Exception as exc:
+            raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
+
+    def open_run(
         self,
         control: RunControl,
         prompt,
@@ -186,31 +199,24 @@ class Playground:
         tpot_slo_ms,
         compare,
     ) -> str:
-        """Gradio handler: stop the session's previous run, start this request's and return its feed id
-        (the live view's value). Raises gr.Error for a request that cannot run (naming the fix)."""
-        import gradio as gr
-
-        try:
-            settings = RunSettings(
-                method,
-                int(k),
-                int(max_new_tokens),
-                bool(do_sample),
-                float(temperature),
-                float(top_p),
-                float(tpot_slo_ms) if tpot_slo_ms else None,
-            )
-            pair = self.pair(pair_name)
-            inputs = self.encode(pair, prompt)
-            control.stop.set()
-            stop = control.start()
-            main = LiveRun(
-                pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock, launch=self.launch_run
-            )
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from exc
-        except Exception as exc:  # e.g. a pair that fails to load: shown in the page; the server keeps serving
-            raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
+        """Stop the session's previous run, start this request's and return its feed id (the live view's value).
+        Raises ValueError for a request that cannot run (naming the fix), and what loading the pair raises."""
+        settings = RunSettings(
+            method,
+            int(k),
+            int(max_new_tokens),
+            bool(do_sample),
+            float(temperature),
+            float(top_p),
+            float(tpot_slo_ms) if tpot_slo_ms else None,
+        )
+        pair = self.pair(pair_name)
+        inputs = self.encode(pair, prompt)
+        control.stop.set()
+        stop = control.start()
+        main = LiveRun(
+            pair.model, pair.tokenizer, inputs, settings, pair.draft, stop, pair.lock, launch=self.launch_run
+        )
         key = (
             pair_name,
             tuple(inputs["input_ids"][0].tolist()),
