@@ -62,18 +62,6 @@ class Q4Linear(torch.nn.Module):
         Raises ValueError when its input features are not a multiple of 32."""
         return cls(linear.in_features, [("q4_k", quantize_q4_k(linear.weight))], linear.bias, directory)
 
-    def select_rows(self, ids: torch.Tensor) -> Q4Linear:
-        """A layer of the rows ``ids`` [N'] long (in that order) of this one-kind layer, blocks and bias copied.
-        Raises ValueError for fused rows of several kinds, or ids outside [0, out_features)."""
-        if len(self.kinds) != 1:
-            raise ValueError(f"select_rows needs rows of one kind, not {'+'.join(self.kinds)}")
-        ids = torch.as_tensor(ids, dtype=torch.long)
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.out_features):
-            raise ValueError(f"row ids must be in [0, {self.out_features})")
-        rows = self.blocks.view(self.out_features, -1)[ids].contiguous()  # [N', row bytes]
-        bias = None if self.bias is None else self.bias[ids]
-        return Q4Linear(self.in_features, [(self.kinds[0], rows)], bias, self.directory)
-
     def weight_float(self) -> torch.Tensor:
         """The float32 weight [N, in_features] the blocks encode."""
         parts, at = [], 0
