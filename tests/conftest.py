@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import gc
 import hashlib
-import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 import transformers
 
 import hf_adaspec
+from hf_adaspec.files import atomic_write
 from hf_adaspec.policy.decision import Decision
 
 
@@ -162,9 +162,12 @@ def kernel_dir(request, tmp_path_factory):
     """Where the C kernels are built (``kernels.cbuild.build``), for every private cache: pytest's cache folder,
     so a build is reused by later runs (a library is named after its source, compiler and flags, and written
     atomically); a fresh folder per session where pytest's cache is off (``-p no:cacheprovider``)."""
-    if request.config.pluginmanager.has_plugin("cacheprovider"):
-        return request.config.cache.mkdir("hf-adaspec-kernels")
-    return tmp_path_factory.mktemp("kernels")
+    return kept_folder(request, "hf-adaspec-kernels") or tmp_path_factory.mktemp("kernels")
+
+
+def kept_folder(request, name: str) -> Path | None:
+    """The folder ``name`` in pytest's cache folder (kept across runs), or None where pytest's cache is off."""
+    return request.config.cache.mkdir(name) if request.config.pluginmanager.has_plugin("cacheprovider") else None
 
 
 @pytest.fixture
@@ -244,10 +247,10 @@ def tiny_head_weights(request):
     transformers' versions; written atomically. Trained per session where pytest's cache is off."""
     from hf_adaspec.models import eagle3
 
-    cache = request.config.cache if request.config.pluginmanager.has_plugin("cacheprovider") else None
+    folder = kept_folder(request, "hf-adaspec-tiny-head")
     made_of = [Path(__file__).read_bytes(), Path(eagle3.__file__).read_bytes(), torch.__version__.encode()]
     tag = hashlib.sha256(b"".join([*made_of, transformers.__version__.encode()])).hexdigest()[:16]
-    path = cache.mkdir("hf-adaspec-tiny-head") / f"head-{tag}.pt" if cache else None
+    path = folder / f"head-{tag}.pt" if folder else None
     if path is not None and path.exists():
         kept = torch.load(path, weights_only=True)
         return kept["state"], eagle3.HeadConfig(**{**kept["config"], "aux_layers": tuple(kept["config"]["aux_layers"])})
@@ -255,9 +258,7 @@ def tiny_head_weights(request):
         head = train_tiny_head(build_tiny_llama(0))
     state = {k: v.detach().clone() for k, v in head.state_dict().items()}
     if path is not None:
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        torch.save({"state": state, "config": dataclasses.asdict(head.config)}, tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: torch.save({"state": state, "config": dataclasses.asdict(head.config)}, f))
     return state, head.config
 
 
